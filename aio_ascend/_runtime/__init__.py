@@ -1,0 +1,92 @@
+"""Backend discovery: one name per backend, imported lazily.
+
+``open_runtime(name, device_id)`` returns a :class:`Runtime` bound to one device. ``"auto"``
+picks ``acl`` when ``libascendcl.so`` loads and ``sim`` otherwise; the environment variable
+``AIO_ASCEND_BACKEND`` overrides ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from .._errors import BackendUnavailableError
+from ._base import Runtime
+
+__all__ = ["BACKENDS", "Runtime", "available_backends", "choose_backend", "open_runtime"]
+
+#: backend name -> "module:factory" (the factory takes ``device_id`` and keyword options)
+BACKENDS: dict[str, str] = {
+    "sim": "aio_ascend.sim._runtime:open_sim_runtime",
+    "acl": "aio_ascend._runtime._acl:open_acl_runtime",
+    "cuda": "aio_ascend._runtime._cuda:open_cuda_runtime",
+}
+
+ENV_BACKEND = "AIO_ASCEND_BACKEND"
+
+
+def _factory(name: str) -> Any:
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise ValueError(
+            f"backend={name!r}: expected 'auto' or one of {sorted(BACKENDS)}"
+        ) from None
+    module_name, _, attr = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise BackendUnavailableError(f"backend {name!r} cannot be imported: {exc}") from exc
+    return getattr(module, attr)
+
+
+def probe_backend(name: str) -> tuple[bool, str]:
+    """Whether backend ``name`` can be used here, and why (or why not)."""
+    if name == "sim":
+        return True, "embedded simulator (always available)"
+    try:
+        module_name = BACKENDS[name].partition(":")[0]
+        module = importlib.import_module(module_name)
+    except KeyError:
+        return False, f"unknown backend {name!r}"
+    except ImportError as exc:
+        return False, f"cannot import: {exc}"
+    probe = getattr(module, "probe", None)
+    if probe is None:
+        return False, "backend module has no probe()"
+    result: tuple[bool, str] = probe()
+    return result
+
+
+def available_backends() -> list[str]:
+    """Names of the backends that can be opened on this machine (``sim`` always)."""
+    return [name for name in BACKENDS if probe_backend(name)[0]]
+
+
+def choose_backend(requested: str = "auto") -> tuple[str, str]:
+    """Resolve ``"auto"`` (and the ``AIO_ASCEND_BACKEND`` override) to a backend name + reason."""
+    if requested != "auto":
+        if requested not in BACKENDS:
+            raise ValueError(
+                f"backend={requested!r}: expected 'auto' or one of {sorted(BACKENDS)}"
+            )
+        return requested, "requested explicitly"
+    override = os.environ.get(ENV_BACKEND, "").strip()
+    if override and override != "auto":
+        if override not in BACKENDS:
+            raise ValueError(f"{ENV_BACKEND}={override!r}: expected one of {sorted(BACKENDS)}")
+        return override, f"{ENV_BACKEND}={override}"
+    ok, why = probe_backend("acl")
+    if ok:
+        return "acl", f"libascendcl.so loaded ({why})"
+    return "sim", f"acl unavailable ({why}); using the embedded simulator"
+
+
+def open_runtime(backend: str, device_id: int, **options: Any) -> Runtime:
+    """Open ``backend`` (a name or ``"auto"``) on ``device_id`` and return its runtime."""
+    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+        raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
+    name, _ = choose_backend(backend)
+    runtime: Runtime = _factory(name)(device_id, **options)
+    return runtime

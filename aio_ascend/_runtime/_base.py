@@ -1,0 +1,262 @@
+"""The runtime seam: the ACL subset the scheduler needs, as plain synchronous Python calls.
+
+A :class:`Runtime` is one backend bound to one device. Every method stands for the ACL function
+named in its docstring and keeps its semantics; handles and host/device addresses are ``int``;
+failures raise the typed errors of :mod:`aio_ascend._errors` (``RuntimeAPIError`` subclasses
+carrying the ACL code). Methods may block the calling thread; none of them touches asyncio,
+anyio or trio. The docstrings below are the contract every backend (``sim``, ``acl``, ``cuda``)
+is tested against (``tests/test_runtime_contract.py``).
+
+Thread rules (as in ACL): contexts are per thread. A thread must call
+:meth:`Runtime.set_current_context` before any other call, except :meth:`Runtime.close` and
+:meth:`Runtime.get_recent_error_message`; otherwise the call fails with code 107002
+(``ContextNullError``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .._config import LaunchConfig
+
+__all__ = [
+    "ACL_CONTINUE_ON_FAILURE",
+    "ACL_EVENT_CAPTURE_STREAM_PROGRESS",
+    "ACL_EVENT_RECORDED_STATUS_COMPLETE",
+    "ACL_EVENT_RECORDED_STATUS_NOT_READY",
+    "ACL_EVENT_SYNC",
+    "ACL_EVENT_TIME_LINE",
+    "ACL_MEMCPY_DEVICE_TO_DEVICE",
+    "ACL_MEMCPY_DEVICE_TO_HOST",
+    "ACL_MEMCPY_HOST_TO_DEVICE",
+    "ACL_STOP_ON_FAILURE",
+    "MAX_NUM_BLOCKS",
+    "PLACEHOLDER_INFO_SIZE",
+    "Runtime",
+]
+
+# Values read off the CANN headers (shared/docs/acl-abi/acl_abi_facts.json).
+ACL_EVENT_RECORDED_STATUS_NOT_READY = 0
+ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
+ACL_EVENT_SYNC = 0x01
+ACL_EVENT_CAPTURE_STREAM_PROGRESS = 0x02
+ACL_EVENT_TIME_LINE = 0x08
+ACL_STOP_ON_FAILURE = 1
+ACL_CONTINUE_ON_FAILURE = 0
+ACL_MEMCPY_HOST_TO_DEVICE = 1
+ACL_MEMCPY_DEVICE_TO_HOST = 2
+ACL_MEMCPY_DEVICE_TO_DEVICE = 3
+
+#: ``numBlocks`` must lie in 1..MAX_NUM_BLOCKS (the HostArgs path casts it to uint16).
+MAX_NUM_BLOCKS = 65535
+#: ``sizeof(aclrtPlaceHolderInfo)``: two uint32 (addrOffset, dataOffset).
+PLACEHOLDER_INFO_SIZE = 8
+UINT32_MAX = 2**32 - 1
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    """One backend bound to one device; the ACL functions the scheduler uses.
+
+    Obtain one with :func:`aio_ascend._runtime.open_runtime`. After :meth:`close` no other
+    method may be called.
+    """
+
+    #: backend name: ``"sim"``, ``"acl"`` or ``"cuda"``
+    name: str
+    #: the device this runtime is bound to
+    device_id: int
+
+    # --- context and lifecycle -------------------------------------------------------------
+
+    def set_current_context(self) -> None:
+        """``aclrtSetCurrentContext``: bind the device's context to the calling thread.
+
+        Idempotent. Must be called by every thread before its first other call.
+        """
+        ...
+
+    def close(self) -> None:
+        """Destroy the context and reset the device (``aclrtDestroyContext``/``aclrtResetDevice``).
+
+        Releases everything the runtime still holds (streams, events, memory, modules) and stops
+        any thread the backend started. A device fault is cleared by closing and opening again.
+        Idempotent; callable from any thread.
+        """
+        ...
+
+    def get_recent_error_message(self) -> str:
+        """``aclGetRecentErrMsg``: the latest error text of the calling thread ('' if none)."""
+        ...
+
+    # --- streams ---------------------------------------------------------------------------
+
+    def create_stream(self) -> int:
+        """``aclrtCreateStream``: a new FIFO stream handle (never 0)."""
+        ...
+
+    def destroy_stream(self, stream: int) -> None:
+        """``aclrtDestroyStream``: wait for the stream's queued work, then destroy it.
+
+        If the device has faulted, the stream is destroyed without waiting.
+        """
+        ...
+
+    def destroy_stream_force(self, stream: int) -> None:
+        """``aclrtDestroyStreamForce``: destroy at once, discarding queued and running work."""
+        ...
+
+    def set_stream_failure_mode(self, stream: int, mode: int) -> None:
+        """``aclrtSetStreamFailureMode``: ``ACL_STOP_ON_FAILURE`` (1) or ``ACL_CONTINUE_ON_FAILURE``.
+
+        In stop-on-failure mode a device fault halts the whole context: queries and syncs on every
+        stream return the fault code and new work is refused.
+        """
+        ...
+
+    def synchronize_stream(self, stream: int, timeout_ms: int) -> None:
+        """``aclrtSynchronizeStreamWithTimeout``: block until the stream is idle.
+
+        ``timeout_ms`` is -1 (forever) or > 0; 0 is rejected with 107000 as by the real runtime.
+        Raises ``StreamSyncTimeoutError`` (507046) on timeout and the fault's error if the device
+        faulted.
+        """
+        ...
+
+    # --- events ----------------------------------------------------------------------------
+
+    def create_event(self, flags: int) -> int:
+        """``aclrtCreateEventExWithFlag``: a reusable Ex event.
+
+        ``flags`` is a combination of ``ACL_EVENT_SYNC`` (others may wait on it),
+        ``ACL_EVENT_CAPTURE_STREAM_PROGRESS`` and ``ACL_EVENT_TIME_LINE`` (timestamps). An Ex
+        event that was never recorded queries as COMPLETE.
+        """
+        ...
+
+    def destroy_event(self, event: int) -> None:
+        """``aclrtDestroyEvent``."""
+        ...
+
+    def record_event(self, event: int, stream: int) -> None:
+        """``aclrtRecordEvent``: capture the work submitted to ``stream`` so far.
+
+        Re-recording replaces the captured set. The event reads NOT_READY from the moment this
+        call returns until the captured work is done. (A query on another thread that races
+        with this call may still see the previous status.)
+        """
+        ...
+
+    def query_event_status(self, event: int) -> int:
+        """``aclrtQueryEventStatus``: ``ACL_EVENT_RECORDED_STATUS_COMPLETE`` (1) or ``_NOT_READY`` (0).
+
+        Never blocks. If the device has faulted (stop-on-failure), raises the fault's
+        ``DeviceFaultError`` instead of returning a status.
+        """
+        ...
+
+    def synchronize_event(self, event: int, timeout_ms: int) -> None:
+        """``aclrtSynchronizeEventWithTimeout``: block until the event completes.
+
+        ``timeout_ms`` is -1 or > 0 (0 raises ``InvalidParamError``); raises
+        ``EventSyncTimeoutError`` (507047) on timeout, the fault's error if the device faulted.
+        """
+        ...
+
+    def stream_wait_event(self, stream: int, event: int) -> None:
+        """``aclrtStreamWaitEvent``: later work on ``stream`` waits for the event's captured work.
+
+        The wait refers to the event's recording at the time of this call (a later re-record
+        does not affect it). Waiting on a never-recorded Ex event does not wait.
+        """
+        ...
+
+    def event_elapsed_time(self, start: int, end: int) -> float:
+        """``aclrtEventElapsedTime``: milliseconds between two completed ``TIME_LINE`` events."""
+        ...
+
+    # --- memory ----------------------------------------------------------------------------
+
+    def malloc(self, size: int) -> int:
+        """``aclrtMalloc`` (huge-first): device memory, 64-byte aligned. ``size`` > 0."""
+        ...
+
+    def free(self, ptr: int) -> None:
+        """``aclrtFree``: free at once (does not wait for work that still uses it).
+
+        Freeing an address that is not a live allocation raises ``InvalidParamError``.
+        """
+        ...
+
+    def malloc_host(self, size: int) -> int:
+        """``aclrtMallocHost``: pinned host memory, 64-byte aligned, readable/writable by Python.
+
+        Copies from/to pinned memory are truly asynchronous: the runtime reads or writes it when
+        the copy executes, so it must stay valid until then.
+        """
+        ...
+
+    def free_host(self, ptr: int) -> None:
+        """``aclrtFreeHost``: free pinned host memory at once."""
+        ...
+
+    def memcpy_async(
+        self, dst: int, dst_max: int, src: int, count: int, kind: int, stream: int
+    ) -> None:
+        """``aclrtMemcpyAsync``: queue a copy of ``count`` bytes on ``stream``.
+
+        ``kind`` is ``ACL_MEMCPY_HOST_TO_DEVICE``, ``_DEVICE_TO_HOST`` or ``_DEVICE_TO_DEVICE``.
+        ``count > dst_max`` raises ``InvalidParamError``. A host side in pinned memory (from
+        :meth:`malloc_host`) is accessed when the copy executes; any other host address is
+        pageable, and the call then blocks until the stream reaches the copy and performs it.
+        """
+        ...
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def load_binary(self, source: object) -> int:
+        """``aclrtBinaryLoadFromFile``/``FromData``: load a kernel binary, return its handle.
+
+        What ``source`` may be is backend-specific (a path or bytes for ``acl``; a
+        ``KernelLibrary`` for ``sim``). ``None`` loads the backend's built-in kernels.
+        """
+        ...
+
+    def unload_binary(self, binary: int) -> None:
+        """``aclrtBinaryUnLoad``."""
+        ...
+
+    def get_function(self, binary: int, name: str) -> int:
+        """``aclrtBinaryGetFunction``: the function handle of kernel ``name`` in ``binary``.
+
+        An unknown name raises ``RuntimeAPIError`` (107042, symbol not found).
+        """
+        ...
+
+    def launch_kernel_with_host_args(
+        self,
+        func: int,
+        num_blocks: int,
+        stream: int,
+        cfg: LaunchConfig | None,
+        args_addr: int,
+        args_size: int,
+        placeholders_addr: int,
+        placeholder_count: int,
+    ) -> None:
+        """``aclrtLaunchKernelWithHostArgs``: queue kernel ``func`` on ``stream``.
+
+        ``args_addr`` is the address of a *writable* host buffer of ``args_size`` bytes (> 0,
+        < 2**32); ``placeholders_addr`` points to ``placeholder_count`` ``aclrtPlaceHolderInfo``
+        entries (``{uint32 addrOffset; uint32 dataOffset}``), or is 0 when the count is 0. For
+        each entry the runtime writes the device address of the data at ``dataOffset`` as a
+        uint64 into the caller's buffer at ``addrOffset`` (so ``addrOffset + 8 <= args_size``
+        and ``dataOffset < args_size``, both 8-aligned for the slot), then ships
+        ``[0, args_size)`` to the device. ``num_blocks`` is 1..65535. The table and ``cfg`` are
+        read only during the call. Returning means *submitted*, not executed. The caller keeps
+        the args buffer alive and unchanged until the kernel completes: the real runtime copies
+        it during the call, but the ``sim`` reads pinned args when the kernel executes, so a
+        lifetime bug shows up as wrong results in tests.
+        """
+        ...
