@@ -1,0 +1,391 @@
+"""``HostArgs``: a pure builder for the host args buffer of ``aclrtLaunchKernelWithHostArgs``.
+
+Layout (what an Ascend C kernel decodes): arguments are laid out left to right, each at its
+natural alignment (pointers and placeholder slots: 8 bytes, 8-aligned). Placeholder data goes
+into a tail region after all arguments, each block at its own alignment (32 by default); the
+runtime writes the device address of each block into its 8-byte slot. The total is rounded up
+to 8 bytes; an empty ``HostArgs`` is 8 zero bytes (the runtime refuses ``argsSize == 0``).
+
+No runtime, no I/O, no asyncio: the scheduler snapshots the packed image into a pooled pinned
+buffer at launch, so a builder may be reused (or mutated) as soon as ``launch`` returns.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import struct
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Buffer
+
+__all__ = [
+    "DEFAULT_MAX_NBYTES",
+    "DEFAULT_MAX_PLACEHOLDERS",
+    "HostArgs",
+    "PackedArgs",
+    "SupportsDevicePointer",
+]
+
+#: default cap on ``nbytes`` (the runtime's args-handle path caps at 64 KiB as well)
+DEFAULT_MAX_NBYTES = 64 * 1024
+#: default cap on the number of placeholders (ACL allows at most 128 parameters)
+DEFAULT_MAX_PLACEHOLDERS = 128
+_ARGS_SIZE_LIMIT = 2**32 - 1
+_PLACEHOLDER_ENTRY = struct.Struct("<II")
+
+
+class SupportsDevicePointer(Protocol):
+    """Anything with a device address (``DeviceBuffer``)."""
+
+    @property
+    def ptr(self) -> int: ...
+
+
+# (struct format, alignment, low, high) for integer scalars
+_INT_TYPES: dict[str, tuple[str, int, int]] = {
+    "u8": ("<B", 0, 2**8 - 1),
+    "u16": ("<H", 0, 2**16 - 1),
+    "u32": ("<I", 0, 2**32 - 1),
+    "u64": ("<Q", 0, 2**64 - 1),
+    "i8": ("<b", -(2**7), 2**7 - 1),
+    "i16": ("<h", -(2**15), 2**15 - 1),
+    "i32": ("<i", -(2**31), 2**31 - 1),
+    "i64": ("<q", -(2**63), 2**63 - 1),
+}
+_FLOAT_TYPES: dict[str, str] = {"f16": "<e", "f32": "<f", "f64": "<d"}
+
+
+def _align_up(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+def _check_alignment(name: str, align: object) -> int:
+    if isinstance(align, bool) or not isinstance(align, int):
+        raise TypeError(f"{name} must be an int, got {type(align).__name__}")
+    if align <= 0 or align & (align - 1) or align > 4096:
+        raise ValueError(f"{name}={align} must be a power of two in 1..4096")
+    return align
+
+
+def _as_bytes(kind: str, data: object) -> bytes:
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).tobytes()
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(f"{kind} data must be bytes, bytearray, memoryview or ndarray, got "
+                    f"{type(data).__name__}")
+
+
+class PackedArgs:
+    """The immutable result of packing a :class:`HostArgs` (what the scheduler snapshots).
+
+    :ivar image: the args buffer, ``nbytes`` long, with zeros in placeholder slots
+    :ivar table: the ``aclrtPlaceHolderInfo`` array (8 bytes per placeholder)
+    :ivar placeholders: ``(addrOffset, dataOffset)`` pairs
+    :ivar buffers: the device buffers the args point to (kept alive until completion)
+    """
+
+    __slots__ = ("buffers", "image", "nbytes", "placeholder_count", "placeholders", "table")
+
+    def __init__(
+        self,
+        image: bytes,
+        placeholders: tuple[tuple[int, int], ...],
+        buffers: tuple[SupportsDevicePointer, ...],
+    ) -> None:
+        self.image = image
+        self.nbytes = len(image)
+        self.placeholders = placeholders
+        self.placeholder_count = len(placeholders)
+        self.table = b"".join(_PLACEHOLDER_ENTRY.pack(a, d) for a, d in placeholders)
+        self.buffers = buffers
+
+
+class HostArgs:
+    """Chainable builder for a kernel's host args buffer.
+
+    >>> args = HostArgs().ptr(0x1000).u32(16).placeholder(b"tiling!!", align=32)
+    >>> args.nbytes, args.placeholders
+    (40, [(16, 32)])
+
+    :param max_nbytes: refuse layouts larger than this (default 64 KiB; at most 2**32 - 1)
+    :param max_placeholders: refuse more placeholders than this (default 128)
+
+    Bad values raise ``TypeError``/``ValueError`` naming the field when they are added, never
+    later: no silent wrap-around (``u32(2**32)`` raises), no float where an int is due.
+    """
+
+    __slots__ = (
+        "_buffers",
+        "_cursor",
+        "_fields",
+        "_max_nbytes",
+        "_max_placeholders",
+        "_packed",
+        "_placeholder_data",
+        "_tail_size",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_nbytes: int = DEFAULT_MAX_NBYTES,
+        max_placeholders: int = DEFAULT_MAX_PLACEHOLDERS,
+    ) -> None:
+        if isinstance(max_nbytes, bool) or not isinstance(max_nbytes, int):
+            raise TypeError("max_nbytes must be an int")
+        if not 8 <= max_nbytes <= _ARGS_SIZE_LIMIT:
+            raise ValueError(f"max_nbytes={max_nbytes} must be in 8..{_ARGS_SIZE_LIMIT}")
+        if isinstance(max_placeholders, bool) or not isinstance(max_placeholders, int):
+            raise TypeError("max_placeholders must be an int")
+        if max_placeholders < 0:
+            raise ValueError(f"max_placeholders={max_placeholders} must be >= 0")
+        self._max_nbytes = max_nbytes
+        self._max_placeholders = max_placeholders
+        # (offset, bytes) of each argument in the argument area
+        self._fields: list[tuple[int, bytes]] = []
+        self._cursor = 0
+        # (slot offset, data, alignment) of each placeholder
+        self._placeholder_data: list[tuple[int, bytes, int]] = []
+        self._tail_size = 0  # worst-case bytes of tail data, for the early size check
+        self._buffers: list[SupportsDevicePointer] = []
+        self._packed: PackedArgs | None = None
+
+    # --- builders ------------------------------------------------------------------------
+
+    def _append(self, field: str, data: bytes, align: int) -> HostArgs:
+        offset = _align_up(self._cursor, align)
+        end = offset + len(data)
+        self._check_size(field, end, self._placeholder_data)
+        self._fields.append((offset, data))
+        self._cursor = end
+        self._packed = None
+        return self
+
+    def _check_size(
+        self, field: str, cursor: int, placeholders: list[tuple[int, bytes, int]]
+    ) -> None:
+        total = _layout_size(cursor, placeholders)
+        limit = self._max_nbytes
+        if total > limit:
+            raise ValueError(
+                f"HostArgs.{field}: the args would take {total} bytes, over the cap of {limit}"
+            )
+
+    def ptr(self, value: SupportsDevicePointer | int | None) -> HostArgs:
+        """A device pointer: 8 bytes, 8-aligned. ``None`` packs a NULL pointer."""
+        if value is None:
+            address = 0
+        elif isinstance(value, int) and not isinstance(value, bool):
+            address = value
+        elif hasattr(value, "ptr") and not isinstance(value, bool):
+            address = value.ptr
+            if not isinstance(address, int):
+                raise TypeError(f"HostArgs.ptr: {type(value).__name__}.ptr is not an int")
+            self._buffers.append(value)
+        else:
+            raise TypeError(
+                f"HostArgs.ptr takes a DeviceBuffer, an int address or None, "
+                f"got {type(value).__name__}"
+            )
+        if not 0 <= address < 2**64:
+            raise ValueError(f"HostArgs.ptr: address {address} is out of range 0..2**64-1")
+        return self._append("ptr", address.to_bytes(8, "little"), 8)
+
+    def _int(self, kind: str, value: object) -> HostArgs:
+        fmt, low, high = _INT_TYPES[kind]
+        if isinstance(value, float):
+            raise TypeError(f"HostArgs.{kind} takes an integer, got float {value!r}")
+        try:
+            number = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            raise TypeError(
+                f"HostArgs.{kind} takes an integer, got {type(value).__name__}"
+            ) from None
+        if not low <= number <= high:
+            raise ValueError(f"HostArgs.{kind}: {number} is out of range {low}..{high}")
+        size = struct.calcsize(fmt)
+        return self._append(kind, struct.pack(fmt, number), size)
+
+    def u8(self, value: int) -> HostArgs:
+        """An unsigned 8-bit integer."""
+        return self._int("u8", value)
+
+    def u16(self, value: int) -> HostArgs:
+        """An unsigned 16-bit integer (2-aligned)."""
+        return self._int("u16", value)
+
+    def u32(self, value: int) -> HostArgs:
+        """An unsigned 32-bit integer (4-aligned)."""
+        return self._int("u32", value)
+
+    def u64(self, value: int) -> HostArgs:
+        """An unsigned 64-bit integer (8-aligned)."""
+        return self._int("u64", value)
+
+    def i8(self, value: int) -> HostArgs:
+        """A signed 8-bit integer."""
+        return self._int("i8", value)
+
+    def i16(self, value: int) -> HostArgs:
+        """A signed 16-bit integer (2-aligned)."""
+        return self._int("i16", value)
+
+    def i32(self, value: int) -> HostArgs:
+        """A signed 32-bit integer (4-aligned)."""
+        return self._int("i32", value)
+
+    def i64(self, value: int) -> HostArgs:
+        """A signed 64-bit integer (8-aligned)."""
+        return self._int("i64", value)
+
+    def _float(self, kind: str, value: object) -> HostArgs:
+        fmt = _FLOAT_TYPES[kind]
+        if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
+            raise TypeError(f"HostArgs.{kind} takes a real number, got {type(value).__name__}")
+        number = float(value)
+        try:
+            data = struct.pack(fmt, number)
+        except (OverflowError, struct.error):
+            raise ValueError(f"HostArgs.{kind}: {number!r} does not fit {kind}") from None
+        if kind == "f32" and math.isfinite(number) and not math.isfinite(
+            struct.unpack(fmt, data)[0]
+        ):
+            raise ValueError(f"HostArgs.{kind}: {number!r} does not fit {kind}")
+        return self._append(kind, data, struct.calcsize(fmt))
+
+    def f16(self, value: float) -> HostArgs:
+        """An IEEE half-precision float (2-aligned)."""
+        return self._float("f16", value)
+
+    def f32(self, value: float) -> HostArgs:
+        """An IEEE single-precision float (4-aligned)."""
+        return self._float("f32", value)
+
+    def f64(self, value: float) -> HostArgs:
+        """An IEEE double-precision float (8-aligned)."""
+        return self._float("f64", value)
+
+    def bool(self, value: bool) -> HostArgs:  # noqa: A003 - mirrors the C type name
+        """A C ``bool`` (1 byte)."""
+        if not isinstance(value, bool | np.bool_):
+            raise TypeError(f"HostArgs.bool takes a bool, got {type(value).__name__}")
+        return self._append("bool", b"\x01" if value else b"\x00", 1)
+
+    def raw(self, data: Buffer | np.ndarray[Any, Any], align: int = 1) -> HostArgs:
+        """Raw bytes copied in place (an ndarray is copied in C order), at ``align``.
+
+        For an ndarray the alignment defaults to at least its item size.
+        """
+        align = _check_alignment("HostArgs.raw align", align)
+        if isinstance(data, np.ndarray):
+            align = max(align, data.dtype.alignment)
+        payload = _as_bytes("HostArgs.raw", data)
+        return self._append("raw", payload, align)
+
+    def placeholder(self, data: Buffer | np.ndarray[Any, Any], align: int = 32) -> HostArgs:
+        """An 8-byte slot (addrOffset) the runtime fills with the device address of ``data``.
+
+        ``data`` itself is placed in the tail after all arguments (dataOffset), aligned to
+        ``align`` (at least 8).
+        """
+        align = max(_check_alignment("HostArgs.placeholder align", align), 8)
+        payload = _as_bytes("HostArgs.placeholder", data)
+        if len(self._placeholder_data) >= self._max_placeholders:
+            raise ValueError(
+                f"HostArgs.placeholder: more than {self._max_placeholders} placeholders"
+            )
+        slot = _align_up(self._cursor, 8)
+        candidate = [*self._placeholder_data, (slot, payload, align)]
+        self._check_size("placeholder", slot + 8, candidate)
+        self._placeholder_data = candidate
+        self._fields.append((slot, b"\0" * 8))
+        self._cursor = slot + 8
+        self._packed = None
+        return self
+
+    # --- results -------------------------------------------------------------------------
+
+    def pack(self) -> PackedArgs:
+        """Lay out the buffer (cached until the builder changes)."""
+        packed = self._packed
+        if packed is None:
+            packed = self._packed = self._layout()
+        return packed
+
+    def _layout(self) -> PackedArgs:
+        tail = self._cursor
+        placements: list[tuple[int, int, bytes]] = []
+        for slot, data, align in self._placeholder_data:
+            tail = _align_up(tail, align)
+            placements.append((slot, tail, data))
+            tail += len(data)
+        total = max(_align_up(tail, 8), 8)
+        image = bytearray(total)
+        for offset, data in self._fields:
+            image[offset : offset + len(data)] = data
+        for _, data_offset, data in placements:
+            image[data_offset : data_offset + len(data)] = data
+        return PackedArgs(
+            bytes(image),
+            tuple((slot, data_offset) for slot, data_offset, _ in placements),
+            tuple(self._buffers),
+        )
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the packed buffer (``argsSize``), a multiple of 8, at least 8."""
+        return self.pack().nbytes
+
+    @property
+    def placeholders(self) -> list[tuple[int, int]]:
+        """``(addrOffset, dataOffset)`` of each placeholder, in the order they were added."""
+        return list(self.pack().placeholders)
+
+    @property
+    def buffers(self) -> tuple[SupportsDevicePointer, ...]:
+        """Device buffers passed to :meth:`ptr` (retained by a launch until it completes)."""
+        return tuple(self._buffers)
+
+    def to_bytes(self) -> bytes:
+        """The packed args image (placeholder slots zero until the runtime patches them)."""
+        return self.pack().image
+
+    def placeholder_table(self) -> bytes:
+        """The ``aclrtPlaceHolderInfo`` array: ``<II`` (addrOffset, dataOffset) per entry."""
+        return self.pack().table
+
+    def pack_into(self, buffer: Buffer, offset: int = 0) -> int:
+        """Write the packed image into a writable buffer at ``offset``; returns ``nbytes``."""
+        packed = self.pack()
+        view = memoryview(buffer).cast("B")
+        if view.readonly:
+            raise TypeError("HostArgs.pack_into needs a writable buffer")
+        end = offset + packed.nbytes
+        if offset < 0 or end > len(view):
+            raise ValueError(
+                f"HostArgs.pack_into: {packed.nbytes} bytes at offset {offset} do not fit a "
+                f"buffer of {len(view)} bytes"
+            )
+        view[offset:end] = packed.image
+        return packed.nbytes
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __repr__(self) -> str:
+        return (
+            f"HostArgs(fields={len(self._fields)}, placeholders={len(self._placeholder_data)}, "
+            f"nbytes={self.nbytes})"
+        )
+
+
+def _layout_size(cursor: int, placeholders: list[tuple[int, bytes, int]]) -> int:
+    tail = cursor
+    for _, data, align in placeholders:
+        tail = _align_up(tail, align) + len(data)
+    return max(_align_up(tail, 8), 8)
