@@ -1,0 +1,64 @@
+"""aio_ascend: Huawei Ascend (CANN/ACL) kernel launches as awaitables for asyncio and trio.
+
+>>> import aio_ascend as aa
+>>> async def main():
+...     async with aa.open_device(0) as dev:          # real CANN when present, else the sim
+...         s = dev.stream()
+...         task = await s.launch(dev.function("noop"), 1, aa.HostArgs())
+...         await task
+"""
+
+from __future__ import annotations
+
+from . import sim as sim
+from ._config import LaunchConfig as LaunchConfig
+from ._device import Device as Device
+from ._device import DeviceBuffer as DeviceBuffer
+from ._device import Function as Function
+from ._device import Module as Module
+from ._device import open_device as open_device
+from ._errors import AscendError as AscendError
+from ._errors import BackendUnavailableError as BackendUnavailableError
+from ._errors import ClosedError as ClosedError
+from ._errors import DeviceFaultError as DeviceFaultError
+from ._errors import InternalError as InternalError
+from ._errors import RuntimeAPIError as RuntimeAPIError
+from ._errors import TaskTimeoutError as TaskTimeoutError
+from ._hostargs import HostArgs as HostArgs
+from ._runtime import available_backends as available_backends
+from ._stream import Stream as Stream
+from ._task import Event as Event
+from ._task import Task as Task
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "AscendError",
+    "BackendUnavailableError",
+    "ClosedError",
+    "Device",
+    "DeviceBuffer",
+    "DeviceFaultError",
+    "Event",
+    "Function",
+    "HostArgs",
+    "InternalError",
+    "LaunchConfig",
+    "Module",
+    "RuntimeAPIError",
+    "Stream",
+    "Task",
+    "TaskTimeoutError",
+    "available_backends",
+    "open_device",
+    "sim",
+)
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if hasattr(_obj, "__module__") and _obj.__module__.startswith("aio_ascend."):
+        try:
+            _obj.__module__ = "aio_ascend"
+        except (AttributeError, TypeError):
+            pass
+del _name, _obj

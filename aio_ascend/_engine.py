@@ -1,0 +1,400 @@
+"""The device's two library threads: the submitter and the completion poller.
+
+Both are plain threads that bind the device context first and then only ever wait in
+GIL-releasing calls (a ``SimpleQueue`` get, ``time.sleep``-like timed waits, runtime calls).
+Neither ever blocks on the event loop: results go back with one non-blocking
+``call_soon_threadsafe`` per round, however many tasks finished in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import queue
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+from ._errors import (
+    AscendError,
+    DeviceFaultError,
+    EventSyncTimeoutError,
+    InternalError,
+    TaskTimeoutError,
+)
+from ._runtime._base import ACL_EVENT_CAPTURE_STREAM_PROGRESS, ACL_EVENT_RECORDED_STATUS_COMPLETE
+from ._work import Batch, Request
+
+if TYPE_CHECKING:
+    from ._loop import LoopAdapter
+    from ._pool import HostBufferPool
+    from ._runtime import Runtime
+    from ._stream import Stream
+
+__all__ = ["DONE", "LATE", "TIMEOUT", "Engine"]
+
+#: delivery modes: resolve the task and free its stream slot / resolve only / free only
+DONE: Final = 0
+TIMEOUT: Final = 1
+LATE: Final = 2
+
+Delivery = tuple[Request, BaseException | None, int]
+
+_STOP = object()
+
+
+def _reduce_timer_slack() -> None:
+    # Linux rounds short timed waits up by the thread's timer slack (50 us by default), which
+    # would dominate the poll interval. PR_SET_TIMERSLACK = 29; best effort, this thread only.
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(29, 1000, 0, 0, 0)
+
+
+def derived_error(first: BaseException, what: str) -> BaseException:
+    """A fresh error of the same kind as ``first``, caused by it (for tasks that did not fault)."""
+    if isinstance(first, AscendError):
+        cls = type(first)
+        try:
+            err: BaseException = cls(
+                f"{what}: {first.message}", code=first.code, func=first.func
+            )
+        except TypeError:
+            err = AscendError(f"{what}: {first.message}", code=first.code, func=first.func)
+    else:
+        err = InternalError(f"{what}: {first!r}")
+    err.__cause__ = first
+    return err
+
+
+class Engine:
+    """Everything the threads share with the loop side of one device.
+
+    Loop-side code calls :meth:`submit` (one hop per loop tick) and receives results through
+    ``deliver`` (a loop callback). ``fault`` is the first device fault, sticky.
+    """
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        pool: HostBufferPool,
+        adapter: LoopAdapter,
+        deliver: Callable[[list[Delivery]], None],
+        device_id: int,
+        task_timeout: float,
+        completion: str,
+        batch_cap: int = 512,
+        poll_min_interval: float = 5e-6,
+        poll_max_interval: float = 1e-3,
+        block_slice_ms: int = 2,
+    ) -> None:
+        self.runtime = runtime
+        self.pool = pool
+        self.adapter = adapter
+        self._deliver = deliver
+        self.task_timeout = task_timeout
+        self.completion = completion
+        self.batch_cap = batch_cap
+        self.poll_min_interval = poll_min_interval
+        self.poll_max_interval = poll_max_interval
+        self.block_slice_ms = block_slice_ms
+        self.fault: BaseException | None = None
+        self._fault_lock = threading.Lock()
+        # resources of work whose completion can no longer be observed (faulted device, failed
+        # record): released at close, after the streams are destroyed
+        self.orphans: list[Request] = []
+        self.orphan_events: list[int] = []
+        self._free_events: deque[int] = deque()
+        self.all_batch_events: list[int] = []
+        self.counters = {"launches": 0, "copies": 0, "batches": 0, "wakeups": 0, "timeouts": 0}
+        self._submit_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._poll_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._outstanding: dict[int, deque[Batch]] = {}
+        self.submitter = threading.Thread(
+            target=self._submitter_main, name=f"aio_ascend-submit-{device_id}", daemon=True
+        )
+        self.poller = threading.Thread(
+            target=self._poller_main, name=f"aio_ascend-poll-{device_id}", daemon=True
+        )
+        self.release_hook: Callable[[Request], None] = self._release_resources
+
+    def start(self) -> None:
+        self.submitter.start()
+        self.poller.start()
+
+    # --- loop side -----------------------------------------------------------------------
+
+    def submit(self, requests: list[Request]) -> None:
+        """Hand one tick's requests to the submitter (non-blocking)."""
+        self._submit_queue.put(requests)
+
+    def stop(self) -> None:
+        """Ask both threads to exit (they finish the call they are in)."""
+        self._submit_queue.put(_STOP)
+        self._poll_queue.put(_STOP)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Join both threads; True if both have exited."""
+        for thread in (self.submitter, self.poller):
+            if thread.is_alive() and thread is not threading.current_thread():
+                thread.join(timeout)
+        return not (self.submitter.is_alive() or self.poller.is_alive())
+
+    def leftover_batches(self) -> list[Batch]:
+        """Batches the poller never saw complete (call only after the poller has exited)."""
+        while True:
+            try:
+                item = self._poll_queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Batch):
+                self._outstanding.setdefault(item.stream.handle, deque()).append(item)
+        leftovers = [batch for batches in self._outstanding.values() for batch in batches]
+        self._outstanding.clear()
+        return leftovers
+
+    def unsubmitted(self) -> list[Request]:
+        """Requests still queued for the submitter (call only after it has exited)."""
+        out: list[Request] = []
+        while True:
+            try:
+                item = self._submit_queue.get_nowait()
+            except queue.Empty:
+                return out
+            if isinstance(item, list):
+                out.extend(item)
+
+    # --- shared helpers ------------------------------------------------------------------
+
+    def note_fault(self, exc: BaseException) -> BaseException:
+        """Record ``exc`` as the device's fault if it is the first; return the first fault."""
+        with self._fault_lock:
+            if self.fault is None:
+                self.fault = exc
+            return self.fault
+
+    def _release_resources(self, request: Request) -> None:
+        raise InternalError("Engine.release_hook was not installed")
+
+    def _post(self, deliveries: list[Delivery]) -> None:
+        if deliveries and self.adapter.call_soon_threadsafe(self._deliver, deliveries):
+            self.counters["wakeups"] += 1
+
+    # --- submitter thread ----------------------------------------------------------------
+
+    def _submitter_main(self) -> None:
+        self.runtime.set_current_context()
+        get = self._submit_queue.get
+        while True:
+            item = get()
+            if item is _STOP:
+                return
+            try:
+                self._submit_hop(item)
+            except BaseException as exc:  # pragma: no cover - defensive: never lose a request
+                failures: list[Delivery] = [
+                    (req, InternalError(f"submitter failed: {exc!r}"), DONE) for req in item
+                ]
+                self._post(failures)
+
+    def _submit_hop(self, requests: list[Request]) -> None:
+        runtime = self.runtime
+        counters = self.counters
+        cap = self.batch_cap
+        open_batches: dict[Stream, list[Request]] = {}
+        broken: dict[Stream, BaseException] = {}
+        failures: list[Delivery] = []
+        for req in requests:
+            stream = req.stream
+            error = broken.get(stream)
+            if error is None and self.fault is not None:
+                error = derived_error(self.fault, "device faulted earlier")
+            elif error is not None:
+                error = derived_error(error, "not submitted: an earlier request was refused")
+            if error is None:
+                try:
+                    req.submit(runtime, stream.handle)
+                except BaseException as exc:
+                    if isinstance(exc, DeviceFaultError):
+                        first = self.note_fault(exc)
+                        if first is not exc:
+                            exc = derived_error(first, "device faulted earlier")
+                    broken[stream] = exc
+                    error = exc
+            if error is not None:
+                req.on_refused(error)
+                self.release_hook(req)
+                failures.append((req, error, DONE))
+                continue
+            if req.counter:
+                counters[req.counter] += 1
+            batch = open_batches.get(stream)
+            if batch is None:
+                batch = open_batches[stream] = []
+            batch.append(req)
+            if len(batch) >= cap:
+                self._close_batch(stream, batch, failures)
+                open_batches[stream] = []
+        for stream, batch in open_batches.items():
+            if batch:
+                self._close_batch(stream, batch, failures)
+        self._post(failures)
+
+    def _acquire_event(self) -> int:
+        try:
+            return self._free_events.pop()
+        except IndexError:
+            event = self.runtime.create_event(ACL_EVENT_CAPTURE_STREAM_PROGRESS)
+            self.all_batch_events.append(event)
+            return event
+
+    def _close_batch(self, stream: Stream, requests: list[Request], failures: list[Delivery]) -> None:
+        try:
+            event = self._acquire_event()
+            self.runtime.record_event(event, stream.handle)
+        except BaseException as exc:
+            # Submitted work we cannot track: fail its tasks, keep its resources until close.
+            if isinstance(exc, DeviceFaultError):
+                first = self.note_fault(exc)
+                if first is not exc:
+                    exc = derived_error(first, "device faulted earlier")
+            self.orphans.extend(requests)
+            failures.extend((req, exc, DONE) for req in requests)
+            return
+        self.counters["batches"] += 1
+        self._poll_queue.put(Batch(stream, requests, event, time.monotonic() + self.task_timeout))
+
+    # --- poller thread -------------------------------------------------------------------
+
+    def _poller_main(self) -> None:
+        self.runtime.set_current_context()
+        _reduce_timer_slack()
+        outstanding = self._outstanding
+        inbox = self._poll_queue
+        interval = self.poll_min_interval
+        pending = 0  # batches in `outstanding`
+        while True:
+            if pending == 0:
+                item = inbox.get()
+            else:
+                try:
+                    item = inbox.get_nowait()
+                except queue.Empty:
+                    item = None
+            while item is not None:
+                if item is _STOP:
+                    return
+                outstanding.setdefault(item.stream.handle, deque()).append(item)
+                pending += 1
+                try:
+                    item = inbox.get_nowait()
+                except queue.Empty:
+                    item = None
+
+            if self.completion == "block":
+                self._block_on_oldest()
+            try:
+                done = self._collect_completed()
+            except DeviceFaultError as exc:
+                pending = self._fail_all_outstanding(exc)
+                continue
+            if done:
+                pending -= len(done)
+                self._complete(done)
+                interval = self.poll_min_interval
+                continue
+            self._check_deadlines()
+            if self.completion == "block":
+                continue
+            # Nothing finished: wait (GIL released) for the interval or for new work.
+            try:
+                item = inbox.get(timeout=interval)
+            except queue.Empty:
+                interval = min(interval * 2, self.poll_max_interval)
+                continue
+            if item is _STOP:
+                return
+            outstanding.setdefault(item.stream.handle, deque()).append(item)
+            pending += 1
+            interval = self.poll_min_interval
+
+    def _block_on_oldest(self) -> None:
+        heads = [batches[0] for batches in self._outstanding.values() if batches]
+        if not heads:
+            return
+        oldest = min(heads, key=lambda batch: batch.deadline)
+        try:
+            self.runtime.synchronize_event(oldest.event, self.block_slice_ms)
+        except (EventSyncTimeoutError, DeviceFaultError):
+            pass  # a timeout is the slice ending; a fault is picked up by the query round
+
+    def _collect_completed(self) -> list[Batch]:
+        query = self.runtime.query_event_status
+        done: list[Batch] = []
+        for batches in self._outstanding.values():
+            while batches:
+                if query(batches[0].event) != ACL_EVENT_RECORDED_STATUS_COMPLETE:
+                    break
+                done.append(batches.popleft())
+        return done
+
+    def _complete(self, done: list[Batch]) -> None:
+        deliveries: list[Delivery] = []
+        release = self.release_hook
+        for batch in done:
+            mode = LATE if batch.timed_out else DONE
+            for req in batch.requests:
+                error: BaseException | None = None
+                try:
+                    req.on_complete()
+                except BaseException as exc:
+                    error = InternalError(f"completing {req.kind} failed: {exc!r}")
+                release(req)
+                deliveries.append((req, error, mode))
+            self._free_events.append(batch.event)
+        self._post(deliveries)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        deliveries: list[Delivery] = []
+        for batches in self._outstanding.values():
+            for batch in batches:
+                if batch.deadline > now:
+                    break
+                if batch.timed_out:
+                    continue
+                batch.timed_out = True
+                self.counters["timeouts"] += 1
+                for req in batch.requests:
+                    error = TaskTimeoutError(
+                        f"{req.kind} did not finish within task_timeout="
+                        f"{self.task_timeout:g}s (the device may still be running it)"
+                    )
+                    deliveries.append((req, error, TIMEOUT))
+        self._post(deliveries)
+
+    def _fail_all_outstanding(self, exc: DeviceFaultError) -> int:
+        first = self.note_fault(exc)
+        deliveries: list[Delivery] = []
+        given_first = first is not exc
+        for batches in self._outstanding.values():
+            while batches:
+                batch = batches.popleft()
+                self.orphans.extend(batch.requests)
+                self.orphan_events.append(batch.event)
+                for req in batch.requests:
+                    if not given_first:
+                        error: BaseException = first
+                        given_first = True
+                    else:
+                        error = derived_error(first, "device faulted")
+                    deliveries.append((req, error, DONE))
+        self._post(deliveries)
+        return 0

@@ -1,0 +1,202 @@
+"""``HostBufferPool``: reusable pinned host buffers by size class.
+
+Buffers come from the runtime's ``malloc_host`` (pinned memory on real hardware) and go back to
+the pool only when the scheduler has *observed* the completion of the task that used them, so a
+buffer the device may still read is never handed out again. Steady state allocates nothing.
+
+Debug mode (``debug=True``) surrounds every buffer with guard bytes and poisons it on release;
+on reuse it checks that the guards are intact (no overrun) and the poison is untouched (nobody
+wrote to a released buffer). Violations are counted in ``stats()`` and reported.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+
+from ._errors import InternalError
+from ._runtime._hostmem import host_view
+
+__all__ = ["HostBuffer", "HostBufferPool"]
+
+_MIN_CLASS = 64
+_GUARD = 64
+GUARD_BYTE = 0xA5
+POISON_BYTE = 0xDB
+
+
+class HostBuffer:
+    """One pinned buffer lent by a :class:`HostBufferPool`.
+
+    :ivar addr: host address of the usable region (64-byte aligned)
+    :ivar capacity: usable bytes (the size class)
+    :ivar view: a writable ``memoryview`` of the usable region
+    """
+
+    __slots__ = ("_base", "addr", "capacity", "in_use", "view")
+
+    def __init__(self, base: int, addr: int, capacity: int, view: memoryview) -> None:
+        self._base = base
+        self.addr = addr
+        self.capacity = capacity
+        self.view = view
+        self.in_use = False
+
+    def __repr__(self) -> str:
+        state = "in use" if self.in_use else "free"
+        return f"<HostBuffer {self.addr:#x} capacity={self.capacity} {state}>"
+
+
+def size_class(nbytes: int) -> int:
+    """The capacity a request for ``nbytes`` is served from (a power of two, at least 64)."""
+    if nbytes <= _MIN_CLASS:
+        return _MIN_CLASS
+    return 1 << (nbytes - 1).bit_length()
+
+
+class HostBufferPool:
+    """Thread-safe pool of pinned host buffers.
+
+    :param malloc_host: allocate ``size`` pinned bytes, return the address (runtime call)
+    :param free_host: free an address returned by ``malloc_host``
+    :param debug: guard bytes + poison on release + canary checks on reuse
+    :param max_cached_class: buffers of a larger size class are freed on release, not cached
+    """
+
+    def __init__(
+        self,
+        malloc_host: Callable[[int], int],
+        free_host: Callable[[int], None],
+        *,
+        debug: bool = False,
+        max_cached_class: int = 64 * 1024 * 1024,
+    ) -> None:
+        self._malloc_host = malloc_host
+        self._free_host = free_host
+        self._debug = debug
+        self._max_cached_class = max_cached_class
+        self._lock = threading.Lock()
+        self._free: dict[int, list[HostBuffer]] = {}
+        self._in_use = 0
+        self._free_count = 0
+        self._high_water = 0
+        self._allocations = 0
+        self._violations = 0
+        self._closed = False
+        self._guard = bytes([GUARD_BYTE]) * _GUARD
+
+    @property
+    def debug(self) -> bool:
+        """Whether guard bytes and poisoning are on."""
+        return self._debug
+
+    def acquire(self, nbytes: int) -> HostBuffer:
+        """A buffer of at least ``nbytes`` (its contents are unspecified)."""
+        capacity = size_class(nbytes)
+        with self._lock:
+            if self._closed:
+                raise InternalError("HostBufferPool used after close")
+            bucket = self._free.get(capacity)
+            buf = bucket.pop() if bucket else None
+            if buf is not None:
+                self._free_count -= 1
+            self._in_use += 1
+            if self._in_use > self._high_water:
+                self._high_water = self._in_use
+        if buf is None:
+            try:
+                buf = self._allocate(capacity)
+            except BaseException:
+                with self._lock:
+                    self._in_use -= 1
+                raise
+        elif self._debug:
+            self._check(buf, poisoned=True)
+        buf.in_use = True
+        return buf
+
+    def release(self, buf: HostBuffer) -> None:
+        """Give ``buf`` back; call only once the device can no longer read it."""
+        if not buf.in_use:
+            raise InternalError(f"{buf!r} released twice")
+        buf.in_use = False
+        if self._debug:
+            self._check(buf, poisoned=False)
+            buf.view[:] = bytes([POISON_BYTE]) * buf.capacity
+        with self._lock:
+            self._in_use -= 1
+            if self._closed or buf.capacity > self._max_cached_class:
+                cache = False
+            else:
+                cache = True
+                self._free.setdefault(buf.capacity, []).append(buf)
+                self._free_count += 1
+        if not cache:
+            self._free_host(buf._base)
+
+    def _allocate(self, capacity: int) -> HostBuffer:
+        guard = _GUARD if self._debug else 0
+        base = self._malloc_host(capacity + 2 * guard)
+        with self._lock:
+            self._allocations += 1
+        addr = base + guard
+        view = host_view(addr, capacity)
+        buf = HostBuffer(base, addr, capacity, view)
+        if self._debug:
+            host_view(base, guard)[:] = self._guard
+            host_view(addr + capacity, guard)[:] = self._guard
+        return buf
+
+    def _check(self, buf: HostBuffer, *, poisoned: bool) -> None:
+        before = host_view(buf._base, _GUARD)
+        after = host_view(buf.addr + buf.capacity, _GUARD)
+        problems = []
+        if before != self._guard or after != self._guard:
+            problems.append("guard bytes overwritten (buffer overrun)")
+        if poisoned and buf.view.tobytes().count(POISON_BYTE) != buf.capacity:
+            problems.append("written after release (use after free)")
+        if problems:
+            with self._lock:
+                self._violations += 1
+            warnings.warn(
+                f"HostBufferPool canary: {buf!r}: {'; '.join(problems)}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            if self._debug:
+                # Restore the canary so one violation is reported once.
+                host_view(buf._base, _GUARD)[:] = self._guard
+                host_view(buf.addr + buf.capacity, _GUARD)[:] = self._guard
+
+    def stats(self) -> dict[str, int]:
+        """``in_use``, ``free``, ``high_water``, ``allocations`` and canary ``violations``."""
+        with self._lock:
+            return {
+                "in_use": self._in_use,
+                "free": self._free_count,
+                "high_water": self._high_water,
+                "allocations": self._allocations,
+                "violations": self._violations,
+            }
+
+    def close(self) -> int:
+        """Free every cached buffer; return how many buffers were still in use (and warn)."""
+        with self._lock:
+            if self._closed:
+                return 0
+            self._closed = True
+            cached = [buf for bucket in self._free.values() for buf in bucket]
+            self._free.clear()
+            self._free_count = 0
+            leaked = self._in_use
+        for buf in cached:
+            buf.view.release()
+            self._free_host(buf._base)
+        if leaked:
+            warnings.warn(
+                f"HostBufferPool closed with {leaked} buffer(s) still in use",
+                ResourceWarning,
+                stacklevel=2,
+            )
+        return leaked

@@ -1,0 +1,321 @@
+"""``Stream``: an ordered queue of device work with bounded admission (event-loop side)."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._config import LaunchConfig
+from ._errors import ClosedError
+from ._hostargs import HostArgs
+from ._runtime._base import ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE, MAX_NUM_BLOCKS
+from ._task import Event, Task
+from ._work import CopyToDevice, CopyToHost, Launch, RecordEvent, Request, WaitEvent
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ._device import Device, DeviceBuffer, Function
+
+__all__ = ["Stream"]
+
+_EMPTY_ARGS = HostArgs()
+
+
+class _Admission:
+    __slots__ = ("granted", "waiter")
+
+    def __init__(self, waiter: Any) -> None:
+        self.waiter = waiter
+        self.granted = False
+
+
+def _check_blocks(blocks: object) -> int:
+    if isinstance(blocks, bool) or not isinstance(blocks, int):
+        raise TypeError(f"blocks must be an int, got {type(blocks).__name__}")
+    if not 1 <= blocks <= MAX_NUM_BLOCKS:
+        raise ValueError(f"blocks={blocks} is out of range 1..{MAX_NUM_BLOCKS}")
+    return blocks
+
+
+class Stream:
+    """A device stream: work submitted to it runs in submission order.
+
+    Create with ``dev.stream(max_in_flight=1024)``. Every operation (``launch``, copies,
+    ``record_event``, ``wait_event``) first *admits* the request: at most ``max_in_flight``
+    requests of this stream are in flight at once, and further calls wait, first come first
+    served. An admitted request is batched with the others made in the same loop tick and
+    handed to the runtime in one thread hop; the call returns a :class:`Task` at once.
+
+    Cancelling a call that is waiting for admission means the request never happens. Once the
+    call has returned its ``Task``, the work will run (see :class:`Task`).
+
+    Use from the event loop that opened the device only.
+    """
+
+    def __init__(self, device: Device, handle: int, max_in_flight: int) -> None:
+        self._device = device
+        self.handle = handle
+        self.max_in_flight = max_in_flight
+        self._in_flight = 0
+        self._admission: deque[_Admission] = deque()
+        self._closed = False
+        self._last: Task | None = None
+
+    # --- admission -----------------------------------------------------------------------
+
+    async def _admit(self) -> None:
+        device = self._device
+        device._check_usable()
+        if self._closed:
+            raise ClosedError("the stream is closed")
+        if self._in_flight < self.max_in_flight and not self._admission:
+            self._in_flight += 1
+        else:
+            entry = _Admission(device._adapter.new_waiter())
+            self._admission.append(entry)
+            try:
+                await device._adapter.wait(entry.waiter)
+            except BaseException:
+                if entry.granted:
+                    self._release_slot()
+                else:
+                    self._admission.remove(entry)
+                raise
+            try:
+                device._check_usable()
+                if self._closed:
+                    raise ClosedError("the stream was closed while waiting for admission")
+            except BaseException:
+                self._release_slot()
+                raise
+        if self._in_flight > device._peak_in_flight:
+            device._peak_in_flight = self._in_flight
+        device._unsettled += 1
+
+    def _release_slot(self) -> None:
+        # Loop thread. A freed slot passes straight to the oldest waiter, if any.
+        admission = self._admission
+        while admission:
+            entry = admission.popleft()
+            if entry.granted:
+                continue
+            entry.granted = True
+            self._device._adapter.wake(entry.waiter)
+            return
+        self._in_flight -= 1
+
+    def _fail_waiters(self, exc: BaseException) -> None:
+        # Wake every admission waiter; they re-check the device state and raise.
+        admission = self._admission
+        while admission:
+            entry = admission.popleft()
+            entry.granted = True
+            self._in_flight += 1
+            self._device._adapter.wake(entry.waiter)
+        del exc
+
+    def _enqueue(self, request: Request) -> Task:
+        self._last = request.task
+        self._device._enqueue(request)
+        return request.task
+
+    # --- operations ----------------------------------------------------------------------
+
+    async def launch(
+        self,
+        fn: Function,
+        blocks: int,
+        args: HostArgs | None = None,
+        *,
+        config: LaunchConfig | dict[str, Any] | None = None,
+    ) -> Task:
+        """Queue kernel ``fn`` on ``blocks`` blocks with ``args``; return its :class:`Task`.
+
+        ``args`` is snapshotted: the builder may be reused as soon as this returns. Every
+        ``DeviceBuffer`` it points to stays alive until the task completes.
+
+        :raises TypeError, ValueError: bad arguments (before anything reaches the runtime)
+        :raises ClosedError: the stream or device is closed
+        :raises DeviceFaultError: the device has faulted (cause: the first fault)
+        """
+        device = self._device
+        func = device._function_handle(fn)
+        blocks = _check_blocks(blocks)
+        if args is None:
+            args = _EMPTY_ARGS
+        elif not isinstance(args, HostArgs):
+            raise TypeError(f"args must be a HostArgs or None, got {type(args).__name__}")
+        cfg = LaunchConfig.coerce(config)
+        packed = args.pack()
+        buffers = device._device_buffers(packed.buffers)
+        await self._admit()
+        try:
+            nbytes = packed.nbytes
+            table_offset = (nbytes + 7) & ~7
+            host = device._pool.acquire(table_offset + len(packed.table))
+            view = host.view
+            view[:nbytes] = packed.image
+            if packed.placeholder_count:
+                view[table_offset : table_offset + len(packed.table)] = packed.table
+            device._retain(buffers)
+        except BaseException:
+            device._unsettled -= 1
+            self._release_slot()
+            raise
+        task = Task(device, self, "launch")
+        request = Launch(
+            self, task, host, buffers, func, blocks, cfg, nbytes, table_offset,
+            packed.placeholder_count,
+        )
+        return self._enqueue(request)
+
+    async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:
+        """Copy host data (an ndarray or bytes-like, C order) into ``dst`` on this stream.
+
+        ``src`` is staged into a pinned buffer just before submission and kept referenced
+        until the task completes: do not modify it until then.
+        """
+        device = self._device
+        (dst_buf,) = device._device_buffers((dst,), field="copy_to_device dst")
+        if isinstance(src, np.ndarray):
+            count = src.nbytes
+        else:
+            try:
+                count = memoryview(src).nbytes
+            except TypeError:
+                raise TypeError(
+                    f"copy_to_device src must be an ndarray or bytes-like, got {type(src).__name__}"
+                ) from None
+        if count == 0:
+            raise ValueError("copy_to_device: src is empty")
+        if count > dst_buf.nbytes:
+            raise ValueError(
+                f"copy_to_device: src has {count} bytes, dst buffer only {dst_buf.nbytes}"
+            )
+        await self._admit()
+        try:
+            host = device._pool.acquire(count)
+            device._retain((dst_buf,))
+        except BaseException:
+            device._unsettled -= 1
+            self._release_slot()
+            raise
+        task = Task(device, self, "copy_to_device")
+        return self._enqueue(CopyToDevice(self, task, host, dst_buf, src, count))
+
+    async def copy_to_host(self, dst: np.ndarray[Any, Any], src: DeviceBuffer) -> Task:
+        """Copy ``dst.nbytes`` bytes of ``src`` into the writable, C-contiguous array ``dst``.
+
+        ``dst`` is filled when the task completes (before ``await task`` returns).
+        """
+        device = self._device
+        (src_buf,) = device._device_buffers((src,), field="copy_to_host src")
+        if not isinstance(dst, np.ndarray):
+            raise TypeError(f"copy_to_host dst must be an ndarray, got {type(dst).__name__}")
+        if not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise ValueError("copy_to_host dst must be a writable, C-contiguous ndarray")
+        count = dst.nbytes
+        if count == 0:
+            raise ValueError("copy_to_host: dst is empty")
+        if count > src_buf.nbytes:
+            raise ValueError(
+                f"copy_to_host: dst has {count} bytes, src buffer only {src_buf.nbytes}"
+            )
+        await self._admit()
+        try:
+            host = device._pool.acquire(count)
+            device._retain((src_buf,))
+        except BaseException:
+            device._unsettled -= 1
+            self._release_slot()
+            raise
+        task = Task(device, self, "copy_to_host")
+        return self._enqueue(CopyToHost(self, task, host, dst, src_buf, count))
+
+    async def record_event(self, *, timing: bool = False) -> Event:
+        """Record an :class:`Event` after the work queued so far on this stream."""
+        device = self._device
+        if not isinstance(timing, bool):
+            raise TypeError("timing must be a bool")
+        await self._admit()
+        try:
+            flags = ACL_EVENT_SYNC | (ACL_EVENT_TIME_LINE if timing else 0)
+            handle = device._runtime.create_event(flags)
+        except BaseException:
+            device._unsettled -= 1
+            self._release_slot()
+            raise
+        task = Task(device, self, "record_event")
+        event = Event(device, self, handle, timing, task)
+        self._enqueue(RecordEvent(self, task, event))
+        return event
+
+    async def wait_event(self, event: Event) -> Task:
+        """Make work queued on this stream after this call wait for ``event`` (on the device)."""
+        device = self._device
+        if not isinstance(event, Event):
+            raise TypeError(f"wait_event() takes an Event, got {type(event).__name__}")
+        if event._device is not device:
+            raise ValueError("wait_event(): the event belongs to a different device")
+        await self._admit()
+        task = Task(device, self, "wait_event")
+        return self._enqueue(WaitEvent(self, task, event))
+
+    async def synchronize(self) -> None:
+        """Wait until everything queued on this stream so far has finished.
+
+        Raises the device's fault if it has one; failures of individual tasks are reported by
+        their own ``Task``.
+        """
+        last = self._last
+        if last is not None and not last.done():
+            try:
+                await last
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    raise
+        self._device._raise_fault()
+
+    async def aclose(self) -> None:
+        """Wait for this stream's work, then destroy it. Idempotent."""
+        if self._closed:
+            return
+        await self.synchronize_quietly()
+        self._closed = True
+        self._fail_waiters(ClosedError("the stream is closed"))
+        await self._device._close_stream(self)
+
+    async def synchronize_quietly(self) -> None:
+        """Like :meth:`synchronize` but never raises a task's or the device's error."""
+        last = self._last
+        if last is not None and not last.done():
+            try:
+                await last
+            except Exception:
+                pass
+
+    async def __aenter__(self) -> Stream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted on this stream and not yet finished on the device."""
+        return self._in_flight
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<Stream {self.handle:#x} {state} in_flight={self._in_flight}/"
+            f"{self.max_in_flight} waiting={len(self._admission)}>"
+        )

@@ -1,0 +1,232 @@
+"""Units of device work as they travel from the loop to the runtime and back.
+
+A :class:`Request` is created on the event loop when a stream admits it, submitted to the
+runtime by the submitter thread, and released by the poller thread once its completion has been
+observed. It owns what the device may read or write for it (a pooled pinned buffer, device
+buffers it references, user arrays) until then: nothing is released on cancellation.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._runtime._base import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
+
+if TYPE_CHECKING:
+    from ._config import LaunchConfig
+    from ._device import DeviceBuffer
+    from ._pool import HostBuffer
+    from ._runtime import Runtime
+    from ._stream import Stream
+    from ._task import Event, Task
+
+__all__ = [
+    "Batch",
+    "CopyToDevice",
+    "CopyToHost",
+    "Launch",
+    "RecordEvent",
+    "Request",
+    "WaitEvent",
+]
+
+
+class Request:
+    """One operation on one stream. Subclasses implement :meth:`submit`."""
+
+    __slots__ = ("buffers", "host", "settled", "stream", "task")
+    kind = "request"
+    #: counter name in Device.stats() incremented when submitted ("" for none)
+    counter = ""
+
+    def __init__(
+        self,
+        stream: Stream,
+        task: Task,
+        host: HostBuffer | None,
+        buffers: tuple[DeviceBuffer, ...],
+    ) -> None:
+        self.stream = stream
+        self.task = task
+        self.host = host
+        self.buffers = buffers
+        # set once the request no longer counts towards aclose()'s wait (released or timed out)
+        self.settled = False
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        """Queue the operation on ``stream`` (submitter thread)."""
+        raise NotImplementedError
+
+    def on_complete(self) -> None:
+        """Finish host-side work after the device completed it (poller thread)."""
+
+    def on_refused(self, exc: BaseException) -> None:
+        """The request will never reach the device (submitter thread)."""
+
+
+class Launch(Request):
+    """A kernel launch with a snapshot of its host args in a pooled pinned buffer."""
+
+    __slots__ = ("blocks", "cfg", "func", "nbytes", "placeholder_count", "table_offset")
+    kind = "launch"
+    counter = "launches"
+
+    def __init__(
+        self,
+        stream: Stream,
+        task: Task,
+        host: HostBuffer,
+        buffers: tuple[DeviceBuffer, ...],
+        func: int,
+        blocks: int,
+        cfg: LaunchConfig | None,
+        nbytes: int,
+        table_offset: int,
+        placeholder_count: int,
+    ) -> None:
+        super().__init__(stream, task, host, buffers)
+        self.func = func
+        self.blocks = blocks
+        self.cfg = cfg
+        self.nbytes = nbytes
+        self.table_offset = table_offset
+        self.placeholder_count = placeholder_count
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        addr = self.host.addr  # type: ignore[union-attr]
+        count = self.placeholder_count
+        runtime.launch_kernel_with_host_args(
+            self.func,
+            self.blocks,
+            stream,
+            self.cfg,
+            addr,
+            self.nbytes,
+            addr + self.table_offset if count else 0,
+            count,
+        )
+
+
+def _byte_view(array: Any) -> memoryview:
+    return memoryview(np.ascontiguousarray(array)).cast("B")
+
+
+class CopyToDevice(Request):
+    """Host -> device: the source is staged into a pinned buffer just before submission."""
+
+    __slots__ = ("count", "dst", "src")
+    kind = "copy_to_device"
+    counter = "copies"
+
+    def __init__(
+        self,
+        stream: Stream,
+        task: Task,
+        host: HostBuffer,
+        dst: DeviceBuffer,
+        src: Any,
+        count: int,
+    ) -> None:
+        super().__init__(stream, task, host, (dst,))
+        self.dst = dst
+        self.src = src
+        self.count = count
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        host = self.host
+        assert host is not None
+        host.view[: self.count] = _byte_view(self.src)[: self.count]
+        runtime.memcpy_async(
+            self.dst.ptr, self.dst.nbytes, host.addr, self.count, ACL_MEMCPY_HOST_TO_DEVICE, stream
+        )
+
+
+class CopyToHost(Request):
+    """Device -> host: lands in a pinned buffer, copied into the user's array on completion."""
+
+    __slots__ = ("count", "dst", "src")
+    kind = "copy_to_host"
+    counter = "copies"
+
+    def __init__(
+        self,
+        stream: Stream,
+        task: Task,
+        host: HostBuffer,
+        dst: np.ndarray[Any, Any],
+        src: DeviceBuffer,
+        count: int,
+    ) -> None:
+        super().__init__(stream, task, host, (src,))
+        self.dst = dst
+        self.src = src
+        self.count = count
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        host = self.host
+        assert host is not None
+        runtime.memcpy_async(
+            host.addr, host.capacity, self.src.ptr, self.count, ACL_MEMCPY_DEVICE_TO_HOST, stream
+        )
+
+    def on_complete(self) -> None:
+        host = self.host
+        assert host is not None
+        memoryview(self.dst).cast("B")[: self.count] = host.view[: self.count]
+
+
+class RecordEvent(Request):
+    """Record a user-visible event on the stream."""
+
+    __slots__ = ("event",)
+    kind = "record_event"
+
+    def __init__(self, stream: Stream, task: Task, event: Event) -> None:
+        super().__init__(stream, task, None, ())
+        self.event = event
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        try:
+            runtime.record_event(self.event.handle, stream)
+        except BaseException as exc:
+            self.event._record_error = exc
+            raise
+        self.event._recorded_on_device = True
+
+    def on_refused(self, exc: BaseException) -> None:
+        self.event._record_error = exc
+
+
+class WaitEvent(Request):
+    """Make later work on the stream wait for an event recorded on another stream."""
+
+    __slots__ = ("event",)
+    kind = "wait_event"
+
+    def __init__(self, stream: Stream, task: Task, event: Event) -> None:
+        super().__init__(stream, task, None, ())
+        self.event = event
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        record_error = self.event._record_error
+        if record_error is not None:
+            raise type(record_error)(
+                "the event this wait depends on was never recorded",
+                code=getattr(record_error, "code", None),
+            ) from record_error
+        runtime.stream_wait_event(stream, self.event.handle)
+
+
+class Batch:
+    """Requests submitted to one stream in one hop, followed by one recorded event."""
+
+    __slots__ = ("deadline", "event", "requests", "stream", "timed_out")
+
+    def __init__(self, stream: Stream, requests: list[Request], event: int, deadline: float):
+        self.stream = stream
+        self.requests = requests
+        self.event = event
+        self.deadline = deadline
+        self.timed_out = False
