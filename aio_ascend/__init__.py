@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-from . import sim as sim
 from ._config import LaunchConfig as LaunchConfig
 from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
@@ -54,7 +53,20 @@ __all__ = (
     "sim",
 )
 
+
+
+def __getattr__(name: str) -> object:
+    # The simulator is imported on first use, so programs on real hardware never load it.
+    if name == "sim":
+        import importlib
+
+        return importlib.import_module(".sim", __name__)
+    raise AttributeError(f"module 'aio_ascend' has no attribute {name!r}")
+
+
 for _name in __all__:
+    if _name == "sim":
+        continue
     _obj = globals()[_name]
     if hasattr(_obj, "__module__") and _obj.__module__.startswith("aio_ascend."):
         try:
