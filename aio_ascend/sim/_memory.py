@@ -1,0 +1,217 @@
+"""The simulator's memory: a device address space and pinned host memory, both numpy-backed.
+
+Device memory lives at fake 64-bit addresses starting at :data:`DEVICE_BASE`; each allocation is
+its own ``uint8`` array. Addresses are never reused, so a use after free always faults instead
+of silently reading another buffer. Pinned host memory is real process memory (64-byte aligned
+numpy buffers) so Python code can reach it through its address, as with ``aclrtMallocHost``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "DEVICE_BASE",
+    "DEVICE_LIMIT",
+    "DeviceFault",
+    "DeviceMemory",
+    "POISON_BYTE",
+    "PinnedMemory",
+    "U8Array",
+]
+
+#: first device address handed out (looks like an HBM address of a real NPU)
+DEVICE_BASE = 0x12C0_0000_0000
+#: end of the simulated device address space (1 TiB of addresses)
+DEVICE_LIMIT = DEVICE_BASE + (1 << 40)
+_ALIGN = 64
+#: gap left between device allocations, so that an overrun never lands in a neighbour
+_GUARD = 4096
+#: byte written over pinned memory when it is freed (a late read sees this, never a crash)
+POISON_BYTE = 0xCD
+
+U8Array = npt.NDArray[np.uint8]
+
+
+class DeviceFault(Exception):
+    """A fault on the simulated device (an MMU fault, a kernel exception, the ``fault`` kernel).
+
+    Internal to the simulator: the device thread turns it into the sticky device fault that
+    runtime calls then raise as :class:`aio_ascend._errors.DeviceFaultError`.
+    """
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _align_up(value: int, alignment: int) -> int:
+    return (value + alignment - 1) // alignment * alignment
+
+
+class DeviceMemory:
+    """The device address space: ``malloc``/``free`` and address resolution for kernels/copies.
+
+    Thread-safe: user threads allocate and free while the device thread resolves addresses.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next = DEVICE_BASE
+        self._starts: list[int] = []  # sorted allocation bases
+        self._arrays: dict[int, U8Array] = {}  # base -> backing array (exact size)
+        self._internal: set[int] = set()  # bases of runtime-internal allocations (args regions)
+
+    def malloc(self, size: int, *, internal: bool = False) -> int:
+        """Allocate ``size`` (> 0) bytes; returns a 64-byte aligned device address."""
+        data = np.zeros(size, dtype=np.uint8)
+        with self._lock:
+            addr = self._next
+            end = addr + _align_up(size, _ALIGN) + _GUARD
+            if end > DEVICE_LIMIT:
+                raise MemoryError("simulated device address space exhausted")
+            self._next = end
+            self._arrays[addr] = data
+            self._starts.append(addr)  # bases only grow: the list stays sorted
+            if internal:
+                self._internal.add(addr)
+        return addr
+
+    def free(self, addr: int) -> bool:
+        """Free the allocation at base ``addr``; False if it is not a live allocation."""
+        with self._lock:
+            if self._arrays.pop(addr, None) is None:
+                return False
+            index = bisect.bisect_left(self._starts, addr)
+            del self._starts[index]
+            self._internal.discard(addr)
+        return True
+
+    def is_internal(self, addr: int) -> bool:
+        """Whether ``addr`` is the base of a runtime-internal allocation (an args region)."""
+        return addr in self._internal
+
+    def user_count(self) -> int:
+        """Live allocations made by the user (internal args regions excluded)."""
+        with self._lock:
+            return len(self._arrays) - len(self._internal)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._arrays.clear()
+            self._starts.clear()
+            self._internal.clear()
+
+    def base_array(self, addr: int) -> U8Array | None:
+        """The backing array of the allocation whose base is ``addr`` (None if none)."""
+        return self._arrays.get(addr)
+
+    def resolve(self, addr: int, nbytes: int, what: str) -> tuple[U8Array, int]:
+        """``(backing array, offset)`` for ``[addr, addr + nbytes)``; a fault if not inside one
+        live allocation."""
+        arrays = self._arrays
+        data = arrays.get(addr)
+        if data is not None and nbytes <= data.shape[0] and nbytes >= 0:
+            return data, 0
+        with self._lock:
+            index = bisect.bisect_right(self._starts, addr) - 1
+            if index >= 0:
+                base = self._starts[index]
+                data = arrays[base]
+                offset = addr - base
+                if nbytes >= 0 and offset + nbytes <= data.shape[0]:
+                    return data, offset
+                if offset < data.shape[0]:
+                    raise DeviceFault(
+                        507015,
+                        f"MMU fault: {what} of {nbytes} bytes at device address {addr:#x} runs "
+                        f"past the end of the allocation at {base:#x} ({data.shape[0]} bytes)",
+                    )
+        raise DeviceFault(
+            507015,
+            f"MMU fault: {what} of {nbytes} bytes at device address {addr:#x}: "
+            f"not inside any live device allocation",
+        )
+
+    def view(self, addr: int, nbytes: int, what: str) -> U8Array:
+        """A writable ``uint8`` view of ``[addr, addr + nbytes)`` (a fault if out of bounds)."""
+        data, offset = self.resolve(addr, nbytes, what)
+        return data[offset : offset + nbytes]
+
+
+class PinnedMemory:
+    """Pinned host memory (``aclrtMallocHost``): 64-byte aligned numpy buffers the sim owns."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._starts: list[int] = []
+        self._arrays: dict[int, U8Array] = {}  # real process address -> aligned view
+
+    def malloc(self, size: int) -> int:
+        raw = np.empty(size + _ALIGN, dtype=np.uint8)
+        base = int(raw.ctypes.data)
+        skip = (-base) % _ALIGN
+        data = raw[skip : skip + size]
+        data.fill(0)
+        addr = base + skip
+        with self._lock:
+            self._arrays[addr] = data
+            bisect.insort(self._starts, addr)
+        return addr
+
+    def free(self, addr: int) -> bool:
+        """Free (and poison) the allocation at ``addr``; False if it is not one."""
+        with self._lock:
+            data = self._arrays.pop(addr, None)
+            if data is None:
+                return False
+            del self._starts[bisect.bisect_left(self._starts, addr)]
+        # Queued work may still hold the array: a late reader sees poison, never freed memory.
+        data.fill(POISON_BYTE)
+        return True
+
+    def count(self) -> int:
+        return len(self._arrays)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._arrays.clear()
+            self._starts.clear()
+
+    def base_array(self, addr: int) -> U8Array | None:
+        return self._arrays.get(addr)
+
+    def find(self, addr: int, nbytes: int) -> tuple[U8Array, int] | None:
+        """``(array, offset)`` if ``addr`` lies in pinned memory, else None (pageable).
+
+        Raises ``ValueError`` when the range starts in a pinned allocation but runs past its end.
+        """
+        data = self._arrays.get(addr)
+        if data is not None:
+            if nbytes > data.shape[0]:
+                raise ValueError(
+                    f"{nbytes} bytes at pinned address {addr:#x} run past the end of its "
+                    f"allocation ({data.shape[0]} bytes)"
+                )
+            return data, 0
+        with self._lock:
+            index = bisect.bisect_right(self._starts, addr) - 1
+            if index < 0:
+                return None
+            base = self._starts[index]
+            data = self._arrays[base]
+        offset = addr - base
+        if offset >= data.shape[0]:
+            return None
+        if offset + nbytes > data.shape[0]:
+            raise ValueError(
+                f"{nbytes} bytes at pinned address {addr:#x} run past the end of its "
+                f"allocation at {base:#x} ({data.shape[0]} bytes)"
+            )
+        return data, offset
+
