@@ -1,0 +1,272 @@
+"""ctypes declarations for the ACL runtime (``libascendcl.so``): structs, constants, prototypes.
+
+Declarations only: no loading policy, no error handling (see :mod:`._acl`). Every layout and
+value here was read off the CANN headers (``shared/docs/acl-abi/``) and is checked against them
+by ``tests/test_acl_abi.py``:
+
+* pointers and opaque handles (``aclrtStream``, ``void **`` out-params, ...) are ``c_void_p``;
+* ``size_t`` is ``c_size_t``, ``int32_t``/``uint32_t``/``uint64_t`` the fixed-width types;
+* ``aclError`` (``typedef int``) and the C enums passed by value are ``c_int``;
+* ``const char *`` arguments are ``c_char_p``; ``aclGetRecentErrMsg`` returns ``c_char_p``.
+
+The library is opened with ``ctypes.CDLL``, so every call releases the GIL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import (
+    POINTER,
+    Structure,
+    Union,
+    c_char_p,
+    c_int,
+    c_int32,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from typing import Any
+
+__all__ = [
+    "ACL_ERROR_INVALID_PARAM",
+    "ACL_ERROR_REPEAT_INITIALIZE",
+    "ACL_ERROR_RT_PARAM_INVALID",
+    "ACL_EVENT_RECORDED_STATUS_COMPLETE",
+    "ACL_EVENT_RECORDED_STATUS_NOT_READY",
+    "ACL_MEM_MALLOC_HUGE_FIRST",
+    "PROTOTYPES",
+    "AclrtBinaryLoadOption",
+    "AclrtBinaryLoadOptionValue",
+    "AclrtBinaryLoadOptions",
+    "AclrtLaunchKernelAttr",
+    "AclrtLaunchKernelAttrValue",
+    "AclrtLaunchKernelCfg",
+    "AclrtPlaceHolderInfo",
+    "AclrtTimeoutUs",
+    "CTYPE_NAMES",
+    "STRUCTS",
+    "bind",
+]
+
+# --- constants (acl_abi_facts.json) ----------------------------------------------------------
+
+ACL_SUCCESS = 0
+ACL_ERROR_INVALID_PARAM = 100000
+ACL_ERROR_UNINITIALIZE = 100001
+ACL_ERROR_REPEAT_INITIALIZE = 100002
+ACL_ERROR_RT_PARAM_INVALID = 107000
+ACL_ERROR_RT_CONTEXT_NULL = 107002
+ACL_ERROR_RT_INVALID_HANDLE = 107017
+ACL_ERROR_RT_STREAM_ABORT = 107023
+ACL_ERROR_RT_SYMBOL_NOT_FOUND = 107042
+ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
+ACL_ERROR_RT_AICORE_TIMEOUT = 507014
+ACL_ERROR_RT_AICORE_EXCEPTION = 507015
+ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
+ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
+
+# aclrtLaunchKernelAttrId
+ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE = 1
+ACL_RT_LAUNCH_KERNEL_ATTR_DYN_UBUF_SIZE = 2
+ACL_RT_LAUNCH_KERNEL_ATTR_ENGINE_TYPE = 3
+ACL_RT_LAUNCH_KERNEL_ATTR_BLOCKDIM_OFFSET = 4
+ACL_RT_LAUNCH_KERNEL_ATTR_BLOCK_TASK_PREFETCH = 5
+ACL_RT_LAUNCH_KERNEL_ATTR_DATA_DUMP = 6
+ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT = 7
+ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT_US = 8
+
+# aclrtEventRecordedStatus (NOT the older aclrtEventStatus, whose values are the reverse)
+ACL_EVENT_RECORDED_STATUS_NOT_READY = 0
+ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
+
+# event flags for aclrtCreateEventExWithFlag
+ACL_EVENT_SYNC = 0x01
+ACL_EVENT_CAPTURE_STREAM_PROGRESS = 0x02
+ACL_EVENT_TIME_LINE = 0x08
+
+# aclrtSetStreamFailureMode
+ACL_CONTINUE_ON_FAILURE = 0
+ACL_STOP_ON_FAILURE = 1
+
+# aclrtMemcpyKind
+ACL_MEMCPY_HOST_TO_DEVICE = 1
+ACL_MEMCPY_DEVICE_TO_HOST = 2
+ACL_MEMCPY_DEVICE_TO_DEVICE = 3
+
+# aclrtMemMallocPolicy
+ACL_MEM_MALLOC_HUGE_FIRST = 0
+ACL_MEM_MALLOC_NORMAL_ONLY = 2
+
+# aclrtCallbackBlockType / stream flags (not used by the backend, kept for reference)
+ACL_CALLBACK_NO_BLOCK = 0
+ACL_CALLBACK_BLOCK = 1
+ACL_STREAM_FAST_LAUNCH = 0x1
+ACL_STREAM_FAST_SYNC = 0x2
+
+# aclrtBinaryLoadOptionType
+ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD = 1
+ACL_RT_BINARY_LOAD_OPT_MAGIC = 2
+ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE = 3
+ACL_RT_BINARY_MAGIC_ELF_AICORE = 0x43554245
+ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE = 0x41415246
+ACL_RT_BINARY_MAGIC_ELF_CUBE_CORE = 0x41494343
+
+# --- structs ---------------------------------------------------------------------------------
+
+
+class AclrtPlaceHolderInfo(Structure):
+    """``aclrtPlaceHolderInfo``: 8 bytes."""
+
+    _fields_ = [("addrOffset", c_uint32), ("dataOffset", c_uint32)]
+
+
+class AclrtTimeoutUs(Structure):
+    """``aclrtTimeoutUs``: 8 bytes, 4-aligned (two uint32, not one uint64)."""
+
+    _fields_ = [("timeoutLow", c_uint32), ("timeoutHigh", c_uint32)]
+
+
+class AclrtLaunchKernelAttrValue(Union):
+    """``aclrtLaunchKernelAttrValue``: 16 bytes, 4-aligned."""
+
+    _fields_ = [
+        ("schemMode", c_uint8),
+        ("localMemorySize", c_uint32),
+        ("dynUBufSize", c_uint32),
+        ("engineType", c_int),  # aclrtEngineType (enum)
+        ("blockDimOffset", c_uint32),
+        ("isBlockTaskPrefetch", c_uint8),
+        ("isDataDump", c_uint8),
+        ("timeout", c_uint16),
+        ("timeoutUs", AclrtTimeoutUs),
+        ("enableProfiling", c_uint8),
+        ("rsv", c_uint32 * 4),
+    ]
+
+
+class AclrtLaunchKernelAttr(Structure):
+    """``aclrtLaunchKernelAttr``: enum id + value union, 20 bytes."""
+
+    _fields_ = [("id", c_int), ("value", AclrtLaunchKernelAttrValue)]
+
+
+class AclrtLaunchKernelCfg(Structure):
+    """``aclrtLaunchKernelCfg``: 16 bytes on LP64."""
+
+    _fields_ = [("attrs", POINTER(AclrtLaunchKernelAttr)), ("numAttrs", c_size_t)]
+
+
+class AclrtBinaryLoadOptionValue(Union):
+    """``aclrtBinaryLoadOptionValue``: 16 bytes."""
+
+    _fields_ = [
+        ("isLazyLoad", c_uint32),
+        ("magic", c_uint32),
+        ("cpuKernelMode", c_int32),
+        ("rsv", c_uint32 * 4),
+    ]
+
+
+class AclrtBinaryLoadOption(Structure):
+    """``aclrtBinaryLoadOption``: enum type + value union, 20 bytes."""
+
+    _fields_ = [("type", c_int), ("value", AclrtBinaryLoadOptionValue)]
+
+
+class AclrtBinaryLoadOptions(Structure):
+    """``aclrtBinaryLoadOptions``: 16 bytes on LP64."""
+
+    _fields_ = [("options", POINTER(AclrtBinaryLoadOption)), ("numOpt", c_size_t)]
+
+
+#: C struct name -> ctypes type (what the ABI test walks)
+STRUCTS: dict[str, Any] = {
+    "aclrtPlaceHolderInfo": AclrtPlaceHolderInfo,
+    "aclrtTimeoutUs": AclrtTimeoutUs,
+    "aclrtLaunchKernelAttrValue": AclrtLaunchKernelAttrValue,
+    "aclrtLaunchKernelAttr": AclrtLaunchKernelAttr,
+    "aclrtLaunchKernelCfg": AclrtLaunchKernelCfg,
+    "aclrtBinaryLoadOption": AclrtBinaryLoadOption,
+    "aclrtBinaryLoadOptions": AclrtBinaryLoadOptions,
+}
+
+# --- prototypes ------------------------------------------------------------------------------
+
+_ERR = c_int  # aclError is `typedef int aclError`
+_PTR = c_void_p
+_ENUM = c_int
+
+#: every ACL function the backend binds: name -> (restype, argtypes), exactly as in the headers
+PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
+    # init, device, context
+    "aclInit": (_ERR, (c_char_p,)),  # const char *configPath
+    "aclFinalize": (_ERR, ()),
+    "aclrtGetDeviceCount": (_ERR, (_PTR,)),  # uint32_t *count
+    "aclrtSetDevice": (_ERR, (c_int32,)),
+    "aclrtResetDevice": (_ERR, (c_int32,)),
+    "aclrtCreateContext": (_ERR, (_PTR, c_int32)),  # aclrtContext *, int32_t deviceId
+    "aclrtDestroyContext": (_ERR, (_PTR,)),
+    "aclrtSetCurrentContext": (_ERR, (_PTR,)),
+    "aclrtGetCurrentContext": (_ERR, (_PTR,)),  # aclrtContext *
+    "aclGetRecentErrMsg": (c_char_p, ()),
+    # streams
+    "aclrtCreateStream": (_ERR, (_PTR,)),  # aclrtStream *
+    "aclrtDestroyStream": (_ERR, (_PTR,)),
+    "aclrtDestroyStreamForce": (_ERR, (_PTR,)),
+    "aclrtSynchronizeStreamWithTimeout": (_ERR, (_PTR, c_int32)),  # timeout in ms
+    "aclrtSetStreamFailureMode": (_ERR, (_PTR, c_uint64)),
+    # events
+    "aclrtCreateEventExWithFlag": (_ERR, (_PTR, c_uint32)),  # aclrtEvent *, uint32_t flag
+    "aclrtDestroyEvent": (_ERR, (_PTR,)),
+    "aclrtRecordEvent": (_ERR, (_PTR, _PTR)),  # event, stream
+    "aclrtQueryEventStatus": (_ERR, (_PTR, _PTR)),  # event, aclrtEventRecordedStatus *
+    "aclrtSynchronizeEventWithTimeout": (_ERR, (_PTR, c_int32)),  # timeout in ms
+    "aclrtStreamWaitEvent": (_ERR, (_PTR, _PTR)),  # stream, event
+    "aclrtEventElapsedTime": (_ERR, (_PTR, _PTR, _PTR)),  # float *ms, start, end
+    # memory
+    "aclrtMalloc": (_ERR, (_PTR, c_size_t, _ENUM)),  # void **, size, aclrtMemMallocPolicy
+    "aclrtFree": (_ERR, (_PTR,)),
+    "aclrtMallocHost": (_ERR, (_PTR, c_size_t)),
+    "aclrtFreeHost": (_ERR, (_PTR,)),
+    # dst, destMax, src, count, aclrtMemcpyKind, stream
+    "aclrtMemcpyAsync": (_ERR, (_PTR, c_size_t, _PTR, c_size_t, _ENUM, _PTR)),
+    # kernels
+    "aclrtBinaryLoadFromFile": (_ERR, (c_char_p, _PTR, _PTR)),  # path, options *, aclrtBinHandle *
+    "aclrtBinaryLoadFromData": (_ERR, (_PTR, c_size_t, _PTR, _PTR)),
+    "aclrtBinaryGetFunction": (_ERR, (_PTR, c_char_p, _PTR)),  # bin, name, aclrtFuncHandle *
+    "aclrtBinaryUnLoad": (_ERR, (_PTR,)),
+    # func, numBlocks, stream, cfg *, hostArgs, argsSize, placeHolderArray *, placeHolderNum
+    "aclrtLaunchKernelWithHostArgs": (
+        _ERR,
+        (_PTR, c_uint32, _PTR, _PTR, _PTR, c_size_t, _PTR, c_size_t),
+    ),
+}
+
+#: ctypes type -> the C spelling used by the ABI test (pointer types all map to "void*")
+CTYPE_NAMES: dict[Any, str] = {
+    c_int: "int",
+    c_int32: "int32_t",
+    c_uint32: "uint32_t",
+    c_uint64: "uint64_t",
+    c_size_t: "size_t",
+    c_void_p: "void*",
+    c_char_p: "const char*",
+}
+
+
+def bind(cdll: ctypes.CDLL) -> dict[str, Any]:
+    """Look up every function of :data:`PROTOTYPES` in ``cdll`` and set its prototype.
+
+    Returns name -> ctypes function. Raises ``AttributeError`` naming the first missing symbol.
+    """
+    functions: dict[str, Any] = {}
+    for name, (restype, argtypes) in PROTOTYPES.items():
+        function = cdll[name]  # a fresh function object (getattr would share a cached one)
+        function.restype = restype
+        function.argtypes = argtypes
+        functions[name] = function
+    return functions

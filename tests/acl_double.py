@@ -1,0 +1,259 @@
+"""The C test double of ``libascendcl.so`` (``tests/acl_double/acl_double.c``), built on demand.
+
+``build_double()`` compiles it once per test process with the system C compiler into a temporary
+``<dir>/lib64/libascendcl.so`` (so ``<dir>`` also works as ``ASCEND_HOME_PATH``) and writes a
+built-in kernel binary next to it; ``open_double_runtime()`` opens the real ``acl`` backend on
+it. ``DoubleControl`` wraps the double's ``double_*`` functions: the call log (every ACL call
+with its raw arguments), the last launch as it crossed the boundary, fault and error injection.
+Without a C compiler every user is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aio_ascend._runtime._acl import ENV_BUILTINS, AclRuntime, open_acl_runtime
+
+__all__ = [
+    "BUILTINS_MAGIC",
+    "Call",
+    "DoubleControl",
+    "build_double",
+    "double_control",
+    "open_double_runtime",
+]
+
+SOURCE = Path(__file__).resolve().parent / "acl_double" / "acl_double.c"
+BUILTINS_MAGIC = b"AIO_ASCEND_ACL_DOUBLE_BUILTINS"
+CFLAGS = ["-shared", "-fPIC", "-O2", "-pthread", "-std=gnu11", "-Wall", "-Wextra"]
+
+
+@dataclass(frozen=True)
+class Built:
+    home: Path  # usable as ASCEND_HOME_PATH
+    library: Path  # <home>/lib64/libascendcl.so
+    builtins: Path  # a kernel binary with the double's built-in kernels
+
+
+_built: Built | None = None
+_build_error: str | None = None
+_build_lock = threading.Lock()
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC", ""), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def build_double() -> Built:
+    """Compile the double (once per process); ``pytest.skip`` if there is no C compiler."""
+    global _built, _build_error
+    with _build_lock:
+        if _built is not None:
+            return _built
+        if _build_error is not None:
+            pytest.skip(_build_error)
+        compiler = _compiler()
+        if compiler is None:
+            _build_error = "no C compiler (cc/gcc/clang) to build the acl test double"
+            pytest.skip(_build_error)
+        home = Path(tempfile.mkdtemp(prefix="aio_ascend_acl_double_"))
+        atexit.register(shutil.rmtree, home, True)
+        library = home / "lib64" / "libascendcl.so"
+        library.parent.mkdir()
+        command = [compiler, *CFLAGS, "-o", str(library), str(SOURCE)]
+        result = subprocess.run(command, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"building the acl test double failed:\n{' '.join(command)}\n{result.stderr}"
+            )
+        builtins = home / "builtins.o"
+        builtins.write_bytes(
+            BUILTINS_MAGIC + b"\nvector_add axpy scale matmul sleep fault hang noop"
+        )
+        _built = Built(home, library, builtins)
+        return _built
+
+
+def open_double_runtime(device_id: int = 0) -> AclRuntime:
+    """The real ``acl`` backend opened on the test double (the contract-suite factory)."""
+    built = build_double()
+    os.environ.setdefault(ENV_BUILTINS, str(built.builtins))
+    return open_acl_runtime(device_id, library_path=built.library)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One logged ACL call: raw arguments as uint64 (signed values sign-extended)."""
+
+    name: str
+    args: tuple[int, ...]
+    rc: int  # -1 while the call was still running
+
+    def signed(self, index: int) -> int:
+        """Argument ``index`` read back as a signed 64-bit value (int32 timeouts, ...)."""
+        value = self.args[index]
+        return value - 2**64 if value >= 2**63 else value
+
+
+class DoubleControl:
+    """The ``double_*`` control functions of the built library."""
+
+    def __init__(self, library: Path) -> None:
+        lib = ctypes.CDLL(str(library))
+        self.lib = lib
+        u64, i64, vp, sz = ctypes.c_uint64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_size_t
+        sigs: dict[str, tuple[Any, list[Any]]] = {
+            "double_dev_base": (u64, []),
+            "double_log_count": (u64, []),
+            "double_log_entry": (
+                ctypes.c_int,
+                [u64, ctypes.c_char_p, sz, vp, vp, vp],
+            ),
+            "double_inject_error": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]),
+            "double_clear_injections": (None, []),
+            "double_set_fault": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_char_p]),
+            "double_last_launch": (ctypes.c_int, [vp]),
+            "double_last_cfg": (i64, [vp, sz]),
+            "double_last_placeholders": (i64, [vp, sz]),
+            "double_last_args": (i64, [vp, sz, ctypes.c_int]),
+            "double_last_dev_args": (u64, []),
+            "double_last_load": (ctypes.c_int, [ctypes.c_char_p, sz, vp]),
+            "double_set_device_count": (None, [ctypes.c_int]),
+            "double_set_max_depth": (None, [sz]),
+            "double_live_counts": (None, [vp]),
+            "double_event_generation": (u64, [vp]),
+            "double_context_fault": (ctypes.c_int, [vp]),
+        }
+        for name, (restype, argtypes) in sigs.items():
+            function = getattr(lib, name)
+            function.restype = restype
+            function.argtypes = argtypes
+
+    # --- call log ---------------------------------------------------------------------
+
+    def mark(self) -> int:
+        """The log position now; pass it to :meth:`calls` to see only later calls."""
+        return int(self.lib.double_log_count())
+
+    def calls(self, since: int = 0, name: str | None = None) -> list[Call]:
+        """Logged calls from position ``since`` on (optionally only those of ``name``)."""
+        out: list[Call] = []
+        end = self.mark()
+        buf = ctypes.create_string_buffer(64)
+        args = (ctypes.c_uint64 * 8)()
+        nargs, rc = ctypes.c_int(), ctypes.c_int()
+        for index in range(since, end):
+            if self.lib.double_log_entry(
+                index, buf, 64, args, ctypes.byref(nargs), ctypes.byref(rc)
+            ):
+                continue
+            call_name = buf.value.decode()
+            if name is None or call_name == name:
+                out.append(Call(call_name, tuple(args[: nargs.value]), rc.value))
+        return out
+
+    # --- injection --------------------------------------------------------------------
+
+    def inject_error(self, func: str, code: int, message: str) -> None:
+        """The next call of ``func`` fails with ``code`` and ``message``."""
+        assert self.lib.double_inject_error(func.encode(), code, message.encode()) == 0
+
+    def clear_injections(self) -> None:
+        self.lib.double_clear_injections()
+
+    def set_fault(self, context: int | None, code: int, message: str = "") -> int:
+        """Fault ``context`` (None: every live one) as if a kernel had failed with ``code``."""
+        return int(self.lib.double_set_fault(context, code, message.encode() or None))
+
+    def context_fault(self, context: int) -> int:
+        return int(self.lib.double_context_fault(context))
+
+    # --- the last launch --------------------------------------------------------------
+
+    def last_launch(self) -> tuple[int, ...]:
+        """Raw (func, numBlocks, stream, cfg, hostArgs, argsSize, placeHolderArray, num)."""
+        raw = (ctypes.c_uint64 * 8)()
+        assert self.lib.double_last_launch(raw), "no launch was made"
+        return tuple(raw)
+
+    def last_cfg(self) -> bytes | None:
+        """The attribute array of the last launch's cfg (None when cfg was NULL)."""
+        buf = ctypes.create_string_buffer(64 * 20)
+        count = self.lib.double_last_cfg(buf, len(buf))
+        if count < 0:
+            return None
+        return buf.raw[: 20 * count]
+
+    def last_placeholders(self) -> bytes:
+        buf = ctypes.create_string_buffer(256 * 8)
+        count = self.lib.double_last_placeholders(buf, len(buf))
+        return buf.raw[: 8 * count]
+
+    def last_args(self, *, patched: bool) -> bytes:
+        buf = ctypes.create_string_buffer(65536)
+        size = self.lib.double_last_args(buf, len(buf), int(patched))
+        return buf.raw[:size]
+
+    def last_dev_args(self) -> int:
+        return int(self.lib.double_last_dev_args())
+
+    def last_load(self) -> tuple[str, bool, int]:
+        """(path of the last LoadFromFile or '', options was NULL, numOpt)."""
+        buf = ctypes.create_string_buffer(4096)
+        num = ctypes.c_uint64()
+        null = self.lib.double_last_load(buf, len(buf), ctypes.byref(num))
+        return buf.value.decode(), bool(null), num.value
+
+    # --- state ------------------------------------------------------------------------
+
+    def dev_base(self) -> int:
+        return int(self.lib.double_dev_base())
+
+    def live_counts(self) -> dict[str, int]:
+        out = (ctypes.c_int64 * 8)()
+        self.lib.double_live_counts(out)
+        keys = (
+            "contexts",
+            "streams",
+            "events",
+            "device_allocs",
+            "host_allocs",
+            "binaries",
+            "queued_tasks",
+            "device0_refs",
+        )
+        return dict(zip(keys, out, strict=True))
+
+    def event_generation(self, event: int) -> int:
+        return int(self.lib.double_event_generation(event))
+
+    def set_device_count(self, count: int) -> None:
+        self.lib.double_set_device_count(count)
+
+    def set_max_depth(self, depth: int) -> None:
+        self.lib.double_set_max_depth(depth)
+
+
+_control: DoubleControl | None = None
+
+
+def double_control() -> DoubleControl:
+    """The control handle of the double built by :func:`build_double`."""
+    global _control
+    if _control is None:
+        _control = DoubleControl(build_double().library)
+    return _control

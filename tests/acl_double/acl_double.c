@@ -1,0 +1,1841 @@
+/*
+ * A small, strict test double of the CANN runtime (libascendcl.so) for aio_ascend's `acl` backend.
+ *
+ * It exports the ACL functions the backend binds, with the same C signatures, plus `double_*`
+ * control functions the tests use to look at what crossed the boundary. Model:
+ *
+ *  - aclInit once (100002 on repeat); aclrt* calls need it (100001 otherwise).
+ *  - Contexts are per thread (107002 when the calling thread has none). aclrtSetDevice binds the
+ *    device's default context, aclrtCreateContext a new one; both to the calling thread.
+ *  - Streams are FIFO queues executed by ONE device pthread, which serves every stream with a
+ *    time model (a `sleep` kernel occupies its stream, not the device thread). A stream belongs
+ *    to the context that created it (107003 when used under another context).
+ *  - Ex events: a never-recorded event reads COMPLETE; a record is a stream task that captures
+ *    everything submitted before it; re-recording bumps a generation counter; a StreamWaitEvent
+ *    refers to the recording current at the time of the call.
+ *  - Synchronize*WithTimeout: ms, -1 = forever, 0 (or < -1) = 107000; 507046 / 507047 on timeout.
+ *  - Faults: in stop-on-failure mode a device fault is sticky for the context: every query, sync,
+ *    record, copy and launch in it returns the fault code until the context is destroyed or the
+ *    device reset. In continue mode the faulting task is skipped and the next sync of its stream
+ *    reports the code once.
+ *  - Device memory lives in host memory but is handed out at high addresses (above 2**52) through
+ *    a mapping table, so pointer truncation shows; kernels and copies translate every address and
+ *    fault on anything outside a live allocation (use after free included).
+ *  - aclrtMemcpyAsync: a host side inside aclrtMallocHost memory is read/written when the copy
+ *    executes; any other host address is pageable and the call blocks until the copy is done.
+ *  - aclrtLaunchKernelWithHostArgs validates like CANN, writes devArgs + dataOffset into the
+ *    CALLER's buffer at each addrOffset, then copies [0, argsSize) (the kernel reads the copy).
+ *  - Every ACL call is logged with its raw arguments (uint64, signed values sign-extended) and
+ *    its return code.
+ *
+ * Built-in kernels come from any binary whose content starts with DOUBLE_BUILTINS_MAGIC
+ * (aclrtBinaryLoadFromData, or aclrtBinaryLoadFromFile with an absolute path to such a file).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- ACL types (layouts as in the CANN headers) ------------------------------------------ */
+
+typedef int aclError;
+typedef void *aclrtContext;
+typedef void *aclrtStream;
+typedef void *aclrtEvent;
+typedef void *aclrtBinHandle;
+typedef void *aclrtFuncHandle;
+
+typedef struct { uint32_t addrOffset; uint32_t dataOffset; } aclrtPlaceHolderInfo;
+typedef struct { uint32_t timeoutLow; uint32_t timeoutHigh; } aclrtTimeoutUs;
+typedef enum { ACL_RT_ENGINE_TYPE_AIC = 0, ACL_RT_ENGINE_TYPE_AIV = 1 } aclrtEngineType;
+typedef union {
+    uint8_t schemMode; uint32_t localMemorySize; uint32_t dynUBufSize; aclrtEngineType engineType;
+    uint32_t blockDimOffset; uint8_t isBlockTaskPrefetch; uint8_t isDataDump; uint16_t timeout;
+    aclrtTimeoutUs timeoutUs; uint8_t enableProfiling; uint32_t rsv[4];
+} aclrtLaunchKernelAttrValue;
+typedef enum {
+    ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE = 1, ACL_RT_LAUNCH_KERNEL_ATTR_DYN_UBUF_SIZE = 2,
+    ACL_RT_LAUNCH_KERNEL_ATTR_ENGINE_TYPE = 3, ACL_RT_LAUNCH_KERNEL_ATTR_BLOCKDIM_OFFSET = 4,
+    ACL_RT_LAUNCH_KERNEL_ATTR_BLOCK_TASK_PREFETCH = 5, ACL_RT_LAUNCH_KERNEL_ATTR_DATA_DUMP = 6,
+    ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT = 7, ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT_US = 8,
+    ACL_RT_LAUNCH_KERNEL_ATTR_ENABLE_PROFILING = 9
+} aclrtLaunchKernelAttrId;
+typedef struct { aclrtLaunchKernelAttrId id; aclrtLaunchKernelAttrValue value; } aclrtLaunchKernelAttr;
+typedef struct { aclrtLaunchKernelAttr *attrs; size_t numAttrs; } aclrtLaunchKernelCfg;
+typedef union { uint32_t isLazyLoad; uint32_t magic; int32_t cpuKernelMode; uint32_t rsv[4]; }
+    aclrtBinaryLoadOptionValue;
+typedef enum { ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD = 1, ACL_RT_BINARY_LOAD_OPT_MAGIC = 2,
+               ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE = 3 } aclrtBinaryLoadOptionType;
+typedef struct { aclrtBinaryLoadOptionType type; aclrtBinaryLoadOptionValue value; } aclrtBinaryLoadOption;
+typedef struct { aclrtBinaryLoadOption *options; size_t numOpt; } aclrtBinaryLoadOptions;
+typedef enum { ACL_MEMCPY_HOST_TO_HOST = 0, ACL_MEMCPY_HOST_TO_DEVICE = 1,
+               ACL_MEMCPY_DEVICE_TO_HOST = 2, ACL_MEMCPY_DEVICE_TO_DEVICE = 3 } aclrtMemcpyKind;
+typedef enum { ACL_MEM_MALLOC_HUGE_FIRST = 0 } aclrtMemMallocPolicy;
+typedef enum { ACL_EVENT_RECORDED_STATUS_NOT_READY = 0, ACL_EVENT_RECORDED_STATUS_COMPLETE = 1 }
+    aclrtEventRecordedStatus;
+
+_Static_assert(sizeof(aclrtPlaceHolderInfo) == 8, "aclrtPlaceHolderInfo");
+_Static_assert(sizeof(aclrtLaunchKernelAttrValue) == 16, "aclrtLaunchKernelAttrValue");
+_Static_assert(sizeof(aclrtLaunchKernelAttr) == 20, "aclrtLaunchKernelAttr");
+_Static_assert(offsetof(aclrtLaunchKernelAttr, value) == 4, "aclrtLaunchKernelAttr.value");
+_Static_assert(sizeof(aclrtLaunchKernelCfg) == 16, "aclrtLaunchKernelCfg");
+_Static_assert(offsetof(aclrtLaunchKernelCfg, numAttrs) == 8, "aclrtLaunchKernelCfg.numAttrs");
+_Static_assert(sizeof(aclrtTimeoutUs) == 8, "aclrtTimeoutUs");
+_Static_assert(sizeof(aclrtBinaryLoadOption) == 20, "aclrtBinaryLoadOption");
+_Static_assert(sizeof(aclrtBinaryLoadOptions) == 16, "aclrtBinaryLoadOptions");
+
+#define ACL_SUCCESS 0
+#define ACL_ERROR_INVALID_PARAM 100000
+#define ACL_ERROR_UNINITIALIZE 100001
+#define ACL_ERROR_REPEAT_INITIALIZE 100002
+#define ACL_ERROR_RT_PARAM_INVALID 107000
+#define ACL_ERROR_RT_INVALID_DEVICEID 107001
+#define ACL_ERROR_RT_CONTEXT_NULL 107002
+#define ACL_ERROR_RT_STREAM_CONTEXT 107003
+#define ACL_ERROR_RT_INVALID_HANDLE 107017
+#define ACL_ERROR_RT_STREAM_ABORT 107023
+#define ACL_ERROR_RT_SYMBOL_NOT_FOUND 107042
+#define ACL_ERROR_RT_MEMORY_ALLOCATION 207001
+#define ACL_ERROR_RT_EVENT_NOT_COMPLETE 507006
+#define ACL_ERROR_RT_AICORE_EXCEPTION 507015
+#define ACL_ERROR_RT_STREAM_SYNC_TIMEOUT 507046
+#define ACL_ERROR_RT_EVENT_SYNC_TIMEOUT 507047
+#define ACL_ERROR_RT_DEVICE_MEM_ERROR 507053
+
+#define ACL_EVENT_SYNC 0x01u
+#define ACL_EVENT_CAPTURE_STREAM_PROGRESS 0x02u
+#define ACL_EVENT_TIME_LINE 0x08u
+#define ACL_EVENT_DEVICE_USE_ONLY 0x10u
+#define ACL_STOP_ON_FAILURE 1u
+
+#define DOUBLE_BUILTINS_MAGIC "AIO_ASCEND_ACL_DOUBLE_BUILTINS"
+#define DEV_BASE 0x0012340000000000ull  /* device memory: above 2**52 */
+#define ARGS_BASE 0x0012350000000000ull /* device args slots (one per launch, never reused) */
+#define MAX_DEVICES 8
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#define P(x) ((uint64_t)(uintptr_t)(x))
+#define I(x) ((uint64_t)(int64_t)(x))
+#define Z(x) ((uint64_t)(x))
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_work_cv; /* the device thread waits here */
+static pthread_cond_t g_done_cv; /* host threads wait here for progress */
+
+__attribute__((constructor)) static void double_ctor(void) {
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&g_work_cv, &attr);
+    pthread_cond_init(&g_done_cv, &attr);
+    pthread_condattr_destroy(&attr);
+}
+
+/* Wait on cv until deadline_ns (UINT64_MAX: forever). g_mu must be held. */
+static void cv_wait(pthread_cond_t *cv, uint64_t deadline_ns) {
+    if (deadline_ns == UINT64_MAX) {
+        pthread_cond_wait(cv, &g_mu);
+        return;
+    }
+    struct timespec ts;
+    ts.tv_sec = (time_t)(deadline_ns / 1000000000ull);
+    ts.tv_nsec = (long)(deadline_ns % 1000000000ull);
+    pthread_cond_timedwait(cv, &g_mu, &ts);
+}
+
+static uint64_t deadline_after_ms(int32_t timeout_ms) {
+    if (timeout_ms < 0) return UINT64_MAX;
+    return now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+/* ---- error messages (thread level, returned and cleared by aclGetRecentErrMsg) ------------- */
+
+static __thread char t_msg[512];
+static __thread char t_msg_out[512];
+static __thread const char *t_fn = "";
+
+static aclError fail(aclError code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static aclError fail(aclError code, const char *fmt, ...) {
+    char text[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    snprintf(t_msg, sizeof t_msg, "[acl double] %s: %s (code %d)", t_fn, text, code);
+    return code;
+}
+
+/* ---- call log --------------------------------------------------------------------------- */
+
+#define LOG_CAP 16384
+#define LOG_ARGS 8
+typedef struct {
+    char name[40];
+    int nargs;
+    int rc;
+    uint64_t args[LOG_ARGS];
+} log_entry_t;
+
+static log_entry_t g_log[LOG_CAP];
+static uint64_t g_log_count;
+static pthread_mutex_t g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t log_call(const char *name, const uint64_t *args, int nargs) {
+    pthread_mutex_lock(&g_log_mu);
+    uint64_t index = g_log_count++;
+    log_entry_t *e = &g_log[index % LOG_CAP];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->nargs = nargs;
+    e->rc = -1; /* still running */
+    for (int i = 0; i < nargs && i < LOG_ARGS; i++) e->args[i] = args[i];
+    pthread_mutex_unlock(&g_log_mu);
+    return index;
+}
+
+static aclError log_ret(uint64_t index, aclError rc) {
+    pthread_mutex_lock(&g_log_mu);
+    if (g_log_count - index <= LOG_CAP) g_log[index % LOG_CAP].rc = rc;
+    pthread_mutex_unlock(&g_log_mu);
+    return rc;
+}
+
+/* ---- injected errors (double_inject_error) ------------------------------------------------ */
+
+#define MAX_INJECT 16
+typedef struct { char func[48]; int code; char msg[256]; int active; } inject_t;
+static inject_t g_inject[MAX_INJECT];
+
+static aclError take_injection(const char *name) {
+    aclError code = 0;
+    pthread_mutex_lock(&g_log_mu);
+    for (int i = 0; i < MAX_INJECT; i++) {
+        if (g_inject[i].active && strcmp(g_inject[i].func, name) == 0) {
+            g_inject[i].active = 0;
+            code = g_inject[i].code;
+            snprintf(t_msg, sizeof t_msg, "%s", g_inject[i].msg);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_log_mu);
+    return code;
+}
+
+#define ENTER(name, n, ...)                                           \
+    uint64_t args_[] = {__VA_ARGS__};                                 \
+    uint64_t log_index_ = log_call(name, args_, (n));                 \
+    t_fn = name;                                                      \
+    do {                                                              \
+        aclError injected_ = take_injection(name);                    \
+        if (injected_) return log_ret(log_index_, injected_);         \
+    } while (0)
+#define LEAVE(rc) return log_ret(log_index_, (rc))
+#define LEAVE_UNLOCK(rc)                                              \
+    do {                                                              \
+        aclError rc_ = (rc);                                          \
+        pthread_mutex_unlock(&g_mu);                                  \
+        return log_ret(log_index_, rc_);                              \
+    } while (0)
+
+/* ---- live-handle registry (open addressing hash set) -------------------------------------- */
+
+enum { K_CTX = 1, K_STREAM, K_EVENT, K_BIN, K_FUNC };
+typedef struct { uintptr_t key; int kind; } slot_t;
+#define TOMB ((uintptr_t)1)
+static slot_t *g_live;
+static size_t g_live_cap, g_live_used, g_live_n;
+
+static size_t hash_ptr(uintptr_t p) {
+    uint64_t x = (uint64_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static void live_insert_raw(slot_t *table, size_t cap, uintptr_t key, int kind) {
+    size_t i = hash_ptr(key) & (cap - 1);
+    while (table[i].key && table[i].key != TOMB) i = (i + 1) & (cap - 1);
+    table[i].key = key;
+    table[i].kind = kind;
+}
+
+static void live_add(void *p, int kind) {
+    if ((g_live_used + 1) * 2 > g_live_cap) {
+        size_t cap = g_live_cap ? g_live_cap * 2 : 256;
+        while (g_live_n * 4 > cap) cap *= 2;
+        slot_t *table = calloc(cap, sizeof *table);
+        if (!table) abort();
+        for (size_t i = 0; i < g_live_cap; i++)
+            if (g_live[i].key && g_live[i].key != TOMB)
+                live_insert_raw(table, cap, g_live[i].key, g_live[i].kind);
+        free(g_live);
+        g_live = table;
+        g_live_cap = cap;
+        g_live_used = g_live_n;
+    }
+    live_insert_raw(g_live, g_live_cap, (uintptr_t)p, kind);
+    g_live_used++;
+    g_live_n++;
+}
+
+static slot_t *live_find(const void *p) {
+    if (!g_live_cap || !p) return NULL;
+    size_t i = hash_ptr((uintptr_t)p) & (g_live_cap - 1);
+    while (g_live[i].key) {
+        if (g_live[i].key == (uintptr_t)p) return &g_live[i];
+        i = (i + 1) & (g_live_cap - 1);
+    }
+    return NULL;
+}
+
+static int live_is(const void *p, int kind) {
+    slot_t *s = live_find(p);
+    return s && s->kind == kind;
+}
+
+static void live_del(const void *p) {
+    slot_t *s = live_find(p);
+    if (s) {
+        s->key = TOMB;
+        g_live_n--;
+    }
+}
+
+/* ---- objects ------------------------------------------------------------------------------ */
+
+typedef struct ctx {
+    int device;
+    int is_default;
+    int fault_code;
+    char fault_msg[256];
+    struct ctx *next;
+} ctx_t;
+
+enum { T_KERNEL = 1, T_RECORD, T_WAIT, T_COPY };
+enum { KN_VECTOR_ADD, KN_AXPY, KN_SCALE, KN_MATMUL, KN_SLEEP, KN_FAULT, KN_HANG, KN_NOOP, KN_COUNT };
+static const char *const KERNEL_NAMES[KN_COUNT] = {
+    "vector_add", "axpy", "scale", "matmul", "sleep", "fault", "hang", "noop"};
+
+struct stream;
+struct event;
+
+typedef struct task {
+    struct task *next;
+    uint64_t seq;
+    int kind;
+    /* kernel */
+    int kernel;
+    uint32_t blocks;
+    unsigned char *args;
+    size_t args_size;
+    uint64_t dev_args;
+    int started;
+    uint64_t until_ns;
+    /* record */
+    struct event *event;
+    uint64_t gen;
+    /* wait */
+    struct stream *wait_stream;
+    uint64_t wait_seq;
+    /* copy */
+    int copy_kind;
+    int pageable;
+    uint64_t dst, src;
+    size_t count;
+} task_t;
+
+typedef struct stream {
+    ctx_t *ctx;
+    int refs;
+    int alive;
+    int aborted;
+    uint64_t mode;
+    aclError pending_err;
+    task_t *head, *tail;
+    size_t depth;
+    uint64_t submitted, completed;
+    struct stream *next_all;
+} stream_t;
+
+typedef struct event {
+    ctx_t *ctx;
+    unsigned flags;
+    int refs;
+    int alive;
+    int recorded;
+    uint64_t gen;
+    stream_t *rec_stream;
+    uint64_t rec_seq;
+    uint64_t timestamp_ns;
+    uint64_t ts_gen;
+} event_t;
+
+typedef struct func { struct binary *bin; int kernel; } func_t;
+typedef struct binary { int has_func[KN_COUNT]; func_t funcs[KN_COUNT]; } binary_t; /* funcs[0] != the binary */
+
+typedef struct { uint64_t dev; size_t size; unsigned char *host; int device; } dalloc_t;
+typedef struct { unsigned char *ptr; size_t size; } halloc_t;
+
+static int g_initialized;
+static int g_device_count = 1;
+static int g_dev_refs[MAX_DEVICES];
+static ctx_t *g_default_ctx[MAX_DEVICES];
+static ctx_t *g_contexts;
+static stream_t *g_streams;
+static size_t g_max_depth = 2013;
+static __thread ctx_t *t_ctx;
+
+static dalloc_t *g_dallocs;
+static size_t g_ndallocs, g_dallocs_cap;
+static uint64_t g_next_dev = DEV_BASE;
+static uint64_t g_next_args = ARGS_BASE;
+#define FREED_RING 4096
+static uint64_t g_freed_dev[FREED_RING];
+static uint64_t g_freed_host[FREED_RING];
+static size_t g_freed_dev_n, g_freed_host_n;
+
+static halloc_t *g_hallocs;
+static size_t g_nhallocs, g_hallocs_cap;
+
+static size_t g_live_streams, g_live_events, g_live_binaries, g_live_contexts, g_queued_tasks;
+
+static pthread_t g_device_thread;
+static int g_device_thread_running;
+static int g_stop;
+
+/* last launch, as it crossed the boundary */
+static struct {
+    int valid;
+    uint64_t raw[8];
+    int cfg_null;
+    uint64_t num_attrs;
+    unsigned char attrs[64 * sizeof(aclrtLaunchKernelAttr)];
+    uint64_t num_ph;
+    unsigned char ph[256 * sizeof(aclrtPlaceHolderInfo)];
+    size_t args_size;
+    unsigned char args_pre[65536];
+    unsigned char args_post[65536];
+    uint64_t dev_args;
+} g_last;
+static char g_last_load_path[4096];
+static uint64_t g_last_load_options_num;
+static int g_last_load_options_null = 1;
+
+/* ---- memory tables ------------------------------------------------------------------------ */
+
+static dalloc_t *dev_find(uint64_t addr) {
+    for (size_t i = 0; i < g_ndallocs; i++) {
+        dalloc_t *a = &g_dallocs[i];
+        if (addr >= a->dev && addr - a->dev < a->size) return a;
+    }
+    return NULL;
+}
+
+/* host pointer for [addr, addr+len) of device memory, or NULL */
+static unsigned char *dev_range(uint64_t addr, size_t len) {
+    dalloc_t *a = dev_find(addr);
+    if (!a) return NULL;
+    if (len > a->size - (addr - a->dev)) return NULL;
+    return a->host + (addr - a->dev);
+}
+
+static halloc_t *host_find(uint64_t addr) {
+    for (size_t i = 0; i < g_nhallocs; i++) {
+        halloc_t *h = &g_hallocs[i];
+        if (addr >= (uint64_t)(uintptr_t)h->ptr && addr - (uint64_t)(uintptr_t)h->ptr < h->size) return h;
+    }
+    return NULL;
+}
+
+static int ring_has(const uint64_t *ring, size_t n, uint64_t value) {
+    size_t limit = n < FREED_RING ? n : FREED_RING;
+    for (size_t i = 0; i < limit; i++)
+        if (ring[i] == value) return 1;
+    return 0;
+}
+
+static void free_all_device_memory(int device) {
+    size_t j = 0;
+    for (size_t i = 0; i < g_ndallocs; i++) {
+        if (g_dallocs[i].device == device) {
+            g_freed_dev[g_freed_dev_n++ % FREED_RING] = g_dallocs[i].dev;
+            free(g_dallocs[i].host);
+        } else {
+            g_dallocs[j++] = g_dallocs[i];
+        }
+    }
+    g_ndallocs = j;
+}
+
+/* ---- streams, events, tasks -------------------------------------------------------------- */
+
+static void stream_unref(stream_t *s) {
+    if (--s->refs == 0) free(s);
+}
+
+static void event_unref(event_t *e) {
+    if (--e->refs == 0) {
+        if (e->rec_stream) stream_unref(e->rec_stream);
+        free(e);
+    }
+}
+
+static void task_free(task_t *t) {
+    if (t->kind == T_RECORD && t->event) event_unref(t->event);
+    if (t->kind == T_WAIT && t->wait_stream) stream_unref(t->wait_stream);
+    free(t->args);
+    free(t);
+}
+
+static void wake_device(void) { pthread_cond_signal(&g_work_cv); }
+
+static void *device_main(void *arg);
+
+static void ensure_device_thread(void) {
+    if (!g_device_thread_running) {
+        g_stop = 0;
+        if (pthread_create(&g_device_thread, NULL, device_main, NULL) != 0) abort();
+        g_device_thread_running = 1;
+    }
+}
+
+static aclError ctx_fault(ctx_t *c) {
+    if (c && c->fault_code) return fail(c->fault_code, "%s", c->fault_msg);
+    return 0;
+}
+
+/* Discard queued work and mark the stream dead (force destroy / context teardown). */
+static void stream_kill(stream_t *s) {
+    task_t *t = s->head;
+    while (t) {
+        task_t *next = t->next;
+        task_free(t);
+        g_queued_tasks--;
+        t = next;
+    }
+    s->head = s->tail = NULL;
+    s->depth = 0;
+    if (s->completed < s->submitted) s->aborted = 1;
+    s->alive = 0;
+    live_del(s);
+    g_live_streams--;
+    for (stream_t **pp = &g_streams; *pp; pp = &(*pp)->next_all) {
+        if (*pp == s) {
+            *pp = s->next_all;
+            break;
+        }
+    }
+    pthread_cond_broadcast(&g_done_cv);
+    wake_device();
+    stream_unref(s);
+}
+
+static void event_kill(event_t *e) {
+    e->alive = 0;
+    live_del(e);
+    g_live_events--;
+    pthread_cond_broadcast(&g_done_cv);
+    event_unref(e);
+}
+
+static void destroy_context_locked(ctx_t *c) {
+    for (stream_t *s = g_streams, *next; s; s = next) {
+        next = s->next_all;
+        if (s->ctx == c) stream_kill(s);
+    }
+    /* events of the context: collect first (killing mutates the registry) */
+    size_t n = 0;
+    event_t **events = NULL;
+    for (size_t i = 0; i < g_live_cap; i++) {
+        if (g_live[i].key && g_live[i].key != TOMB && g_live[i].kind == K_EVENT &&
+            ((event_t *)g_live[i].key)->ctx == c) {
+            event_t **grown = realloc(events, (n + 1) * sizeof *events);
+            if (!grown) abort();
+            events = grown;
+            events[n++] = (event_t *)g_live[i].key;
+        }
+    }
+    for (size_t i = 0; i < n; i++) event_kill(events[i]);
+    free(events);
+    live_del(c);
+    g_live_contexts--;
+    for (ctx_t **pp = &g_contexts; *pp; pp = &(*pp)->next) {
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    }
+    if (g_default_ctx[c->device] == c) g_default_ctx[c->device] = NULL;
+    if (t_ctx == c) t_ctx = NULL;
+    free(c);
+}
+
+static void reset_device_locked(int device) {
+    for (ctx_t *c = g_contexts, *next; c; c = next) {
+        next = c->next;
+        if (c->device == device) destroy_context_locked(c);
+    }
+    free_all_device_memory(device);
+    g_dev_refs[device] = 0;
+}
+
+/* The calling thread's live context, or NULL with 107002 set. g_mu held. */
+static ctx_t *need_ctx(aclError *rc) {
+    if (!t_ctx || !live_is(t_ctx, K_CTX)) {
+        t_ctx = NULL;
+        *rc = fail(ACL_ERROR_RT_CONTEXT_NULL,
+                   "the calling thread has no current context (call aclrtSetCurrentContext)");
+        return NULL;
+    }
+    return t_ctx;
+}
+
+/* A live stream of the current context, or NULL with the error set. g_mu held. */
+static stream_t *need_stream(void *handle, ctx_t *c, aclError *rc) {
+    if (!handle) {
+        *rc = fail(ACL_ERROR_RT_PARAM_INVALID, "NULL (default) stream is not supported by the double");
+        return NULL;
+    }
+    if (!live_is(handle, K_STREAM)) {
+        *rc = fail(ACL_ERROR_RT_INVALID_HANDLE, "stream %p is not a live stream", handle);
+        return NULL;
+    }
+    stream_t *s = handle;
+    if (s->ctx != c) {
+        *rc = fail(ACL_ERROR_RT_STREAM_CONTEXT, "stream %p belongs to another context", handle);
+        return NULL;
+    }
+    return s;
+}
+
+static event_t *need_event(void *handle, aclError *rc) {
+    if (!handle || !live_is(handle, K_EVENT)) {
+        *rc = fail(ACL_ERROR_RT_INVALID_HANDLE, "event %p is not a live event", handle);
+        return NULL;
+    }
+    return handle;
+}
+
+/* Append a task, blocking while the stream's queue is full (as the real runtime does). */
+static aclError enqueue(stream_t *s, task_t *t) {
+    while (s->depth >= g_max_depth && s->alive && !s->ctx->fault_code) cv_wait(&g_done_cv, UINT64_MAX);
+    if (!s->alive) {
+        task_free(t);
+        return fail(ACL_ERROR_RT_STREAM_ABORT, "stream destroyed while waiting for queue space");
+    }
+    if (s->ctx->fault_code) {
+        aclError rc = ctx_fault(s->ctx);
+        task_free(t);
+        return rc;
+    }
+    t->seq = ++s->submitted;
+    t->next = NULL;
+    if (s->tail) s->tail->next = t;
+    else s->head = t;
+    s->tail = t;
+    s->depth++;
+    g_queued_tasks++;
+    ensure_device_thread();
+    wake_device();
+    return 0;
+}
+
+/* ---- kernels ------------------------------------------------------------------------------ */
+
+typedef struct { int state; aclError code; char msg[200]; uint64_t until_ns; } kres_t;
+enum { KS_DONE, KS_SLEEP, KS_HANG, KS_FAULT };
+
+static void kfault(kres_t *r, aclError code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void kfault(kres_t *r, aclError code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+    r->state = KS_FAULT;
+    r->code = code;
+}
+
+/* Translate a device address seen by a kernel: its own args slot, or live device memory. */
+static unsigned char *kaddr(task_t *t, uint64_t addr, uint64_t len) {
+    if (addr >= t->dev_args && addr - t->dev_args <= t->args_size &&
+        len <= t->args_size - (addr - t->dev_args))
+        return t->args + (addr - t->dev_args);
+    if (len > SIZE_MAX) return NULL;
+    return dev_range(addr, (size_t)len);
+}
+
+static int rd_u32(task_t *t, size_t off, uint32_t *out, kres_t *r) {
+    if (off + 4 > t->args_size) {
+        kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION, "%s: args too short (%zu bytes, needs %zu)",
+               KERNEL_NAMES[t->kernel], t->args_size, off + 4);
+        return 0;
+    }
+    memcpy(out, t->args + off, 4);
+    return 1;
+}
+
+static int rd_u64(task_t *t, size_t off, uint64_t *out, kres_t *r) {
+    if (off + 8 > t->args_size) {
+        kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION, "%s: args too short (%zu bytes, needs %zu)",
+               KERNEL_NAMES[t->kernel], t->args_size, off + 8);
+        return 0;
+    }
+    memcpy(out, t->args + off, 8);
+    return 1;
+}
+
+static float *kfloats(task_t *t, uint64_t addr, uint64_t count, const char *what, kres_t *r) {
+    if (r->state != KS_FAULT && count > (1ull << 40)) {
+        kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION, "%s: %s has an absurd size", KERNEL_NAMES[t->kernel], what);
+        return NULL;
+    }
+    if (r->state == KS_FAULT) return NULL;
+    unsigned char *p = kaddr(t, addr, count * 4);
+    if (!p && count) {
+        kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION,
+               "%s: illegal address %s=0x%llx for %llu bytes", KERNEL_NAMES[t->kernel], what,
+               (unsigned long long)addr, (unsigned long long)(count * 4));
+        return NULL;
+    }
+    return (float *)(void *)p;
+}
+
+static void run_kernel(task_t *t, uint64_t now, kres_t *r) {
+    uint64_t x, y, z, slot;
+    uint32_t n, u;
+    float a;
+    r->state = KS_DONE;
+    switch (t->kernel) {
+    case KN_VECTOR_ADD: {
+        if (!rd_u64(t, 0, &x, r) || !rd_u64(t, 8, &y, r) || !rd_u64(t, 16, &z, r) || !rd_u32(t, 24, &n, r)) return;
+        float *px = kfloats(t, x, n, "x", r);
+        float *py = kfloats(t, y, n, "y", r);
+        float *pz = kfloats(t, z, n, "z", r);
+        if (r->state == KS_FAULT) return;
+        for (uint32_t i = 0; i < n; i++) pz[i] = px[i] + py[i];
+        return;
+    }
+    case KN_AXPY: {
+        if (!rd_u64(t, 0, &x, r) || !rd_u64(t, 8, &y, r) || !rd_u32(t, 16, &u, r) || !rd_u32(t, 20, &n, r)) return;
+        memcpy(&a, &u, 4);
+        float *px = kfloats(t, x, n, "x", r);
+        float *py = kfloats(t, y, n, "y", r);
+        if (r->state == KS_FAULT) return;
+        for (uint32_t i = 0; i < n; i++) py[i] = a * px[i] + py[i];
+        return;
+    }
+    case KN_SCALE: {
+        if (!rd_u64(t, 0, &x, r) || !rd_u64(t, 8, &y, r) || !rd_u64(t, 16, &slot, r)) return;
+        unsigned char *tiling = kaddr(t, slot, 8);
+        if (!tiling) {
+            kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION, "scale: illegal tiling address 0x%llx",
+                   (unsigned long long)slot);
+            return;
+        }
+        memcpy(&n, tiling, 4);
+        memcpy(&a, tiling + 4, 4);
+        float *px = kfloats(t, x, n, "x", r);
+        float *py = kfloats(t, y, n, "y", r);
+        if (r->state == KS_FAULT) return;
+        for (uint32_t i = 0; i < n; i++) py[i] = a * px[i];
+        return;
+    }
+    case KN_MATMUL: {
+        uint64_t pa, pb, pc;
+        uint32_t m, k;
+        if (!rd_u64(t, 0, &pa, r) || !rd_u64(t, 8, &pb, r) || !rd_u64(t, 16, &pc, r) || !rd_u64(t, 24, &slot, r)) return;
+        unsigned char *tiling = kaddr(t, slot, 12);
+        if (!tiling) {
+            kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION, "matmul: illegal tiling address 0x%llx",
+                   (unsigned long long)slot);
+            return;
+        }
+        memcpy(&m, tiling, 4);
+        memcpy(&n, tiling + 4, 4);
+        memcpy(&k, tiling + 8, 4);
+        float *A = kfloats(t, pa, (uint64_t)m * k, "a", r);
+        float *B = kfloats(t, pb, (uint64_t)k * n, "b", r);
+        float *C = kfloats(t, pc, (uint64_t)m * n, "c", r);
+        if (r->state == KS_FAULT) return;
+        for (uint32_t i = 0; i < m; i++)
+            for (uint32_t j = 0; j < n; j++) {
+                float acc = 0.0f;
+                for (uint32_t q = 0; q < k; q++) acc += A[(uint64_t)i * k + q] * B[(uint64_t)q * n + j];
+                C[(uint64_t)i * n + j] = acc;
+            }
+        return;
+    }
+    case KN_SLEEP:
+        if (!rd_u32(t, 0, &u, r)) return;
+        r->state = KS_SLEEP;
+        r->until_ns = now + (uint64_t)u * 1000ull;
+        return;
+    case KN_FAULT:
+        if (!rd_u32(t, 0, &u, r)) return;
+        kfault(r, u ? (aclError)u : ACL_ERROR_RT_AICORE_EXCEPTION,
+               "fault kernel raised code %d on the device", u ? (int)u : ACL_ERROR_RT_AICORE_EXCEPTION);
+        return;
+    case KN_HANG:
+        r->state = KS_HANG;
+        return;
+    default:
+        return; /* noop */
+    }
+}
+
+static void run_copy(task_t *t, kres_t *r) {
+    unsigned char *dst, *src;
+    r->state = KS_DONE;
+    if (!t->count) return;
+    if (t->copy_kind == ACL_MEMCPY_HOST_TO_DEVICE) {
+        dst = dev_range(t->dst, t->count);
+        if (!t->pageable) {
+            halloc_t *h = host_find(t->src);
+            if (!h || t->count > h->size - (t->src - (uint64_t)(uintptr_t)h->ptr)) {
+                kfault(r, ACL_ERROR_RT_DEVICE_MEM_ERROR,
+                       "memcpy: pinned source 0x%llx was freed before the copy executed",
+                       (unsigned long long)t->src);
+                return;
+            }
+        }
+        src = (unsigned char *)(uintptr_t)t->src;
+    } else if (t->copy_kind == ACL_MEMCPY_DEVICE_TO_HOST) {
+        src = dev_range(t->src, t->count);
+        if (!t->pageable) {
+            halloc_t *h = host_find(t->dst);
+            if (!h || t->count > h->size - (t->dst - (uint64_t)(uintptr_t)h->ptr)) {
+                kfault(r, ACL_ERROR_RT_DEVICE_MEM_ERROR,
+                       "memcpy: pinned destination 0x%llx was freed before the copy executed",
+                       (unsigned long long)t->dst);
+                return;
+            }
+        }
+        dst = (unsigned char *)(uintptr_t)t->dst;
+    } else {
+        dst = dev_range(t->dst, t->count);
+        src = dev_range(t->src, t->count);
+    }
+    if (!dst || !src) {
+        kfault(r, ACL_ERROR_RT_DEVICE_MEM_ERROR,
+               "memcpy: device memory (dst=0x%llx src=0x%llx, %zu bytes) was freed before the copy executed",
+               (unsigned long long)t->dst, (unsigned long long)t->src, t->count);
+        return;
+    }
+    memmove(dst, src, t->count);
+}
+
+/* ---- the device thread --------------------------------------------------------------------- */
+
+/* Try to finish the head task of s. Returns 1 when it completed. */
+static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
+    kres_t r;
+    memset(&r, 0, sizeof r);
+    switch (t->kind) {
+    case T_RECORD:
+        if (t->event->gen == t->gen) {
+            t->event->timestamp_ns = now;
+            t->event->ts_gen = t->gen;
+        }
+        return 1;
+    case T_WAIT:
+        return !t->wait_stream || t->wait_stream->completed >= t->wait_seq || t->wait_stream->aborted;
+    case T_COPY:
+        run_copy(t, &r);
+        break;
+    case T_KERNEL:
+        if (t->started) {
+            if (t->until_ns == UINT64_MAX) return 0; /* hang */
+            if (now >= t->until_ns) return 1;
+            if (t->until_ns < *next_deadline) *next_deadline = t->until_ns;
+            return 0;
+        }
+        t->started = 1;
+        run_kernel(t, now, &r);
+        if (r.state == KS_HANG) {
+            t->until_ns = UINT64_MAX;
+            return 0;
+        }
+        if (r.state == KS_SLEEP) {
+            t->until_ns = r.until_ns;
+            if (now >= t->until_ns) return 1;
+            if (t->until_ns < *next_deadline) *next_deadline = t->until_ns;
+            return 0;
+        }
+        break;
+    }
+    if (r.state == KS_FAULT) {
+        if (s->mode == ACL_STOP_ON_FAILURE) {
+            if (!s->ctx->fault_code) {
+                s->ctx->fault_code = r.code;
+                snprintf(s->ctx->fault_msg, sizeof s->ctx->fault_msg, "%s", r.msg);
+            }
+        } else if (!s->pending_err) {
+            s->pending_err = r.code;
+        }
+    }
+    return 1;
+}
+
+static void *device_main(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&g_mu);
+    while (!g_stop) {
+        uint64_t now = now_ns(), next_deadline = UINT64_MAX;
+        int progress = 0;
+        for (stream_t *s = g_streams; s; s = s->next_all) {
+            while (s->head && !s->ctx->fault_code) {
+                task_t *t = s->head;
+                if (!step(s, t, now, &next_deadline)) break;
+                s->head = t->next;
+                if (!s->head) s->tail = NULL;
+                s->depth--;
+                g_queued_tasks--;
+                s->completed = t->seq;
+                task_free(t);
+                progress = 1;
+            }
+        }
+        if (progress) {
+            pthread_cond_broadcast(&g_done_cv);
+            continue;
+        }
+        cv_wait(&g_work_cv, next_deadline);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return NULL;
+}
+
+/* ---- event status -------------------------------------------------------------------------- */
+
+/* 1 complete, 0 not ready, <0: -error (stream of the recording was aborted) */
+static int event_done(const event_t *e) {
+    if (!e->recorded) return 1;
+    if (e->rec_stream->completed >= e->rec_seq) return 1;
+    if (e->rec_stream->aborted) return -ACL_ERROR_RT_STREAM_ABORT;
+    return 0;
+}
+
+/* ================================ the ACL API ================================================ */
+
+EXPORT aclError aclInit(const char *configPath) {
+    ENTER("aclInit", 1, P(configPath));
+    pthread_mutex_lock(&g_mu);
+    if (g_initialized) LEAVE_UNLOCK(fail(ACL_ERROR_REPEAT_INITIALIZE, "aclInit was already called"));
+    g_initialized = 1;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclFinalize(void) {
+    ENTER("aclFinalize", 0, 0);
+    pthread_mutex_lock(&g_mu);
+    if (!g_initialized) LEAVE_UNLOCK(fail(ACL_ERROR_UNINITIALIZE, "aclInit was not called"));
+    for (int d = 0; d < MAX_DEVICES; d++) reset_device_locked(d);
+    g_initialized = 0;
+    int running = g_device_thread_running;
+    g_stop = 1;
+    pthread_cond_broadcast(&g_work_cv);
+    pthread_mutex_unlock(&g_mu);
+    if (running) pthread_join(g_device_thread, NULL);
+    pthread_mutex_lock(&g_mu);
+    g_device_thread_running = 0;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT const char *aclGetRecentErrMsg(void) {
+    uint64_t args_[1] = {0};
+    uint64_t log_index_ = log_call("aclGetRecentErrMsg", args_, 0);
+    log_ret(log_index_, 0);
+    if (!t_msg[0]) return NULL;
+    memcpy(t_msg_out, t_msg, sizeof t_msg_out);
+    t_msg[0] = 0;
+    return t_msg_out;
+}
+
+EXPORT aclError aclrtGetDeviceCount(uint32_t *count) {
+    ENTER("aclrtGetDeviceCount", 1, P(count));
+    if (!count) LEAVE(fail(ACL_ERROR_INVALID_PARAM, "count is NULL"));
+    pthread_mutex_lock(&g_mu);
+    *count = (uint32_t)g_device_count;
+    LEAVE_UNLOCK(0);
+}
+
+static ctx_t *new_context(int device, int is_default) {
+    ctx_t *c = calloc(1, sizeof *c);
+    if (!c) abort();
+    c->device = device;
+    c->is_default = is_default;
+    c->next = g_contexts;
+    g_contexts = c;
+    live_add(c, K_CTX);
+    g_live_contexts++;
+    return c;
+}
+
+EXPORT aclError aclrtSetDevice(int32_t deviceId) {
+    ENTER("aclrtSetDevice", 1, I(deviceId));
+    pthread_mutex_lock(&g_mu);
+    if (!g_initialized) LEAVE_UNLOCK(fail(ACL_ERROR_UNINITIALIZE, "aclInit was not called"));
+    if (deviceId < 0 || deviceId >= g_device_count || deviceId >= MAX_DEVICES)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_DEVICEID, "device %d does not exist (%d visible)",
+                          deviceId, g_device_count));
+    g_dev_refs[deviceId]++;
+    if (!g_default_ctx[deviceId]) g_default_ctx[deviceId] = new_context(deviceId, 1);
+    t_ctx = g_default_ctx[deviceId];
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtResetDevice(int32_t deviceId) {
+    ENTER("aclrtResetDevice", 1, I(deviceId));
+    pthread_mutex_lock(&g_mu);
+    if (deviceId < 0 || deviceId >= g_device_count || deviceId >= MAX_DEVICES)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_DEVICEID, "device %d does not exist", deviceId));
+    if (g_dev_refs[deviceId] > 0 && --g_dev_refs[deviceId] == 0) reset_device_locked(deviceId);
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtCreateContext(aclrtContext *context, int32_t deviceId) {
+    ENTER("aclrtCreateContext", 2, P(context), I(deviceId));
+    pthread_mutex_lock(&g_mu);
+    if (!g_initialized) LEAVE_UNLOCK(fail(ACL_ERROR_UNINITIALIZE, "aclInit was not called"));
+    if (!context) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "context is NULL"));
+    if (deviceId < 0 || deviceId >= g_device_count || deviceId >= MAX_DEVICES)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_DEVICEID, "device %d does not exist", deviceId));
+    ctx_t *c = new_context(deviceId, 0);
+    t_ctx = c;
+    *context = c;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtDestroyContext(aclrtContext context) {
+    ENTER("aclrtDestroyContext", 1, P(context));
+    pthread_mutex_lock(&g_mu);
+    if (!live_is(context, K_CTX)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "context %p is not live", context));
+    destroy_context_locked(context);
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtSetCurrentContext(aclrtContext context) {
+    ENTER("aclrtSetCurrentContext", 1, P(context));
+    pthread_mutex_lock(&g_mu);
+    if (!context) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "context is NULL"));
+    if (!live_is(context, K_CTX)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "context %p is not live", context));
+    t_ctx = context;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtGetCurrentContext(aclrtContext *context) {
+    ENTER("aclrtGetCurrentContext", 1, P(context));
+    pthread_mutex_lock(&g_mu);
+    if (!context) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "context is NULL"));
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    *context = c;
+    LEAVE_UNLOCK(rc);
+}
+
+/* ---- streams ---- */
+
+EXPORT aclError aclrtCreateStream(aclrtStream *stream) {
+    ENTER("aclrtCreateStream", 1, P(stream));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!stream) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "stream is NULL"));
+    stream_t *s = calloc(1, sizeof *s);
+    if (!s) abort();
+    s->ctx = c;
+    s->refs = 1;
+    s->alive = 1;
+    s->next_all = g_streams;
+    g_streams = s;
+    live_add(s, K_STREAM);
+    g_live_streams++;
+    *stream = s;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtSetStreamFailureMode(aclrtStream stream, uint64_t mode) {
+    ENTER("aclrtSetStreamFailureMode", 2, P(stream), Z(mode));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (mode > 1) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "mode %llu is not 0 or 1", (unsigned long long)mode));
+    s->mode = mode;
+    LEAVE_UNLOCK(0);
+}
+
+static aclError destroy_stream(void *stream, int force) {
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) return rc;
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) return rc;
+    if (!force) {
+        s->refs++;
+        while (s->alive && s->completed < s->submitted && !s->ctx->fault_code) cv_wait(&g_done_cv, UINT64_MAX);
+        int alive = s->alive;
+        stream_unref(s);
+        if (!alive) return 0; /* destroyed meanwhile (device reset) */
+    }
+    stream_kill(s);
+    return 0;
+}
+
+EXPORT aclError aclrtDestroyStream(aclrtStream stream) {
+    ENTER("aclrtDestroyStream", 1, P(stream));
+    pthread_mutex_lock(&g_mu);
+    LEAVE_UNLOCK(destroy_stream(stream, 0));
+}
+
+EXPORT aclError aclrtDestroyStreamForce(aclrtStream stream) {
+    ENTER("aclrtDestroyStreamForce", 1, P(stream));
+    pthread_mutex_lock(&g_mu);
+    LEAVE_UNLOCK(destroy_stream(stream, 1));
+}
+
+EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout) {
+    ENTER("aclrtSynchronizeStreamWithTimeout", 2, P(stream), I(timeout));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (timeout == 0 || timeout < -1)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "timeout %d ms: must be -1 or > 0", timeout));
+    uint64_t deadline = deadline_after_ms(timeout);
+    s->refs++;
+    for (;;) {
+        if ((rc = ctx_fault(c))) break;
+        if (s->completed >= s->submitted) {
+            if (s->pending_err) {
+                rc = fail(s->pending_err, "a task of this stream failed (continue-on-failure mode)");
+                s->pending_err = 0;
+            }
+            break;
+        }
+        if (s->aborted || !s->alive) {
+            rc = fail(ACL_ERROR_RT_STREAM_ABORT, "stream was destroyed while synchronizing");
+            break;
+        }
+        if (now_ns() >= deadline) {
+            rc = fail(ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, "stream not idle after %d ms", timeout);
+            break;
+        }
+        cv_wait(&g_done_cv, deadline);
+    }
+    stream_unref(s);
+    LEAVE_UNLOCK(rc);
+}
+
+/* ---- events ---- */
+
+EXPORT aclError aclrtCreateEventExWithFlag(aclrtEvent *event, uint32_t flag) {
+    ENTER("aclrtCreateEventExWithFlag", 2, P(event), Z(flag));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!event) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "event is NULL"));
+    if (flag & ~(ACL_EVENT_SYNC | ACL_EVENT_CAPTURE_STREAM_PROGRESS | ACL_EVENT_TIME_LINE | ACL_EVENT_DEVICE_USE_ONLY))
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "unsupported event flag 0x%x", flag));
+    event_t *e = calloc(1, sizeof *e);
+    if (!e) abort();
+    e->ctx = c;
+    e->flags = flag;
+    e->refs = 1;
+    e->alive = 1;
+    live_add(e, K_EVENT);
+    g_live_events++;
+    *event = e;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtDestroyEvent(aclrtEvent event) {
+    ENTER("aclrtDestroyEvent", 1, P(event));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    event_t *e = need_event(event, &rc);
+    if (!e) LEAVE_UNLOCK(rc);
+    event_kill(e);
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
+    ENTER("aclrtRecordEvent", 2, P(event), P(stream));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    event_t *e = need_event(event, &rc);
+    if (!e) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (e->ctx != c) LEAVE_UNLOCK(fail(ACL_ERROR_RT_STREAM_CONTEXT, "event belongs to another context"));
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) abort();
+    t->kind = T_RECORD;
+    t->event = e;
+    e->refs++;
+    t->gen = e->gen + 1;
+    if ((rc = enqueue(s, t))) LEAVE_UNLOCK(rc);
+    e->gen = t->gen;
+    e->recorded = 1;
+    s->refs++;
+    if (e->rec_stream) stream_unref(e->rec_stream);
+    e->rec_stream = s;
+    e->rec_seq = t->seq;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtQueryEventStatus(aclrtEvent event, aclrtEventRecordedStatus *status) {
+    ENTER("aclrtQueryEventStatus", 2, P(event), P(status));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    event_t *e = need_event(event, &rc);
+    if (!e) LEAVE_UNLOCK(rc);
+    if (!status) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "status is NULL"));
+    if ((rc = ctx_fault(e->ctx))) LEAVE_UNLOCK(rc);
+    int done = event_done(e);
+    if (done < 0) LEAVE_UNLOCK(fail(-done, "the stream the event was recorded on was destroyed"));
+    *status = done ? ACL_EVENT_RECORDED_STATUS_COMPLETE : ACL_EVENT_RECORDED_STATUS_NOT_READY;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtSynchronizeEventWithTimeout(aclrtEvent event, int32_t timeout) {
+    ENTER("aclrtSynchronizeEventWithTimeout", 2, P(event), I(timeout));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    event_t *e = need_event(event, &rc);
+    if (!e) LEAVE_UNLOCK(rc);
+    if (timeout == 0 || timeout < -1)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "timeout %d ms: must be -1 or > 0", timeout));
+    uint64_t deadline = deadline_after_ms(timeout);
+    e->refs++;
+    for (;;) {
+        if ((rc = ctx_fault(e->ctx))) break;
+        if (!e->alive) {
+            rc = fail(ACL_ERROR_RT_INVALID_HANDLE, "event destroyed while synchronizing");
+            break;
+        }
+        int done = event_done(e);
+        if (done < 0) {
+            rc = fail(-done, "the stream the event was recorded on was destroyed");
+            break;
+        }
+        if (done) break;
+        if (now_ns() >= deadline) {
+            rc = fail(ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, "event not complete after %d ms", timeout);
+            break;
+        }
+        cv_wait(&g_done_cv, deadline);
+    }
+    event_unref(e);
+    LEAVE_UNLOCK(rc);
+}
+
+EXPORT aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
+    ENTER("aclrtStreamWaitEvent", 2, P(stream), P(event));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    event_t *e = need_event(event, &rc);
+    if (!e) LEAVE_UNLOCK(rc);
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) abort();
+    t->kind = T_WAIT;
+    if (e->recorded) {
+        t->wait_stream = e->rec_stream;
+        t->wait_stream->refs++;
+        t->wait_seq = e->rec_seq;
+    }
+    LEAVE_UNLOCK(enqueue(s, t));
+}
+
+EXPORT aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent) {
+    ENTER("aclrtEventElapsedTime", 3, P(ms), P(startEvent), P(endEvent));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!ms) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "ms is NULL"));
+    event_t *a = need_event(startEvent, &rc), *b;
+    if (!a) LEAVE_UNLOCK(rc);
+    if (!(b = need_event(endEvent, &rc))) LEAVE_UNLOCK(rc);
+    if (!(a->flags & ACL_EVENT_TIME_LINE) || !(b->flags & ACL_EVENT_TIME_LINE))
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "both events need ACL_EVENT_TIME_LINE"));
+    if (!a->recorded || !b->recorded || event_done(a) != 1 || event_done(b) != 1 ||
+        a->ts_gen != a->gen || b->ts_gen != b->gen)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_EVENT_NOT_COMPLETE, "both events must be recorded and complete"));
+    *ms = (float)(((double)b->timestamp_ns - (double)a->timestamp_ns) / 1e6);
+    LEAVE_UNLOCK(0);
+}
+
+/* ---- memory ---- */
+
+EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy) {
+    ENTER("aclrtMalloc", 3, P(devPtr), Z(size), I(policy));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!devPtr) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "devPtr is NULL"));
+    if (size == 0) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "size must be > 0"));
+    if (size > ((size_t)1 << 36)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "cannot allocate %zu bytes", size));
+    size_t rounded = (size + 63) & ~(size_t)63;
+    unsigned char *host = NULL;
+    if (posix_memalign((void **)&host, 64, rounded)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "out of memory"));
+    memset(host, 0, rounded);
+    if (g_ndallocs == g_dallocs_cap) {
+        size_t cap = g_dallocs_cap ? g_dallocs_cap * 2 : 64;
+        dalloc_t *grown = realloc(g_dallocs, cap * sizeof *grown);
+        if (!grown) abort();
+        g_dallocs = grown;
+        g_dallocs_cap = cap;
+    }
+    uint64_t dev = g_next_dev;
+    g_next_dev += rounded + 4096; /* a guard gap: overruns hit unmapped addresses */
+    g_dallocs[g_ndallocs++] = (dalloc_t){dev, size, host, c->device};
+    *devPtr = (void *)(uintptr_t)dev;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtFree(void *devPtr) {
+    ENTER("aclrtFree", 1, P(devPtr));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    uint64_t addr = (uint64_t)(uintptr_t)devPtr;
+    for (size_t i = 0; i < g_ndallocs; i++) {
+        if (g_dallocs[i].dev == addr) {
+            free(g_dallocs[i].host);
+            g_dallocs[i] = g_dallocs[--g_ndallocs];
+            g_freed_dev[g_freed_dev_n++ % FREED_RING] = addr;
+            LEAVE_UNLOCK(0);
+        }
+    }
+    if (ring_has(g_freed_dev, g_freed_dev_n, addr))
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "double free of device memory 0x%llx", (unsigned long long)addr));
+    LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "0x%llx is not the start of a device allocation", (unsigned long long)addr));
+}
+
+EXPORT aclError aclrtMallocHost(void **hostPtr, size_t size) {
+    ENTER("aclrtMallocHost", 2, P(hostPtr), Z(size));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!hostPtr) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "hostPtr is NULL"));
+    if (size == 0) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "size must be > 0"));
+    if (size > ((size_t)1 << 36)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "cannot allocate %zu bytes", size));
+    unsigned char *p = NULL;
+    if (posix_memalign((void **)&p, 64, (size + 63) & ~(size_t)63))
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "out of memory"));
+    memset(p, 0, size);
+    if (g_nhallocs == g_hallocs_cap) {
+        size_t cap = g_hallocs_cap ? g_hallocs_cap * 2 : 64;
+        halloc_t *grown = realloc(g_hallocs, cap * sizeof *grown);
+        if (!grown) abort();
+        g_hallocs = grown;
+        g_hallocs_cap = cap;
+    }
+    g_hallocs[g_nhallocs++] = (halloc_t){p, size};
+    *hostPtr = p;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtFreeHost(void *hostPtr) {
+    ENTER("aclrtFreeHost", 1, P(hostPtr));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    for (size_t i = 0; i < g_nhallocs; i++) {
+        if (g_hallocs[i].ptr == hostPtr) {
+            free(g_hallocs[i].ptr);
+            g_hallocs[i] = g_hallocs[--g_nhallocs];
+            g_freed_host[g_freed_host_n++ % FREED_RING] = P(hostPtr);
+            LEAVE_UNLOCK(0);
+        }
+    }
+    if (ring_has(g_freed_host, g_freed_host_n, P(hostPtr)))
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "double free of pinned host memory %p", hostPtr));
+    LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "%p was not allocated by aclrtMallocHost", hostPtr));
+}
+
+/* 1 pinned, 0 pageable, -1 straddles the end of a pinned allocation */
+static int host_kind(uint64_t addr, size_t count) {
+    halloc_t *h = host_find(addr);
+    if (!h) return 0;
+    return count <= h->size - (addr - (uint64_t)(uintptr_t)h->ptr) ? 1 : -1;
+}
+
+EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count,
+                                 aclrtMemcpyKind kind, aclrtStream stream) {
+    ENTER("aclrtMemcpyAsync", 6, P(dst), Z(destMax), P(src), Z(count), I(kind), P(stream));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (!dst || !src) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "dst or src is NULL"));
+    if (count > destMax) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "count %zu > destMax %zu", count, destMax));
+    uint64_t d = P(dst), sr = P(src);
+    int pageable = 0;
+    switch (kind) {
+    case ACL_MEMCPY_HOST_TO_DEVICE: {
+        if (count && !dev_range(d, count))
+            LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "dst 0x%llx..+%zu is not device memory", (unsigned long long)d, count));
+        int hk = host_kind(sr, count);
+        if (hk < 0) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "src runs past its pinned allocation"));
+        pageable = !hk;
+        break;
+    }
+    case ACL_MEMCPY_DEVICE_TO_HOST: {
+        if (count && !dev_range(sr, count))
+            LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "src 0x%llx..+%zu is not device memory", (unsigned long long)sr, count));
+        int hk = host_kind(d, count);
+        if (hk < 0) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "dst runs past its pinned allocation"));
+        pageable = !hk;
+        break;
+    }
+    case ACL_MEMCPY_DEVICE_TO_DEVICE:
+        if (count && (!dev_range(d, count) || !dev_range(sr, count)))
+            LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "device-to-device copy outside device memory"));
+        break;
+    default:
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "memcpy kind %d is not supported asynchronously", (int)kind));
+    }
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) abort();
+    t->kind = T_COPY;
+    t->copy_kind = kind;
+    t->pageable = pageable;
+    t->dst = d;
+    t->src = sr;
+    t->count = count;
+    if ((rc = enqueue(s, t))) LEAVE_UNLOCK(rc);
+    if (pageable) {
+        /* pageable host memory: the call returns only after the copy was performed */
+        uint64_t seq = s->submitted;
+        s->refs++;
+        for (;;) {
+            if ((rc = ctx_fault(c))) break;
+            if (s->completed >= seq) break;
+            if (s->aborted || !s->alive) {
+                rc = fail(ACL_ERROR_RT_STREAM_ABORT, "stream destroyed during a pageable copy");
+                break;
+            }
+            cv_wait(&g_done_cv, UINT64_MAX);
+        }
+        stream_unref(s);
+    }
+    LEAVE_UNLOCK(rc);
+}
+
+/* ---- kernels ---- */
+
+static aclError load_blob(const unsigned char *data, size_t length, aclrtBinHandle *binHandle) {
+    size_t magic = strlen(DOUBLE_BUILTINS_MAGIC);
+    if (length < magic || memcmp(data, DOUBLE_BUILTINS_MAGIC, magic) != 0)
+        return fail(ACL_ERROR_RT_PARAM_INVALID, "not a kernel binary this double understands (expected the %s marker)",
+                    DOUBLE_BUILTINS_MAGIC);
+    binary_t *b = calloc(1, sizeof *b);
+    if (!b) abort();
+    for (int k = 0; k < KN_COUNT; k++) {
+        b->funcs[k].bin = b;
+        b->funcs[k].kernel = k;
+        b->has_func[k] = 1;
+    }
+    live_add(b, K_BIN);
+    g_live_binaries++;
+    *binHandle = b;
+    return 0;
+}
+
+static void note_options(const aclrtBinaryLoadOptions *options) {
+    g_last_load_options_null = options == NULL;
+    g_last_load_options_num = options ? options->numOpt : 0;
+}
+
+EXPORT aclError aclrtBinaryLoadFromFile(const char *binPath, aclrtBinaryLoadOptions *options,
+                                        aclrtBinHandle *binHandle) {
+    ENTER("aclrtBinaryLoadFromFile", 3, P(binPath), P(options), P(binHandle));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!binPath || !binHandle) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "binPath or binHandle is NULL"));
+    snprintf(g_last_load_path, sizeof g_last_load_path, "%s", binPath);
+    note_options(options);
+    if (binPath[0] != '/') LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "binPath must be absolute: %s", binPath));
+    FILE *f = fopen(binPath, "rb");
+    if (!f) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "cannot open %s: %s", binPath, strerror(errno)));
+    unsigned char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    LEAVE_UNLOCK(load_blob(buf, n, binHandle));
+}
+
+EXPORT aclError aclrtBinaryLoadFromData(const void *data, size_t length, const aclrtBinaryLoadOptions *options,
+                                        aclrtBinHandle *binHandle) {
+    ENTER("aclrtBinaryLoadFromData", 4, P(data), Z(length), P(options), P(binHandle));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!data || !binHandle) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "data or binHandle is NULL"));
+    if (length == 0) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "length must be > 0"));
+    g_last_load_path[0] = 0;
+    note_options(options);
+    LEAVE_UNLOCK(load_blob(data, length, binHandle));
+}
+
+EXPORT aclError aclrtBinaryGetFunction(const aclrtBinHandle binHandle, const char *kernelName,
+                                       aclrtFuncHandle *funcHandle) {
+    ENTER("aclrtBinaryGetFunction", 3, P(binHandle), P(kernelName), P(funcHandle));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!live_is(binHandle, K_BIN)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "binary %p is not loaded", binHandle));
+    if (!kernelName || !funcHandle) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "kernelName or funcHandle is NULL"));
+    binary_t *b = binHandle;
+    for (int k = 0; k < KN_COUNT; k++) {
+        if (b->has_func[k] && strcmp(KERNEL_NAMES[k], kernelName) == 0) {
+            if (!live_is(&b->funcs[k], K_FUNC)) live_add(&b->funcs[k], K_FUNC);
+            *funcHandle = &b->funcs[k];
+            LEAVE_UNLOCK(0);
+        }
+    }
+    LEAVE_UNLOCK(fail(ACL_ERROR_RT_SYMBOL_NOT_FOUND, "kernel '%s' not found in the binary", kernelName));
+}
+
+EXPORT aclError aclrtBinaryUnLoad(aclrtBinHandle binHandle) {
+    ENTER("aclrtBinaryUnLoad", 1, P(binHandle));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!live_is(binHandle, K_BIN)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "binary %p is not loaded", binHandle));
+    binary_t *b = binHandle;
+    for (int k = 0; k < KN_COUNT; k++) live_del(&b->funcs[k]);
+    live_del(b);
+    g_live_binaries--;
+    free(b);
+    LEAVE_UNLOCK(0);
+}
+
+static aclError check_cfg(const aclrtLaunchKernelCfg *cfg) {
+    if (!cfg) return 0;
+    if (!cfg->attrs) return fail(ACL_ERROR_RT_PARAM_INVALID, "cfg->attrs is NULL");
+    if (cfg->numAttrs > 64) return fail(ACL_ERROR_RT_PARAM_INVALID, "cfg->numAttrs %zu is too large", cfg->numAttrs);
+    int timeout = 0, timeout_us = 0;
+    for (size_t i = 0; i < cfg->numAttrs; i++) {
+        const aclrtLaunchKernelAttr *a = &cfg->attrs[i];
+        switch (a->id) {
+        case ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE:
+            if (a->value.schemMode >= 2) return fail(ACL_ERROR_RT_PARAM_INVALID, "schemMode %u >= 2", a->value.schemMode);
+            break;
+        case ACL_RT_LAUNCH_KERNEL_ATTR_BLOCK_TASK_PREFETCH:
+            if (a->value.isBlockTaskPrefetch > 1) return fail(ACL_ERROR_RT_PARAM_INVALID, "isBlockTaskPrefetch not 0/1");
+            break;
+        case ACL_RT_LAUNCH_KERNEL_ATTR_DATA_DUMP:
+            if (a->value.isDataDump > 1) return fail(ACL_ERROR_RT_PARAM_INVALID, "isDataDump not 0/1");
+            break;
+        case ACL_RT_LAUNCH_KERNEL_ATTR_ENABLE_PROFILING:
+            if (a->value.enableProfiling > 1) return fail(ACL_ERROR_RT_PARAM_INVALID, "enableProfiling not 0/1");
+            break;
+        case ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT:
+            timeout = 1;
+            break;
+        case ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT_US:
+            timeout_us = 1;
+            break;
+        case ACL_RT_LAUNCH_KERNEL_ATTR_DYN_UBUF_SIZE:
+        case ACL_RT_LAUNCH_KERNEL_ATTR_ENGINE_TYPE:
+        case ACL_RT_LAUNCH_KERNEL_ATTR_BLOCKDIM_OFFSET:
+            break;
+        default:
+            return fail(ACL_ERROR_RT_PARAM_INVALID, "unknown launch attribute id %d", (int)a->id);
+        }
+    }
+    if (timeout && timeout_us) return fail(ACL_ERROR_RT_PARAM_INVALID, "TIMEOUT and TIMEOUT_US are mutually exclusive");
+    return 0;
+}
+
+EXPORT aclError aclrtLaunchKernelWithHostArgs(aclrtFuncHandle funcHandle, uint32_t numBlocks, aclrtStream stream,
+                                              aclrtLaunchKernelCfg *cfg, void *hostArgs, size_t argsSize,
+                                              aclrtPlaceHolderInfo *placeHolderArray, size_t placeHolderNum) {
+    ENTER("aclrtLaunchKernelWithHostArgs", 8, P(funcHandle), Z(numBlocks), P(stream), P(cfg), P(hostArgs),
+          Z(argsSize), P(placeHolderArray), Z(placeHolderNum));
+    pthread_mutex_lock(&g_mu);
+    /* record what crossed the boundary, before any validation */
+    memset(&g_last, 0, offsetof(__typeof__(g_last), args_pre));
+    g_last.valid = 1;
+    memcpy(g_last.raw, args_, sizeof g_last.raw);
+    g_last.cfg_null = cfg == NULL;
+    if (cfg) {
+        g_last.num_attrs = cfg->numAttrs;
+        if (cfg->attrs) {
+            size_t n = cfg->numAttrs < 64 ? cfg->numAttrs : 64;
+            memcpy(g_last.attrs, cfg->attrs, n * sizeof(aclrtLaunchKernelAttr));
+        }
+    }
+    g_last.num_ph = placeHolderNum;
+    if (placeHolderArray) {
+        size_t n = placeHolderNum < 256 ? placeHolderNum : 256;
+        memcpy(g_last.ph, placeHolderArray, n * sizeof(aclrtPlaceHolderInfo));
+    }
+    g_last.args_size = argsSize;
+    if (hostArgs && argsSize <= sizeof g_last.args_pre) memcpy(g_last.args_pre, hostArgs, argsSize);
+
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!live_is(funcHandle, K_FUNC)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "function %p is not valid", funcHandle));
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (!hostArgs) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "hostArgs is NULL"));
+    if (argsSize == 0 || argsSize > 0xFFFFFFFFu)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "argsSize %zu out of range 1..2**32-1", argsSize));
+    if (numBlocks == 0 || numBlocks > 65535)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "numBlocks %u out of range 1..65535", numBlocks));
+    if (placeHolderNum && !placeHolderArray)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "placeHolderArray is NULL with placeHolderNum %zu", placeHolderNum));
+    for (size_t i = 0; i < placeHolderNum; i++) {
+        uint64_t ao = placeHolderArray[i].addrOffset, dofs = placeHolderArray[i].dataOffset;
+        if (ao + 8 > argsSize)
+            LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "placeholder %zu: addrOffset %llu + 8 > argsSize %zu", i,
+                              (unsigned long long)ao, argsSize));
+        if (dofs >= argsSize)
+            LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "placeholder %zu: dataOffset %llu >= argsSize %zu", i,
+                              (unsigned long long)dofs, argsSize));
+    }
+    if ((rc = check_cfg(cfg))) LEAVE_UNLOCK(rc);
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+
+    uint64_t dev_args = g_next_args;
+    g_next_args += (argsSize + 63) & ~(uint64_t)63;
+    for (size_t i = 0; i < placeHolderNum; i++) {
+        uint64_t value = dev_args + placeHolderArray[i].dataOffset;
+        memcpy((unsigned char *)hostArgs + placeHolderArray[i].addrOffset, &value, 8);
+    }
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) abort();
+    t->args = malloc(argsSize);
+    if (!t->args) abort();
+    memcpy(t->args, hostArgs, argsSize);
+    t->kind = T_KERNEL;
+    t->kernel = ((func_t *)funcHandle)->kernel;
+    t->blocks = numBlocks;
+    t->args_size = argsSize;
+    t->dev_args = dev_args;
+    g_last.dev_args = dev_args;
+    if (argsSize <= sizeof g_last.args_post) memcpy(g_last.args_post, hostArgs, argsSize);
+    LEAVE_UNLOCK(enqueue(s, t));
+}
+
+/* ================================ control API for the tests =================================== */
+
+EXPORT const char *double_builtins_magic(void) { return DOUBLE_BUILTINS_MAGIC; }
+EXPORT uint64_t double_dev_base(void) { return DEV_BASE; }
+
+EXPORT uint64_t double_log_count(void) {
+    pthread_mutex_lock(&g_log_mu);
+    uint64_t n = g_log_count;
+    pthread_mutex_unlock(&g_log_mu);
+    return n;
+}
+
+/* Entry i (0-based, global): name, up to 8 args, rc (-1 while running). 0 ok, -1 not retained. */
+EXPORT int double_log_entry(uint64_t i, char *name, size_t name_len, uint64_t *args, int *nargs, int *rc) {
+    pthread_mutex_lock(&g_log_mu);
+    if (i >= g_log_count || g_log_count - i > LOG_CAP) {
+        pthread_mutex_unlock(&g_log_mu);
+        return -1;
+    }
+    log_entry_t *e = &g_log[i % LOG_CAP];
+    snprintf(name, name_len, "%s", e->name);
+    *nargs = e->nargs;
+    *rc = e->rc;
+    for (int k = 0; k < LOG_ARGS; k++) args[k] = k < e->nargs ? e->args[k] : 0;
+    pthread_mutex_unlock(&g_log_mu);
+    return 0;
+}
+
+/* The next call of `func` returns `code` with `msg` as its aclGetRecentErrMsg text. */
+EXPORT int double_inject_error(const char *func, int code, const char *msg) {
+    pthread_mutex_lock(&g_log_mu);
+    for (int i = 0; i < MAX_INJECT; i++) {
+        if (!g_inject[i].active) {
+            snprintf(g_inject[i].func, sizeof g_inject[i].func, "%s", func);
+            snprintf(g_inject[i].msg, sizeof g_inject[i].msg, "%s", msg ? msg : "");
+            g_inject[i].code = code;
+            g_inject[i].active = 1;
+            pthread_mutex_unlock(&g_log_mu);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&g_log_mu);
+    return -1;
+}
+
+EXPORT void double_clear_injections(void) {
+    pthread_mutex_lock(&g_log_mu);
+    memset(g_inject, 0, sizeof g_inject);
+    pthread_mutex_unlock(&g_log_mu);
+}
+
+/* Make `ctx` (NULL: every live context) faulted with `code`, as if a kernel had failed. */
+EXPORT int double_set_fault(void *ctx, int code, const char *msg) {
+    int n = 0;
+    pthread_mutex_lock(&g_mu);
+    for (ctx_t *c = g_contexts; c; c = c->next) {
+        if (ctx && (void *)c != ctx) continue;
+        c->fault_code = code;
+        snprintf(c->fault_msg, sizeof c->fault_msg, "%s", msg ? msg : "injected device fault");
+        n++;
+    }
+    pthread_cond_broadcast(&g_done_cv);
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
+/* raw arguments of the last aclrtLaunchKernelWithHostArgs call; 0 if there was none */
+EXPORT int double_last_launch(uint64_t *out8) {
+    pthread_mutex_lock(&g_mu);
+    int valid = g_last.valid;
+    memcpy(out8, g_last.raw, sizeof g_last.raw);
+    pthread_mutex_unlock(&g_mu);
+    return valid;
+}
+
+/* -1 when the last launch had cfg == NULL; else numAttrs, with the raw attrs copied to buf */
+EXPORT int64_t double_last_cfg(void *buf, size_t len) {
+    pthread_mutex_lock(&g_mu);
+    int64_t result = -1;
+    if (!g_last.cfg_null) {
+        size_t n = g_last.num_attrs < 64 ? g_last.num_attrs : 64;
+        size_t bytes = n * sizeof(aclrtLaunchKernelAttr);
+        memcpy(buf, g_last.attrs, bytes < len ? bytes : len);
+        result = (int64_t)g_last.num_attrs;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return result;
+}
+
+EXPORT int64_t double_last_placeholders(void *buf, size_t len) {
+    pthread_mutex_lock(&g_mu);
+    size_t n = g_last.num_ph < 256 ? g_last.num_ph : 256;
+    size_t bytes = n * sizeof(aclrtPlaceHolderInfo);
+    memcpy(buf, g_last.ph, bytes < len ? bytes : len);
+    int64_t result = (int64_t)g_last.num_ph;
+    pthread_mutex_unlock(&g_mu);
+    return result;
+}
+
+/* the args bytes as passed in (patched == 0) or after placeholder patching (patched != 0) */
+EXPORT int64_t double_last_args(void *buf, size_t len, int patched) {
+    pthread_mutex_lock(&g_mu);
+    size_t n = g_last.args_size < sizeof g_last.args_pre ? g_last.args_size : sizeof g_last.args_pre;
+    memcpy(buf, patched ? g_last.args_post : g_last.args_pre, n < len ? n : len);
+    int64_t result = (int64_t)g_last.args_size;
+    pthread_mutex_unlock(&g_mu);
+    return result;
+}
+
+EXPORT uint64_t double_last_dev_args(void) {
+    pthread_mutex_lock(&g_mu);
+    uint64_t v = g_last.dev_args;
+    pthread_mutex_unlock(&g_mu);
+    return v;
+}
+
+/* path given to the last aclrtBinaryLoadFromFile ("" after FromData); returns options NULL? */
+EXPORT int double_last_load(char *path, size_t len, uint64_t *num_options) {
+    pthread_mutex_lock(&g_mu);
+    snprintf(path, len, "%s", g_last_load_path);
+    *num_options = g_last_load_options_num;
+    int options_null = g_last_load_options_null;
+    pthread_mutex_unlock(&g_mu);
+    return options_null;
+}
+
+EXPORT void double_set_device_count(int n) {
+    pthread_mutex_lock(&g_mu);
+    g_device_count = n < 0 ? 0 : (n > MAX_DEVICES ? MAX_DEVICES : n);
+    pthread_mutex_unlock(&g_mu);
+}
+
+EXPORT void double_set_max_depth(size_t depth) {
+    pthread_mutex_lock(&g_mu);
+    g_max_depth = depth ? depth : 1;
+    pthread_cond_broadcast(&g_done_cv);
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* contexts, streams, events, device allocations, pinned allocations, binaries, queued tasks,
+   device refcount of device 0 */
+EXPORT void double_live_counts(int64_t *out8) {
+    pthread_mutex_lock(&g_mu);
+    out8[0] = (int64_t)g_live_contexts;
+    out8[1] = (int64_t)g_live_streams;
+    out8[2] = (int64_t)g_live_events;
+    out8[3] = (int64_t)g_ndallocs;
+    out8[4] = (int64_t)g_nhallocs;
+    out8[5] = (int64_t)g_live_binaries;
+    out8[6] = (int64_t)g_queued_tasks;
+    out8[7] = (int64_t)g_dev_refs[0];
+    pthread_mutex_unlock(&g_mu);
+}
+
+EXPORT uint64_t double_event_generation(void *event) {
+    pthread_mutex_lock(&g_mu);
+    uint64_t gen = live_is(event, K_EVENT) ? ((event_t *)event)->gen : 0;
+    pthread_mutex_unlock(&g_mu);
+    return gen;
+}
+
+/* the calling thread's current context (no checks), for tests */
+EXPORT void *double_current_context(void) { return t_ctx; }
+
+EXPORT int double_context_fault(void *ctx) {
+    pthread_mutex_lock(&g_mu);
+    int code = live_is(ctx, K_CTX) ? ((ctx_t *)ctx)->fault_code : 0;
+    pthread_mutex_unlock(&g_mu);
+    return code;
+}
