@@ -1,0 +1,603 @@
+"""Behaviour specific to the ``sim`` backend: address space, time model, test controls,
+user kernels, resource accounting, shutdown."""
+
+from __future__ import annotations
+
+import itertools
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from aio_ascend._errors import (
+    AICoreExceptionError,
+    ContextNullError,
+    DeviceFaultError,
+    InvalidHandleError,
+    InvalidParamError,
+    RuntimeAPIError,
+    StreamAbortError,
+)
+from aio_ascend._hostargs import HostArgs
+from aio_ascend._runtime import Runtime, open_runtime
+from aio_ascend._runtime._base import (
+    ACL_EVENT_SYNC,
+    ACL_EVENT_TIME_LINE,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+    ACL_STOP_ON_FAILURE,
+)
+from aio_ascend._runtime._hostmem import host_view
+from aio_ascend.sim import (
+    BUILTIN_KERNELS,
+    KernelContext,
+    KernelLibrary,
+    SimRuntime,
+    open_sim_runtime,
+)
+from aio_ascend.sim._memory import DEVICE_BASE, POISON_BYTE
+
+F32 = np.float32
+SYNC_MS = 10_000
+
+
+@pytest.fixture
+def rt() -> Iterator[SimRuntime]:
+    runtime = open_sim_runtime(0)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+class Harness:
+    def __init__(self, runtime: SimRuntime, library: KernelLibrary | None = None) -> None:
+        self.rt = runtime
+        self.binary = runtime.load_binary(library)
+        self.stream = runtime.create_stream()
+        runtime.set_stream_failure_mode(self.stream, ACL_STOP_ON_FAILURE)
+
+    def pinned(self, data: bytes) -> int:
+        addr = self.rt.malloc_host(len(data))
+        host_view(addr, len(data))[:] = data
+        return addr
+
+    def launch(self, name: str, args: HostArgs, stream: int | None = None, blocks: int = 1) -> int:
+        image, table = args.to_bytes(), args.placeholder_table()
+        addr = self.pinned(image)
+        self.rt.launch_kernel_with_host_args(
+            self.rt.get_function(self.binary, name),
+            blocks,
+            self.stream if stream is None else stream,
+            None,
+            addr,
+            len(image),
+            self.pinned(table) if table else 0,
+            len(args.placeholders),
+        )
+        return addr
+
+    def upload(self, array: np.ndarray[Any, Any]) -> int:
+        ptr = self.rt.malloc(array.nbytes)
+        src = self.pinned(array.tobytes())
+        self.rt.memcpy_async(ptr, array.nbytes, src, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE,
+                             self.stream)
+        self.rt.synchronize_stream(self.stream, SYNC_MS)
+        return ptr
+
+    def download(self, ptr: int, count: int, dtype: Any = F32) -> np.ndarray[Any, Any]:
+        nbytes = count * np.dtype(dtype).itemsize
+        dst = self.rt.malloc_host(nbytes)
+        self.rt.memcpy_async(dst, nbytes, ptr, nbytes, ACL_MEMCPY_DEVICE_TO_HOST, self.stream)
+        self.rt.synchronize_stream(self.stream, SYNC_MS)
+        return np.frombuffer(bytes(host_view(dst, nbytes)), dtype=dtype).copy()
+
+
+def sim_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("aio_ascend-sim-")]
+
+
+# --- opening, exports, shutdown ---------------------------------------------------------------
+
+
+def test_exports_and_registry() -> None:
+    import aio_ascend.sim as sim
+
+    assert isinstance(sim.__all__, tuple)
+    assert set(sim.__all__) == {
+        "BUILTIN_KERNELS", "KernelContext", "KernelLibrary", "SimRuntime", "open_sim_runtime"
+    }
+    assert set(BUILTIN_KERNELS) == {
+        "vector_add", "axpy", "scale", "matmul", "sleep", "fault", "hang", "noop"
+    }
+    runtime = open_runtime("sim", 3)
+    try:
+        assert isinstance(runtime, SimRuntime)
+        assert isinstance(runtime, Runtime)
+        assert (runtime.name, runtime.device_id) == ("sim", 3)
+        assert runtime.device_thread.name == "aio_ascend-sim-3"
+        assert runtime.device_thread.daemon
+        runtime.create_stream()  # the opener's thread is bound already
+    finally:
+        runtime.close()
+
+
+def test_close_joins_the_device_thread_and_is_final() -> None:
+    runtime = open_sim_runtime(7)
+    h = Harness(runtime)
+    h.launch("hang", HostArgs())
+    h.launch("sleep", HostArgs().u32(5_000_000), runtime.create_stream())
+    assert any(t.name == "aio_ascend-sim-7" for t in sim_threads())
+    started = time.monotonic()
+    runtime.close()
+    assert time.monotonic() - started < 2.0, "close must not wait for hung or sleeping work"
+    assert not runtime.device_thread.is_alive()
+    assert not sim_threads()
+    runtime.close()  # idempotent
+    with pytest.raises(ContextNullError):
+        runtime.create_stream()
+    with pytest.raises(ContextNullError):
+        runtime.set_current_context()
+
+
+def test_close_wakes_blocked_waiters() -> None:
+    runtime = open_sim_runtime(0)
+    h = Harness(runtime)
+    event = runtime.create_event(ACL_EVENT_SYNC)
+    h.launch("hang", HostArgs())
+    runtime.record_event(event, h.stream)
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        runtime.set_current_context()
+        try:
+            runtime.synchronize_event(event, -1)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    thread.join(0.1)
+    assert thread.is_alive()
+    runtime.close()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert len(errors) == 1
+    assert isinstance(errors[0], ContextNullError)
+
+
+# --- address space ----------------------------------------------------------------------------
+
+
+def test_device_addresses_are_high_aligned_and_disjoint(rt: SimRuntime) -> None:
+    sizes = [1, 100, 4096, 10_000]
+    ptrs = [rt.malloc(size) for size in sizes]
+    assert all(ptr >= DEVICE_BASE and ptr % 64 == 0 for ptr in ptrs)
+    spans = sorted(zip(ptrs, sizes, strict=True))
+    for (a, size), (b, _) in itertools.pairwise(spans):
+        assert a + size <= b
+    with pytest.raises(InvalidParamError):
+        rt.malloc(-1)
+    with pytest.raises(InvalidParamError):
+        rt.malloc_host(0)
+
+
+def test_out_of_bounds_kernel_access_is_an_mmu_fault(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    n = 16
+    x = h.upload(np.ones(n, F32))
+    y = h.upload(np.ones(n, F32))
+    h.launch("axpy", HostArgs().ptr(x).ptr(y).f32(1.0).u32(n + 1))  # one element too many
+    with pytest.raises(AICoreExceptionError) as info:
+        rt.synchronize_stream(h.stream, SYNC_MS)
+    assert info.value.code == 507015
+    assert f"{x:#x}" in info.value.message
+    assert "MMU fault" in info.value.message
+    assert rt.is_faulted
+    assert "MMU fault" in rt.get_recent_error_message()
+
+
+def test_use_after_free_faults(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    n = 8
+    x, y = h.upload(np.ones(n, F32)), h.upload(np.ones(n, F32))
+    rt.free(x)
+    h.launch("axpy", HostArgs().ptr(x).ptr(y).f32(1.0).u32(n))
+    with pytest.raises(DeviceFaultError) as info:
+        rt.synchronize_stream(h.stream, SYNC_MS)
+    assert f"{x:#x}" in info.value.message
+
+
+def test_copy_from_freed_device_memory_faults(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    src = h.upload(np.ones(16, F32))
+    dst = rt.malloc(64)
+    rt.free(src)
+    rt.memcpy_async(dst, 64, src, 64, ACL_MEMCPY_DEVICE_TO_DEVICE, h.stream)
+    with pytest.raises(DeviceFaultError, match="memcpy source"):
+        rt.synchronize_stream(h.stream, SYNC_MS)
+
+
+def test_freed_pinned_memory_reads_as_poison(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    src = h.pinned(b"\x11" * 64)
+    dst = rt.malloc(64)
+    rt.pause()
+    try:
+        rt.memcpy_async(dst, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, h.stream)
+        rt.free_host(src)  # a lifetime bug: wrong data, never a crash
+    finally:
+        rt.resume()
+    assert h.download(dst, 64, np.uint8).tobytes() == bytes([POISON_BYTE]) * 64
+
+
+def test_internal_args_regions_are_not_user_allocations(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    n = 4
+    x = h.upload(np.ones(n, F32))
+    before = rt.live_resources()["device_allocations"]
+    rt.pause()
+    try:
+        addr = h.launch("scale", HostArgs().ptr(x).ptr(x).placeholder(struct.pack("<If", n, 2.0)))
+        slot = struct.unpack_from("<Q", bytes(host_view(addr, 24)), 16)[0]
+        region = slot - 32
+        assert region >= DEVICE_BASE
+        assert rt.live_resources()["device_allocations"] == before
+        with pytest.raises(InvalidParamError):
+            rt.free(region)
+    finally:
+        rt.resume()
+    np.testing.assert_array_equal(h.download(x, n), np.full(n, 2.0, F32))
+
+
+def test_pinned_range_overrunning_its_allocation_is_rejected(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    src = rt.malloc_host(64)
+    dst = rt.malloc(128)
+    with pytest.raises(InvalidParamError, match="past the end"):
+        rt.memcpy_async(dst, 128, src + 32, 64, ACL_MEMCPY_HOST_TO_DEVICE, h.stream)
+    with pytest.raises(InvalidParamError, match="device address"):
+        rt.memcpy_async(dst, 128, dst, 64, ACL_MEMCPY_HOST_TO_DEVICE, h.stream)
+
+
+# --- streams, time model, test controls --------------------------------------------------------
+
+
+def test_two_sleeping_streams_overlap(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    a, b = h.stream, rt.create_stream()
+    started = time.perf_counter()
+    h.launch("sleep", HostArgs().u32(200_000), a)
+    h.launch("sleep", HostArgs().u32(200_000), b)
+    rt.synchronize_stream(a, SYNC_MS)
+    rt.synchronize_stream(b, SYNC_MS)
+    elapsed = time.perf_counter() - started
+    assert 0.19 <= elapsed < 0.35, elapsed
+
+
+def test_sleeps_on_one_stream_add_up(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    started = time.perf_counter()
+    h.launch("sleep", HostArgs().u32(100_000))
+    h.launch("sleep", HostArgs().u32(100_000))
+    rt.synchronize_stream(h.stream, SYNC_MS)
+    assert time.perf_counter() - started >= 0.19
+
+
+def test_time_model_charges_kernel_cost_and_streams_overlap() -> None:
+    lib = KernelLibrary("timed")
+
+    @lib.kernel("work", cost=lambda ctx: ctx.u32(0) / 1e6)
+    def work(ctx: KernelContext) -> None:
+        pass
+
+    timed = open_sim_runtime(0, time_model=True)
+    try:
+        h = Harness(timed, lib)
+        a, b = h.stream, timed.create_stream()
+        start = timed.create_event(ACL_EVENT_TIME_LINE)
+        end = timed.create_event(ACL_EVENT_TIME_LINE)
+        began = time.perf_counter()
+        timed.record_event(start, a)
+        h.launch("work", HostArgs().u32(150_000), a)
+        h.launch("work", HostArgs().u32(150_000), b)
+        timed.record_event(end, a)
+        timed.synchronize_stream(a, SYNC_MS)
+        timed.synchronize_stream(b, SYNC_MS)
+        wall = time.perf_counter() - began
+        assert 0.14 <= wall < 0.28, wall  # ~ max, not the sum
+        assert timed.event_elapsed_time(start, end) >= 149.0
+    finally:
+        timed.close()
+    untimed = open_sim_runtime(0)
+    try:
+        h = Harness(untimed, lib)
+        began = time.perf_counter()
+        h.launch("work", HostArgs().u32(5_000_000))
+        untimed.synchronize_stream(h.stream, SYNC_MS)
+        assert time.perf_counter() - began < 1.0, "cost is ignored without time_model"
+    finally:
+        untimed.close()
+
+
+def test_hang_ends_with_destroy_stream_force(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    stuck = rt.create_stream()
+    event = rt.create_event(ACL_EVENT_SYNC)
+    h.launch("hang", HostArgs(), stuck)
+    rt.record_event(event, stuck)
+    assert rt.live_resources()["streams"] == 2
+    rt.destroy_stream_force(stuck)
+    assert rt.live_resources()["streams"] == 1
+    with pytest.raises(InvalidHandleError):
+        rt.destroy_stream_force(stuck)
+    n = 4
+    x, y = h.upload(np.ones(n, F32)), h.upload(np.ones(n, F32))
+    h.launch("vector_add", HostArgs().ptr(x).ptr(y).ptr(y).u32(n))
+    np.testing.assert_array_equal(h.download(y, n), np.full(n, 2.0, F32))
+
+
+def test_force_destroy_fails_a_blocked_pageable_copy(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    stuck = rt.create_stream()
+    h.launch("hang", HostArgs(), stuck)
+    device = rt.malloc(64)
+    host = np.zeros(16, F32)
+    errors: list[BaseException] = []
+
+    def copy() -> None:
+        rt.set_current_context()
+        try:
+            rt.memcpy_async(host.ctypes.data, 64, device, 64, ACL_MEMCPY_DEVICE_TO_HOST, stuck)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=copy, daemon=True)
+    thread.start()
+    thread.join(0.1)
+    assert thread.is_alive()
+    rt.destroy_stream_force(stuck)
+    thread.join(5)
+    assert not thread.is_alive()
+    assert len(errors) == 1
+    assert isinstance(errors[0], StreamAbortError)
+
+
+def test_fault_wakes_blocked_callers() -> None:
+    runtime = open_sim_runtime(1, max_queue_depth=2)
+    try:
+        h = Harness(runtime)
+        runtime.pause()
+        h.launch("fault", HostArgs().u32(0))
+        h.launch("noop", HostArgs())
+        errors: list[BaseException] = []
+
+        def third_launch() -> None:
+            runtime.set_current_context()
+            try:
+                h.launch("noop", HostArgs())
+            except BaseException as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=third_launch, daemon=True)
+        thread.start()
+        thread.join(0.1)
+        assert thread.is_alive()
+        runtime.resume()
+        thread.join(5)
+        assert not thread.is_alive()
+        assert len(errors) == 1
+        assert isinstance(errors[0], AICoreExceptionError)
+    finally:
+        runtime.close()
+
+
+def test_pause_stops_execution_deterministically(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    rt.pause()
+    rt.pause()  # idempotent
+    try:
+        for _ in range(10):
+            h.launch("noop", HostArgs())
+        assert rt.counters["launches"] == 10
+        assert rt.counters["kernels_executed"] == 0
+    finally:
+        rt.resume()
+    rt.synchronize_stream(h.stream, SYNC_MS)
+    assert rt.counters["kernels_executed"] == 10
+
+
+def test_counters(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    event = rt.create_event(0)
+    x = h.upload(np.ones(4, F32))
+    h.launch("noop", HostArgs())
+    h.launch("axpy", HostArgs().ptr(x).ptr(x).f32(1.0).u32(4))
+    rt.record_event(event, h.stream)
+    rt.synchronize_event(event, SYNC_MS)
+    assert rt.counters == {
+        "launches": 2, "kernels_executed": 2, "copies": 1, "events_recorded": 1
+    }
+
+
+# --- user kernels -----------------------------------------------------------------------------
+
+
+def test_user_kernel_library(rt: SimRuntime) -> None:
+    lib = KernelLibrary("mine")
+    seen: dict[str, Any] = {}
+
+    @lib.kernel("fill")
+    def fill(ctx: KernelContext) -> None:
+        out = ctx.array(ctx.ptr(0), ctx.u32(8), np.float32)
+        out[:] = ctx.f32(12)
+        seen.update(
+            blocks=ctx.blocks, name=ctx.name, args=ctx.args, args_addr=ctx.args_addr,
+            tiling=ctx.read(ctx.ptr(16), 4), unpacked=ctx.unpack("<QI", 0),
+        )
+
+    h = Harness(rt, lib)
+    n = 10
+    out = rt.malloc(n * 4)
+    args = HostArgs().ptr(out).u32(n).f32(2.5).placeholder(b"TILE")
+    h.launch("fill", args, blocks=5)
+    np.testing.assert_array_equal(h.download(out, n), np.full(n, 2.5, F32))
+    assert seen["blocks"] == 5
+    assert seen["name"] == "fill"
+    assert seen["tiling"] == b"TILE"
+    assert seen["unpacked"] == (out, n)
+    assert seen["args_addr"] >= DEVICE_BASE
+    assert struct.unpack_from("<Q", seen["args"], 16)[0] == seen["args_addr"] + 32
+    assert len(seen["args"]) == args.nbytes
+
+
+def test_library_is_snapshotted_at_load(rt: SimRuntime) -> None:
+    lib = KernelLibrary()
+
+    @lib.kernel("first")
+    def first(ctx: KernelContext) -> None:
+        pass
+
+    binary = rt.load_binary(lib)
+    lib.add("second", first)
+    assert rt.get_function(binary, "first") == rt.get_function(binary, "first")
+    with pytest.raises(RuntimeAPIError) as info:
+        rt.get_function(binary, "second")
+    assert info.value.code == 107042
+    assert rt.get_function(rt.load_binary(lib), "second")
+    with pytest.raises(ValueError, match="already registered"):
+        lib.add("first", first)
+    with pytest.raises(InvalidParamError):
+        rt.load_binary(b"\x7fELF")
+
+
+def test_unloaded_binary_invalidates_its_functions(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    noop = rt.get_function(h.binary, "noop")
+    rt.unload_binary(h.binary)
+    args = h.pinned(bytes(8))
+    with pytest.raises(InvalidHandleError):
+        rt.launch_kernel_with_host_args(noop, 1, h.stream, None, args, 8, 0, 0)
+    with pytest.raises(InvalidHandleError):
+        rt.unload_binary(h.binary)
+
+
+def test_exception_in_a_user_kernel_is_a_device_fault(rt: SimRuntime) -> None:
+    lib = KernelLibrary()
+
+    @lib.kernel("broken")
+    def broken(ctx: KernelContext) -> None:
+        raise ZeroDivisionError("no tiling")
+
+    h = Harness(rt, lib)
+    h.launch("broken", HostArgs())
+    with pytest.raises(AICoreExceptionError) as info:
+        rt.synchronize_stream(h.stream, SYNC_MS)
+    assert "ZeroDivisionError: no tiling" in info.value.message
+    assert "in broken" in info.value.message
+
+
+def test_a_swallowed_mmu_fault_still_faults_the_device(rt: SimRuntime) -> None:
+    lib = KernelLibrary()
+
+    @lib.kernel("sloppy")
+    def sloppy(ctx: KernelContext) -> None:
+        try:
+            ctx.array(0x10, 4, np.float32)
+        except Exception:
+            pass
+
+    h = Harness(rt, lib)
+    h.launch("sloppy", HostArgs())
+    with pytest.raises(DeviceFaultError, match="0x10"):
+        rt.synchronize_stream(h.stream, SYNC_MS)
+
+
+def test_kernel_context_fault_with_a_code(rt: SimRuntime) -> None:
+    lib = KernelLibrary()
+
+    @lib.kernel("trap")
+    def trap(ctx: KernelContext) -> None:
+        ctx.fault(507016, "trap!")
+
+    h = Harness(rt, lib)
+    h.launch("trap", HostArgs())
+    with pytest.raises(DeviceFaultError) as info:
+        rt.synchronize_stream(h.stream, SYNC_MS)
+    assert (info.value.code, info.value.message) == (507016, "trap!")
+
+
+# --- accounting and errors --------------------------------------------------------------------
+
+
+def test_live_resources_accounting() -> None:
+    runtime = open_sim_runtime(0)
+    empty = {"device_allocations": 0, "host_allocations": 0, "streams": 0, "events": 0,
+             "binaries": 0}
+    try:
+        assert runtime.live_resources() == empty
+        ptr, host = runtime.malloc(64), runtime.malloc_host(64)
+        stream, event = runtime.create_stream(), runtime.create_event(0)
+        binary = runtime.load_binary(None)
+        assert runtime.live_resources() == dict.fromkeys(empty, 1)
+        runtime.free(ptr)
+        runtime.free_host(host)
+        runtime.destroy_stream(stream)
+        runtime.destroy_event(event)
+        runtime.unload_binary(binary)
+        assert runtime.live_resources() == empty
+        runtime.malloc(8)
+        runtime.create_stream()
+    finally:
+        runtime.close()
+    assert runtime.live_resources() == {**empty, "device_allocations": 1, "streams": 1}
+
+
+def test_recent_error_message_is_per_thread(rt: SimRuntime) -> None:
+    with pytest.raises(InvalidParamError):
+        rt.malloc(0)
+    assert "size=0" in rt.get_recent_error_message()
+    other: list[str] = []
+    thread = threading.Thread(target=lambda: other.append(rt.get_recent_error_message()))
+    thread.start()
+    thread.join()
+    assert other == [""]
+
+
+def test_failure_mode_is_validated(rt: SimRuntime) -> None:
+    stream = rt.create_stream()
+    rt.set_stream_failure_mode(stream, 0)
+    rt.set_stream_failure_mode(stream, 1)
+    with pytest.raises(InvalidParamError):
+        rt.set_stream_failure_mode(stream, 2)
+    with pytest.raises(InvalidHandleError):
+        rt.set_stream_failure_mode(12345, 1)
+
+
+def test_sticky_fault_blocks_new_work_but_not_cleanup(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    host = rt.malloc_host(64)
+    h.launch("fault", HostArgs().u32(507035))
+    with pytest.raises(DeviceFaultError):
+        rt.synchronize_stream(h.stream, SYNC_MS)
+    with pytest.raises(DeviceFaultError) as info:
+        h.launch("noop", HostArgs())
+    assert info.value.code == 507035
+    assert info.value.func == "aclrtLaunchKernelWithHostArgs"
+    rt.free_host(host)
+    rt.destroy_stream(h.stream)
+    rt.unload_binary(h.binary)
+
+
+def test_bad_pause_free_inputs(rt: SimRuntime) -> None:
+    with pytest.raises(ValueError, match="code"):
+        rt.inject_launch_error(0)
+    with pytest.raises(ValueError, match="after"):
+        rt.inject_launch_error(107000, after=-1)
+    with pytest.raises(ValueError, match="max_queue_depth"):
+        open_sim_runtime(0, max_queue_depth=0)
