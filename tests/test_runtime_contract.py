@@ -636,7 +636,8 @@ BAD_LAUNCHES: dict[str, tuple[dict[str, Any], type[RuntimeAPIError], str]] = {
 @pytest.mark.parametrize("case", sorted(BAD_LAUNCHES))
 def test_bad_launch_inputs_are_rejected(dev: Dev, backend: str, case: str) -> None:
     rt = dev.rt
-    overrides, error, field = BAD_LAUNCHES[case]
+    shared_overrides, error, field = BAD_LAUNCHES[case]
+    overrides = dict(shared_overrides)
     n = 4
     x, y = dev.upload(np.ones(n, F32)), dev.upload(np.ones(n, F32))
     args = scale_args(x, y, n, 2.0)  # 40 bytes: slot at 16, data at 32
