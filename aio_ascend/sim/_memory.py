@@ -151,6 +151,8 @@ class PinnedMemory:
         self._lock = threading.Lock()
         self._starts: list[int] = []
         self._arrays: dict[int, U8Array] = {}  # real process address -> aligned view
+        #: the same buffers as memoryviews (cheap slicing on the launch path); read-only use
+        self.views: dict[int, memoryview] = {}
 
     def malloc(self, size: int) -> int:
         raw = np.empty(size + _ALIGN, dtype=np.uint8)
@@ -161,6 +163,7 @@ class PinnedMemory:
         addr = base + skip
         with self._lock:
             self._arrays[addr] = data
+            self.views[addr] = data.data
             bisect.insort(self._starts, addr)
         return addr
 
@@ -170,6 +173,7 @@ class PinnedMemory:
             data = self._arrays.pop(addr, None)
             if data is None:
                 return False
+            self.views.pop(addr, None)
             del self._starts[bisect.bisect_left(self._starts, addr)]
         # Queued work may still hold the array: a late reader sees poison, never freed memory.
         data.fill(POISON_BYTE)
@@ -181,6 +185,7 @@ class PinnedMemory:
     def clear(self) -> None:
         with self._lock:
             self._arrays.clear()
+            self.views.clear()
             self._starts.clear()
 
     def base_array(self, addr: int) -> U8Array | None:

@@ -197,7 +197,7 @@ class SimRuntime:
         self._tls = threading.local()
         self._memory = DeviceMemory()
         self._pinned = PinnedMemory()
-        self._pinned_arrays = self._pinned._arrays  # fast path: args buffers by base address
+        self._pinned_views = self._pinned.views  # fast path: args buffers by base address
 
         self._streams: dict[int, _Stream] = {}
         self._stream_list: tuple[_Stream, ...] = ()
@@ -850,14 +850,14 @@ class SimRuntime:
         if type(args_size) is not int or not 1 <= args_size <= UINT32_MAX:
             raise self._param(name, f"argsSize={args_size!r}: expected an int in 1..{UINT32_MAX}")
         # the caller's args buffer: pinned (read when the kernel runs) or pageable
-        array = self._pinned_arrays.get(args_addr)
+        view = self._pinned_views.get(args_addr)
         offset = 0
-        if array is None or array.shape[0] < args_size:
+        if view is None or len(view) < args_size:
             found = self._host_side(args_addr, args_size, "hostArgs", name)
             if found is not None:
-                array, offset = found
+                view, offset = found[0].data, found[1]
             else:
-                array = None
+                view = None
         if placeholder_count:
             entries = self._placeholders(
                 name, args_size, placeholders_addr, placeholder_count
@@ -871,8 +871,7 @@ class SimRuntime:
         region = 0
         if entries is not None:
             region = self._memory.malloc(args_size, internal=True)
-            if array is not None:
-                view = array.data
+            if view is not None:
                 for addr_offset, data_offset in entries:
                     _U64.pack_into(view, offset + addr_offset, region + data_offset)
             else:
@@ -881,11 +880,11 @@ class SimRuntime:
                         args_addr + addr_offset, _U64.pack(region + data_offset), 8
                     )
         task: tuple[Any, ...]
-        if array is None:
+        if view is None:  # pageable: snapshot now, after patching
             task = (_KERNEL, spec, num_blocks, ctypes.string_at(args_addr, args_size), 0,
                     args_size, region)
-        else:
-            task = (_KERNEL, spec, num_blocks, array, offset, args_size, region)
+        else:  # pinned: read when the kernel executes
+            task = (_KERNEL, spec, num_blocks, view, offset, args_size, region)
         with self._lock:
             if s.destroyed:
                 if region:
@@ -1039,21 +1038,15 @@ class SimRuntime:
     def _run_kernel(self, s: _Stream, task: tuple[Any, ...]) -> bool:
         """Execute a kernel task. Returns True when the stream stays occupied (sleep, time
         model, hang) or the device faulted; the caller then leaves the task uncounted."""
-        spec: KernelSpec = task[1]
-        source = task[3]
-        size: int = task[5]
-        region: int = task[6]
-        if type(source) is bytes:
-            args = source
-        else:
-            offset: int = task[4]
-            args = source[offset : offset + size].tobytes()
+        _, spec, blocks, source, offset, size, region = task
+        # pinned args are read now, at execution; pageable ones were snapshotted at launch
+        args = source if type(source) is bytes else source[offset : offset + size].tobytes()
         memory = self._memory
         if region:
             region_array = memory.base_array(region)
             if region_array is not None:
                 region_array[:] = np.frombuffer(args, dtype=np.uint8)
-        ctx = KernelContext(memory, spec.name, task[2], args, region)
+        ctx = KernelContext(memory, spec.name, blocks, args, region)
         fault: DeviceFault | None = None
         busy = 0.0
         try:
@@ -1069,23 +1062,18 @@ class SimRuntime:
             if region:
                 memory.free(region)
         self._kernels_executed += 1
+        if not busy and fault is None and ctx._fault is None and not ctx._hung:
+            return False  # the common case: done at once
         fault = ctx._fault or fault
         if fault is not None:
             self._set_fault(fault.code, fault.message)
             return True
-        if ctx._hung:
-            s.occupied = True
+        s.occupied = True
+        if ctx._hung or not math.isfinite(busy):
             s.hung = True
-            return True
-        if busy > 0 and math.isfinite(busy):
-            s.occupied = True
+        else:
             s.busy_until = max(s.busy_until, perf_counter()) + busy
-            return True
-        if busy > 0:  # infinite busy time: a hang
-            s.occupied = True
-            s.hung = True
-            return True
-        return False
+        return True
 
     def _run_copy(self, task: tuple[Any, ...]) -> None:
         _, kind, dst, src, count, host, host_offset, waiter = task
