@@ -601,3 +601,32 @@ def test_bad_pause_free_inputs(rt: SimRuntime) -> None:
         rt.inject_launch_error(107000, after=-1)
     with pytest.raises(ValueError, match="max_queue_depth"):
         open_sim_runtime(0, max_queue_depth=0)
+
+
+def test_an_idle_or_hung_device_does_not_spin(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    h.launch("hang", HostArgs())
+    h.launch("sleep", HostArgs().u32(10_000_000), rt.create_stream())
+    waiter = rt.create_stream()
+    event = rt.create_event(ACL_EVENT_SYNC)
+    rt.record_event(event, h.stream)
+    rt.stream_wait_event(waiter, event)  # a stream blocked on a hung one
+    cpu_before = time.process_time()
+    time.sleep(0.3)  # measuring CPU use while idle, not synchronizing
+    assert time.process_time() - cpu_before < 0.05
+
+
+def test_many_small_kernels_under_the_time_model() -> None:
+    runtime = open_sim_runtime(0, time_model=True)
+    try:
+        h = Harness(runtime)
+        noop = runtime.get_function(h.binary, "noop")
+        args = h.pinned(bytes(8))
+        started = time.perf_counter()
+        for _ in range(1000):
+            runtime.launch_kernel_with_host_args(noop, 1, h.stream, None, args, 8, 0, 0)
+        runtime.synchronize_stream(h.stream, SYNC_MS)
+        assert time.perf_counter() - started < 2.0
+        assert runtime.counters["kernels_executed"] == 1000
+    finally:
+        runtime.close()

@@ -229,6 +229,9 @@ KERNEL_BASE_COST_S = 2e-6
 DEVICE_BANDWIDTH_BPS = 800e9
 DEVICE_FLOPS = 100e12
 
+#: most per-block numpy calls one built-in kernel makes (larger block counts are grouped)
+_MAX_SLICES = 256
+
 BUILTIN_LIBRARY = KernelLibrary("builtin")
 _f32 = np.float32
 
@@ -249,8 +252,11 @@ def _vector_add(ctx: KernelContext) -> None:
     x = ctx.array(x_addr, n, _f32)
     y = ctx.array(y_addr, n, _f32)
     z = ctx.array(z_addr, n, _f32)
-    chunk = -(-n // ctx.blocks)
-    for start in range(0, n, chunk):  # one slice per block, as the blocks would split it
+    chunk = -(-n // ctx.blocks)  # elements per block, as the blocks would split the work
+    slices = -(-n // chunk)
+    if slices > _MAX_SLICES:  # same result; bounds the Python loop for huge block counts
+        chunk *= -(-slices // _MAX_SLICES)
+    for start in range(0, n, chunk):
         end = min(start + chunk, n)
         np.add(x[start:end], y[start:end], out=z[start:end])
 
