@@ -17,6 +17,7 @@ import atexit
 import ctypes
 import ctypes.util
 import os
+import struct
 import threading
 import weakref
 from ctypes import byref, c_float, c_int, c_uint32, c_void_p
@@ -144,23 +145,39 @@ class _Library:
         self.initialised_by_us = False
         self.lock = threading.Lock()
         self._recent = functions["aclGetRecentErrMsg"]
+        self._last = threading.local()
         checker = self._errcheck
         for name, function in functions.items():
             if ffi.PROTOTYPES[name][0] is ctypes.c_int:
                 function.errcheck = checker
 
-    def recent_message(self) -> str:
-        """``aclGetRecentErrMsg`` of the calling thread ('' if none); reading clears it."""
+    def _fetch_message(self) -> str:
+        """``aclGetRecentErrMsg`` of the calling thread (reading clears it in ACL)."""
         raw = self._recent()
         if not raw:
             return ""
         text: str = raw.decode("utf-8", "replace").strip()
         return text
 
+    def recent_message(self) -> str:
+        """The latest error text of the calling thread ('' if none).
+
+        ACL clears its text when it is read, and the checker reads it for every failure, so the
+        text is kept per thread until the next failure replaces it.
+        """
+        fresh = self._fetch_message()
+        if fresh:
+            self._last.text = fresh
+            return fresh
+        text: str = getattr(self._last, "text", "")
+        return text
+
     def _errcheck(self, result: int, function: Any, arguments: tuple[Any, ...]) -> int:
         """THE checker: a non-zero ``aclError`` becomes the typed error with the runtime text."""
         if result:
-            raise error_for_code(result, function.__name__, self.recent_message())
+            message = self._fetch_message()
+            self._last.text = message
+            raise error_for_code(result, function.__name__, message)
         return result
 
     def ensure_initialised(self) -> None:
@@ -289,7 +306,7 @@ def _cfg_arg(cfg: object) -> Any:
     if entry is not None and entry[0] is cfg:
         return entry[2]
     if not isinstance(cfg, LaunchConfig):
-        raise TypeError(f"cfg must be a LaunchConfig or None, got {type(cfg).__name__}")
+        raise _launch_error(f"cfg must be a LaunchConfig or None, got {type(cfg).__name__}")
     packed = cfg.pack_attrs()
     count = cfg.num_attrs
     if count == 0:
@@ -641,20 +658,19 @@ class AclRuntime:
             and 0 <= placeholders_addr <= _PTR_MAX
             and 0 <= num_blocks <= _MAX_NUM_BLOCKS
             and 0 <= args_size <= _U32_MAX
-            and 0 <= placeholder_count <= _SIZE_MAX
-            and (placeholders_addr or not placeholder_count)
+            and 0 <= placeholder_count <= _MAX_PLACEHOLDERS
         ):
-            func, stream, args_addr, placeholders_addr, num_blocks, args_size, placeholder_count = (
-                self._check_launch(
-                    func,
-                    num_blocks,
-                    stream,
-                    args_addr,
-                    args_size,
-                    placeholders_addr,
-                    placeholder_count,
-                )
+            func, num_blocks, stream, args_addr, args_size, placeholders_addr = _check_launch(
+                func,
+                num_blocks,
+                stream,
+                args_addr,
+                args_size,
+                placeholders_addr,
+                placeholder_count,
             )
+        if placeholder_count:
+            _check_placeholder_table(placeholders_addr, placeholder_count)
         self._fn["aclrtLaunchKernelWithHostArgs"](
             func,
             num_blocks,
@@ -666,42 +682,67 @@ class AclRuntime:
             placeholder_count,
         )
 
-    @staticmethod
-    def _check_launch(
-        func: object,
-        num_blocks: object,
-        stream: object,
-        args_addr: object,
-        args_size: object,
-        placeholders_addr: object,
-        placeholder_count: object,
-    ) -> tuple[int, int, int, int, int, int, int]:
-        """The slow path of the launch checks: precise errors naming the argument."""
-        blocks = _as_int("num_blocks", num_blocks)
-        if not 0 <= blocks <= _MAX_NUM_BLOCKS:
-            # The runtime would cast numBlocks to uint16 on this path: refuse, never wrap.
-            raise InvalidParamError(
-                f"num_blocks={blocks} is out of range 1..{_MAX_NUM_BLOCKS}",
-                code=ffi.ACL_ERROR_RT_PARAM_INVALID,
-                func="aclrtLaunchKernelWithHostArgs",
-            )
-        size = _as_int("args_size", args_size)
-        if not 0 <= size <= _U32_MAX:
-            # argsSize is a size_t, but the runtime uses it as uint32
-            raise ValueError(f"args_size={size} is out of range 1..{_U32_MAX}")
-        count = _in_range("placeholder_count", placeholder_count, 0, _SIZE_MAX)
-        table = _ptr("placeholders_addr", placeholders_addr)
-        if count and not table:
-            raise ValueError(f"placeholders_addr is 0 but placeholder_count={count}")
-        return (
-            _ptr("func", func),
-            _ptr("stream", stream),
-            _ptr("args_addr", args_addr),
-            table,
-            blocks,
-            size,
-            count,
+
+_LAUNCH = "aclrtLaunchKernelWithHostArgs"
+#: more placeholders than a kernel can have parameters is a caller bug (ACL allows 128)
+_MAX_PLACEHOLDERS = 4096
+_ENTRY = struct.Struct("<II")
+
+
+def _launch_error(message: str) -> InvalidParamError:
+    return InvalidParamError(message, code=ffi.ACL_ERROR_RT_PARAM_INVALID, func=_LAUNCH)
+
+
+def _check_launch(
+    func: object,
+    num_blocks: object,
+    stream: object,
+    args_addr: object,
+    args_size: object,
+    placeholders_addr: object,
+    placeholder_count: object,
+) -> tuple[int, int, int, int, int, int]:
+    """The slow path of the launch checks: precise errors naming the argument."""
+    blocks = _as_int("num_blocks", num_blocks)
+    if not 0 <= blocks <= _MAX_NUM_BLOCKS:
+        # The runtime would cast numBlocks to uint16 on this path: refuse, never wrap.
+        raise _launch_error(f"num_blocks (numBlocks)={blocks} is out of range 1..{_MAX_NUM_BLOCKS}")
+    size = _as_int("args_size", args_size)
+    if not 0 <= size <= _U32_MAX:
+        # argsSize is a size_t, but the runtime uses it as a uint32
+        raise _launch_error(f"args_size (argsSize)={size} is out of range 1..{_U32_MAX}")
+    count = _as_int("placeholder_count", placeholder_count)
+    if not 0 <= count <= _MAX_PLACEHOLDERS:
+        raise _launch_error(
+            f"placeholder_count (placeHolderNum)={count} is out of range 0..{_MAX_PLACEHOLDERS}"
         )
+    return (
+        _ptr("func", func),
+        blocks,
+        _ptr("stream", stream),
+        _ptr("args_addr", args_addr),
+        size,
+        _ptr("placeholders_addr", placeholders_addr),
+    )
+
+
+def _check_placeholder_table(table: int, count: int) -> None:
+    """Refuse a NULL table and misaligned entries (the runtime checks only the ranges).
+
+    A slot at an unaligned ``addrOffset`` or data at an unaligned ``dataOffset`` would hand the
+    kernel a misaligned pointer; the ranges (``addrOffset + 8 <= argsSize``,
+    ``dataOffset < argsSize``) are left to the runtime.
+    """
+    if not table:
+        raise _launch_error(
+            f"placeholders_addr (placeHolderArray) is NULL with placeholder_count={count}"
+        )
+    data = ctypes.string_at(table, _ENTRY.size * count)
+    for index, (addr_offset, data_offset) in enumerate(_ENTRY.iter_unpack(data)):
+        if addr_offset % 8:
+            raise _launch_error(f"placeholder {index}: addrOffset={addr_offset} is not 8-aligned")
+        if data_offset % 8:
+            raise _launch_error(f"placeholder {index}: dataOffset={data_offset} is not 8-aligned")
 
 
 def open_acl_runtime(

@@ -246,7 +246,9 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     ),
 }
 
-#: ctypes type -> the C spelling used by the ABI test (pointer types all map to "void*")
+#: ctypes type -> a C spelling, for messages (pointer types all map to "void*"). On LP64 Linux
+#: some ctypes names are one type (``c_int is c_int32``, ``c_size_t is c_uint64``), so a type
+#: reads back as the last spelling listed for it; the ABI test compares types, not names.
 CTYPE_NAMES: dict[Any, str] = {
     c_int: "int",
     c_int32: "int32_t",

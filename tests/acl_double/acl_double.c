@@ -514,8 +514,12 @@ static void ensure_device_thread(void) {
     }
 }
 
+/* A faulted context answers every later call with the fault's code and the same text. */
 static aclError ctx_fault(ctx_t *c) {
-    if (c && c->fault_code) return fail(c->fault_code, "%s", c->fault_msg);
+    if (c && c->fault_code) {
+        snprintf(t_msg, sizeof t_msg, "%s", c->fault_msg);
+        return c->fault_code;
+    }
     return 0;
 }
 
@@ -882,7 +886,8 @@ static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
         if (s->mode == ACL_STOP_ON_FAILURE) {
             if (!s->ctx->fault_code) {
                 s->ctx->fault_code = r.code;
-                snprintf(s->ctx->fault_msg, sizeof s->ctx->fault_msg, "%s", r.msg);
+                snprintf(s->ctx->fault_msg, sizeof s->ctx->fault_msg, "[acl double] device fault %d: %s",
+                         r.code, r.msg);
             }
         } else if (!s->pending_err) {
             s->pending_err = r.code;
@@ -1296,7 +1301,7 @@ EXPORT aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEve
         LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "both events need ACL_EVENT_TIME_LINE"));
     if (!a->recorded || !b->recorded || event_done(a) != 1 || event_done(b) != 1 ||
         a->ts_gen != a->gen || b->ts_gen != b->gen)
-        LEAVE_UNLOCK(fail(ACL_ERROR_RT_EVENT_NOT_COMPLETE, "both events must be recorded and complete"));
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "both events must be recorded and complete"));
     *ms = (float)(((double)b->timestamp_ns - (double)a->timestamp_ns) / 1e6);
     LEAVE_UNLOCK(0);
 }

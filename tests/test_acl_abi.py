@@ -1,0 +1,244 @@
+"""The ctypes declarations of the acl backend against the facts read off the CANN headers.
+
+``shared/docs/acl-abi/`` (next to the repository) holds struct sizes/offsets, constant values and
+the C prototypes, produced by compiling against the real headers. Every ctypes struct, constant
+and prototype the backend declares must match them exactly.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aio_ascend._config import LAUNCH_ATTR_SIZE, LAUNCH_CFG_SIZE, LaunchAttrId, LaunchConfig
+from aio_ascend._runtime import _acl_ffi as ffi
+from aio_ascend._runtime import _base
+
+ABI_DIR = Path(__file__).resolve().parents[2] / "shared/docs/acl-abi"
+
+pytestmark = pytest.mark.skipif(
+    not (ABI_DIR / "acl_abi_facts.json").is_file(),
+    reason=f"the ACL ABI facts are not available at {ABI_DIR}",
+)
+
+
+def _load(name: str) -> Any:
+    return json.loads((ABI_DIR / name).read_text())
+
+
+@pytest.fixture(scope="module")
+def facts() -> dict[str, int]:
+    data: dict[str, int] = _load("acl_abi_facts.json")
+    data.pop("end", None)
+    return data
+
+
+@pytest.fixture(scope="module")
+def prototypes() -> dict[str, Any]:
+    data: dict[str, Any] = _load("acl_prototypes.json")
+    return data
+
+
+# --- structs ----------------------------------------------------------------------------------
+
+
+def test_every_struct_in_the_facts_is_declared_with_the_same_size(facts: dict[str, int]) -> None:
+    sizes = {key.split()[1]: value for key, value in facts.items() if key.startswith("sizeof ")}
+    assert sizes, "no struct sizes in the facts"
+    for name, size in sizes.items():
+        assert name in ffi.STRUCTS, f"struct {name} is not declared in _acl_ffi"
+        assert ctypes.sizeof(ffi.STRUCTS[name]) == size, name
+
+
+def test_every_offset_in_the_facts_matches(facts: dict[str, int]) -> None:
+    offsets = {key.split()[1]: value for key, value in facts.items() if key.startswith("offsetof ")}
+    assert offsets
+    for dotted, offset in offsets.items():
+        struct_name, field = dotted.split(".")
+        assert getattr(ffi.STRUCTS[struct_name], field).offset == offset, dotted
+
+
+def test_struct_alignment_matches_c() -> None:
+    # 4-aligned unions: an array of attrs has no padding between the 20-byte entries
+    assert ctypes.alignment(ffi.AclrtLaunchKernelAttrValue) == 4
+    assert ctypes.sizeof(ffi.AclrtLaunchKernelAttr * 3) == 60
+    assert ctypes.sizeof(ffi.AclrtPlaceHolderInfo * 3) == 24
+    assert ctypes.sizeof(ffi.AclrtBinaryLoadOption * 2) == 40
+
+
+def test_union_members_sit_at_the_start_of_the_value() -> None:
+    value_offset = ffi.AclrtLaunchKernelAttr.value.offset
+    for member, _ in ffi.AclrtLaunchKernelAttrValue._fields_:
+        assert getattr(ffi.AclrtLaunchKernelAttrValue, member).offset == 0, member
+    assert value_offset == 4
+    assert ffi.AclrtTimeoutUs.timeoutHigh.offset == 4
+
+
+def test_launch_config_packing_agrees_with_the_ctypes_structs() -> None:
+    assert ctypes.sizeof(ffi.AclrtLaunchKernelAttr) == LAUNCH_ATTR_SIZE
+    assert ctypes.sizeof(ffi.AclrtLaunchKernelCfg) == LAUNCH_CFG_SIZE
+    cfg = LaunchConfig(schedule_mode="batch", timeout_us=(7 << 32) | 9, block_dim_offset=5)
+    attrs = (ffi.AclrtLaunchKernelAttr * cfg.num_attrs).from_buffer_copy(cfg.pack_attrs())
+    by_id = {attr.id: attr.value for attr in attrs}
+    assert by_id[LaunchAttrId.SCHEM_MODE].schemMode == 1
+    assert by_id[LaunchAttrId.BLOCKDIM_OFFSET].blockDimOffset == 5
+    timeout = by_id[LaunchAttrId.TIMEOUT_US].timeoutUs
+    assert (timeout.timeoutLow, timeout.timeoutHigh) == (9, 7)
+    seconds = LaunchConfig(timeout_s=300)
+    (attr,) = (ffi.AclrtLaunchKernelAttr * 1).from_buffer_copy(seconds.pack_attrs())
+    assert (attr.id, attr.value.timeout) == (LaunchAttrId.TIMEOUT, 300)
+
+
+# --- constants --------------------------------------------------------------------------------
+
+
+def test_every_constant_in_the_facts_is_declared_with_the_same_value(
+    facts: dict[str, int],
+) -> None:
+    constants = {key: value for key, value in facts.items() if key.startswith("ACL_")}
+    assert len(constants) > 30
+    for name, value in constants.items():
+        assert hasattr(ffi, name), f"{name} is not declared in _acl_ffi"
+        assert getattr(ffi, name) == value, name
+
+
+def test_the_protocol_and_config_constants_agree_with_the_facts(facts: dict[str, int]) -> None:
+    for name in _base.__all__:
+        if name in facts:
+            assert getattr(_base, name) == facts[name], name
+    for key, value in facts.items():
+        prefix = "ACL_RT_LAUNCH_KERNEL_ATTR_"
+        if key.startswith(prefix):
+            assert getattr(LaunchAttrId, key[len(prefix) :]) == value, key
+
+
+# --- prototypes -------------------------------------------------------------------------------
+
+# typedefs of the CANN headers, resolved to the C spelling of the ctypes type that carries them
+_TYPEDEFS = {
+    "aclError": "int",
+    "int": "int",
+    "int32_t": "int32_t",
+    "uint32_t": "uint32_t",
+    "uint64_t": "uint64_t",
+    "size_t": "size_t",
+    # opaque handles (void *) and function pointers
+    "aclrtContext": "void*",
+    "aclrtStream": "void*",
+    "aclrtEvent": "void*",
+    "aclrtBinHandle": "void*",
+    "aclrtFuncHandle": "void*",
+    "aclrtArgsHandle": "void*",
+    "aclrtCallback": "void*",
+    # enums passed by value are ints
+    "aclrtMemMallocPolicy": "int",
+    "aclrtMemcpyKind": "int",
+    "aclrtCallbackBlockType": "int",
+    "aclrtLastErrLevel": "int",
+}
+
+
+def _c_type(declaration: str, *, has_name: bool) -> str:
+    """The C spelling the ctypes declaration must map back to, for one parameter/return type."""
+    text = declaration.strip()
+    if has_name:
+        match = re.fullmatch(r"(.*?)\s*\b([A-Za-z_]\w*)", text)
+        assert match, declaration
+        text = match.group(1)
+    text = re.sub(r"\s+", " ", text.replace("*", " * ")).strip()
+    pointer = text.endswith("*")
+    base = text.rstrip("* ").strip()
+    const = base.startswith("const ")
+    base = base.removeprefix("const ").strip()
+    if pointer:
+        if base == "char" and const:
+            return "const char*"
+        return "void*"  # every other pointer (out-params, structs, buffers) is a c_void_p
+    assert base in _TYPEDEFS, f"unknown C type {base!r} in {declaration!r}"
+    return _TYPEDEFS[base]
+
+
+#: C spelling -> the ctypes type that must carry it
+_CTYPES: dict[str, Any] = {
+    "int": ctypes.c_int,
+    "int32_t": ctypes.c_int32,
+    "uint32_t": ctypes.c_uint32,
+    "uint64_t": ctypes.c_uint64,
+    "size_t": ctypes.c_size_t,
+    "void*": ctypes.c_void_p,
+    "const char*": ctypes.c_char_p,
+}
+
+
+def _same_ctype(actual: Any, c_name: str) -> bool:
+    expected = _CTYPES[c_name]
+    # on LP64, c_int is c_int32 and c_size_t is c_uint64: identity covers the aliases
+    return actual is expected
+
+
+def test_the_c_widths_hold_here() -> None:
+    assert ctypes.sizeof(ctypes.c_int) == 4
+    assert ctypes.sizeof(ctypes.c_size_t) == 8
+    assert ctypes.sizeof(ctypes.c_void_p) == 8
+
+
+def test_every_bound_function_has_the_header_prototype(prototypes: dict[str, Any]) -> None:
+    assert ffi.PROTOTYPES
+    for name, (restype, argtypes) in ffi.PROTOTYPES.items():
+        assert name in prototypes, f"{name} is bound but not in acl_prototypes.json"
+        c_proto = prototypes[name]
+        assert _same_ctype(restype, _c_type(c_proto["returns"], has_name=False)), name
+        expected = [_c_type(param, has_name=True) for param in c_proto["params"]]
+        assert len(argtypes) == len(expected), f"{name}: {len(argtypes)} != {len(expected)} params"
+        for index, (argtype, c_name) in enumerate(zip(argtypes, expected, strict=True)):
+            assert _same_ctype(argtype, c_name), (
+                f"{name} parameter {index} ({c_proto['params'][index]}): declared as "
+                f"{ffi.CTYPE_NAMES.get(argtype, argtype)}, the header says {c_name}"
+            )
+
+
+def test_the_recent_error_message_returns_a_c_string(prototypes: dict[str, Any]) -> None:
+    restype, argtypes = ffi.PROTOTYPES["aclGetRecentErrMsg"]
+    assert restype is ctypes.c_char_p
+    assert argtypes == ()
+    assert prototypes["aclGetRecentErrMsg"]["returns"] == "const char*"
+
+
+def test_the_backend_binds_what_the_runtime_seam_needs() -> None:
+    needed = {
+        "aclInit", "aclFinalize", "aclrtSetDevice", "aclrtResetDevice", "aclrtCreateContext",
+        "aclrtDestroyContext", "aclrtSetCurrentContext", "aclrtCreateStream",
+        "aclrtDestroyStream", "aclrtDestroyStreamForce", "aclrtSynchronizeStreamWithTimeout",
+        "aclrtSetStreamFailureMode", "aclrtCreateEventExWithFlag", "aclrtDestroyEvent",
+        "aclrtRecordEvent", "aclrtQueryEventStatus", "aclrtSynchronizeEventWithTimeout",
+        "aclrtStreamWaitEvent", "aclrtEventElapsedTime", "aclrtMalloc", "aclrtFree",
+        "aclrtMallocHost", "aclrtFreeHost", "aclrtMemcpyAsync", "aclrtBinaryLoadFromFile",
+        "aclrtBinaryLoadFromData", "aclrtBinaryGetFunction", "aclrtBinaryUnLoad",
+        "aclrtLaunchKernelWithHostArgs", "aclGetRecentErrMsg",
+    }  # fmt: skip
+    assert needed <= set(ffi.PROTOTYPES)
+
+
+def test_the_prototype_parser_understands_every_header_entry(prototypes: dict[str, Any]) -> None:
+    # guards the test itself: every prototype in the JSON maps to known C types
+    for name, proto in prototypes.items():
+        _c_type(proto["returns"], has_name=False)
+        for param in proto["params"]:
+            _c_type(param, has_name=True)
+        assert name.startswith("acl")
+
+
+def test_bind_sets_the_prototypes_on_the_loaded_functions() -> None:
+    from acl_double import build_double
+
+    functions = ffi.bind(ctypes.CDLL(str(build_double().library)))
+    assert set(functions) == set(ffi.PROTOTYPES)
+    for name, function in functions.items():
+        restype, argtypes = ffi.PROTOTYPES[name]
+        assert function.restype is restype, name
+        assert tuple(function.argtypes) == argtypes, name

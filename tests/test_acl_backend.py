@@ -1,0 +1,919 @@
+"""The acl backend on the C test double: what crosses the ctypes boundary, byte for byte.
+
+The double (tests/acl_double/acl_double.c) logs every ACL call with its raw arguments and keeps a
+copy of the last launch as it arrived (cfg attributes, placeholder table, args before and after
+patching); its device addresses lie above 2**52, so any truncation shows.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from acl_double import BUILTINS_MAGIC, Call, DoubleControl, build_double, double_control
+
+from aio_ascend._config import LaunchAttrId, LaunchConfig
+from aio_ascend._errors import (
+    AICoreExceptionError,
+    BackendUnavailableError,
+    ClosedError,
+    ContextNullError,
+    DeviceFaultError,
+    EventSyncTimeoutError,
+    InvalidHandleError,
+    InvalidParamError,
+    MemoryAllocationError,
+    RuntimeAPIError,
+    StreamSyncTimeoutError,
+)
+from aio_ascend._hostargs import HostArgs
+from aio_ascend._runtime import _acl, open_runtime, probe_backend
+from aio_ascend._runtime import _acl_ffi as ffi
+from aio_ascend._runtime._acl import AclRuntime, open_acl_runtime
+
+F32 = np.float32
+H2D, D2H = ffi.ACL_MEMCPY_HOST_TO_DEVICE, ffi.ACL_MEMCPY_DEVICE_TO_HOST
+COMPLETE, NOT_READY = (
+    ffi.ACL_EVENT_RECORDED_STATUS_COMPLETE,
+    ffi.ACL_EVENT_RECORDED_STATUS_NOT_READY,
+)
+
+
+@pytest.fixture
+def ctl() -> DoubleControl:
+    return double_control()
+
+
+@pytest.fixture
+def rt() -> Iterator[AclRuntime]:
+    built = build_double()
+    runtime = open_acl_runtime(0, library_path=built.library)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+class Kit:
+    """Small helpers over one runtime (a stop-on-failure stream, buffers, kernels)."""
+
+    def __init__(self, rt: AclRuntime) -> None:
+        self.rt = rt
+        self.stream = rt.create_stream()
+        rt.set_stream_failure_mode(self.stream, ffi.ACL_STOP_ON_FAILURE)
+        self.binary = rt.load_binary(BUILTINS_MAGIC)
+        self._keep: list[object] = []
+        self._functions: dict[str, int] = {}
+
+    def fn(self, name: str) -> int:
+        if name not in self._functions:
+            self._functions[name] = self.rt.get_function(self.binary, name)
+        return self._functions[name]
+
+    def upload(self, array: np.ndarray) -> int:
+        data = np.ascontiguousarray(array)
+        ptr = self.rt.malloc(data.nbytes)
+        self.rt.memcpy_async(ptr, data.nbytes, data.ctypes.data, data.nbytes, H2D, self.stream)
+        return ptr
+
+    def download(self, ptr: int, n: int) -> np.ndarray:
+        out = np.zeros(n, F32)
+        self.rt.memcpy_async(out.ctypes.data, out.nbytes, ptr, out.nbytes, D2H, self.stream)
+        return out
+
+    def buffer(self, data: bytes) -> ctypes.Array[ctypes.c_char]:
+        buf = ctypes.create_string_buffer(data, len(data))
+        self._keep.append(buf)
+        return buf
+
+    def launch(
+        self,
+        name: str,
+        args: HostArgs,
+        *,
+        blocks: int = 1,
+        cfg: LaunchConfig | None = None,
+        stream: int | None = None,
+    ) -> tuple[ctypes.Array[ctypes.c_char], int]:
+        """Launch from a fresh writable buffer; returns (buffer, table address)."""
+        buf = self.buffer(args.to_bytes())
+        table = args.placeholder_table()
+        table_addr = ctypes.addressof(self.buffer(table)) if table else 0
+        self.rt.launch_kernel_with_host_args(
+            self.fn(name),
+            blocks,
+            self.stream if stream is None else stream,
+            cfg,
+            ctypes.addressof(buf),
+            args.nbytes,
+            table_addr,
+            len(args.placeholders),
+        )
+        return buf, table_addr
+
+
+@pytest.fixture
+def kit(rt: AclRuntime) -> Kit:
+    return Kit(rt)
+
+
+def _only(calls: list[Call]) -> Call:
+    assert len(calls) == 1, calls
+    return calls[0]
+
+
+# --- pointers ---------------------------------------------------------------------------------
+
+
+def test_device_pointers_above_2_47_cross_intact(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    n = 64
+    x_host, y_host = np.arange(n, dtype=F32), np.full(n, 0.5, F32)
+    mark = ctl.mark()
+    x, y = kit.upload(x_host), kit.upload(y_host)
+    z = rt.malloc(4 * n)
+    for ptr in (x, y, z):
+        assert ptr >= ctl.dev_base() > 2**52
+        assert ptr % 64 == 0
+    copies = ctl.calls(mark, "aclrtMemcpyAsync")
+    assert [c.args for c in copies] == [
+        (x, 4 * n, x_host.ctypes.data, 4 * n, H2D, kit.stream),
+        (y, 4 * n, y_host.ctypes.data, 4 * n, H2D, kit.stream),
+    ]
+    assert all(c.rc == 0 for c in copies)
+    args = HostArgs().ptr(x).ptr(y).ptr(z).u32(n)
+    buf, _ = kit.launch("vector_add", args, blocks=8)
+    func, blocks, stream, cfg, host_args, size, table, count = ctl.last_launch()
+    assert (func, blocks, stream, cfg) == (kit.fn("vector_add"), 8, kit.stream, 0)
+    assert (host_args, size, table, count) == (ctypes.addressof(buf), args.nbytes, 0, 0)
+    sent = ctl.last_args(patched=False)
+    assert sent == args.to_bytes()
+    assert struct.unpack_from("<QQQI", sent) == (x, y, z, n)
+    np.testing.assert_array_equal(kit.download(z, n), x_host + y_host)
+    # the D2H copy crossed with the exact device address too
+    assert _only(ctl.calls(ctl.mark() - 1, "aclrtMemcpyAsync")).args[2] == z
+
+
+def test_handles_round_trip_unchanged(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    event = rt.create_event(ffi.ACL_EVENT_SYNC)
+    mark = ctl.mark()
+    rt.record_event(event, kit.stream)
+    rt.stream_wait_event(kit.stream, event)
+    rt.synchronize_event(event, 1000)
+    assert rt.query_event_status(event) == COMPLETE
+    calls = [c for c in ctl.calls(mark) if c.name != "aclGetRecentErrMsg"]
+    assert [(c.name, c.args[:2]) for c in calls] == [
+        ("aclrtRecordEvent", (event, kit.stream)),
+        ("aclrtStreamWaitEvent", (kit.stream, event)),
+        ("aclrtSynchronizeEventWithTimeout", (event, 1000)),
+        ("aclrtQueryEventStatus", (event, calls[3].args[1])),
+    ]
+    created = _only(ctl.calls(0, "aclrtCreateEventExWithFlag")[-1:])
+    assert created.args[1] == ffi.ACL_EVENT_SYNC
+
+
+# --- placeholders -----------------------------------------------------------------------------
+
+
+def test_placeholder_table_crosses_and_the_callers_buffer_is_patched(
+    kit: Kit, ctl: DoubleControl
+) -> None:
+    n = 16
+    x_host = np.arange(n, dtype=F32)
+    x, y = kit.upload(x_host), kit.rt.malloc(4 * n)
+    args = HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, 3.0))
+    ((addr_offset, data_offset),) = args.placeholders
+    image = args.to_bytes()
+    buf, table_addr = kit.launch("scale", args)
+    raw = ctl.last_launch()
+    assert raw[6] == table_addr
+    assert raw[7] == 1
+    assert (
+        ctl.last_placeholders()
+        == args.placeholder_table()
+        == struct.pack("<II", addr_offset, data_offset)
+    )
+    dev_args = ctl.last_dev_args()
+    assert dev_args > 2**52
+    patched = bytearray(image)
+    patched[addr_offset : addr_offset + 8] = struct.pack("<Q", dev_args + data_offset)
+    assert ctl.last_args(patched=False) == image  # slot still zero on the way in
+    assert bytes(buf.raw) == bytes(patched)  # written into OUR buffer ...
+    assert ctl.last_args(patched=True) == bytes(patched)  # ... before the runtime copied it
+    np.testing.assert_array_equal(kit.download(y, n), 3.0 * x_host)
+
+
+def test_matmul_reads_its_tiling_through_a_placeholder(kit: Kit) -> None:
+    m, n, k = 3, 4, 5
+    rng = np.random.default_rng(1)
+    a_host = rng.standard_normal((m, k)).astype(F32)
+    b_host = rng.standard_normal((k, n)).astype(F32)
+    a, b, c = kit.upload(a_host), kit.upload(b_host), kit.rt.malloc(4 * m * n)
+    args = HostArgs().ptr(a).ptr(b).ptr(c).placeholder(struct.pack("<III", m, n, k))
+    kit.launch("matmul", args)
+    np.testing.assert_allclose(kit.download(c, m * n).reshape(m, n), a_host @ b_host, rtol=1e-5)
+
+
+def test_the_placeholder_table_is_checked_before_the_call(kit: Kit, ctl: DoubleControl) -> None:
+    args = HostArgs().ptr(0).ptr(0).placeholder(b"\0" * 8)
+    buf = kit.buffer(args.to_bytes())
+    for entry in [(4, 24), (8, 20)]:  # misaligned slot, misaligned data
+        table = kit.buffer(struct.pack("<II", *entry))
+        mark = ctl.mark()
+        with pytest.raises(InvalidParamError, match="not 8-aligned"):
+            kit.rt.launch_kernel_with_host_args(
+                kit.fn("scale"), 1, kit.stream, None, ctypes.addressof(buf), args.nbytes,
+                ctypes.addressof(table), 1,
+            )  # fmt: skip
+        assert ctl.calls(mark, "aclrtLaunchKernelWithHostArgs") == []
+
+
+# --- launch configs ---------------------------------------------------------------------------
+
+CONFIGS = {
+    "batch": LaunchConfig(schedule_mode="batch"),
+    "timeout seconds": LaunchConfig(timeout_s=7),
+    "timeout micros": LaunchConfig(timeout_us=(3 << 32) | 5),
+    "everything": LaunchConfig(
+        schedule_mode="normal",
+        engine_type="aiv",
+        block_dim_offset=3,
+        prefetch_disabled=True,
+        dump=False,
+        dyn_ubuf_size=0,
+        timeout_s=1,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_cfg_attributes_cross_byte_for_byte(kit: Kit, ctl: DoubleControl, name: str) -> None:
+    cfg = CONFIGS[name]
+    kit.launch("noop", HostArgs(), cfg=cfg)
+    attrs = ctl.last_cfg()
+    assert attrs is not None
+    assert len(attrs) == 20 * cfg.num_attrs
+    assert attrs == cfg.pack_attrs()
+    assert ctl.last_launch()[3] != 0
+    kit.rt.synchronize_stream(kit.stream, 2000)
+
+
+def test_timeout_and_timeout_us_are_different_attributes(kit: Kit, ctl: DoubleControl) -> None:
+    kit.launch("noop", HostArgs(), cfg=LaunchConfig(timeout_s=300))
+    seconds = ctl.last_cfg()
+    assert seconds is not None
+    assert struct.unpack("<IH", seconds[:6]) == (LaunchAttrId.TIMEOUT, 300)
+    assert seconds[6:] == b"\0" * 14
+    kit.launch("noop", HostArgs(), cfg=LaunchConfig(timeout_us=300_000_000 + (1 << 33)))
+    micros = ctl.last_cfg()
+    assert micros is not None
+    low, high = (300_000_000 + (1 << 33)) & 0xFFFFFFFF, 2
+    assert struct.unpack("<III", micros[:12]) == (LaunchAttrId.TIMEOUT_US, low, high)
+    assert micros[12:] == b"\0" * 8
+
+
+def test_no_cfg_and_an_empty_cfg_pass_null(kit: Kit, ctl: DoubleControl) -> None:
+    for cfg in (None, LaunchConfig(), LaunchConfig(block_dim=128)):
+        kit.launch("noop", HostArgs(), cfg=cfg)
+        assert ctl.last_cfg() is None
+        assert ctl.last_launch()[3] == 0
+
+
+def test_a_reused_config_reuses_its_packed_struct(kit: Kit, ctl: DoubleControl) -> None:
+    cfg = LaunchConfig(schedule_mode="batch")
+    kit.launch("noop", HostArgs(), cfg=cfg)
+    first = ctl.last_launch()[3]
+    kit.launch("noop", HostArgs(), cfg=cfg)
+    assert ctl.last_launch()[3] == first
+    kit.launch("noop", HostArgs(), cfg=LaunchConfig(schedule_mode="batch"))
+    assert ctl.last_cfg() == cfg.pack_attrs()
+
+
+# --- the double validates like CANN (raw calls through the bound functions) --------------------
+
+
+def _raw_launch(kit: Kit, **overrides: object) -> None:
+    args = kit.buffer(b"\0" * 16)
+    call: dict[str, object] = {
+        "func": kit.fn("noop"),
+        "blocks": 1,
+        "stream": kit.stream,
+        "cfg": None,
+        "args": ctypes.addressof(args),
+        "size": 16,
+        "table": None,
+        "count": 0,
+    }
+    call.update(overrides)
+    kit.rt._fn["aclrtLaunchKernelWithHostArgs"](*call.values())
+
+
+def _table(kit: Kit, *entries: tuple[int, int]) -> int:
+    return ctypes.addressof(kit.buffer(b"".join(struct.pack("<II", *e) for e in entries)))
+
+
+def _cfg(*attrs: tuple[int, str, object]) -> object:
+    array = (ffi.AclrtLaunchKernelAttr * max(len(attrs), 1))()
+    for index, (attr_id, member, value) in enumerate(attrs):
+        array[index].id = attr_id
+        if member == "timeoutUs":
+            array[index].value.timeoutUs = ffi.AclrtTimeoutUs(*value)  # type: ignore[misc]
+        else:
+            setattr(array[index].value, member, value)
+    cfg = ffi.AclrtLaunchKernelCfg(
+        ctypes.cast(array, ctypes.POINTER(ffi.AclrtLaunchKernelAttr)), len(attrs)
+    )
+    cfg._keep = array  # type: ignore[attr-defined]
+    return ctypes.byref(cfg)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ({"blocks": 0}, "numBlocks"),
+        ({"blocks": 65536}, "numBlocks"),
+        ({"size": 0}, "argsSize"),
+        ({"args": None}, "hostArgs"),
+        ({"count": 1}, "placeHolderArray"),
+        ("addr", "addrOffset"),
+        ("data", "dataOffset"),
+        ("both timeouts", "mutually exclusive"),
+        ("schem", "schemMode"),
+        ("null attrs", "attrs"),
+    ],
+)
+def test_the_double_validates_launches_like_cann(kit: Kit, case: object, message: str) -> None:
+    if case == "addr":
+        case = {"table": _table(kit, (0, 8), (9, 8)), "count": 2}  # 9 + 8 > 16
+    elif case == "data":
+        case = {"table": _table(kit, (0, 16)), "count": 1}  # dataOffset == argsSize
+    elif case == "both timeouts":
+        case = {"cfg": _cfg((7, "timeout", 1), (8, "timeoutUs", (1, 0)))}
+    elif case == "schem":
+        case = {"cfg": _cfg((1, "schemMode", 2))}
+    elif case == "null attrs":
+        case = {"cfg": ctypes.byref(ffi.AclrtLaunchKernelCfg(None, 0))}
+    assert isinstance(case, dict)
+    with pytest.raises(InvalidParamError, match=message) as info:
+        _raw_launch(kit, **case)
+    assert info.value.code == 107000
+    assert info.value.func == "aclrtLaunchKernelWithHostArgs"
+
+
+def test_a_valid_raw_cfg_is_accepted(kit: Kit, ctl: DoubleControl) -> None:
+    _raw_launch(kit, cfg=_cfg((1, "schemMode", 1), (8, "timeoutUs", (5, 0))))
+    assert ctl.last_cfg() == LaunchConfig(schedule_mode="batch", timeout_us=5).pack_attrs()
+
+
+# --- synchronize timeouts ---------------------------------------------------------------------
+
+
+def test_sync_timeouts_cross_in_milliseconds(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    stuck = rt.create_stream()
+    event = rt.create_event(ffi.ACL_EVENT_SYNC)
+    kit.launch("hang", HostArgs(), stream=stuck)
+    rt.record_event(event, stuck)
+    assert rt.query_event_status(event) == NOT_READY
+    mark = ctl.mark()
+    started = time.monotonic()
+    with pytest.raises(EventSyncTimeoutError) as event_info:
+        rt.synchronize_event(event, 30)
+    with pytest.raises(StreamSyncTimeoutError) as stream_info:
+        rt.synchronize_stream(stuck, 25)
+    assert 0.05 <= time.monotonic() - started < 2.0
+    assert (event_info.value.code, stream_info.value.code) == (507047, 507046)
+    assert "30 ms" in event_info.value.message
+    assert "25 ms" in stream_info.value.message
+    sync_event = _only(ctl.calls(mark, "aclrtSynchronizeEventWithTimeout"))
+    sync_stream = _only(ctl.calls(mark, "aclrtSynchronizeStreamWithTimeout"))
+    assert sync_event.args == (event, 30)
+    assert sync_event.rc == 507047
+    assert sync_stream.args == (stuck, 25)
+    assert sync_stream.rc == 507046
+    # -1 (forever) crosses as -1
+    idle = rt.create_event(ffi.ACL_EVENT_SYNC)
+    rt.record_event(idle, kit.stream)
+    mark = ctl.mark()
+    rt.synchronize_event(idle, -1)
+    rt.synchronize_stream(kit.stream, -1)
+    assert [c.signed(1) for c in ctl.calls(mark) if "Synchronize" in c.name] == [-1, -1]
+    rt.destroy_stream_force(stuck)
+
+
+@pytest.mark.parametrize(("timeout", "error"), [(0, InvalidParamError), (-2, InvalidParamError),
+                                                (2**31, ValueError), (1.5, TypeError)])  # fmt: skip
+def test_bad_timeouts_never_reach_the_runtime(
+    kit: Kit, ctl: DoubleControl, timeout: object, error: type[Exception]
+) -> None:
+    event = kit.rt.create_event(ffi.ACL_EVENT_SYNC)
+    mark = ctl.mark()
+    with pytest.raises(error, match="timeout_ms"):
+        kit.rt.synchronize_event(event, timeout)  # type: ignore[arg-type]
+    with pytest.raises(error, match="timeout_ms"):
+        kit.rt.synchronize_stream(kit.stream, timeout)  # type: ignore[arg-type]
+    assert ctl.calls(mark) == []
+
+
+def test_the_zero_timeout_error_looks_like_the_runtimes(kit: Kit) -> None:
+    with pytest.raises(InvalidParamError) as info:
+        kit.rt.synchronize_stream(kit.stream, 0)
+    assert (info.value.code, info.value.func) == (107000, "aclrtSynchronizeStreamWithTimeout")
+
+
+# --- error mapping ----------------------------------------------------------------------------
+
+INJECTED = [
+    ("aclrtMalloc", 207001, MemoryAllocationError, lambda k: k.rt.malloc(64)),
+    ("aclrtCreateEventExWithFlag", 107017, InvalidHandleError, lambda k: k.rt.create_event(1)),
+    ("aclrtRecordEvent", 507015, AICoreExceptionError,
+     lambda k: k.rt.record_event(k.rt.create_event(1), k.stream)),
+    ("aclrtQueryEventStatus", 507035, DeviceFaultError,
+     lambda k: k.rt.query_event_status(k.rt.create_event(1))),
+    ("aclrtSynchronizeStreamWithTimeout", 507046, StreamSyncTimeoutError,
+     lambda k: k.rt.synchronize_stream(k.stream, 10)),
+    ("aclrtCreateStream", 424242, RuntimeAPIError, lambda k: k.rt.create_stream()),
+    ("aclrtBinaryGetFunction", 107042, RuntimeAPIError, lambda k: k.fn("noop")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("func", "code", "error", "call"), INJECTED, ids=[i[0] for i in INJECTED])
+def test_codes_map_to_typed_errors_with_the_runtime_message(
+    kit: Kit, ctl: DoubleControl, func: str, code: int, error: type[Exception], call: object
+) -> None:
+    message = f"EE9999: injected failure of {func} (code {code})"
+    ctl.inject_error(func, code, message)
+    mark = ctl.mark()
+    try:
+        with pytest.raises(error) as info:
+            call(kit)  # type: ignore[operator]
+    finally:
+        ctl.clear_injections()
+    assert type(info.value) is error
+    assert (info.value.code, info.value.func, info.value.message) == (code, func, message)  # type: ignore[attr-defined]
+    assert kit.rt.get_recent_error_message() == message
+    names = [c.name for c in ctl.calls(mark)]
+    failing = names.index(func)
+    assert names[failing + 1] == "aclGetRecentErrMsg"  # fetched right after, on the same thread
+
+
+def test_unknown_kernel_names_are_symbol_not_found(kit: Kit) -> None:
+    with pytest.raises(RuntimeAPIError, match="no_such_kernel") as info:
+        kit.fn("no_such_kernel")
+    assert info.value.code == 107042
+
+
+def test_an_unbound_thread_gets_context_null(rt: AclRuntime) -> None:
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        try:
+            rt.create_stream()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(5)
+    (error,) = errors
+    assert isinstance(error, ContextNullError)
+    assert (error.code, error.func) == (107002, "aclrtCreateStream")
+    assert "no current context" in error.message
+
+
+def test_double_free_is_invalid_param(rt: AclRuntime) -> None:
+    ptr = rt.malloc(128)
+    rt.free(ptr)
+    with pytest.raises(InvalidParamError, match="double free") as info:
+        rt.free(ptr)
+    assert info.value.func == "aclrtFree"
+    host = rt.malloc_host(64)
+    rt.free_host(host)
+    with pytest.raises(InvalidParamError, match="double free"):
+        rt.free_host(host)
+
+
+def test_a_device_fault_is_sticky_with_the_fault_text(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    kit.launch("fault", HostArgs().u32(0))
+    with pytest.raises(AICoreExceptionError) as info:
+        rt.synchronize_stream(kit.stream, 2000)
+    assert "fault kernel" in info.value.message
+    assert ctl.context_fault(rt.context) == 507015
+    with pytest.raises(AICoreExceptionError) as again:
+        kit.launch("noop", HostArgs())
+    assert again.value.message == info.value.message
+    assert again.value.func == "aclrtLaunchKernelWithHostArgs"
+
+
+def test_injected_fault_reaches_queries(kit: Kit, ctl: DoubleControl) -> None:
+    event = kit.rt.create_event(ffi.ACL_EVENT_SYNC)
+    assert ctl.set_fault(kit.rt.context, 507053, "HBM went away") == 1
+    with pytest.raises(DeviceFaultError, match="HBM went away") as info:
+        kit.rt.query_event_status(event)
+    assert info.value.code == 507053
+
+
+# --- range checks: nothing out of range reaches ctypes ----------------------------------------
+
+BAD_CALLS = {
+    "negative pointer": (lambda k: k.rt.free(-1), ValueError, "ptr"),
+    "pointer past 64 bits": (lambda k: k.rt.free(2**64), ValueError, "ptr"),
+    "float pointer": (lambda k: k.rt.free(1.0), TypeError, "ptr"),
+    "bool handle": (lambda k: k.rt.destroy_event(True), TypeError, "event"),
+    "negative size": (lambda k: k.rt.malloc(-1), ValueError, "size"),
+    "size past size_t": (lambda k: k.rt.malloc_host(2**64), ValueError, "size"),
+    "event past 64 bits": (lambda k: k.rt.query_event_status(2**64), ValueError, "event"),
+    "stream past 64 bits": (lambda k: k.rt.record_event(1, 2**64), ValueError, "stream"),
+    "flags past 32 bits": (lambda k: k.rt.create_event(2**32), ValueError, "flags"),
+    "mode past 64 bits": (lambda k: k.rt.set_stream_failure_mode(k.stream, 2**64), ValueError,
+                          "mode"),
+    "copy count negative": (lambda k: k.rt.memcpy_async(1, 8, 2, -1, H2D, k.stream), ValueError,
+                            "count"),
+    "copy kind past int32": (lambda k: k.rt.memcpy_async(1, 8, 2, 8, 2**31, k.stream),
+                             ValueError, "kind"),
+    "copy dst past 64 bits": (lambda k: k.rt.memcpy_async(2**64, 8, 2, 8, H2D, k.stream),
+                              ValueError, "dst"),
+    "blocks past uint16": (lambda k: _launch(k, num_blocks=65536), InvalidParamError,
+                           "num_blocks"),
+    "blocks past uint32": (lambda k: _launch(k, num_blocks=2**32), InvalidParamError,
+                           "num_blocks"),
+    "negative blocks": (lambda k: _launch(k, num_blocks=-1), InvalidParamError, "num_blocks"),
+    "args size past uint32": (lambda k: _launch(k, args_size=2**32), InvalidParamError,
+                              "args_size"),
+    "func past 64 bits": (lambda k: _launch(k, func=2**64), ValueError, "func"),
+    "args negative": (lambda k: _launch(k, args_addr=-8), ValueError, "args_addr"),
+    "null table with entries": (lambda k: _launch(k, placeholder_count=1), InvalidParamError,
+                                "placeHolderArray"),
+    "cfg of the wrong type": (lambda k: _launch(k, cfg={"schedule_mode": 1}), InvalidParamError,
+                              "cfg"),
+    "device id past int32": (lambda k: open_acl_runtime(2**31), ValueError, "device_id"),
+}  # fmt: skip
+
+
+def _launch(kit: Kit, **overrides: object) -> None:
+    buf = kit.buffer(b"\0" * 8)
+    call: dict[str, object] = {
+        "func": kit.fn("noop"),
+        "num_blocks": 1,
+        "stream": kit.stream,
+        "cfg": None,
+        "args_addr": ctypes.addressof(buf),
+        "args_size": 8,
+        "placeholders_addr": 0,
+        "placeholder_count": 0,
+    }
+    call.update(overrides)
+    kit.rt.launch_kernel_with_host_args(**call)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_out_of_range_values_never_reach_the_library(
+    kit: Kit, ctl: DoubleControl, case: str
+) -> None:
+    call, error, field = BAD_CALLS[case]
+    kit.fn("noop")  # resolve before the mark
+    mark = ctl.mark()
+    with pytest.raises(error, match=field):
+        call(kit)  # type: ignore[operator]
+    assert ctl.calls(mark) == [], "a refused value reached the library"
+
+
+def test_blocks_at_the_limits_reach_the_library(kit: Kit, ctl: DoubleControl) -> None:
+    _launch(kit, num_blocks=65535)
+    assert ctl.last_launch()[1] == 65535
+    with pytest.raises(InvalidParamError) as info:
+        _launch(kit, num_blocks=0)  # the runtime's own check
+    assert ctl.last_launch()[1] == 0
+    assert "numBlocks" in info.value.message
+
+
+# --- memory copies ----------------------------------------------------------------------------
+
+
+def test_pinned_copies_are_late_and_pageable_copies_block(kit: Kit) -> None:
+    rt = kit.rt
+    n = 4
+    dev = kit.upload(np.full(n, 7.0, F32))
+    rt.synchronize_stream(kit.stream, 2000)
+    pinned = rt.malloc_host(4 * n)
+    view = np.frombuffer((ctypes.c_char * (4 * n)).from_address(pinned), dtype=F32)
+    kit.launch("sleep", HostArgs().u32(150_000))
+    started = time.monotonic()
+    rt.memcpy_async(pinned, 4 * n, dev, 4 * n, D2H, kit.stream)
+    assert time.monotonic() - started < 0.1  # queued, not done
+    assert not view.any()
+    kit.launch("sleep", HostArgs().u32(100_000))
+    pageable = np.zeros(n, F32)
+    started = time.monotonic()
+    rt.memcpy_async(pageable.ctypes.data, 4 * n, dev, 4 * n, D2H, kit.stream)
+    assert time.monotonic() - started >= 0.08  # waited for the stream to reach it
+    np.testing.assert_array_equal(pageable, np.full(n, 7.0, F32))
+    np.testing.assert_array_equal(view, np.full(n, 7.0, F32))
+    rt.free_host(pinned)
+
+
+def test_a_copy_larger_than_its_destination_is_refused(kit: Kit) -> None:
+    dev = kit.rt.malloc(16)
+    src = np.zeros(8, F32)
+    with pytest.raises(InvalidParamError, match="destMax"):
+        kit.rt.memcpy_async(dev, 16, src.ctypes.data, 32, H2D, kit.stream)
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+def test_ex_events_and_their_generations(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    event = rt.create_event(ffi.ACL_EVENT_SYNC | ffi.ACL_EVENT_TIME_LINE)
+    assert rt.query_event_status(event) == COMPLETE  # never recorded
+    assert ctl.event_generation(event) == 0
+    rt.record_event(event, kit.stream)
+    rt.record_event(event, kit.stream)
+    assert ctl.event_generation(event) == 2
+    rt.synchronize_event(event, 2000)
+    assert rt.query_event_status(event) == COMPLETE
+    end = rt.create_event(ffi.ACL_EVENT_TIME_LINE)
+    kit.launch("sleep", HostArgs().u32(20_000))
+    rt.record_event(end, kit.stream)
+    rt.synchronize_event(end, 2000)
+    assert 15.0 <= rt.event_elapsed_time(event, end) < 2000.0
+
+
+def test_status_values_are_compared_by_name(
+    kit: Kit, ctl: DoubleControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # whatever the runtime writes that is not COMPLETE reads as NOT_READY
+    event = kit.rt.create_event(1)
+
+    def query(event: int, status_ref: object) -> int:
+        ctypes.cast(status_ref, ctypes.POINTER(ctypes.c_int))[0] = 7  # type: ignore[call-overload]
+        return 0
+
+    fn = dict(kit.rt._fn)
+    fn["aclrtQueryEventStatus"] = query
+    monkeypatch.setattr(kit.rt, "_fn", fn)
+    assert kit.rt.query_event_status(event) == NOT_READY
+
+
+def test_a_blocking_wait_releases_the_gil(kit: Kit) -> None:
+    rt = kit.rt
+    stuck = rt.create_stream()
+    kit.launch("hang", HostArgs(), stream=stuck)
+    done = threading.Event()
+
+    def wait() -> None:
+        rt.set_current_context()
+        try:
+            rt.synchronize_stream(stuck, 300)
+        except StreamSyncTimeoutError:
+            done.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    spins = 0
+    deadline = time.monotonic() + 0.1
+    while time.monotonic() < deadline:
+        spins += 1
+    thread.join(5)
+    assert done.is_set()
+    assert spins > 10_000
+    rt.destroy_stream_force(stuck)
+
+
+# --- kernel binaries --------------------------------------------------------------------------
+
+
+def test_binaries_load_from_a_relative_path_as_absolute(
+    rt: AclRuntime, ctl: DoubleControl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "kernels.o").write_bytes(BUILTINS_MAGIC)
+    monkeypatch.chdir(tmp_path)
+    binary = rt.load_binary("kernels.o")
+    assert ctl.last_load() == (str(tmp_path / "kernels.o"), True, 0)  # absolute, options NULL
+    assert rt.get_function(binary, "vector_add")
+    rt.unload_binary(binary)
+    binary = rt.load_binary(tmp_path / "kernels.o")  # PathLike
+    rt.unload_binary(binary)
+
+
+def test_binaries_load_from_bytes(rt: AclRuntime, ctl: DoubleControl) -> None:
+    mark = ctl.mark()
+    binary = rt.load_binary(bytearray(BUILTINS_MAGIC))
+    call = _only(ctl.calls(mark, "aclrtBinaryLoadFromData"))
+    assert call.args[1] == len(BUILTINS_MAGIC)
+    assert call.args[2] == 0
+    assert ctl.last_load() == ("", True, 0)
+    func = rt.get_function(binary, "noop")
+    rt.unload_binary(binary)
+    with pytest.raises(InvalidHandleError):
+        rt.get_function(binary, "noop")
+    assert func
+
+
+def test_bad_binaries(rt: AclRuntime, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        rt.load_binary(tmp_path / "missing.o")
+    with pytest.raises(TypeError):
+        rt.load_binary(42)
+    with pytest.raises(ValueError, match="empty"):
+        rt.load_binary(b"")
+    with pytest.raises(InvalidParamError, match="not a kernel binary"):
+        rt.load_binary(b"\x7fELF not ours")
+
+
+def test_builtins_come_from_the_environment(
+    rt: AclRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(_acl.ENV_BUILTINS, str(build_double().builtins))
+    assert rt.get_function(rt.load_binary(None), "matmul")
+    monkeypatch.delenv(_acl.ENV_BUILTINS)
+    with pytest.raises(BackendUnavailableError, match=_acl.ENV_BUILTINS):
+        rt.load_binary(None)
+
+
+# --- lifecycle --------------------------------------------------------------------------------
+
+
+def test_close_releases_everything_and_is_idempotent(ctl: DoubleControl) -> None:
+    built = build_double()
+    before = ctl.live_counts()
+    rt = open_acl_runtime(0, library_path=built.library)
+    kit = Kit(rt)
+    kit.upload(np.ones(4, F32))
+    rt.malloc_host(64)
+    rt.create_event(1)
+    stuck = rt.create_stream()
+    kit.launch("hang", HostArgs(), stream=stuck)
+    during = ctl.live_counts()
+    assert during["streams"] == before["streams"] + 2
+    assert during["device0_refs"] == before["device0_refs"] + 1
+    rt.close()
+    assert ctl.live_counts() == before
+    rt.close()
+    with pytest.raises(ClosedError):
+        rt.create_stream()
+    with pytest.raises(ClosedError):
+        rt.set_current_context()
+    assert isinstance(rt.get_recent_error_message(), str)
+
+
+def test_close_leaves_the_threads_other_context_bound(ctl: DoubleControl) -> None:
+    built = build_double()
+    first = open_acl_runtime(0, library_path=built.library)
+    second = open_acl_runtime(0, library_path=built.library)
+    try:
+        first.set_current_context()
+        second.close()  # binds its own context to close, then restores the first
+        first.destroy_stream(first.create_stream())
+    finally:
+        second.close()
+        first.close()
+
+
+def test_open_failures_are_typed_and_leave_nothing(ctl: DoubleControl) -> None:
+    built = build_double()
+    before = ctl.live_counts()
+    with pytest.raises(RuntimeAPIError) as info:
+        open_acl_runtime(3, library_path=built.library)
+    assert (info.value.code, info.value.func) == (107001, "aclrtSetDevice")
+    ctl.inject_error("aclrtCreateContext", 207001, "no memory for a context")
+    with pytest.raises(MemoryAllocationError, match="no memory for a context"):
+        open_acl_runtime(0, library_path=built.library)
+    assert ctl.live_counts() == before
+
+
+def test_the_registry_opens_acl_with_options() -> None:
+    runtime = open_runtime("acl", 0, library_path=build_double().library)
+    try:
+        assert runtime.name == "acl"
+        assert runtime.device_id == 0
+    finally:
+        runtime.close()
+
+
+# --- loading ----------------------------------------------------------------------------------
+
+
+def _real_acl_installed() -> bool:
+    import ctypes.util
+
+    return bool(ctypes.util.find_library("ascendcl"))
+
+
+def test_library_not_found_lists_every_path_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if _real_acl_installed():
+        pytest.skip("a real libascendcl.so is on the loader path")
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path / "home"))
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(tmp_path / "toolkit"))
+    with pytest.raises(BackendUnavailableError) as info:
+        open_acl_runtime(0)
+    message = str(info.value)
+    assert f"{tmp_path / 'home' / 'lib64' / 'libascendcl.so'}: no such file" in message
+    assert f"{tmp_path / 'toolkit' / 'lib64' / 'libascendcl.so'}: no such file" in message
+    assert "\n  libascendcl.so: " in message  # the loader was asked too
+    assert "ASCEND_HOME_PATH" in message
+    ok, reason = _acl.probe()
+    assert not ok
+    assert "libascendcl.so" in reason
+    assert probe_backend("acl") == (ok, reason)
+
+
+def test_an_explicit_library_path_is_the_only_candidate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(build_double().home))
+    missing = tmp_path / "libascendcl.so"
+    with pytest.raises(BackendUnavailableError) as info:
+        open_acl_runtime(0, library_path=missing)
+    assert str(info.value).count("\n  ") == 1
+    assert f"{missing}: no such file" in str(info.value)
+    not_a_library = tmp_path / "text.so"
+    not_a_library.write_text("hello")
+    with pytest.raises(BackendUnavailableError, match=r"text\.so"):
+        open_acl_runtime(0, library_path=not_a_library)
+
+
+def test_a_library_without_the_symbols_is_refused() -> None:
+    import ctypes.util
+
+    libc = ctypes.util.find_library("c")
+    if not libc:
+        pytest.skip("no libc to load")
+    with pytest.raises(BackendUnavailableError, match="required symbol is missing"):
+        open_acl_runtime(0, library_path=libc)
+
+
+def test_probe_finds_the_library_through_ascend_home_path(
+    ctl: DoubleControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built = build_double()
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(built.home))
+    ok, reason = _acl.probe()
+    assert ok, reason
+    assert str(built.library) in reason
+    assert "1 device" in reason
+    assert _acl.library_candidates()[0] == str(built.library)
+    ctl.set_device_count(0)
+    try:
+        ok, reason = _acl.probe()
+    finally:
+        ctl.set_device_count(1)
+    assert not ok
+    assert "no Ascend device" in reason
+
+
+# --- fork -------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_refuses_clearly(rt: AclRuntime) -> None:
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        status = 1
+        try:
+            lines = []
+            for attempt in (
+                rt.create_stream,
+                lambda: open_acl_runtime(0, library_path=rt.library_path),
+            ):
+                try:
+                    attempt()
+                    lines.append("no error")
+                except BackendUnavailableError as exc:
+                    lines.append(f"refused: {exc}")
+                except BaseException as exc:
+                    lines.append(f"wrong error: {type(exc).__name__}: {exc}")
+            rt.close()  # must not touch ACL, must not raise
+            lines.append("closed")
+            os.write(write_end, "\n".join(lines).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 65536):
+        chunks.append(chunk)
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    lines = b"".join(chunks).decode().split("\n")
+    assert len(lines) == 3, lines
+    assert all(line.startswith("refused: ") and "fork" in line for line in lines[:2]), lines
+    assert lines[2] == "closed"
+    # the parent is unaffected
+    rt.destroy_stream(rt.create_stream())
