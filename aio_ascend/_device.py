@@ -19,6 +19,7 @@ from ._loop import LoopAdapter, current_loop_adapter
 from ._pool import HostBufferPool
 from ._runtime import Runtime, choose_backend, open_runtime
 from ._runtime._base import ACL_STOP_ON_FAILURE
+from ._module import Function, Module
 from ._stream import Stream
 from ._work import Request
 
@@ -63,50 +64,6 @@ class DeviceBuffer:
     def __repr__(self) -> str:
         state = "freed" if self._free_requested else f"uses={self._uses}"
         return f"<DeviceBuffer {self.ptr:#x} nbytes={self.nbytes} {state}>"
-
-
-class Function:
-    """A kernel entry point (``aclrtFuncHandle``) of a :class:`Module`."""
-
-    __slots__ = ("_device", "handle", "module", "name")
-
-    def __init__(self, device: Device, module: Module, name: str, handle: int) -> None:
-        self._device = device
-        self.module = module
-        self.name = name
-        self.handle = handle
-
-    def __repr__(self) -> str:
-        return f"<Function {self.name!r} of {self.module!r}>"
-
-
-class Module:
-    """A loaded kernel binary (``aclrtBinHandle``); unloaded when the device closes."""
-
-    __slots__ = ("_device", "_functions", "handle", "source")
-
-    def __init__(self, device: Device, handle: int, source: object) -> None:
-        self._device = device
-        self.handle = handle
-        self.source = source
-        self._functions: dict[str, Function] = {}
-
-    def function(self, name: str) -> Function:
-        """The kernel ``name`` in this module.
-
-        :raises RuntimeAPIError: if the module has no such kernel
-        """
-        if not isinstance(name, str) or not name:
-            raise TypeError("function name must be a non-empty str")
-        fn = self._functions.get(name)
-        if fn is None:
-            self._device._check_open()
-            handle = self._device._runtime.get_function(self.handle, name)
-            fn = self._functions[name] = Function(self._device, self, name, handle)
-        return fn
-
-    def __repr__(self) -> str:
-        return f"<Module {self.handle:#x}>"
 
 
 class Device:
@@ -157,6 +114,8 @@ class Device:
         self._builtin: Module | None = None
         self._pending: list[Request] = []
         self._flush_scheduled = False
+        self._yield_due = False
+        self._flush_at = min(batch_cap, 256)
         self._unsettled = 0
         self._peak_in_flight = 0
         self._idle_waiters: list[Any] = []
@@ -169,10 +128,10 @@ class Device:
             if method is not None:
                 method(items)
 
-        def release_cb(request: Request) -> None:
+        def release_cb(requests: list[Request]) -> None:
             method = release()
             if method is not None:
-                method(request)
+                method(requests)
 
         self._engine = Engine(
             runtime=runtime,
@@ -292,8 +251,8 @@ class Device:
             closed_error = ClosedError("the device is closing")
             if cancel:
                 pending, self._pending = self._pending, []
+                self._release_resources(pending)
                 for request in pending:
-                    self._engine.release_hook(request)
                     request.settled = True
                     self._unsettled -= 1
                     request.stream._release_slot()
@@ -390,22 +349,24 @@ class Device:
         if self._state != _CLOSED:
             self._runtime.free(buf.ptr)
 
-    def _release_resources(self, request: Request) -> None:
-        # Any library thread, once the device can no longer touch the request's memory.
-        host = request.host
-        if host is not None:
-            request.host = None
-            self._pool.release(host)
+    def _release_resources(self, requests: list[Request]) -> None:
+        # Any library thread, once the device can no longer touch the requests' memory.
+        release_host = self._pool.release
         to_free = []
-        if request.buffers:
-            with self._buf_lock:
-                for buf in request.buffers:
-                    buf._uses -= 1
-                    if buf._uses == 0 and buf._free_requested and not buf._freed:
-                        buf._freed = True
-                        self._live_buffers.discard(buf)
-                        to_free.append(buf.ptr)
-            request.buffers = ()
+        for request in requests:
+            host = request.host
+            if host is not None:
+                request.host = None
+                release_host(host)
+            if request.buffers:
+                with self._buf_lock:
+                    for buf in request.buffers:
+                        buf._uses -= 1
+                        if buf._uses == 0 and buf._free_requested and not buf._freed:
+                            buf._freed = True
+                            self._live_buffers.discard(buf)
+                            to_free.append(buf.ptr)
+                request.buffers = ()
         for ptr in to_free:
             self._runtime.free(ptr)
 
@@ -423,13 +384,21 @@ class Device:
     # --- internals: submission and delivery (loop thread) --------------------------------
 
     def _enqueue(self, request: Request) -> None:
-        self._pending.append(request)
-        if not self._flush_scheduled:
+        pending = self._pending
+        pending.append(request)
+        if len(pending) >= self._flush_at:
+            # A full batch goes out at once; the next admission yields to the loop once.
+            self._flush()
+            self._yield_due = True
+        elif not self._flush_scheduled:
             self._flush_scheduled = True
-            self._adapter.call_soon(self._flush)
+            self._adapter.call_soon(self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._flush_scheduled = False
+        self._flush()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
         if self._pending:
             pending, self._pending = self._pending, []
             self._engine.submit(pending)
@@ -489,17 +458,15 @@ class Device:
         self._pending = []
         for batch in engine.leftover_batches():
             leftovers.extend(batch.requests)
-        release = self._release_resources
+        self._release_resources(leftovers)
         for request in leftovers:
-            release(request)
             if not request.task.done():
                 request.task._resolve(
                     TaskTimeoutError(f"{request.kind} did not finish before aclose() gave up")
                     if forced
                     else ClosedError(f"{request.kind} was dropped when the device closed")
                 )
-        for request in engine.orphans:
-            release(request)
+        self._release_resources(engine.orphans)
         engine.orphans.clear()
         self._unsettled = 0
         for handle in engine.all_batch_events:

@@ -123,7 +123,7 @@ class Engine:
         self.poller = threading.Thread(
             target=self._poller_main, name=f"aio_ascend-poll-{device_id}", daemon=True
         )
-        self.release_hook: Callable[[Request], None] = self._release_resources
+        self.release_hook: Callable[[list[Request]], None] = self._release_resources
 
     def start(self) -> None:
         self.submitter.start()
@@ -180,7 +180,7 @@ class Engine:
                 self.fault = exc
             return self.fault
 
-    def _release_resources(self, request: Request) -> None:
+    def _release_resources(self, requests: list[Request]) -> None:
         raise InternalError("Engine.release_hook was not installed")
 
     def _post(self, deliveries: list[Delivery]) -> None:
@@ -230,7 +230,7 @@ class Engine:
                     error = exc
             if error is not None:
                 req.on_refused(error)
-                self.release_hook(req)
+                self.release_hook([req])
                 failures.append((req, error, DONE))
                 continue
             if req.counter:
@@ -347,18 +347,20 @@ class Engine:
 
     def _complete(self, done: list[Batch]) -> None:
         deliveries: list[Delivery] = []
-        release = self.release_hook
+        finished: list[Request] = []
         for batch in done:
             mode = LATE if batch.timed_out else DONE
             for req in batch.requests:
                 error: BaseException | None = None
-                try:
-                    req.on_complete()
-                except BaseException as exc:
-                    error = InternalError(f"completing {req.kind} failed: {exc!r}")
-                release(req)
+                if req.needs_completion:
+                    try:
+                        req.on_complete()
+                    except BaseException as exc:
+                        error = InternalError(f"completing {req.kind} failed: {exc!r}")
                 deliveries.append((req, error, mode))
+            finished.extend(batch.requests)
             self._free_events.append(batch.event)
+        self.release_hook(finished)
         self._post(deliveries)
 
     def _check_deadlines(self) -> None:

@@ -43,6 +43,10 @@ class LoopAdapter:
         """Release ``waiter`` (loop thread only); a cancelled waiter is ignored."""
         raise NotImplementedError
 
+    async def checkpoint(self) -> None:
+        """Let the loop run other callbacks (and honour cancellation) once."""
+        raise NotImplementedError
+
 
 class _AsyncioAdapter(LoopAdapter):
     name = "asyncio"
@@ -75,6 +79,9 @@ class _AsyncioAdapter(LoopAdapter):
     def wake(self, waiter: asyncio.Future[None]) -> None:
         if not waiter.done():
             waiter.set_result(None)
+
+    async def checkpoint(self) -> None:
+        await asyncio.sleep(0)
 
 
 class _TrioAdapter(LoopAdapter):
@@ -110,6 +117,9 @@ class _TrioAdapter(LoopAdapter):
 
     def wake(self, waiter: Any) -> None:
         waiter.set()
+
+    async def checkpoint(self) -> None:
+        await self._trio.lowlevel.checkpoint()
 
 
 def current_loop_adapter() -> LoopAdapter:

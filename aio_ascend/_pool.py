@@ -76,12 +76,14 @@ class HostBufferPool:
         self._free_host = free_host
         self._debug = debug
         self._max_cached_class = max_cached_class
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # slow paths only (allocation, close, stats)
+        # Free lists per size class. list.append/list.pop are atomic under the GIL, so the hot
+        # path (acquire on the loop, release on the poller) takes no lock.
         self._free: dict[int, list[HostBuffer]] = {}
-        self._in_use = 0
-        self._free_count = 0
-        self._high_water = 0
+        # Every live buffer is either in a free list or in use, so no counter is needed on the
+        # hot path: in use = allocated - freed - cached.
         self._allocations = 0
+        self._discarded = 0
         self._violations = 0
         self._closed = False
         self._guard = bytes([GUARD_BYTE]) * _GUARD
@@ -91,26 +93,22 @@ class HostBufferPool:
         """Whether guard bytes and poisoning are on."""
         return self._debug
 
+    def _in_use(self) -> int:
+        cached = sum(len(bucket) for bucket in list(self._free.values()))
+        return self._allocations - self._discarded - cached
+
     def acquire(self, nbytes: int) -> HostBuffer:
         """A buffer of at least ``nbytes`` (its contents are unspecified)."""
-        capacity = size_class(nbytes)
-        with self._lock:
-            if self._closed:
-                raise InternalError("HostBufferPool used after close")
-            bucket = self._free.get(capacity)
-            buf = bucket.pop() if bucket else None
-            if buf is not None:
-                self._free_count -= 1
-            self._in_use += 1
-            if self._in_use > self._high_water:
-                self._high_water = self._in_use
+        capacity = _MIN_CLASS if nbytes <= _MIN_CLASS else 1 << (nbytes - 1).bit_length()
+        if self._closed:
+            raise InternalError("HostBufferPool used after close")
+        bucket = self._free.get(capacity)
+        try:
+            buf = bucket.pop() if bucket is not None else None
+        except IndexError:
+            buf = None
         if buf is None:
-            try:
-                buf = self._allocate(capacity)
-            except BaseException:
-                with self._lock:
-                    self._in_use -= 1
-                raise
+            buf = self._allocate(capacity)
         elif self._debug:
             self._check(buf, poisoned=True)
         buf.in_use = True
@@ -124,16 +122,16 @@ class HostBufferPool:
         if self._debug:
             self._check(buf, poisoned=False)
             buf.view[:] = bytes([POISON_BYTE]) * buf.capacity
-        with self._lock:
-            self._in_use -= 1
-            if self._closed or buf.capacity > self._max_cached_class:
-                cache = False
-            else:
-                cache = True
-                self._free.setdefault(buf.capacity, []).append(buf)
-                self._free_count += 1
-        if not cache:
+        if self._closed or buf.capacity > self._max_cached_class:
+            with self._lock:
+                self._discarded += 1
             self._free_host(buf._base)
+        else:
+            bucket = self._free.get(buf.capacity)
+            if bucket is None:
+                with self._lock:
+                    bucket = self._free.setdefault(buf.capacity, [])
+            bucket.append(buf)
 
     def _allocate(self, capacity: int) -> HostBuffer:
         guard = _GUARD if self._debug else 0
@@ -173,9 +171,10 @@ class HostBufferPool:
         """``in_use``, ``free``, ``high_water``, ``allocations`` and canary ``violations``."""
         with self._lock:
             return {
-                "in_use": self._in_use,
-                "free": self._free_count,
-                "high_water": self._high_water,
+                "in_use": self._in_use(),
+                "free": sum(len(bucket) for bucket in self._free.values()),
+                # the pool never shrinks: its peak is every buffer it still owns
+                "high_water": self._allocations - self._discarded,
                 "allocations": self._allocations,
                 "violations": self._violations,
             }
@@ -188,8 +187,8 @@ class HostBufferPool:
             self._closed = True
             cached = [buf for bucket in self._free.values() for buf in bucket]
             self._free.clear()
-            self._free_count = 0
-            leaked = self._in_use
+            self._discarded += len(cached)
+            leaked = self._allocations - self._discarded
         for buf in cached:
             buf.view.release()
             self._free_host(buf._base)
@@ -200,3 +199,4 @@ class HostBufferPool:
                 stacklevel=2,
             )
         return leaked
+

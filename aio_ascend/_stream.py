@@ -10,6 +10,7 @@ import numpy as np
 from ._config import LaunchConfig
 from ._errors import ClosedError
 from ._hostargs import HostArgs
+from ._module import Function
 from ._runtime._base import ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE, MAX_NUM_BLOCKS
 from ._task import Event, Task
 from ._work import CopyToDevice, CopyToHost, Launch, RecordEvent, Request, WaitEvent
@@ -17,7 +18,9 @@ from ._work import CopyToDevice, CopyToHost, Launch, RecordEvent, Request, WaitE
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from ._device import Device, DeviceBuffer, Function
+    from ._device import Device, DeviceBuffer
+
+_OPEN = "open"
 
 __all__ = ["Stream"]
 
@@ -68,32 +71,44 @@ class Stream:
 
     async def _admit(self) -> None:
         device = self._device
-        device._check_usable()
+        if device._yield_due:
+            # A tight launch loop never suspends otherwise: once per flushed batch, let the
+            # loop run (this bounds loop lag at a few ms however fast the caller launches).
+            device._yield_due = False
+            await device._adapter.checkpoint()
+        if device._state is not _OPEN or device._engine.fault is not None or (
+            not device._adapter.is_current()
+        ):
+            device._check_usable()
         if self._closed:
             raise ClosedError("the stream is closed")
         if self._in_flight < self.max_in_flight and not self._admission:
             self._in_flight += 1
         else:
-            entry = _Admission(device._adapter.new_waiter())
-            self._admission.append(entry)
-            try:
-                await device._adapter.wait(entry.waiter)
-            except BaseException:
-                if entry.granted:
-                    self._release_slot()
-                else:
-                    self._admission.remove(entry)
-                raise
-            try:
-                device._check_usable()
-                if self._closed:
-                    raise ClosedError("the stream was closed while waiting for admission")
-            except BaseException:
-                self._release_slot()
-                raise
+            await self._wait_for_slot()
         if self._in_flight > device._peak_in_flight:
             device._peak_in_flight = self._in_flight
         device._unsettled += 1
+
+    async def _wait_for_slot(self) -> None:
+        device = self._device
+        entry = _Admission(device._adapter.new_waiter())
+        self._admission.append(entry)
+        try:
+            await device._adapter.wait(entry.waiter)
+        except BaseException:
+            if entry.granted:
+                self._release_slot()
+            else:
+                self._admission.remove(entry)
+            raise
+        try:
+            device._check_usable()
+            if self._closed:
+                raise ClosedError("the stream was closed while waiting for admission")
+        except BaseException:
+            self._release_slot()
+            raise
 
     def _release_slot(self) -> None:
         # Loop thread. A freed slot passes straight to the oldest waiter, if any.
@@ -142,35 +157,42 @@ class Stream:
         :raises DeviceFaultError: the device has faulted (cause: the first fault)
         """
         device = self._device
-        func = device._function_handle(fn)
-        blocks = _check_blocks(blocks)
+        if type(fn) is Function and fn._device is device:
+            func = fn.handle
+        else:
+            func = device._function_handle(fn)
+        if type(blocks) is not int or not 0 < blocks <= MAX_NUM_BLOCKS:
+            blocks = _check_blocks(blocks)
         if args is None:
-            args = _EMPTY_ARGS
-        elif not isinstance(args, HostArgs):
+            packed = _EMPTY_ARGS.pack()
+        elif type(args) is HostArgs or isinstance(args, HostArgs):
+            packed = args._packed or args.pack()
+        else:
             raise TypeError(f"args must be a HostArgs or None, got {type(args).__name__}")
-        cfg = LaunchConfig.coerce(config)
-        packed = args.pack()
-        buffers = device._device_buffers(packed.buffers)
+        cfg = None if config is None else LaunchConfig.coerce(config)
+        buffers = device._device_buffers(packed.buffers) if packed.buffers else ()
         await self._admit()
         try:
             nbytes = packed.nbytes
+            count = packed.placeholder_count
             table_offset = (nbytes + 7) & ~7
-            host = device._pool.acquire(table_offset + len(packed.table))
+            host = device._pool.acquire(table_offset + 8 * count)
             view = host.view
             view[:nbytes] = packed.image
-            if packed.placeholder_count:
-                view[table_offset : table_offset + len(packed.table)] = packed.table
-            device._retain(buffers)
+            if count:
+                view[table_offset : table_offset + 8 * count] = packed.table
+            if buffers:
+                device._retain(buffers)
         except BaseException:
             device._unsettled -= 1
             self._release_slot()
             raise
         task = Task(device, self, "launch")
-        request = Launch(
-            self, task, host, buffers, func, blocks, cfg, nbytes, table_offset,
-            packed.placeholder_count,
+        self._last = task
+        device._enqueue(
+            Launch(self, task, host, buffers, func, blocks, cfg, nbytes, table_offset, count)
         )
-        return self._enqueue(request)
+        return task
 
     async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:
         """Copy host data (an ndarray or bytes-like, C order) into ``dst`` on this stream.

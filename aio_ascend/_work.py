@@ -40,6 +40,8 @@ class Request:
     kind = "request"
     #: counter name in Device.stats() incremented when submitted ("" for none)
     counter = ""
+    #: whether :meth:`on_complete` has host-side work to do
+    needs_completion = False
 
     def __init__(
         self,
@@ -86,7 +88,12 @@ class Launch(Request):
         table_offset: int,
         placeholder_count: int,
     ) -> None:
-        super().__init__(stream, task, host, buffers)
+        # (no super().__init__: this is the hot path)
+        self.stream = stream
+        self.task = task
+        self.host = host
+        self.buffers = buffers
+        self.settled = False
         self.func = func
         self.blocks = blocks
         self.cfg = cfg
@@ -149,6 +156,7 @@ class CopyToHost(Request):
     __slots__ = ("count", "dst", "src")
     kind = "copy_to_host"
     counter = "copies"
+    needs_completion = True
 
     def __init__(
         self,

@@ -1,0 +1,583 @@
+"""Side-by-side benchmarks of the scheduler against the obvious alternatives (``aio-ascend bench``).
+
+Every number is measured in the same process, one after the other, so ratios are meaningful
+even on a noisy 2-core machine. Sizes scale with ``scale`` (1.0 runs in well under a minute).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import anyio
+import anyio.to_thread
+
+from ._device import Device, open_device
+from ._hostargs import HostArgs
+from ._pool import HostBufferPool
+from ._runtime import open_runtime
+from ._runtime._base import ACL_EVENT_CAPTURE_STREAM_PROGRESS
+
+__all__ = ["BenchConfig", "run_bench"]
+
+
+@dataclass
+class BenchConfig:
+    """What to run and how big."""
+
+    scale: float = 1.0
+    launchers: int = 256
+    backend: str = "sim"
+    loop: str = "asyncio"  # or "uvloop"
+    progress: TextIO | None = sys.stderr
+    results: dict[str, Any] = field(default_factory=dict)
+    #: (stream, phase, start_s, end_s) spans for --trace, filled by the latency runs
+    spans: list[tuple[str, str, float, float]] = field(default_factory=list)
+
+    def n(self, base: int) -> int:
+        return max(100, int(base * self.scale))
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class _Progress:
+    def __init__(self, out: TextIO | None, total: int) -> None:
+        self.out = out
+        self.total = total
+        self.done = 0
+        self.started = time.perf_counter()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if self.out is None:
+            return
+        width = 24
+        filled = int(width * self.done / self.total)
+        elapsed = time.perf_counter() - self.started
+        self.out.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+            f"{label:<38} {elapsed:6.1f}s"
+        )
+        if self.done == self.total:
+            self.out.write("\n")
+        self.out.flush()
+
+
+def _run_async(cfg: BenchConfig, fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    if cfg.loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(fn())
+    return asyncio.run(fn())
+
+
+# --- (a) raw synchronous loop ---------------------------------------------------------------
+
+
+def bench_raw(cfg: BenchConfig) -> dict[str, float]:
+    """(a): a plain loop of runtime launches on one thread, one sync at the end."""
+    n = cfg.n(50_000)
+    rt = open_runtime(cfg.backend, 0)
+    try:
+        stream = rt.create_stream()
+        binary = rt.load_binary(None)
+        noop = rt.get_function(binary, "noop")
+        args = rt.malloc_host(64)
+        event = rt.create_event(ACL_EVENT_CAPTURE_STREAM_PROGRESS)
+        launch = rt.launch_kernel_with_host_args
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            launch(noop, 1, stream, None, args, 8, 0, 0)
+        rt.record_event(event, stream)
+        rt.synchronize_event(event, -1)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        rt.destroy_event(event)
+        rt.free_host(args)
+        rt.destroy_stream(stream)
+        rt.unload_binary(binary)
+    finally:
+        rt.close()
+    return {"launches_per_s": n / wall, "cpu_us_per_launch": cpu / n * 1e6, "n": n}
+
+
+# --- (b) naive per-launch to_thread(launch + sync) ------------------------------------------
+
+
+def bench_naive(cfg: BenchConfig) -> dict[str, float]:
+    """(b): every launch is ``await to_thread(launch + record + synchronize)``."""
+    n = cfg.n(8_000)
+    rt = open_runtime(cfg.backend, 0)
+    local = threading.local()
+    binary = rt.load_binary(None)
+    noop = rt.get_function(binary, "noop")
+    stream = rt.create_stream()
+    lock = threading.Lock()
+    created: list[tuple[int, int]] = []
+
+    def launch_and_sync() -> None:
+        state = getattr(local, "state", None)
+        if state is None:
+            rt.set_current_context()
+            state = local.state = (rt.malloc_host(64), rt.create_event(0))
+            with lock:
+                created.append(state)
+        args, event = state
+        rt.launch_kernel_with_host_args(noop, 1, stream, None, args, 8, 0, 0)
+        rt.record_event(event, stream)
+        rt.synchronize_event(event, -1)
+
+    async def main() -> tuple[float, float, list[float]]:
+        per = max(1, n // cfg.launchers)
+
+        async def worker() -> None:
+            for _ in range(per):
+                await anyio.to_thread.run_sync(launch_and_sync)
+
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        async with anyio.create_task_group() as tg:
+            for _ in range(cfg.launchers):
+                tg.start_soon(worker)
+        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        single = []
+        for _ in range(cfg.n(500)):
+            t0 = time.perf_counter()
+            await anyio.to_thread.run_sync(launch_and_sync)
+            single.append(time.perf_counter() - t0)
+        return per * cfg.launchers / wall, cpu / (per * cfg.launchers) * 1e6, single
+
+    try:
+        rate, cpu_us, single = _run_async(cfg, main)
+    finally:
+        rt.set_current_context()
+        for args, event in created:
+            rt.destroy_event(event)
+            rt.free_host(args)
+        rt.destroy_stream(stream)
+        rt.unload_binary(binary)
+        rt.close()
+    return {
+        "launches_per_s": rate,
+        "cpu_us_per_launch": cpu_us,
+        "single_launch_p50_us": _pct(single, 50) * 1e6,
+        "single_launch_p99_us": _pct(single, 99) * 1e6,
+        "n": n,
+    }
+
+
+# --- (c) the scheduler ------------------------------------------------------------------------
+
+
+async def _launch_storm(dev: Device, total: int, launchers: int, streams: int = 1) -> float:
+    ss = [dev.stream() for _ in range(streams)]
+    noop = dev.function("noop")
+    per = max(1, total // launchers)
+
+    async def worker(i: int) -> None:
+        s = ss[i % len(ss)]
+        last = None
+        for _ in range(per):
+            last = await s.launch(noop, 1)
+        if last is not None:
+            await last
+
+    async with anyio.create_task_group() as tg:
+        for i in range(launchers):
+            tg.start_soon(worker, i)
+    for s in ss:
+        await s.aclose()
+    return float(per * launchers)
+
+
+def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> dict[str, float]:
+    """(c): ``launchers`` coroutines each launching ``noop`` through one Device."""
+    n = cfg.n(50_000)
+
+    async def main() -> dict[str, float]:
+        async with open_device(
+            0, backend=cfg.backend, completion=completion, batch_cap=batch_cap
+        ) as dev:
+            await _launch_storm(dev, min(n, 5_000), cfg.launchers)  # warm-up: pools, events
+            allocs0 = dev.stats()["host_buffer_allocations"]
+            batches0, wakeups0 = dev.stats()["batches"], dev.stats()["wakeups"]
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            done = await _launch_storm(dev, n, cfg.launchers)
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            stats = dev.stats()
+            single = []
+            s = dev.stream()
+            noop = dev.function("noop")
+            for _ in range(cfg.n(500)):
+                t0 = time.perf_counter()
+                await (await s.launch(noop, 1))
+                single.append(time.perf_counter() - t0)
+            return {
+                "launches_per_s": done / wall,
+                "cpu_us_per_launch": cpu / done * 1e6,
+                "batches": stats["batches"] - batches0,
+                "wakeups": stats["wakeups"] - wakeups0,
+                "host_allocations_after_warmup": stats["host_buffer_allocations"] - allocs0,
+                "launches_measured": done,
+                "single_launch_p50_us": _pct(single, 50) * 1e6,
+                "single_launch_p99_us": _pct(single, 99) * 1e6,
+            }
+
+    result: dict[str, float] = _run_async(cfg, main)
+    return result
+
+
+# --- wake latency -----------------------------------------------------------------------------
+
+
+def bench_bare_wakes(cfg: BenchConfig) -> dict[str, float]:
+    """Thread -> thread (``threading.Event``) and thread -> coroutine (``call_soon_threadsafe``)."""
+    rounds = cfg.n(2_000)
+    event_lat: list[float] = []
+    go, woke = threading.Event(), threading.Event()
+    stamp = [0.0]
+
+    def setter() -> None:
+        for _ in range(rounds):
+            time.sleep(0.0002)
+            stamp[0] = time.perf_counter()
+            go.set()
+            woke.wait()
+            woke.clear()
+
+    thread = threading.Thread(target=setter)
+    thread.start()
+    for _ in range(rounds):
+        go.wait()
+        event_lat.append(time.perf_counter() - stamp[0])
+        go.clear()
+        woke.set()
+    thread.join()
+
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        lat: list[float] = []
+        for _ in range(rounds):
+            fut: asyncio.Future[float] = loop.create_future()
+
+            def fire(f: asyncio.Future[float] = fut) -> None:
+                time.sleep(0.0002)
+                t0 = time.perf_counter()
+                loop.call_soon_threadsafe(f.set_result, t0)
+
+            threading.Thread(target=fire).start()
+            t0 = await fut
+            lat.append(time.perf_counter() - t0)
+        return lat
+
+    cst_lat: list[float] = _run_async(cfg, main)
+    return {
+        "threading_event_p50_us": _pct(event_lat, 50) * 1e6,
+        "threading_event_p99_us": _pct(event_lat, 99) * 1e6,
+        "call_soon_threadsafe_p50_us": _pct(cst_lat, 50) * 1e6,
+        "call_soon_threadsafe_p99_us": _pct(cst_lat, 99) * 1e6,
+    }
+
+
+def _stamp_library(stamps: list[float]) -> Any:
+    from .sim import KernelLibrary
+
+    lib = KernelLibrary("bench")
+
+    @lib.kernel("stamp")
+    def stamp(ctx: Any) -> None:
+        stamps.append(time.perf_counter())
+
+    return lib
+
+
+def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[str, float]:
+    """Device completion -> awaiting coroutine resumed, idle or while 10,000 tasks churn."""
+    rounds = cfg.n(1_500)
+
+    async def main() -> dict[str, float]:
+        stamps: list[float] = []
+        async with open_device(0, backend="sim", completion=completion) as dev:
+            fn = dev.load_module(_stamp_library(stamps)).function("stamp")
+            probe = dev.stream()
+            stop = anyio.Event()
+            in_flight = [0]
+
+            async def churner(s: Any) -> None:
+                noop = dev.function("noop")
+                pending: deque[Any] = deque()
+                while not stop.is_set():
+                    pending.append(await s.launch(noop, 1))
+                    in_flight[0] += 1
+                    if len(pending) >= 1250:
+                        await pending[0]
+                    while pending and pending[0].done():
+                        pending.popleft()
+                        in_flight[0] -= 1
+                for t in pending:
+                    await t
+
+            lat: list[float] = []
+            async with anyio.create_task_group() as tg:
+                if churn:
+                    for _ in range(8):
+                        tg.start_soon(churner, dev.stream(max_in_flight=1300))
+                    while in_flight[0] < 9_000:
+                        await anyio.sleep(0.001)
+                for _ in range(rounds):
+                    task = await probe.launch(fn, 1)
+                    await task
+                    resumed = time.perf_counter()
+                    lat.append(resumed - stamps[-1])
+                    if not churn and len(cfg.spans) < 400:
+                        cfg.spans.append(("probe", "completion->resume", stamps[-1], resumed))
+                stop.set()
+            return {
+                "p50_us": _pct(lat, 50) * 1e6,
+                "p99_us": _pct(lat, 99) * 1e6,
+                "samples": len(lat),
+                "latencies_us": [x * 1e6 for x in lat],
+            }
+
+    result: dict[str, float] = _run_async(cfg, main)
+    return result
+
+
+# --- loop health ----------------------------------------------------------------------------
+
+
+def bench_loop_lag(cfg: BenchConfig) -> dict[str, float]:
+    """Event-loop lag while 10,000 launches are outstanding over 8 streams."""
+    total = 10_000
+
+    async def main() -> dict[str, float]:
+        async with open_device(0, backend="sim") as dev:
+            streams = [dev.stream(max_in_flight=1300) for _ in range(8)]
+            noop, sleep = dev.function("noop"), dev.function("sleep")
+            lags: list[float] = []
+            running = [True]
+
+            async def ticker() -> None:
+                while running[0]:
+                    t0 = time.perf_counter()
+                    await anyio.sleep(0.001)
+                    lags.append(time.perf_counter() - t0 - 0.001)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker)
+                tasks = []
+                for s in streams:  # hold each stream briefly so the queue really builds up
+                    tasks.append(await s.launch(sleep, 1, HostArgs().u32(20_000)))
+                for i in range(total - len(streams)):
+                    tasks.append(await streams[i % 8].launch(noop, 1))
+                outstanding = sum(s.in_flight for s in streams)
+                for t in tasks:
+                    await t
+                running[0] = False
+            return {
+                "outstanding_at_peak": outstanding,
+                "lag_p50_ms": _pct(lags, 50) * 1e3,
+                "lag_p99_ms": _pct(lags, 99) * 1e3,
+                "lag_max_ms": max(lags) * 1e3 if lags else float("nan"),
+            }
+
+    result: dict[str, float] = _run_async(cfg, main)
+    return result
+
+
+def bench_idle_cost(cfg: BenchConfig, completion: str) -> dict[str, float]:
+    """Process CPU time while one coroutine awaits a long (1 s) kernel."""
+    seconds = 1.0
+
+    async def main() -> dict[str, float]:
+        async with open_device(0, backend="sim", completion=completion) as dev:
+            s = dev.stream()
+            task = await s.launch(dev.function("sleep"), 1, HostArgs().u32(int(seconds * 1e6)))
+            await anyio.sleep(0.05)
+            wall0, cpu0 = time.perf_counter(), time.process_time()
+            await task
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            return {"cpu_percent": 100 * cpu / wall, "cpu_ms": cpu * 1e3, "wall_s": wall}
+
+    result: dict[str, float] = _run_async(cfg, main)
+    return result
+
+
+# --- host args --------------------------------------------------------------------------------
+
+
+def bench_packing(cfg: BenchConfig) -> dict[str, float]:
+    """A typical launch: 3 pointers + 2 scalars + a 16-byte tiling placeholder."""
+    n = cfg.n(20_000)
+    tiling = b"\x01" * 16
+    t0 = time.perf_counter()
+    for i in range(n):
+        HostArgs().ptr(0x1000).ptr(0x2000).ptr(0x3000).u32(i).f32(0.5).placeholder(tiling).pack()
+    build_us = (time.perf_counter() - t0) / n * 1e6
+
+    rt = open_runtime("sim", 0)
+    pool = HostBufferPool(rt.malloc_host, rt.free_host)
+    try:
+        args = HostArgs().ptr(0x1000).ptr(0x2000).ptr(0x3000).u32(7).f32(0.5).placeholder(tiling)
+        packed = args.pack()
+        for _ in range(64):  # warm-up
+            pool.release(pool.acquire(packed.nbytes + len(packed.table)))
+        before = pool.stats()["allocations"]
+        t0 = time.perf_counter()
+        for _ in range(n):
+            buf = pool.acquire(packed.nbytes + len(packed.table))
+            buf.view[: packed.nbytes] = packed.image
+            buf.view[packed.nbytes : packed.nbytes + len(packed.table)] = packed.table
+            pool.release(buf)
+        snapshot_us = (time.perf_counter() - t0) / n * 1e6
+        allocations = pool.stats()["allocations"] - before
+        pool.close()
+    finally:
+        rt.close()
+    return {
+        "build_and_pack_us": build_us,
+        "snapshot_into_pool_us": snapshot_us,
+        "pool_allocations_per_100k": allocations * 100_000 / n,
+    }
+
+
+# --- the whole suite --------------------------------------------------------------------------
+
+_STEPS: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]] = [
+    ("packing", "host args packing + pool", bench_packing),
+    ("raw", "(a) raw runtime loop", bench_raw),
+    ("naive", "(b) naive to_thread(launch+sync)", bench_naive),
+    ("unbatched", "(b2) scheduler, batch_cap=1", lambda c: bench_scheduler(c, "poll", 1)),
+    ("poll", "(c) scheduler, poll mode", lambda c: bench_scheduler(c, "poll")),
+    ("block", "(c') scheduler, block mode", lambda c: bench_scheduler(c, "block")),
+    ("bare_wakes", "bare thread/loop wakes", bench_bare_wakes),
+    ("wake_poll", "completion->resume, poll", lambda c: bench_wake_latency(c, "poll", False)),
+    ("wake_block", "completion->resume, block", lambda c: bench_wake_latency(c, "block", False)),
+    ("wake_churn", "completion->resume, 10k churn", lambda c: bench_wake_latency(c, "poll", True)),
+    ("loop_lag", "loop lag, 10k outstanding", bench_loop_lag),
+    ("idle_poll", "idle CPU, poll", lambda c: bench_idle_cost(c, "poll")),
+    ("idle_block", "idle CPU, block", lambda c: bench_idle_cost(c, "block")),
+]
+
+
+def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]:
+    """Run the suite; return every measurement plus the derived ratios and target verdicts."""
+    steps = [step for step in _STEPS if only is None or step[0] in only]
+    progress = _Progress(cfg.progress, len(steps))
+    results = cfg.results
+    results["config"] = {
+        "scale": cfg.scale,
+        "launchers": cfg.launchers,
+        "backend": cfg.backend,
+        "loop": cfg.loop,
+        "python": sys.version.split()[0],
+    }
+    for key, label, fn in steps:
+        progress.step(label)
+        results[key] = fn(cfg)
+    results["ratios"] = ratios(results)
+    return results
+
+
+def ratios(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The targets of the scheduler issue, as measured ratios with a met/not-met verdict."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def add(name: str, value: float, target: str, met: bool) -> None:
+        out[name] = {"value": round(value, 3), "target": target, "met": bool(met)}
+
+    if "poll" in r and "naive" in r:
+        v = r["poll"]["launches_per_s"] / r["naive"]["launches_per_s"]
+        add("throughput (c)/(b)", v, ">= 8", v >= 8)
+        v = r["poll"]["single_launch_p50_us"] / r["naive"]["single_launch_p50_us"]
+        add("single-launch latency (c)/(b)", v, "<= 1", v <= 1)
+    if "poll" in r and "raw" in r:
+        v = r["poll"]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
+        add("host CPU per launch (c)/(a)", v, "<= 3", v <= 3)
+    if "wake_poll" in r and "bare_wakes" in r:
+        v = r["wake_poll"]["p50_us"] / r["bare_wakes"]["call_soon_threadsafe_p50_us"]
+        add("wake p50 / bare call_soon_threadsafe", v, "<= 1.5", v <= 1.5)
+    if "wake_churn" in r and "wake_poll" in r:
+        v = r["wake_churn"]["p50_us"] / r["wake_poll"]["p50_us"]
+        add("wake p50 under churn / idle", v, "<= 2", v <= 2)
+    if "loop_lag" in r:
+        v = r["loop_lag"]["lag_p99_ms"]
+        add("loop lag p99 (ms), 10k outstanding", v, "<= 5", v <= 5)
+    if "poll" in r:
+        v = r["poll"]["host_allocations_after_warmup"]
+        add("host-buffer allocations after warm-up", v, "== 0", v == 0)
+    if "packing" in r:
+        v = r["packing"]["pool_allocations_per_100k"]
+        add("pool allocations per 100k launches", v, "== 0", v == 0)
+    return out
+
+
+def format_table(r: dict[str, Any]) -> str:
+    """A plain-text report of a :func:`run_bench` result."""
+    lines = []
+
+    def row(label: str, value: str) -> None:
+        lines.append(f"  {label:<52} {value}")
+
+    lines.append(f"aio-ascend bench  ({json.dumps(r.get('config', {}))})")
+    lines.append("throughput (noop kernels, sim device-time model off)")
+    for key, label in [
+        ("raw", "(a) raw synchronous runtime loop"),
+        ("naive", "(b) naive await to_thread(launch + sync)"),
+        ("unbatched", "(b2) scheduler without batching (batch_cap=1)"),
+        ("poll", "(c) scheduler, poll completion"),
+        ("block", "(c') scheduler, block completion"),
+    ]:
+        if key in r:
+            x = r[key]
+            row(label, f"{x['launches_per_s']:>10,.0f} launches/s  "
+                       f"{x['cpu_us_per_launch']:6.1f} us CPU/launch")
+    for key, label in [("naive", "(b)"), ("poll", "(c)"), ("block", "(c')")]:
+        if key in r:
+            x = r[key]
+            row(f"single launch+await latency {label}",
+                f"p50 {x['single_launch_p50_us']:7.1f} us  p99 {x['single_launch_p99_us']:7.1f} us")
+    lines.append("wake latency (device completion -> coroutine resumed)")
+    if "bare_wakes" in r:
+        x = r["bare_wakes"]
+        row("bare threading.Event wake",
+            f"p50 {x['threading_event_p50_us']:7.1f} us  p99 {x['threading_event_p99_us']:7.1f} us")
+        row("bare call_soon_threadsafe wake",
+            f"p50 {x['call_soon_threadsafe_p50_us']:7.1f} us  "
+            f"p99 {x['call_soon_threadsafe_p99_us']:7.1f} us")
+    for key, label in [("wake_poll", "scheduler, poll, idle"), ("wake_block", "scheduler, block, idle"),
+                       ("wake_churn", "scheduler, poll, 10k tasks churning")]:
+        if key in r:
+            x = r[key]
+            row(label, f"p50 {x['p50_us']:7.1f} us  p99 {x['p99_us']:7.1f} us")
+    if "loop_lag" in r:
+        x = r["loop_lag"]
+        row(f"loop lag, {x['outstanding_at_peak']} launches outstanding / 8 streams",
+            f"p50 {x['lag_p50_ms']:.2f} ms  p99 {x['lag_p99_ms']:.2f} ms  max {x['lag_max_ms']:.2f} ms")
+    for key, label in [("idle_poll", "idle CPU awaiting a 1 s kernel, poll"),
+                       ("idle_block", "idle CPU awaiting a 1 s kernel, block")]:
+        if key in r:
+            row(label, f"{r[key]['cpu_percent']:.2f} % of one core")
+    if "packing" in r:
+        x = r["packing"]
+        row("pack a typical launch (3 ptr + 2 scalars + 16 B tiling)",
+            f"{x['build_and_pack_us']:.2f} us build+pack, {x['snapshot_into_pool_us']:.2f} us "
+            "snapshot into pool")
+    if "ratios" in r:
+        lines.append("targets (ratios measured side by side in this run)")
+        for name, x in r["ratios"].items():
+            verdict = "met" if x["met"] else "NOT MET"
+            row(name, f"{x['value']:>9} (target {x['target']}) {verdict}")
+    return "\n".join(lines)
