@@ -630,3 +630,53 @@ def test_many_small_kernels_under_the_time_model() -> None:
         assert runtime.counters["kernels_executed"] == 1000
     finally:
         runtime.close()
+
+
+def test_table_packed_after_the_args_in_one_pinned_buffer(rt: SimRuntime) -> None:
+    h = Harness(rt)
+    n = 8
+    x = h.upload(np.arange(n, dtype=F32))
+    args = HostArgs().ptr(x).ptr(x).placeholder(struct.pack("<If", n, 0.5))
+    image, table = args.to_bytes(), args.placeholder_table()
+    buffer = h.pinned(image + table)  # the scheduler's layout: table right after the args
+    scale = rt.get_function(h.binary, "scale")
+    rt.launch_kernel_with_host_args(scale, 1, h.stream, None, buffer, len(image),
+                                    buffer + len(image), 1)
+    np.testing.assert_array_equal(h.download(x, n), np.arange(n, dtype=F32) * F32(0.5))
+    with pytest.raises(InvalidParamError, match="placeHolderArray"):  # runs off the buffer
+        rt.launch_kernel_with_host_args(scale, 1, h.stream, None, buffer, len(image),
+                                        buffer + len(image) + 4, 1)
+
+
+def test_args_regions_are_exact_and_released_after_the_kernel(rt: SimRuntime) -> None:
+    lib = KernelLibrary()
+    stash: list[int] = []
+
+    @lib.kernel("keep")
+    def keep(ctx: KernelContext) -> None:
+        assert ctx.read(ctx.args_addr, len(ctx.args)) == ctx.args
+        stash.append(ctx.args_addr)
+
+    @lib.kernel("stale")
+    def stale(ctx: KernelContext) -> None:
+        ctx.read(ctx.ptr(0), 8)
+
+    @lib.kernel("overrun")
+    def overrun(ctx: KernelContext) -> None:
+        ctx.read(ctx.args_addr, len(ctx.args) + 1)
+
+    h = Harness(rt, lib)
+    h.launch("keep", HostArgs().placeholder(b"x" * 8))
+    rt.synchronize_stream(h.stream, SYNC_MS)
+    h.launch("stale", HostArgs().u64(stash[0]))
+    with pytest.raises(DeviceFaultError, match="not inside any live device allocation"):
+        rt.synchronize_stream(h.stream, SYNC_MS)
+    rt.close()
+    fresh = open_sim_runtime(0)
+    try:
+        h = Harness(fresh, lib)
+        h.launch("overrun", HostArgs().placeholder(b"y" * 8))
+        with pytest.raises(DeviceFaultError, match="past the end"):
+            fresh.synchronize_stream(h.stream, SYNC_MS)
+    finally:
+        fresh.close()

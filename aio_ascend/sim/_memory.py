@@ -9,12 +9,15 @@ numpy buffers) so Python code can reach it through its address, as with ``aclrtM
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "ARGS_BASE",
+    "ARGS_LIMIT",
     "DEVICE_BASE",
     "DEVICE_LIMIT",
     "DeviceFault",
@@ -22,12 +25,19 @@ __all__ = [
     "POISON_BYTE",
     "PinnedMemory",
     "U8Array",
+    "is_device_address",
 ]
 
 #: first device address handed out (looks like an HBM address of a real NPU)
 DEVICE_BASE = 0x12C0_0000_0000
 #: end of the simulated device address space (1 TiB of addresses)
 DEVICE_LIMIT = DEVICE_BASE + (1 << 40)
+#: launch args regions: one slot of 2**32 bytes per launch with placeholders, reused cyclically
+ARGS_BASE = 1 << 47
+_ARGS_SLOT_BITS = 32
+_ARGS_SLOT_MASK = (1 << _ARGS_SLOT_BITS) - 1
+_ARGS_SLOTS = 1 << 20
+ARGS_LIMIT = ARGS_BASE + (_ARGS_SLOTS << _ARGS_SLOT_BITS)
 _ALIGN = 64
 #: gap left between device allocations, so that an overrun never lands in a neighbour
 _GUARD = 4096
@@ -35,6 +45,19 @@ _GUARD = 4096
 POISON_BYTE = 0xCD
 
 U8Array = npt.NDArray[np.uint8]
+
+
+def is_device_address(addr: int) -> bool:
+    """Whether ``addr`` lies in the simulated device's address ranges."""
+    return DEVICE_BASE <= addr < DEVICE_LIMIT or ARGS_BASE <= addr < ARGS_LIMIT
+
+
+def _past_the_end(what: str, addr: int, nbytes: int, base: int, size: int) -> DeviceFault:
+    return DeviceFault(
+        507015,
+        f"MMU fault: {what} of {nbytes} bytes at device address {addr:#x} runs past the end "
+        f"of the allocation at {base:#x} ({size} bytes)",
+    )
 
 
 class DeviceFault(Exception):
@@ -50,14 +73,15 @@ class DeviceFault(Exception):
         self.message = message
 
 
-def _align_up(value: int, alignment: int) -> int:
-    return (value + alignment - 1) // alignment * alignment
-
-
 class DeviceMemory:
     """The device address space: ``malloc``/``free`` and address resolution for kernels/copies.
 
     Thread-safe: user threads allocate and free while the device thread resolves addresses.
+
+    Launch args regions (where the runtime copies a launch's args when it has placeholders)
+    live in their own range, :data:`ARGS_BASE` and up, one 4 GiB-aligned slot per launch: an
+    address is reserved during the launch call (no lock, no memory) and backed only while the
+    kernel runs, so a stale pointer into an args region faults like any other.
     """
 
     def __init__(self) -> None:
@@ -65,21 +89,20 @@ class DeviceMemory:
         self._next = DEVICE_BASE
         self._starts: list[int] = []  # sorted allocation bases
         self._arrays: dict[int, U8Array] = {}  # base -> backing array (exact size)
-        self._internal: set[int] = set()  # bases of runtime-internal allocations (args regions)
+        self._region_seq = itertools.count()
+        self._regions: dict[int, U8Array] = {}  # slot base -> args bytes while the kernel runs
 
-    def malloc(self, size: int, *, internal: bool = False) -> int:
-        """Allocate ``size`` (> 0) bytes; returns a 64-byte aligned device address."""
+    def malloc(self, size: int) -> int:
+        """Allocate ``size`` (> 0) zeroed bytes; returns a 64-byte aligned device address."""
         data = np.zeros(size, dtype=np.uint8)
         with self._lock:
             addr = self._next
-            end = addr + _align_up(size, _ALIGN) + _GUARD
+            end = addr + ((size + _ALIGN - 1) & -_ALIGN) + _GUARD
             if end > DEVICE_LIMIT:
                 raise MemoryError("simulated device address space exhausted")
             self._next = end
             self._arrays[addr] = data
             self._starts.append(addr)  # bases only grow: the list stays sorted
-            if internal:
-                self._internal.add(addr)
         return addr
 
     def free(self, addr: int) -> bool:
@@ -89,23 +112,31 @@ class DeviceMemory:
                 return False
             index = bisect.bisect_left(self._starts, addr)
             del self._starts[index]
-            self._internal.discard(addr)
         return True
 
-    def is_internal(self, addr: int) -> bool:
-        """Whether ``addr`` is the base of a runtime-internal allocation (an args region)."""
-        return addr in self._internal
+    def reserve_region(self) -> int:
+        """The device address of a new args region (any size up to 4 GiB)."""
+        return ARGS_BASE + ((next(self._region_seq) & (_ARGS_SLOTS - 1)) << _ARGS_SLOT_BITS)
+
+    def map_region(self, addr: int, args: bytes) -> None:
+        """Back the region at ``addr`` with a copy of ``args`` (the launch's H2D args copy)."""
+        data = np.empty(len(args), dtype=np.uint8)
+        data.data[:] = args
+        self._regions[addr] = data
+
+    def unmap_region(self, addr: int) -> None:
+        """Release a region after its kernel ran."""
+        self._regions.pop(addr, None)
 
     def user_count(self) -> int:
-        """Live allocations made by the user (internal args regions excluded)."""
-        with self._lock:
-            return len(self._arrays) - len(self._internal)
+        """Live allocations made by the user (args regions are the runtime's own)."""
+        return len(self._arrays)
 
     def clear(self) -> None:
         with self._lock:
             self._arrays.clear()
             self._starts.clear()
-            self._internal.clear()
+            self._regions.clear()
 
     def base_array(self, addr: int) -> U8Array | None:
         """The backing array of the allocation whose base is ``addr`` (None if none)."""
@@ -116,22 +147,27 @@ class DeviceMemory:
         live allocation."""
         arrays = self._arrays
         data = arrays.get(addr)
-        if data is not None and nbytes <= data.shape[0] and nbytes >= 0:
+        if data is not None and 0 <= nbytes <= data.shape[0]:
             return data, 0
-        with self._lock:
-            index = bisect.bisect_right(self._starts, addr) - 1
-            if index >= 0:
-                base = self._starts[index]
-                data = arrays[base]
+        if ARGS_BASE <= addr < ARGS_LIMIT:
+            base = addr & ~_ARGS_SLOT_MASK
+            data = self._regions.get(base)
+            if data is not None:
                 offset = addr - base
                 if nbytes >= 0 and offset + nbytes <= data.shape[0]:
                     return data, offset
-                if offset < data.shape[0]:
-                    raise DeviceFault(
-                        507015,
-                        f"MMU fault: {what} of {nbytes} bytes at device address {addr:#x} runs "
-                        f"past the end of the allocation at {base:#x} ({data.shape[0]} bytes)",
-                    )
+                raise _past_the_end(what, addr, nbytes, base, data.shape[0])
+        else:
+            with self._lock:
+                index = bisect.bisect_right(self._starts, addr) - 1
+                if index >= 0:
+                    base = self._starts[index]
+                    data = arrays[base]
+                    offset = addr - base
+                    if nbytes >= 0 and offset + nbytes <= data.shape[0]:
+                        return data, offset
+                    if offset < data.shape[0]:
+                        raise _past_the_end(what, addr, nbytes, base, data.shape[0])
         raise DeviceFault(
             507015,
             f"MMU fault: {what} of {nbytes} bytes at device address {addr:#x}: "
@@ -153,6 +189,8 @@ class PinnedMemory:
         self._arrays: dict[int, U8Array] = {}  # real process address -> aligned view
         #: the same buffers as memoryviews (cheap slicing on the launch path); read-only use
         self.views: dict[int, memoryview] = {}
+        #: the allocation ``find`` hit last (pool buffers are looked up again and again)
+        self._last: tuple[int, U8Array] | None = None
 
     def malloc(self, size: int) -> int:
         raw = np.empty(size + _ALIGN, dtype=np.uint8)
@@ -174,6 +212,8 @@ class PinnedMemory:
             if data is None:
                 return False
             self.views.pop(addr, None)
+            if self._last is not None and self._last[0] == addr:
+                self._last = None
             del self._starts[bisect.bisect_left(self._starts, addr)]
         # Queued work may still hold the array: a late reader sees poison, never freed memory.
         data.fill(POISON_BYTE)
@@ -184,6 +224,7 @@ class PinnedMemory:
 
     def clear(self) -> None:
         with self._lock:
+            self._last = None
             self._arrays.clear()
             self.views.clear()
             self._starts.clear()
@@ -204,12 +245,17 @@ class PinnedMemory:
                     f"allocation ({data.shape[0]} bytes)"
                 )
             return data, 0
-        with self._lock:
-            index = bisect.bisect_right(self._starts, addr) - 1
-            if index < 0:
-                return None
-            base = self._starts[index]
-            data = self._arrays[base]
+        last = self._last
+        if last is not None and 0 <= addr - last[0] < last[1].shape[0]:
+            base, data = last
+        else:
+            with self._lock:
+                index = bisect.bisect_right(self._starts, addr) - 1
+                if index < 0:
+                    return None
+                base = self._starts[index]
+                data = self._arrays[base]
+                self._last = (base, data)
         offset = addr - base
         if offset >= data.shape[0]:
             return None

@@ -30,8 +30,6 @@ from collections import deque
 from time import monotonic, perf_counter
 from typing import Any, Final
 
-import numpy as np
-
 from .._config import LaunchConfig
 from .._errors import RuntimeAPIError, error_for_code
 from .._runtime._base import (
@@ -47,7 +45,7 @@ from .._runtime._base import (
     UINT32_MAX,
 )
 from ._kernels import BUILTIN_LIBRARY, KernelContext, KernelLibrary, KernelSpec, describe_exception
-from ._memory import DEVICE_BASE, DEVICE_LIMIT, DeviceFault, DeviceMemory, PinnedMemory, U8Array
+from ._memory import DeviceFault, DeviceMemory, PinnedMemory, U8Array, is_device_address
 
 __all__ = ["DEFAULT_MAX_QUEUE_DEPTH", "SimRuntime", "open_sim_runtime"]
 
@@ -410,9 +408,6 @@ class SimRuntime:
             self._stream_list = tuple(self._streams.values())
             dropped = list(s.queue)
             s.queue.clear()
-            for task in dropped:
-                if task[0] == _KERNEL and task[6]:
-                    self._memory.free(task[6])  # the discarded launch's args region
             s.occupied = False
             s.hung = False
             self._work_seq += 1
@@ -664,7 +659,7 @@ class SimRuntime:
         """``aclrtFree``: at once, even if queued work still uses it (that work then faults)."""
         func = "aclrtFree"
         self._check(func)
-        if self._memory.is_internal(ptr) or not self._memory.free(ptr):
+        if not self._memory.free(ptr):
             raise self._param(func, f"devPtr={_hex(ptr)} is not a live device allocation")
 
     def malloc_host(self, size: int) -> int:
@@ -697,7 +692,7 @@ class SimRuntime:
             found = self._pinned.find(addr, count)
         except ValueError as exc:
             raise self._param(func, f"{name}: {exc}") from None
-        if found is None and DEVICE_BASE <= addr < DEVICE_LIMIT:
+        if found is None and is_device_address(addr):
             raise self._param(
                 func, f"{name}={addr:#x} is a device address, but the copy kind expects host memory"
             )
@@ -860,7 +855,7 @@ class SimRuntime:
                 view = None
         if placeholder_count:
             entries = self._placeholders(
-                name, args_size, placeholders_addr, placeholder_count
+                name, args_size, placeholders_addr, placeholder_count, view, args_addr - offset
             )
         elif type(placeholder_count) is not int or placeholder_count < 0:
             raise self._param(name, f"placeHolderNum={placeholder_count!r}: expected an int >= 0")
@@ -870,7 +865,7 @@ class SimRuntime:
             self._wait_for_room(s, name)
         region = 0
         if entries is not None:
-            region = self._memory.malloc(args_size, internal=True)
+            region = self._memory.reserve_region()
             if view is not None:
                 for addr_offset, data_offset in entries:
                     _U64.pack_into(view, offset + addr_offset, region + data_offset)
@@ -887,8 +882,6 @@ class SimRuntime:
             task = (_KERNEL, spec, num_blocks, view, offset, args_size, region)
         with self._lock:
             if s.destroyed:
-                if region:
-                    self._memory.free(region)
                 raise self._error(_INVALID_HANDLE, name, "the stream was destroyed")
             s.queue.append(task)
             s.submitted += 1
@@ -899,9 +892,19 @@ class SimRuntime:
                 self._cond.notify()
 
     def _placeholders(
-        self, name: str, args_size: int, table_addr: int, count: int
+        self,
+        name: str,
+        args_size: int,
+        table_addr: int,
+        count: int,
+        args_view: memoryview | None,
+        args_base: int,
     ) -> list[tuple[int, int]]:
-        """Read and validate the ``aclrtPlaceHolderInfo`` table (during the call)."""
+        """Read and validate the ``aclrtPlaceHolderInfo`` table (during the call).
+
+        ``args_view``/``args_base``: the pinned allocation holding the args, where the table
+        usually sits too (the scheduler packs it right after the args).
+        """
         if type(count) is not int or count < 0:
             raise self._param(name, f"placeHolderNum={count!r}: expected an int >= 0")
         if type(table_addr) is not int or table_addr <= 0:
@@ -909,29 +912,51 @@ class SimRuntime:
                 name, f"placeHolderArray is NULL while placeHolderNum={count}"
             )
         nbytes = count * _PLACEHOLDER.size
-        found = self._host_side(table_addr, nbytes, "placeHolderArray", name)
-        if found is not None:
-            table_array, table_offset = found
-            raw = table_array[table_offset : table_offset + nbytes].tobytes()
+        unpack = _PLACEHOLDER.unpack_from
+        table_offset = table_addr - args_base
+        found: tuple[U8Array, int] | None
+        if args_view is not None and 0 <= table_offset <= len(args_view) - nbytes:
+            entries = [unpack(args_view, table_offset + 8 * i) for i in range(count)]
+        elif (found := self._pinned_table(table_addr, nbytes)) is not None:
+            view, offset = found[0].data, found[1]
+            entries = [unpack(view, offset + 8 * i) for i in range(count)]
         else:
+            found = self._host_side(table_addr, nbytes, "placeHolderArray", name)
             raw = ctypes.string_at(table_addr, nbytes)
-        entries = list(_PLACEHOLDER.iter_unpack(raw))
+            entries = list(_PLACEHOLDER.iter_unpack(raw))
+        for addr_offset, data_offset in entries:
+            if (addr_offset | data_offset) & 7 or addr_offset + 8 > args_size or (
+                data_offset >= args_size
+            ):
+                raise self._bad_placeholder(name, args_size, entries)
+        return entries
+
+    def _pinned_table(self, addr: int, nbytes: int) -> tuple[U8Array, int] | None:
+        try:
+            return self._pinned.find(addr, nbytes)
+        except ValueError:
+            return None
+
+    def _bad_placeholder(
+        self, name: str, args_size: int, entries: list[tuple[int, int]]
+    ) -> RuntimeAPIError:
+        """The error naming the first invalid placeholder field."""
         for index, (addr_offset, data_offset) in enumerate(entries):
             where = f"placeHolderArray[{index}]"
             if addr_offset % 8:
-                raise self._param(name, f"{where}.addrOffset={addr_offset} is not 8-aligned")
+                return self._param(name, f"{where}.addrOffset={addr_offset} is not 8-aligned")
             if addr_offset + 8 > args_size:
-                raise self._param(
+                return self._param(
                     name, f"{where}.addrOffset={addr_offset}: the 8-byte slot ends past "
                     f"argsSize={args_size}"
                 )
             if data_offset % 8:
-                raise self._param(name, f"{where}.dataOffset={data_offset} is not 8-aligned")
+                return self._param(name, f"{where}.dataOffset={data_offset} is not 8-aligned")
             if data_offset >= args_size:
-                raise self._param(
+                return self._param(
                     name, f"{where}.dataOffset={data_offset} is not below argsSize={args_size}"
                 )
-        return entries
+        raise AssertionError("no invalid placeholder entry")
 
     # --- the device thread -----------------------------------------------------------------
 
@@ -1043,9 +1068,7 @@ class SimRuntime:
         args = source if type(source) is bytes else source[offset : offset + size].tobytes()
         memory = self._memory
         if region:
-            region_array = memory.base_array(region)
-            if region_array is not None:
-                region_array[:] = np.frombuffer(args, dtype=np.uint8)
+            memory.map_region(region, args)  # the H2D copy of [0, argsSize)
         ctx = KernelContext(memory, spec.name, blocks, args, region)
         fault: DeviceFault | None = None
         busy = 0.0
@@ -1060,7 +1083,7 @@ class SimRuntime:
             fault = DeviceFault(507015, describe_exception(spec.name, exc))
         finally:
             if region:
-                memory.free(region)
+                memory.unmap_region(region)
         self._kernels_executed += 1
         if not busy and fault is None and ctx._fault is None and not ctx._hung:
             return False  # the common case: done at once
