@@ -97,6 +97,8 @@ class Device:
         if not (task_timeout > 0 and math.isfinite(task_timeout)):
             raise ValueError(f"task_timeout={task_timeout!r} must be a finite number > 0")
         self._adapter: LoopAdapter = current_loop_adapter()
+        self._loop_now = self._adapter.current
+        self._loop_identity = self._adapter.identity
         self._runtime = runtime
         self.backend: str = runtime.name
         self.device_id: int = runtime.device_id
@@ -384,9 +386,11 @@ class Device:
     # --- internals: submission and delivery (loop thread) --------------------------------
 
     def _enqueue(self, request: Request) -> None:
-        pending = self._pending
-        pending.append(request)
-        if len(pending) >= self._flush_at:
+        self._pending.append(request)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if len(self._pending) >= self._flush_at:
             # A full batch goes out at once; the next admission yields to the loop once.
             self._flush()
             self._yield_due = True

@@ -27,7 +27,7 @@ from ._errors import (
     TaskTimeoutError,
 )
 from ._runtime._base import ACL_EVENT_CAPTURE_STREAM_PROGRESS, ACL_EVENT_RECORDED_STATUS_COMPLETE
-from ._work import Batch, Request
+from ._work import Batch, Launch, Request
 
 if TYPE_CHECKING:
     from ._loop import LoopAdapter
@@ -206,6 +206,7 @@ class Engine:
 
     def _submit_hop(self, requests: list[Request]) -> None:
         runtime = self.runtime
+        launch = runtime.launch_kernel_with_host_args
         counters = self.counters
         cap = self.batch_cap
         open_batches: dict[Stream, list[Request]] = {}
@@ -220,7 +221,15 @@ class Engine:
                 error = derived_error(error, "not submitted: an earlier request was refused")
             if error is None:
                 try:
-                    req.submit(runtime, stream.handle)
+                    if type(req) is Launch:  # the hot path, without a method call
+                        addr = req.host.addr  # type: ignore[union-attr]
+                        count = req.placeholder_count
+                        launch(
+                            req.func, req.blocks, stream.handle, req.cfg, addr, req.nbytes,
+                            addr + req.table_offset if count else 0, count,
+                        )
+                    else:
+                        req.submit(runtime, stream.handle)
                 except BaseException as exc:
                     if isinstance(exc, DeviceFaultError):
                         first = self.note_fault(exc)

@@ -8,6 +8,7 @@ since that is where the per-task cost is.
 from __future__ import annotations
 
 import asyncio
+from asyncio import events as asyncio_events
 from collections.abc import Callable
 from typing import Any
 
@@ -15,9 +16,16 @@ __all__ = ["LoopAdapter", "current_loop_adapter"]
 
 
 class LoopAdapter:
-    """Operations on the loop that opened a device. Subclasses per async library."""
+    """Operations on the loop that opened a device. Subclasses per async library.
+
+    ``current()`` returns an identity of the running loop (or ``None``) and ``identity`` is
+    that of the adapter's loop: ``adapter.current() is adapter.identity`` is the cheap check
+    the hot path makes.
+    """
 
     name: str
+    identity: object
+    current: Callable[[], object]
 
     def is_current(self) -> bool:
         """Whether the caller runs in this loop (on its thread)."""
@@ -53,12 +61,11 @@ class _AsyncioAdapter(LoopAdapter):
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
+        self.identity = loop
+        self.current = asyncio_events._get_running_loop
 
     def is_current(self) -> bool:
-        try:
-            return asyncio.get_running_loop() is self.loop
-        except RuntimeError:
-            return False
+        return asyncio_events._get_running_loop() is self.loop
 
     def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
         self.loop.call_soon(fn, *args)
@@ -92,12 +99,17 @@ class _TrioAdapter(LoopAdapter):
 
         self._trio = trio
         self.token = trio.lowlevel.current_trio_token()
+        self.identity = self.token
+        self.current = self._current_token
+
+    def _current_token(self) -> object:
+        try:
+            return self._trio.lowlevel.current_trio_token()
+        except RuntimeError:
+            return None
 
     def is_current(self) -> bool:
-        try:
-            return bool(self._trio.lowlevel.current_trio_token() is self.token)
-        except RuntimeError:
-            return False
+        return self._current_token() is self.token
 
     def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
         self.token.run_sync_soon(fn, *args)

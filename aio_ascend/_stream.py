@@ -24,7 +24,7 @@ _OPEN = "open"
 
 __all__ = ["Stream"]
 
-_EMPTY_ARGS = HostArgs()
+_EMPTY_PACKED = HostArgs().pack()
 
 
 class _Admission:
@@ -76,8 +76,10 @@ class Stream:
             # loop run (this bounds loop lag at a few ms however fast the caller launches).
             device._yield_due = False
             await device._adapter.checkpoint()
-        if device._state is not _OPEN or device._engine.fault is not None or (
-            not device._adapter.is_current()
+        if (
+            device._state is not _OPEN
+            or device._engine.fault is not None
+            or device._loop_now() is not device._loop_identity
         ):
             device._check_usable()
         if self._closed:
@@ -164,7 +166,7 @@ class Stream:
         if type(blocks) is not int or not 0 < blocks <= MAX_NUM_BLOCKS:
             blocks = _check_blocks(blocks)
         if args is None:
-            packed = _EMPTY_ARGS.pack()
+            packed = _EMPTY_PACKED
         elif type(args) is HostArgs or isinstance(args, HostArgs):
             packed = args._packed or args.pack()
         else:
@@ -187,11 +189,13 @@ class Stream:
             device._unsettled -= 1
             self._release_slot()
             raise
-        task = Task(device, self, "launch")
-        self._last = task
-        device._enqueue(
+        self._last = task = Task(device, self, "launch")
+        pending = device._pending
+        pending.append(
             Launch(self, task, host, buffers, func, blocks, cfg, nbytes, table_offset, count)
         )
+        if len(pending) >= device._flush_at or not device._flush_scheduled:
+            device._schedule_flush()
         return task
 
     async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:

@@ -28,6 +28,7 @@ from .._errors import (
     AscendError,
     BackendUnavailableError,
     ClosedError,
+    DeviceFaultError,
     InternalError,
     InvalidParamError,
     RuntimeAPIError,
@@ -362,6 +363,7 @@ class AclRuntime:
         self._device_memory: set[int] = set()
         self._host_memory: set[int] = set()
         self._binaries: dict[int, bytes | None] = {}
+        self._first_fault: DeviceFaultError | None = None
         #: errors swallowed by the last close() (it never raises for leftovers)
         self.close_errors: tuple[AscendError, ...] = ()
         _LIVE.add(self)
@@ -442,6 +444,22 @@ class AclRuntime:
             attempt("aclrtSetCurrentContext", previous.value)
         self.close_errors = tuple(errors)
 
+    def _sticky(self, exc: DeviceFaultError) -> RuntimeAPIError:
+        """Keep the first fault's text on every later report of the same fault.
+
+        After a fault the context is halted and every later call returns the fault's code; what
+        ``aclGetRecentErrMsg`` says for those calls varies (often nothing useful), so they carry
+        the text of the first report, as the contract asks.
+        """
+        first = self._first_fault
+        if first is None:
+            self._first_fault = exc
+            return exc
+        code = exc.code
+        if code is None or code != first.code or exc.message == first.message:
+            return exc
+        return error_for_code(code, exc.func, first.message)
+
     def _disable_after_fork(self) -> None:
         parent = self._library.init_pid or os.getppid()
         self._fn = _refusing(BackendUnavailableError, _fork_error(parent).message)
@@ -474,7 +492,10 @@ class AclRuntime:
 
     def synchronize_stream(self, stream: int, timeout_ms: int) -> None:
         func = "aclrtSynchronizeStreamWithTimeout"
-        self._fn[func](_ptr("stream", stream), _timeout(func, timeout_ms))
+        try:
+            self._fn[func](_ptr("stream", stream), _timeout(func, timeout_ms))
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
 
     # --- events ------------------------------------------------------------------------
 
@@ -499,13 +520,19 @@ class AclRuntime:
             and 0 <= stream <= _PTR_MAX
         ):
             event, stream = _ptr("event", event), _ptr("stream", stream)
-        self._fn["aclrtRecordEvent"](event, stream)
+        try:
+            self._fn["aclrtRecordEvent"](event, stream)
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
 
     def query_event_status(self, event: int) -> int:
         if not (type(event) is int and 0 <= event <= _PTR_MAX):
             event = _ptr("event", event)
         scratch = self._tls
-        self._fn["aclrtQueryEventStatus"](event, scratch.status_ref)
+        try:
+            self._fn["aclrtQueryEventStatus"](event, scratch.status_ref)
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
         # compare by name: aclrtEventRecordedStatus has NOT_READY = 0, COMPLETE = 1
         if scratch.status.value == _STATUS_COMPLETE:
             return _STATUS_COMPLETE
@@ -513,10 +540,16 @@ class AclRuntime:
 
     def synchronize_event(self, event: int, timeout_ms: int) -> None:
         func = "aclrtSynchronizeEventWithTimeout"
-        self._fn[func](_ptr("event", event), _timeout(func, timeout_ms))
+        try:
+            self._fn[func](_ptr("event", event), _timeout(func, timeout_ms))
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
 
     def stream_wait_event(self, stream: int, event: int) -> None:
-        self._fn["aclrtStreamWaitEvent"](_ptr("stream", stream), _ptr("event", event))
+        try:
+            self._fn["aclrtStreamWaitEvent"](_ptr("stream", stream), _ptr("event", event))
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
 
     def event_elapsed_time(self, start: int, end: int) -> float:
         start, end = _ptr("start", start), _ptr("end", end)
@@ -573,7 +606,10 @@ class AclRuntime:
             dst_max = _in_range("dst_max", dst_max, 0, _SIZE_MAX)
             count = _in_range("count", count, 0, _SIZE_MAX)
             kind = _in_range("kind", kind, _I32_MIN, _I32_MAX)
-        self._fn["aclrtMemcpyAsync"](dst, dst_max, src, count, kind, stream)
+        try:
+            self._fn["aclrtMemcpyAsync"](dst, dst_max, src, count, kind, stream)
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
 
     # --- kernels -----------------------------------------------------------------------
 
@@ -671,16 +707,19 @@ class AclRuntime:
             )
         if placeholder_count:
             _check_placeholder_table(placeholders_addr, placeholder_count)
-        self._fn["aclrtLaunchKernelWithHostArgs"](
-            func,
-            num_blocks,
-            stream,
-            None if cfg is None else _cfg_arg(cfg),
-            args_addr,
-            args_size,
-            placeholders_addr,
-            placeholder_count,
-        )
+        try:
+            self._fn["aclrtLaunchKernelWithHostArgs"](
+                func,
+                num_blocks,
+                stream,
+                None if cfg is None else _cfg_arg(cfg),
+                args_addr,
+                args_size,
+                placeholders_addr,
+                placeholder_count,
+            )
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
 
 
 _LAUNCH = "aclrtLaunchKernelWithHostArgs"
@@ -775,6 +814,8 @@ def open_acl_runtime(
 
 
 def _after_fork_in_child() -> None:
+    global _LIBRARIES_LOCK
+    _LIBRARIES_LOCK = threading.Lock()
     for library in list(_LIBRARIES.values()):
         library.lock = threading.Lock()
     for runtime in list(_LIVE):
