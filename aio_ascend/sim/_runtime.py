@@ -76,6 +76,9 @@ _SLACK_S: Final = 20e-6
 #: longest single GIL-releasing wait (waits are sliced so that close() is always noticed)
 _WAIT_SLICE_S: Final = 0.5
 
+#: sanity cap on ``placeHolderNum`` (the sim reads the whole table during the call)
+_MAX_PLACEHOLDERS: Final = 65535
+
 _U64 = struct.Struct("<Q")
 _PLACEHOLDER = struct.Struct("<II")
 
@@ -905,8 +908,10 @@ class SimRuntime:
         ``args_view``/``args_base``: the pinned allocation holding the args, where the table
         usually sits too (the scheduler packs it right after the args).
         """
-        if type(count) is not int or count < 0:
-            raise self._param(name, f"placeHolderNum={count!r}: expected an int >= 0")
+        if type(count) is not int or not 0 <= count <= _MAX_PLACEHOLDERS:
+            raise self._param(
+                name, f"placeHolderNum={count!r}: expected an int in 0..{_MAX_PLACEHOLDERS}"
+            )
         if type(table_addr) is not int or table_addr <= 0:
             raise self._param(
                 name, f"placeHolderArray is NULL while placeHolderNum={count}"
@@ -920,8 +925,8 @@ class SimRuntime:
         elif (found := self._pinned_table(table_addr, nbytes)) is not None:
             view, offset = found[0].data, found[1]
             entries = [unpack(view, offset + 8 * i) for i in range(count)]
-        else:
-            found = self._host_side(table_addr, nbytes, "placeHolderArray", name)
+        else:  # pageable (or invalid: _host_side raises)
+            self._host_side(table_addr, nbytes, "placeHolderArray", name)
             raw = ctypes.string_at(table_addr, nbytes)
             entries = list(_PLACEHOLDER.iter_unpack(raw))
         for addr_offset, data_offset in entries:
