@@ -515,6 +515,23 @@ def test_a_device_fault_is_sticky_with_the_fault_text(kit: Kit, ctl: DoubleContr
     assert again.value.func == "aclrtLaunchKernelWithHostArgs"
 
 
+def test_later_reports_of_a_fault_keep_the_first_text(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    kit.launch("fault", HostArgs().u32(507035))
+    with pytest.raises(DeviceFaultError) as first:
+        rt.synchronize_stream(kit.stream, 2000)
+    # whatever the runtime says for later calls, they carry the first fault's text
+    ctl.inject_error("aclrtRecordEvent", 507035, "context is abnormal")
+    with pytest.raises(DeviceFaultError) as later:
+        rt.record_event(rt.create_event(1), kit.stream)
+    assert (later.value.code, later.value.func) == (507035, "aclrtRecordEvent")
+    assert later.value.message == first.value.message
+    # a different code keeps its own text
+    ctl.inject_error("aclrtStreamWaitEvent", 507053, "memory error")
+    with pytest.raises(DeviceFaultError, match="memory error"):
+        rt.stream_wait_event(kit.stream, rt.create_event(1))
+
+
 def test_injected_fault_reaches_queries(kit: Kit, ctl: DoubleControl) -> None:
     event = kit.rt.create_event(ffi.ACL_EVENT_SYNC)
     assert ctl.set_fault(kit.rt.context, 507053, "HBM went away") == 1
