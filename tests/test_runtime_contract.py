@@ -341,6 +341,12 @@ def test_re_record_replaces_the_captured_work(dev: Dev) -> None:
     rt.synchronize_event(event, SYNC_MS)
     assert rt.query_event_status(event) == COMPLETE
     assert rt.query_event_status(marker) == NOT_READY
+    for _ in range(5):  # reusable: every re-record replaces the captured work again
+        rt.record_event(event, busy)
+        assert rt.query_event_status(event) == NOT_READY
+        rt.record_event(event, idle)
+        rt.synchronize_event(event, SYNC_MS)
+        assert rt.query_event_status(event) == COMPLETE
 
 
 def test_stale_recording_does_not_complete_a_newer_one(dev: Dev) -> None:
