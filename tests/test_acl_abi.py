@@ -73,7 +73,7 @@ def test_struct_alignment_matches_c() -> None:
 
 def test_union_members_sit_at_the_start_of_the_value() -> None:
     value_offset = ffi.AclrtLaunchKernelAttr.value.offset
-    for member, _ in ffi.AclrtLaunchKernelAttrValue._fields_:
+    for member, *_ in ffi.AclrtLaunchKernelAttrValue._fields_:
         assert getattr(ffi.AclrtLaunchKernelAttrValue, member).offset == 0, member
     assert value_offset == 4
     assert ffi.AclrtTimeoutUs.timeoutHigh.offset == 4

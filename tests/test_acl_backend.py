@@ -13,8 +13,9 @@ import struct
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -332,7 +333,7 @@ def _cfg(*attrs: tuple[int, str, object]) -> object:
     cfg = ffi.AclrtLaunchKernelCfg(
         ctypes.cast(array, ctypes.POINTER(ffi.AclrtLaunchKernelAttr)), len(attrs)
     )
-    cfg._keep = array  # type: ignore[attr-defined]
+    cfg._keep = array
     return ctypes.byref(cfg)
 
 
@@ -490,6 +491,51 @@ def test_an_unbound_thread_gets_context_null(rt: AclRuntime) -> None:
     assert "no current context" in error.message
 
 
+def test_a_thread_bound_to_a_closed_context_is_unbound() -> None:
+    built = build_double()
+    first = open_acl_runtime(0, library_path=built.library)
+    bound, go = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    second: list[AclRuntime] = []
+
+    def body() -> None:
+        first.set_current_context()
+        bound.set()
+        go.wait(5)
+        try:
+            second[0].create_stream()  # this thread never bound the second context
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    try:
+        assert bound.wait(5)
+        first.close()
+        second.append(open_acl_runtime(0, library_path=built.library))
+        go.set()
+        thread.join(5)
+    finally:
+        go.set()
+        for runtime in second:
+            runtime.close()
+    (error,) = errors
+    assert isinstance(error, ContextNullError)
+
+
+def test_continue_mode_reports_a_fault_once_on_its_stream(kit: Kit) -> None:
+    rt = kit.rt
+    lenient = rt.create_stream()
+    rt.set_stream_failure_mode(lenient, ffi.ACL_CONTINUE_ON_FAILURE)
+    kit.launch("fault", HostArgs().u32(507035), stream=lenient)
+    with pytest.raises(DeviceFaultError) as info:
+        rt.synchronize_stream(lenient, 2000)
+    assert info.value.code == 507035
+    rt.synchronize_stream(lenient, 2000)  # reported once, not sticky
+    kit.launch("noop", HostArgs())
+    rt.synchronize_stream(kit.stream, 2000)  # other streams unaffected
+
+
 def test_double_free_is_invalid_param(rt: AclRuntime) -> None:
     ptr = rt.malloc(128)
     rt.free(ptr)
@@ -542,10 +588,10 @@ def test_injected_fault_reaches_queries(kit: Kit, ctl: DoubleControl) -> None:
 
 # --- range checks: nothing out of range reaches ctypes ----------------------------------------
 
-BAD_CALLS = {
+BAD_CALLS: dict[str, tuple[Callable[[Kit], object], type[Exception], str]] = {
     "negative pointer": (lambda k: k.rt.free(-1), ValueError, "ptr"),
     "pointer past 64 bits": (lambda k: k.rt.free(2**64), ValueError, "ptr"),
-    "float pointer": (lambda k: k.rt.free(1.0), TypeError, "ptr"),
+    "float pointer": (lambda k: k.rt.free(1.0), TypeError, "ptr"),  # type: ignore[arg-type]
     "bool handle": (lambda k: k.rt.destroy_event(True), TypeError, "event"),
     "negative size": (lambda k: k.rt.malloc(-1), ValueError, "size"),
     "size past size_t": (lambda k: k.rt.malloc_host(2**64), ValueError, "size"),
@@ -601,7 +647,7 @@ def test_out_of_range_values_never_reach_the_library(
     kit.fn("noop")  # resolve before the mark
     mark = ctl.mark()
     with pytest.raises(error, match=field):
-        call(kit)  # type: ignore[operator]
+        call(kit)
     assert ctl.calls(mark) == [], "a refused value reached the library"
 
 
@@ -623,7 +669,7 @@ def test_pinned_copies_are_late_and_pageable_copies_block(kit: Kit) -> None:
     dev = kit.upload(np.full(n, 7.0, F32))
     rt.synchronize_stream(kit.stream, 2000)
     pinned = rt.malloc_host(4 * n)
-    view = np.frombuffer((ctypes.c_char * (4 * n)).from_address(pinned), dtype=F32)
+    view = np.frombuffer(memoryview((ctypes.c_char * (4 * n)).from_address(pinned)), dtype=F32)
     kit.launch("sleep", HostArgs().u32(150_000))
     started = time.monotonic()
     rt.memcpy_async(pinned, 4 * n, dev, 4 * n, D2H, kit.stream)
@@ -672,8 +718,8 @@ def test_status_values_are_compared_by_name(
     # whatever the runtime writes that is not COMPLETE reads as NOT_READY
     event = kit.rt.create_event(1)
 
-    def query(event: int, status_ref: object) -> int:
-        ctypes.cast(status_ref, ctypes.POINTER(ctypes.c_int))[0] = 7  # type: ignore[call-overload]
+    def query(event: int, status_ref: Any) -> int:
+        ctypes.cast(status_ref, ctypes.POINTER(ctypes.c_int))[0] = 7
         return 0
 
     fn = dict(kit.rt._fn)

@@ -586,7 +586,9 @@ static void destroy_context_locked(ctx_t *c) {
     }
     if (g_default_ctx[c->device] == c) g_default_ctx[c->device] = NULL;
     if (t_ctx == c) t_ctx = NULL;
-    free(c);
+    /* Never freed: a thread still bound to it must keep getting 107002, which a recycled
+       address (a new context at the same place) would silently turn into a valid binding. */
+    c->next = NULL;
 }
 
 static void reset_device_locked(int device) {
