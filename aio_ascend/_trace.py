@@ -198,6 +198,7 @@ def plot_latencies(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         from matplotlib.lines import Line2D
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
     except ImportError as exc:
         raise PlotUnavailableError(
             "--plot needs matplotlib: pip install 'aio_ascend[plot]'"
@@ -232,6 +233,9 @@ def plot_latencies(
             ax.axvline(p99, color=color, linestyle=":", linewidth=1.6)
         if log:
             ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.4g}"))
+            ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"latency ({unit})")
         ax.set_ylabel("samples per bin")
         ax.set_title(title, fontsize="medium")
