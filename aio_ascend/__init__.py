@@ -54,7 +54,6 @@ __all__ = (
 )
 
 
-
 def __getattr__(name: str) -> object:
     # The simulator is imported on first use, so programs on real hardware never load it.
     if name == "sim":

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import statistics
 import sys
 import threading
 import time
@@ -307,7 +306,7 @@ def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[s
     """Device completion -> awaiting coroutine resumed, idle or while 10,000 tasks churn."""
     rounds = cfg.n(1_500)
 
-    async def main() -> dict[str, float]:
+    async def main() -> dict[str, Any]:
         stamps: list[float] = []
         async with open_device(0, backend="sim", completion=completion) as dev:
             fn = dev.load_module(_stamp_library(stamps)).function("stamp")
@@ -334,7 +333,7 @@ def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[s
                 if churn:
                     for _ in range(8):
                         tg.start_soon(churner, dev.stream(max_in_flight=1300))
-                    while in_flight[0] < 9_000:
+                    while in_flight[0] < 9_000:  # noqa: ASYNC110 - polling a counter
                         await anyio.sleep(0.001)
                 for _ in range(rounds):
                     task = await probe.launch(fn, 1)
@@ -542,39 +541,58 @@ def format_table(r: dict[str, Any]) -> str:
     ]:
         if key in r:
             x = r[key]
-            row(label, f"{x['launches_per_s']:>10,.0f} launches/s  "
-                       f"{x['cpu_us_per_launch']:6.1f} us CPU/launch")
+            row(
+                label,
+                f"{x['launches_per_s']:>10,.0f} launches/s  "
+                f"{x['cpu_us_per_launch']:6.1f} us CPU/launch",
+            )
     for key, label in [("naive", "(b)"), ("poll", "(c)"), ("block", "(c')")]:
         if key in r:
             x = r[key]
-            row(f"single launch+await latency {label}",
-                f"p50 {x['single_launch_p50_us']:7.1f} us  p99 {x['single_launch_p99_us']:7.1f} us")
+            row(
+                f"single launch+await latency {label}",
+                f"p50 {x['single_launch_p50_us']:7.1f} us  p99 {x['single_launch_p99_us']:7.1f} us",
+            )
     lines.append("wake latency (device completion -> coroutine resumed)")
     if "bare_wakes" in r:
         x = r["bare_wakes"]
-        row("bare threading.Event wake",
-            f"p50 {x['threading_event_p50_us']:7.1f} us  p99 {x['threading_event_p99_us']:7.1f} us")
-        row("bare call_soon_threadsafe wake",
+        row(
+            "bare threading.Event wake",
+            f"p50 {x['threading_event_p50_us']:7.1f} us  p99 {x['threading_event_p99_us']:7.1f} us",
+        )
+        row(
+            "bare call_soon_threadsafe wake",
             f"p50 {x['call_soon_threadsafe_p50_us']:7.1f} us  "
-            f"p99 {x['call_soon_threadsafe_p99_us']:7.1f} us")
-    for key, label in [("wake_poll", "scheduler, poll, idle"), ("wake_block", "scheduler, block, idle"),
-                       ("wake_churn", "scheduler, poll, 10k tasks churning")]:
+            f"p99 {x['call_soon_threadsafe_p99_us']:7.1f} us",
+        )
+    for key, label in [
+        ("wake_poll", "scheduler, poll, idle"),
+        ("wake_block", "scheduler, block, idle"),
+        ("wake_churn", "scheduler, poll, 10k tasks churning"),
+    ]:
         if key in r:
             x = r[key]
             row(label, f"p50 {x['p50_us']:7.1f} us  p99 {x['p99_us']:7.1f} us")
     if "loop_lag" in r:
         x = r["loop_lag"]
-        row(f"loop lag, {x['outstanding_at_peak']} launches outstanding / 8 streams",
-            f"p50 {x['lag_p50_ms']:.2f} ms  p99 {x['lag_p99_ms']:.2f} ms  max {x['lag_max_ms']:.2f} ms")
-    for key, label in [("idle_poll", "idle CPU awaiting a 1 s kernel, poll"),
-                       ("idle_block", "idle CPU awaiting a 1 s kernel, block")]:
+        row(
+            f"loop lag, {x['outstanding_at_peak']} launches outstanding / 8 streams",
+            f"p50 {x['lag_p50_ms']:.2f} ms  p99 {x['lag_p99_ms']:.2f} ms  "
+            f"max {x['lag_max_ms']:.2f} ms",
+        )
+    for key, label in [
+        ("idle_poll", "idle CPU awaiting a 1 s kernel, poll"),
+        ("idle_block", "idle CPU awaiting a 1 s kernel, block"),
+    ]:
         if key in r:
             row(label, f"{r[key]['cpu_percent']:.2f} % of one core")
     if "packing" in r:
         x = r["packing"]
-        row("pack a typical launch (3 ptr + 2 scalars + 16 B tiling)",
+        row(
+            "pack a typical launch (3 ptr + 2 scalars + 16 B tiling)",
             f"{x['build_and_pack_us']:.2f} us build+pack, {x['snapshot_into_pool_us']:.2f} us "
-            "snapshot into pool")
+            "snapshot into pool",
+        )
     if "ratios" in r:
         lines.append("targets (ratios measured side by side in this run)")
         for name, x in r["ratios"].items():

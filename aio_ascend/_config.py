@@ -158,4 +158,6 @@ class LaunchConfig:
             return value
         if isinstance(value, dict):
             return cls(**value)  # type: ignore[arg-type]
-        raise TypeError(f"config must be a LaunchConfig, a dict or None, got {type(value).__name__}")
+        raise TypeError(
+            f"config must be a LaunchConfig, a dict or None, got {type(value).__name__}"
+        )

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._engine import LATE, TIMEOUT, Delivery, Engine, derived_error
-from ._errors import ClosedError, TaskTimeoutError
+from ._engine import LATE, TIMEOUT, Delivery, Engine
+from ._errors import ClosedError, TaskTimeoutError, derived_error
 from ._loop import LoopAdapter, current_loop_adapter
+from ._module import Function, Module
 from ._pool import HostBufferPool
 from ._runtime import Runtime, choose_backend, open_runtime
 from ._runtime._base import ACL_STOP_ON_FAILURE
-from ._module import Function, Module
 from ._stream import Stream
 from ._work import Request
 
@@ -121,6 +121,7 @@ class Device:
         self._unsettled = 0
         self._peak_in_flight = 0
         self._idle_waiters: list[Any] = []
+        self._close_waiters: list[Any] = []
         self._dead_events: deque[int] = deque()
         deliver = weakref.WeakMethod(self._deliver)
         release = weakref.WeakMethod(self._release_resources)
@@ -232,7 +233,12 @@ class Device:
             await stream.synchronize_quietly()
         self._raise_fault()
 
-    async def aclose(self, *, cancel: bool = False, timeout: float | None = None) -> None:
+    async def aclose(
+        self,
+        *,
+        cancel: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - bounds the device's work, not the call
+    ) -> None:
         """Finish or drop outstanding work, stop the threads and release everything.
 
         :param cancel: drop requests not yet handed to the runtime (their tasks fail with
@@ -245,8 +251,10 @@ class Device:
         it again is a no-op; it is shielded from cancellation once started.
         """
         if self._state != _OPEN:
-            while self._state == _CLOSING:
-                await anyio.sleep(0.001)
+            if self._state == _CLOSING:  # another caller is closing: wait for it
+                waiter = self._adapter.new_waiter()
+                self._close_waiters.append(waiter)
+                await self._adapter.wait(waiter)
             return
         self._state = _CLOSING
         with anyio.CancelScope(shield=True):
@@ -452,8 +460,8 @@ class Device:
             # Unblock threads stuck in runtime calls (full queues, hung kernels) first.
             self._destroy_streams()
         deadline = time.monotonic() + 10.0
-        while not engine.join(0) and time.monotonic() < deadline:
-            await anyio.sleep(0.001)
+        while not engine.join(0) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
         # What is left never completed. Once the streams are gone nothing on the device can
         # touch its memory: fail the tasks and release everything.
         self._destroy_streams()
@@ -490,6 +498,9 @@ class Device:
         self._state = _CLOSED
         self._closed = True
         runtime.close()
+        waiters, self._close_waiters = self._close_waiters, []
+        for waiter in waiters:
+            self._adapter.wake(waiter)
 
     def _destroy_streams(self) -> None:
         for stream in self._streams:
@@ -591,4 +602,3 @@ def open_device(
         "runtime_options": dict(runtime_options or {}),
     }
     return _DeviceOpener(kwargs, device_id, backend)
-

@@ -25,6 +25,7 @@ from ._errors import (
     EventSyncTimeoutError,
     InternalError,
     TaskTimeoutError,
+    derived_error,
 )
 from ._runtime._base import ACL_EVENT_CAPTURE_STREAM_PROGRESS, ACL_EVENT_RECORDED_STATUS_COMPLETE
 from ._work import Batch, Launch, Request
@@ -55,22 +56,6 @@ def _reduce_timer_slack() -> None:
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         libc.prctl(29, 1000, 0, 0, 0)
-
-
-def derived_error(first: BaseException, what: str) -> BaseException:
-    """A fresh error of the same kind as ``first``, caused by it (for tasks that did not fault)."""
-    if isinstance(first, AscendError):
-        cls = type(first)
-        try:
-            err: BaseException = cls(
-                f"{what}: {first.message}", code=first.code, func=first.func
-            )
-        except TypeError:
-            err = AscendError(f"{what}: {first.message}", code=first.code, func=first.func)
-    else:
-        err = InternalError(f"{what}: {first!r}")
-    err.__cause__ = first
-    return err
 
 
 class Engine:
@@ -225,8 +210,14 @@ class Engine:
                         addr = req.host.addr  # type: ignore[union-attr]
                         count = req.placeholder_count
                         launch(
-                            req.func, req.blocks, stream.handle, req.cfg, addr, req.nbytes,
-                            addr + req.table_offset if count else 0, count,
+                            req.func,
+                            req.blocks,
+                            stream.handle,
+                            req.cfg,
+                            addr,
+                            req.nbytes,
+                            addr + req.table_offset if count else 0,
+                            count,
                         )
                     else:
                         req.submit(runtime, stream.handle)
@@ -264,7 +255,9 @@ class Engine:
             self.all_batch_events.append(event)
             return event
 
-    def _close_batch(self, stream: Stream, requests: list[Request], failures: list[Delivery]) -> None:
+    def _close_batch(
+        self, stream: Stream, requests: list[Request], failures: list[Delivery]
+    ) -> None:
         try:
             event = self._acquire_event()
             self.runtime.record_event(event, stream.handle)

@@ -7,7 +7,8 @@ ever sees these types.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import ClassVar, TypeVar
 
 __all__ = [
     "AICoreExceptionError",
@@ -21,6 +22,7 @@ __all__ = [
     "InternalError",
     "InvalidHandleError",
     "InvalidParamError",
+    "derived_error",
     "MemoryAllocationError",
     "RuntimeAPIError",
     "StreamAbortError",
@@ -96,7 +98,7 @@ class BackendUnavailableError(AscendError):
 
 
 class ClosedError(AscendError):
-    """An object was used after ``aclose()``, or a request was dropped by ``aclose(cancel=True)``."""
+    """Use after ``aclose()``, or a request dropped by ``aclose(cancel=True)``."""
 
 
 class InternalError(AscendError):
@@ -108,8 +110,11 @@ class InternalError(AscendError):
 _REGISTRY: dict[int, type[RuntimeAPIError]] = {}
 
 
-def _register(*codes: int) -> object:
-    def decorate(cls: type[RuntimeAPIError]) -> type[RuntimeAPIError]:
+_E = TypeVar("_E", bound=RuntimeAPIError)
+
+
+def _register(*codes: int) -> Callable[[type[_E]], type[_E]]:
+    def decorate(cls: type[_E]) -> type[_E]:
         for code in codes:
             if code in _REGISTRY:
                 raise RuntimeError(f"ACL code {code} registered twice")
@@ -218,3 +223,21 @@ def raise_for_code(code: int, func: str | None = None, message: str = "") -> Non
     """Raise the typed error for ``code`` unless it is 0 (success)."""
     if code:
         raise error_for_code(code, func, message)
+
+
+def derived_error(first: BaseException, what: str) -> BaseException:
+    """A fresh error of the same kind as ``first``, with ``first`` as its cause.
+
+    Used for tasks that failed *because of* an earlier error (a sticky device fault, an
+    earlier refusal in the same batch) without being its origin.
+    """
+    err: BaseException
+    if isinstance(first, AscendError):
+        try:
+            err = type(first)(f"{what}: {first.message}", code=first.code, func=first.func)
+        except TypeError:
+            err = AscendError(f"{what}: {first.message}", code=first.code, func=first.func)
+    else:
+        err = InternalError(f"{what}: {first!r}")
+    err.__cause__ = first
+    return err

@@ -15,12 +15,11 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from collections.abc import Buffer
+BytesLike = bytes | bytearray | memoryview
 
 __all__ = [
     "DEFAULT_MAX_NBYTES",
@@ -76,8 +75,9 @@ def _as_bytes(kind: str, data: object) -> bytes:
         return np.ascontiguousarray(data).tobytes()
     if isinstance(data, bytes | bytearray | memoryview):
         return bytes(data)
-    raise TypeError(f"{kind} data must be bytes, bytearray, memoryview or ndarray, got "
-                    f"{type(data).__name__}")
+    raise TypeError(
+        f"{kind} data must be bytes, bytearray, memoryview or ndarray, got {type(data).__name__}"
+    )
 
 
 class PackedArgs:
@@ -252,8 +252,10 @@ class HostArgs:
             data = struct.pack(fmt, number)
         except (OverflowError, struct.error):
             raise ValueError(f"HostArgs.{kind}: {number!r} does not fit {kind}") from None
-        if kind == "f32" and math.isfinite(number) and not math.isfinite(
-            struct.unpack(fmt, data)[0]
+        if (
+            kind == "f32"
+            and math.isfinite(number)
+            and not math.isfinite(struct.unpack(fmt, data)[0])
         ):
             raise ValueError(f"HostArgs.{kind}: {number!r} does not fit {kind}")
         return self._append(kind, data, struct.calcsize(fmt))
@@ -270,13 +272,13 @@ class HostArgs:
         """An IEEE double-precision float (8-aligned)."""
         return self._float("f64", value)
 
-    def bool(self, value: bool) -> HostArgs:  # noqa: A003 - mirrors the C type name
+    def bool(self, value: bool) -> HostArgs:
         """A C ``bool`` (1 byte)."""
         if not isinstance(value, bool | np.bool_):
             raise TypeError(f"HostArgs.bool takes a bool, got {type(value).__name__}")
         return self._append("bool", b"\x01" if value else b"\x00", 1)
 
-    def raw(self, data: Buffer | np.ndarray[Any, Any], align: int = 1) -> HostArgs:
+    def raw(self, data: BytesLike | np.ndarray[Any, Any], align: int = 1) -> HostArgs:
         """Raw bytes copied in place (an ndarray is copied in C order), at ``align``.
 
         For an ndarray the alignment defaults to at least its item size.
@@ -287,7 +289,7 @@ class HostArgs:
         payload = _as_bytes("HostArgs.raw", data)
         return self._append("raw", payload, align)
 
-    def placeholder(self, data: Buffer | np.ndarray[Any, Any], align: int = 32) -> HostArgs:
+    def placeholder(self, data: BytesLike | np.ndarray[Any, Any], align: int = 32) -> HostArgs:
         """An 8-byte slot (addrOffset) the runtime fills with the device address of ``data``.
 
         ``data`` itself is placed in the tail after all arguments (dataOffset), aligned to
@@ -359,7 +361,7 @@ class HostArgs:
         """The ``aclrtPlaceHolderInfo`` array: ``<II`` (addrOffset, dataOffset) per entry."""
         return self.pack().table
 
-    def pack_into(self, buffer: Buffer, offset: int = 0) -> int:
+    def pack_into(self, buffer: bytearray | memoryview, offset: int = 0) -> int:
         """Write the packed image into a writable buffer at ``offset``; returns ``nbytes``."""
         packed = self.pack()
         view = memoryview(buffer).cast("B")

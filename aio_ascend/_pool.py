@@ -199,4 +199,3 @@ class HostBufferPool:
                 stacklevel=2,
             )
         return leaked
-

@@ -58,9 +58,7 @@ class Task:
         if not self._done:
             adapter = self._device._adapter
             if not adapter.is_current():
-                raise RuntimeError(
-                    "this Task belongs to a device opened in a different event loop"
-                )
+                raise RuntimeError("this Task belongs to a device opened in a different event loop")
             waiter = adapter.new_waiter()
             if self._waiters is None:
                 self._waiters = [waiter]

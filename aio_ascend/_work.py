@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._errors import derived_error
 from ._runtime._base import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
 
 if TYPE_CHECKING:
@@ -116,8 +117,10 @@ class Launch(Request):
         )
 
 
-def _byte_view(array: Any) -> memoryview:
-    return memoryview(np.ascontiguousarray(array)).cast("B")
+def _byte_view(data: Any) -> memoryview:
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+    return memoryview(data).cast("B")
 
 
 class CopyToDevice(Request):
@@ -182,7 +185,7 @@ class CopyToHost(Request):
     def on_complete(self) -> None:
         host = self.host
         assert host is not None
-        memoryview(self.dst).cast("B")[: self.count] = host.view[: self.count]
+        self.dst.reshape(-1).view(np.uint8).data[: self.count] = host.view[: self.count]
 
 
 class RecordEvent(Request):
@@ -220,10 +223,7 @@ class WaitEvent(Request):
     def submit(self, runtime: Runtime, stream: int) -> None:
         record_error = self.event._record_error
         if record_error is not None:
-            raise type(record_error)(
-                "the event this wait depends on was never recorded",
-                code=getattr(record_error, "code", None),
-            ) from record_error
+            raise derived_error(record_error, "the event this wait depends on was never recorded")
         runtime.stream_wait_event(stream, self.event.handle)
 
 

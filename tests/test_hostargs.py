@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 from typing import Any
@@ -35,10 +36,13 @@ _SCALARS: dict[str, tuple[str, int, Any]] = {
 
 field_strategy = st.one_of(
     *[st.tuples(st.just(kind), strat) for kind, (_, _, strat) in _SCALARS.items()],
-    st.tuples(st.just("placeholder"), st.tuples(st.binary(min_size=1, max_size=40),
-                                                st.sampled_from([8, 16, 32, 64]))),
-    st.tuples(st.just("raw"), st.tuples(st.binary(min_size=1, max_size=24),
-                                        st.sampled_from([1, 2, 4, 8]))),
+    st.tuples(
+        st.just("placeholder"),
+        st.tuples(st.binary(min_size=1, max_size=40), st.sampled_from([8, 16, 32, 64])),
+    ),
+    st.tuples(
+        st.just("raw"), st.tuples(st.binary(min_size=1, max_size=24), st.sampled_from([1, 2, 4, 8]))
+    ),
 )
 
 
@@ -116,7 +120,7 @@ def test_placeholders_never_overlap_and_fit(fields: list[tuple[str, Any]]) -> No
         assert data >= arg_end  # tail data after every argument slot
         regions.append((data, data + size))
     regions.sort()
-    for (_, end), (start, _) in zip(regions, regions[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(regions):
         assert end <= start
 
 
@@ -227,8 +231,14 @@ def test_device_buffers_are_reported_for_lifetime_tracking() -> None:
 
 
 def test_launch_config_packs_the_c_layout() -> None:
-    cfg = LaunchConfig(schedule_mode="batch", timeout_us=2**33 + 5, engine_type="aiv",
-                       block_dim_offset=3, prefetch_disabled=True, dump=False)
+    cfg = LaunchConfig(
+        schedule_mode="batch",
+        timeout_us=2**33 + 5,
+        engine_type="aiv",
+        block_dim_offset=3,
+        prefetch_disabled=True,
+        dump=False,
+    )
     packed = cfg.pack_attrs()
     assert len(packed) == cfg.num_attrs * LAUNCH_ATTR_SIZE == 6 * 20
     attrs = LaunchConfig.unpack_attrs(packed)
@@ -258,7 +268,9 @@ def test_launch_config_packs_the_c_layout() -> None:
         ({"timeout_s": float("nan")}, TypeError, "timeout_s"),
     ],
 )
-def test_launch_config_validation(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+def test_launch_config_validation(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
     with pytest.raises(error, match=match):
         LaunchConfig(**kwargs)
 

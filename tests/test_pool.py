@@ -22,7 +22,13 @@ def runtime() -> Iterator[Runtime]:
 
 def test_size_classes() -> None:
     assert [size_class(n) for n in (1, 64, 65, 128, 129, 4096, 4097)] == [
-        64, 64, 128, 128, 256, 4096, 8192,
+        64,
+        64,
+        128,
+        128,
+        256,
+        4096,
+        8192,
     ]
 
 

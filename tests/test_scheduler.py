@@ -46,8 +46,12 @@ async def test_many_axpy_give_the_exact_sequential_result() -> None:
                 factor = 0.5
                 tasks.append(
                     await s.launch(
-                        scale, 1,
-                        aa.HostArgs().ptr(by).ptr(by).placeholder(tiling([("I", n), ("f", factor)])),
+                        scale,
+                        1,
+                        aa.HostArgs()
+                        .ptr(by)
+                        .ptr(by)
+                        .placeholder(tiling([("I", n), ("f", factor)])),
                     )
                 )
                 expected = (expected * np.float32(factor)).astype(np.float32)
@@ -69,8 +73,12 @@ async def test_matmul_through_a_placeholder() -> None:
         b = rng.standard_normal((k, n)).astype(np.float32)
         ba, bb = await upload(dev, s, a), await upload(dev, s, b)
         bc = dev.malloc(m * n * 4)
-        args = aa.HostArgs().ptr(ba).ptr(bb).ptr(bc).placeholder(
-            tiling([("I", m), ("I", n), ("I", k)])
+        args = (
+            aa.HostArgs()
+            .ptr(ba)
+            .ptr(bb)
+            .ptr(bc)
+            .placeholder(tiling([("I", m), ("I", n), ("I", k)]))
         )
         await (await s.launch(dev.function("matmul"), 2, args))
         c = (await download(s, bc, m * n)).reshape(m, n)
@@ -304,7 +312,9 @@ async def test_free_is_deferred_while_queued_work_uses_the_buffer() -> None:
         live = dev.runtime.live_resources  # type: ignore[attr-defined]
         before = live()["device_allocations"]
         await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(30_000))
-        task = await s.launch(dev.function("axpy"), 1, aa.HostArgs().ptr(buf).ptr(buf).f32(1).u32(8))
+        task = await s.launch(
+            dev.function("axpy"), 1, aa.HostArgs().ptr(buf).ptr(buf).f32(1).u32(8)
+        )
         buf.free()
         assert live()["device_allocations"] == before  # still allocated: in use
         with pytest.raises(ValueError, match="freed"):

@@ -68,9 +68,7 @@ def choose_backend(requested: str = "auto") -> tuple[str, str]:
     """Resolve ``"auto"`` (and the ``AIO_ASCEND_BACKEND`` override) to a backend name + reason."""
     if requested != "auto":
         if requested not in BACKENDS:
-            raise ValueError(
-                f"backend={requested!r}: expected 'auto' or one of {sorted(BACKENDS)}"
-            )
+            raise ValueError(f"backend={requested!r}: expected 'auto' or one of {sorted(BACKENDS)}")
         return requested, "requested explicitly"
     override = os.environ.get(ENV_BACKEND, "").strip()
     if override and override != "auto":

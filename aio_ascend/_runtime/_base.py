@@ -108,7 +108,7 @@ class Runtime(Protocol):
         ...
 
     def set_stream_failure_mode(self, stream: int, mode: int) -> None:
-        """``aclrtSetStreamFailureMode``: ``ACL_STOP_ON_FAILURE`` (1) or ``ACL_CONTINUE_ON_FAILURE``.
+        """``aclrtSetStreamFailureMode``: ``ACL_STOP_ON_FAILURE`` (1) or ``_CONTINUE_ON_FAILURE``.
 
         In stop-on-failure mode a device fault halts the whole context: queries and syncs on every
         stream return the fault code and new work is refused.
@@ -149,7 +149,7 @@ class Runtime(Protocol):
         ...
 
     def query_event_status(self, event: int) -> int:
-        """``aclrtQueryEventStatus``: ``ACL_EVENT_RECORDED_STATUS_COMPLETE`` (1) or ``_NOT_READY`` (0).
+        """``aclrtQueryEventStatus``: ``..._RECORDED_STATUS_COMPLETE`` (1) or ``_NOT_READY`` (0).
 
         Never blocks. If the device has faulted (stop-on-failure), raises the fault's
         ``DeviceFaultError`` instead of returning a status.
