@@ -1,0 +1,1438 @@
+"""The ``cuda`` backend: pure parts, a CPU fake of the driver API, and the GPU checks.
+
+Three layers:
+
+- Pure helpers (``LaunchExtra``, placeholder validation, staging alignment and patches, the
+  staging ring, error mapping, the kernel source and its parameter layouts): no cuda-bindings.
+- ``FakeDriver``: a small CPU model of the ``cuda.bindings.driver`` calls the runtime makes
+  (lazy FIFO streams, events, sticky faults, a parameter-buffer ``cuLaunchKernel`` that checks
+  the ``extra`` array and the exact parameter size, numpy versions of the built-in kernels).
+  ``CudaRuntime`` runs the runtime contract suite and the scheduler on it, on any machine.
+- The same contract tests and a scheduler smoke test on a real GPU (``cuda`` parameter, marked
+  ``gpu``): they skip unless cuda-bindings imports and a device is visible. ``benchmarks/
+  gpu_check.py`` runs them on a GPU machine.
+
+The contract tests come from ``test_runtime_contract`` (all but the sim-only ones), wrapped so
+that the ``backend``/``rt``/``dev`` fixtures below serve them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+import importlib.util
+import random
+import re
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import test_runtime_contract as contract
+from backends import RUNTIME_FACTORIES
+
+import aio_ascend as aa
+from aio_ascend._config import LaunchConfig
+from aio_ascend._errors import (
+    AICoreExceptionError,
+    BackendUnavailableError,
+    ClosedError,
+    ContextNullError,
+    DeviceFaultError,
+    InvalidHandleError,
+    InvalidParamError,
+    MemoryAllocationError,
+    RuntimeAPIError,
+    TaskTimeoutError,
+)
+from aio_ascend._hostargs import HostArgs
+from aio_ascend._runtime import Runtime, available_backends, open_runtime, probe_backend
+from aio_ascend._runtime import _cuda as cuda_mod
+from aio_ascend._runtime._base import (
+    ACL_EVENT_SYNC,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+)
+from aio_ascend._runtime._cuda import (
+    CU_LAUNCH_PARAM_BUFFER_POINTER,
+    CU_LAUNCH_PARAM_BUFFER_SIZE,
+    CU_LAUNCH_PARAM_END,
+    MAX_STAGING_ALIGN,
+    MIN_STAGING_ALIGN,
+    CudaRuntime,
+    LaunchExtra,
+    StagingRing,
+    apply_patches,
+    cuda_error,
+    open_cuda_runtime,
+    placeholder_patches,
+    read_placeholder_table,
+    staging_alignment,
+    validate_placeholders,
+)
+from aio_ascend._runtime._cuda_kernels import (
+    BUILTIN_NAMES,
+    BUILTIN_PARAMS,
+    KERNEL_SOURCE,
+    PARAM_SIZES,
+    param_layout,
+)
+from aio_ascend._runtime._hostmem import host_view
+from aio_ascend.sim._kernels import BUILTIN_KERNELS
+
+F32 = np.float32
+_HAVE_BINDINGS = importlib.util.find_spec("cuda") is not None and (
+    importlib.util.find_spec("cuda.bindings") is not None
+)
+
+
+# =============================================================================================
+# the kernel source
+# =============================================================================================
+
+_C_SIZES = {"float": 4, "unsigned int": 4, "int": 4, "unsigned long long": 8, "double": 8}
+
+
+def parse_kernel_signatures(source: str) -> dict[str, list[str]]:
+    """``extern "C" __global__ void name(params)`` -> C parameter types (whitespace folded)."""
+    found: dict[str, list[str]] = {}
+    pattern = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+    for name, params in pattern.findall(source):
+        types = []
+        for param in params.split(","):
+            param = " ".join(param.split())
+            if not param:
+                continue
+            types.append(param.rsplit(" ", 1)[0].replace("const ", "").strip())
+        found[name] = types
+    return found
+
+
+def c_param_layout(types: list[str]) -> tuple[list[int], int]:
+    """C struct layout of kernel parameters (pointers 8 bytes)."""
+    offsets, cursor = [], 0
+    for ctype in types:
+        size = 8 if ctype.endswith("*") else _C_SIZES[ctype]
+        cursor = (cursor + size - 1) // size * size
+        offsets.append(cursor)
+        cursor += size
+    return offsets, cursor
+
+
+_KIND_FOR_C = {"float": "f32", "unsigned int": "u32"}
+
+
+def test_kernel_source_defines_every_builtin_of_the_sim() -> None:
+    assert KERNEL_SOURCE.strip()
+    signatures = parse_kernel_signatures(KERNEL_SOURCE)
+    assert set(signatures) == set(BUILTIN_NAMES) == set(BUILTIN_KERNELS)
+    for name in BUILTIN_NAMES:
+        assert re.search(rf'extern "C" __global__ void {name}\(', KERNEL_SOURCE)
+
+
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_kernel_parameters_match_the_table_and_the_size(name: str) -> None:
+    types = parse_kernel_signatures(KERNEL_SOURCE)[name]
+    kinds = tuple("ptr" if t.endswith("*") else _KIND_FOR_C[t] for t in types)
+    assert kinds == BUILTIN_PARAMS[name]
+    assert c_param_layout(types)[1] == PARAM_SIZES[name] == param_layout(kinds)[1]
+
+
+def _hostargs_for(name: str) -> HostArgs:
+    """The args of each built-in as the contract tests pack them."""
+    args = HostArgs()
+    if name == "scale":
+        return args.ptr(0x1000).ptr(0x2000).placeholder(struct.pack("<If", 4, 2.0))
+    if name == "matmul":
+        return args.ptr(0x1000).ptr(0x2000).ptr(0x3000).placeholder(struct.pack("<III", 1, 2, 3))
+    for kind in BUILTIN_PARAMS[name]:
+        getattr(args, kind)(1 if kind != "f32" else 1.5)
+    return args
+
+
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_hostargs_packs_each_builtin_in_its_parameter_layout(name: str) -> None:
+    """The packed image starts with the kernel's parameters at their C offsets, and the
+    placeholder slots are the pointer parameters."""
+    types = parse_kernel_signatures(KERNEL_SOURCE)[name]
+    offsets, size = c_param_layout(types)
+    args = _hostargs_for(name)
+    assert args.nbytes >= size
+    slots = {a for a, _ in args.placeholders}
+    for offset, ctype in zip(offsets, types, strict=True):
+        if offset in slots:
+            assert ctype.endswith("*"), f"{name}: a placeholder slot must be a pointer parameter"
+    # tail data (placeholder blocks) lies after the parameters
+    assert all(d >= size for _, d in args.placeholders)
+
+
+def test_hostargs_layout_matches_c_for_mixed_scalars() -> None:
+    kinds = ("u8", "u32", "u16", "f64", "ptr", "u8", "f32")
+    args = HostArgs().u8(1).u32(2).u16(3).f64(4.0).ptr(5).u8(6).f32(7.0)
+    offsets, end = param_layout(kinds)
+    assert offsets == [0, 4, 8, 16, 24, 32, 36]
+    image = args.to_bytes()
+    assert struct.unpack_from("<B", image, 0)[0] == 1
+    assert struct.unpack_from("<I", image, 4)[0] == 2
+    assert struct.unpack_from("<H", image, 8)[0] == 3
+    assert struct.unpack_from("<d", image, 16)[0] == 4.0
+    assert struct.unpack_from("<Q", image, 24)[0] == 5
+    assert struct.unpack_from("<f", image, 36)[0] == 7.0
+    assert end == 40 and args.nbytes == 40
+
+
+def _nvrtc_available() -> bool:
+    if not _HAVE_BINDINGS:
+        return False
+    try:
+        from cuda.bindings import nvrtc
+
+        err, _ = nvrtc.nvrtcGetSupportedArchs()
+        return int(err) == 0
+    except Exception:
+        return False
+
+
+@pytest.mark.skipif(not _nvrtc_available(), reason="needs cuda-bindings and libnvrtc (no GPU)")
+@pytest.mark.parametrize("capability", [90, 80, 75])
+def test_kernel_source_compiles_with_nvrtc(capability: int) -> None:
+    image = cuda_mod.compile_cuda_source(KERNEL_SOURCE, capability)
+    assert image.startswith(b"\x7fELF") or b".entry vector_add" in image
+
+
+# =============================================================================================
+# pure helpers
+# =============================================================================================
+
+
+def test_launch_extra_array_points_at_the_buffer_and_size() -> None:
+    extra = LaunchExtra()
+    buffer = (ctypes.c_uint64 * 4)(1, 2, 3, 4)
+    address = extra.set(ctypes.addressof(buffer), 28)
+    assert address == ctypes.addressof(extra.array)
+    entries = extra.entries()
+    assert entries[0] == CU_LAUNCH_PARAM_BUFFER_POINTER == 1
+    assert entries[1] == ctypes.addressof(buffer)
+    assert entries[2] == CU_LAUNCH_PARAM_BUFFER_SIZE == 2
+    assert entries[4] == CU_LAUNCH_PARAM_END == 0
+    assert ctypes.c_size_t.from_address(entries[3]).value == 28
+    # reused per launch: the same array, new values
+    other = (ctypes.c_uint64 * 2)()
+    assert extra.set(ctypes.addressof(other), 12) == address
+    assert extra.entries()[1] == ctypes.addressof(other)
+    assert ctypes.c_size_t.from_address(extra.entries()[3]).value == 12
+
+
+def test_launch_extra_copies_a_misaligned_buffer_to_aligned_scratch() -> None:
+    raw = (ctypes.c_ubyte * 64)()
+    base = ctypes.addressof(raw) + 3
+    payload = bytes(range(20))
+    ctypes.memmove(base, payload, len(payload))
+    extra = LaunchExtra()
+    extra.set(base, len(payload))
+    pointer = extra.entries()[1]
+    assert pointer % 8 == 0
+    assert pointer != base
+    assert ctypes.string_at(pointer, len(payload)) == payload
+    aligned = ctypes.addressof(raw) + 8
+    extra.set(aligned, 8)
+    assert extra.entries()[1] == aligned
+
+
+def test_read_placeholder_table_from_host_memory() -> None:
+    table = HostArgs().ptr(1).placeholder(b"abcd").u32(3).placeholder(b"x" * 12, align=64)
+    raw = table.placeholder_table()
+    buf = ctypes.create_string_buffer(raw, len(raw))
+    entries = read_placeholder_table(ctypes.addressof(buf), 2)
+    assert entries == table.placeholders
+
+
+@pytest.mark.parametrize(
+    ("entries", "size", "field"),
+    [
+        ([(16, 32)], 40, None),
+        ([(4, 32)], 40, "addrOffset"),
+        ([(40, 32)], 40, "addrOffset"),
+        ([(16, 36)], 40, "dataOffset"),
+        ([(16, 40)], 40, "dataOffset"),
+        ([(16, 32), (24, 33)], 40, "placeHolderArray[1].dataOffset"),
+        ([(32, 0)], 40, None),
+    ],
+)
+def test_validate_placeholders_names_the_field(
+    entries: list[tuple[int, int]], size: int, field: str | None
+) -> None:
+    problem = validate_placeholders(entries, size)
+    if field is None:
+        assert problem is None
+    else:
+        assert problem is not None
+        assert field in problem
+
+
+def test_staging_alignment_keeps_each_blocks_alignment() -> None:
+    assert staging_alignment([]) == MIN_STAGING_ALIGN
+    assert staging_alignment([(16, 32)]) == MIN_STAGING_ALIGN
+    assert staging_alignment([(16, 24), (24, 40)]) == MIN_STAGING_ALIGN
+    assert staging_alignment([(16, 128)]) == 128
+    assert staging_alignment([(0, 256), (8, 384)]) == 256
+    assert staging_alignment([(8, 8192)]) == MAX_STAGING_ALIGN
+    assert staging_alignment([(8, 0)]) == MIN_STAGING_ALIGN
+    for align in (32, 64, 256, 4096):
+        args = HostArgs().ptr(1).u32(2).placeholder(b"t" * 5, align=align).placeholder(b"u")
+        region_align = staging_alignment(args.placeholders)
+        region = 0x7F00_0000_0000 + 7 * region_align  # any region with that alignment
+        for _, data_offset in args.placeholders:  # each block keeps its alignment on the device
+            own = min(data_offset & -data_offset, MAX_STAGING_ALIGN)
+            assert (region + data_offset) % own == 0
+        first = args.placeholders[0][1]
+        assert (region + first) % align == 0
+
+
+def test_placeholder_patches_write_region_plus_data_offset_into_the_buffer() -> None:
+    args = HostArgs().ptr(0x1111).ptr(0x2222).placeholder(b"tiling!!").u32(9).placeholder(b"z")
+    image = bytearray(args.to_bytes())
+    buf = (ctypes.c_ubyte * len(image)).from_buffer(image)
+    region = 0x7000_0000_1000
+    patches = placeholder_patches(args.placeholders, region)
+    assert [offset for offset, _ in patches] == [a for a, _ in args.placeholders]
+    apply_patches(ctypes.addressof(buf), patches)
+    for addr_offset, data_offset in args.placeholders:
+        assert struct.unpack_from("<Q", image, addr_offset)[0] == region + data_offset
+    # everything else is untouched
+    original = args.to_bytes()
+    mask = bytearray(image)
+    for addr_offset, _ in args.placeholders:
+        mask[addr_offset : addr_offset + 8] = original[addr_offset : addr_offset + 8]
+    assert bytes(mask) == original
+
+
+@pytest.mark.parametrize(
+    ("code", "cls", "name"),
+    [
+        (700, DeviceFaultError, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+        (719, DeviceFaultError, "CUDA_ERROR_LAUNCH_FAILED"),
+        (1, InvalidParamError, "CUDA_ERROR_INVALID_VALUE"),
+        (2, MemoryAllocationError, "CUDA_ERROR_OUT_OF_MEMORY"),
+        (400, InvalidHandleError, "CUDA_ERROR_INVALID_HANDLE"),
+        (201, ContextNullError, "CUDA_ERROR_INVALID_CONTEXT"),
+        (500, RuntimeAPIError, "CUDA_ERROR_NOT_FOUND"),
+        (12345, RuntimeAPIError, "CUDA_ERROR_12345"),
+    ],
+)
+def test_cuda_errors_keep_the_cuda_number_and_name_it(code: int, cls: type, name: str) -> None:
+    exc = cuda_error(code, "cuSomething", "what the driver said")
+    assert type(exc) is cls
+    assert exc.code == code
+    assert exc.func == "cuSomething"
+    assert name in exc.message and str(code) in exc.message
+    assert "what the driver said" in exc.message
+
+
+# --- the staging ring -----------------------------------------------------------------------
+
+
+class FakeRingOps:
+    """Fences are dicts; ``complete_through(k)`` completes fences 0..k (FIFO, as a stream)."""
+
+    def __init__(self) -> None:
+        self.allocs: dict[int, int] = {}
+        self.freed: list[int] = []
+        self.fences: list[dict[str, Any]] = []
+        self.released: list[dict[str, Any]] = []
+        self.waits = 0
+        self._next = 0x10_0000_0008  # deliberately not 4096-aligned
+
+    def alloc(self, nbytes: int) -> int:
+        addr = self._next
+        self._next += nbytes + 0x10_0000
+        self.allocs[addr] = nbytes
+        return addr
+
+    def free(self, address: int) -> None:
+        assert address in self.allocs
+        self.freed.append(address)
+        del self.allocs[address]
+
+    def record(self) -> object:
+        fence = {"id": len(self.fences), "done": False}
+        self.fences.append(fence)
+        return fence
+
+    def done(self, fence: object) -> bool:
+        assert isinstance(fence, dict)
+        return bool(fence["done"])
+
+    def wait(self, fence: object) -> None:
+        assert isinstance(fence, dict)
+        self.waits += 1
+        self.complete_through(fence["id"])
+
+    def release(self, fence: object) -> None:
+        assert isinstance(fence, dict)
+        self.released.append(fence)
+
+    def complete_through(self, index: int) -> None:
+        for fence in self.fences[: index + 1]:
+            fence["done"] = True
+
+
+def test_ring_base_is_aligned_and_regions_are_aligned() -> None:
+    ops = FakeRingOps()
+    ring = StagingRing(ops, 64 * 1024)
+    assert ring.base % MAX_STAGING_ALIGN == 0
+    (raw,) = ops.allocs
+    assert raw <= ring.base < raw + MAX_STAGING_ALIGN
+    for align in (64, 128, 4096, 64):
+        region = ring.allocate(40, align)
+        assert region % align == 0
+        assert ring.base <= region and region + 40 <= ring.base + ring.capacity
+        ring.committed(40)
+
+
+def test_ring_reuses_bytes_only_after_their_fence_completes() -> None:
+    ops = FakeRingOps()
+    ring = StagingRing(ops, 4096, fence_every=4)
+    seen = set()
+    for _ in range(4):
+        seen.add(ring.allocate(256, 64))
+        ring.committed(256)
+    assert len(ops.fences) == 1  # 4 launches: one fence
+    for _ in range(16):  # fills the ring: must wait for the first fence, not overwrite
+        region = ring.allocate(256, 64)
+        ring.committed(256)
+        if region in seen:
+            assert ops.fences[0]["done"], "a region was reused before its fence completed"
+    assert ops.waits >= 1
+
+
+def test_ring_wraps_around_and_never_overlaps_live_regions() -> None:
+    rng = random.Random(7)
+    ops = FakeRingOps()
+    ring = StagingRing(ops, 16 * 1024, fence_every=3)
+    # live regions: [start, end, fence or None (not fenced yet)]
+    live: list[list[Any]] = []
+    recorded = 0
+    for step in range(3000):
+        if rng.random() < 0.3 and ops.fences:  # the device progresses (FIFO)
+            ops.complete_through(rng.randrange(len(ops.fences)))
+        size = rng.choice([8, 40, 100, 300, 1000, 3000])
+        align = rng.choice([64, 64, 128, 256, 4096])
+        region = ring.allocate(size, align)
+        for fence in ops.fences[recorded:]:  # fences recorded during allocate (waits)
+            for entry in live:
+                if entry[2] is None:
+                    entry[2] = fence
+        recorded = len(ops.fences)
+        live = [e for e in live if e[2] is None or not e[2]["done"]]
+        assert region % align == 0, step
+        assert ring.base <= region and region + size <= ring.base + ring.capacity, step
+        for start, end, _ in live:
+            assert region + size <= start or end <= region, f"overlap at step {step}"
+        live.append([region, region + size, None])
+        ring.committed(size)
+        for fence in ops.fences[recorded:]:
+            for entry in live:
+                if entry[2] is None:
+                    entry[2] = fence
+        recorded = len(ops.fences)
+    assert ring.stats["allocations"] == 3000
+    assert ring.stats["grows"] == 0
+
+
+def test_ring_grows_for_a_region_larger_than_itself() -> None:
+    ops = FakeRingOps()
+    ring = StagingRing(ops, 4096)
+    small = ring.allocate(100, 64)
+    ring.committed(100)
+    big = ring.allocate(10_000, 256)
+    assert ring.capacity >= 10_000 + 256
+    assert ring.stats["grows"] == 1
+    assert ops.waits == 1, "growing waits for the work that uses the old memory"
+    assert len(ops.freed) == 1
+    assert big % 256 == 0 and small not in range(ring.base, ring.base + ring.capacity)
+    ring.committed(10_000)
+    assert ring.close() == 0
+    assert not ops.allocs
+    assert len(ops.released) == len(ops.fences)
+
+
+def test_ring_close_can_leave_the_memory_to_the_caller() -> None:
+    ops = FakeRingOps()
+    ring = StagingRing(ops, 4096)
+    ring.allocate(10, 64)
+    ring.committed(10)
+    raw = ring.close(free=False)
+    assert raw in ops.allocs
+    assert not ops.freed
+
+
+def test_ring_rejects_bad_requests() -> None:
+    ring = StagingRing(FakeRingOps(), 4096)
+    with pytest.raises(ValueError, match="nbytes"):
+        ring.allocate(0, 64)
+    with pytest.raises(ValueError, match="align"):
+        ring.allocate(8, 48)
+    with pytest.raises(ValueError, match="align"):
+        ring.allocate(8, 8192)
+    with pytest.raises(ValueError, match="capacity"):
+        StagingRing(FakeRingOps(), 100)
+
+
+# --- availability -----------------------------------------------------------------------------
+
+
+def test_probe_never_raises_and_explains() -> None:
+    ok, why = cuda_mod.probe()
+    assert isinstance(ok, bool) and why
+    assert probe_backend("cuda") == (ok, why)
+    if not _HAVE_BINDINGS:
+        assert not ok
+        assert "cuda-bindings" in why
+        assert "cuda" not in available_backends()
+
+
+@pytest.mark.skipif(_HAVE_BINDINGS, reason="cuda-bindings is installed here")
+def test_opening_without_cuda_bindings_is_backend_unavailable() -> None:
+    with pytest.raises(BackendUnavailableError, match="cuda-bindings"):
+        open_runtime("cuda", 0)
+
+
+def test_open_validates_its_options() -> None:
+    with pytest.raises(ValueError, match="device_id"):
+        open_cuda_runtime(-1, driver=FakeDriver())
+    with pytest.raises(ValueError, match="block_dim"):
+        open_cuda_runtime(0, block_dim=2048, driver=FakeDriver())
+    with pytest.raises(ValueError, match="staging_bytes"):
+        open_cuda_runtime(0, staging_bytes=10, driver=FakeDriver())
+    with pytest.raises(InvalidParamError, match="device_id=3"):
+        open_cuda_runtime(3, driver=FakeDriver())
+
+
+# =============================================================================================
+# FakeDriver: a CPU model of the cuda.bindings.driver calls the runtime makes
+# =============================================================================================
+
+_FAKE_ERROR_NAMES = {
+    0: "CUDA_SUCCESS",
+    1: "CUDA_ERROR_INVALID_VALUE",
+    201: "CUDA_ERROR_INVALID_CONTEXT",
+    400: "CUDA_ERROR_INVALID_HANDLE",
+    500: "CUDA_ERROR_NOT_FOUND",
+    600: "CUDA_ERROR_NOT_READY",
+    700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+    719: "CUDA_ERROR_LAUNCH_FAILED",
+}
+_FAKE_BUILTINS = b"FAKE-BUILTINS\0"
+_FAKE_SOURCE = b"FAKE-SOURCE:"
+
+
+class FakeResult(int):
+    """Stands for ``CUresult`` (an int enum with ``.name``)."""
+
+    @property
+    def name(self) -> str:
+        return _FAKE_ERROR_NAMES.get(int(self), f"CUDA_ERROR_{int(self)}")
+
+
+class _Fault(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.done = False
+        self.ts = 0.0
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.queue: deque[list[Any]] = deque()
+        self.clock = 0.0
+
+
+class _FakeEvent:
+    def __init__(self, timed: bool) -> None:
+        self.timed = timed
+        self.current: _Recording | None = None
+
+
+class _FakeModule:
+    def __init__(self, kernels: dict[str, list[str]]) -> None:
+        self.kernels = kernels
+        self.global_buf = (ctypes.c_uint64 * 1)()
+        self.global_addr = ctypes.addressof(self.global_buf)
+
+
+def fake_compile(source: str, capability: int) -> bytes:
+    """Stands for NVRTC: the built-in source becomes a marker image, other source is kept."""
+    if source == KERNEL_SOURCE:
+        return _FAKE_BUILTINS
+    return _FAKE_SOURCE + source.encode()
+
+
+class FakeDriver:
+    """The subset of ``cuda.bindings.driver`` the cuda runtime uses, modelled on the CPU.
+
+    Streams are FIFO queues run lazily whenever a query observes them; ``sleep`` completes after
+    its time (device time per stream), ``hang`` when the runtime's control block says release,
+    ``fault`` makes the context sticky with CUDA_ERROR_LAUNCH_FAILED after writing its code
+    into the control block. Device memory is host memory handed out here; kernels touching
+    anything else fault with CUDA_ERROR_ILLEGAL_ADDRESS. ``cuLaunchKernel`` accepts only the
+    ``extra`` parameter-buffer form with the kernel's exact parameter size, and copies the
+    parameters during the call (as the driver does).
+    """
+
+    CUresult = FakeResult
+    CUdevice_attribute = SimpleNamespace(
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76,
+    )
+
+    def __init__(self) -> None:
+        self.sticky = 0
+        self.generation = 1
+        self.refcount = 0
+        self.resets = 0
+        self._tls = threading.local()
+        self._ids = iter(range(0x5000, 1 << 40, 16))
+        self.streams: dict[int, _FakeStream] = {}
+        self.draining: list[_FakeStream] = []
+        self.events: dict[int, _FakeEvent] = {}
+        self.modules: dict[int, _FakeModule] = {}
+        self.functions: dict[int, tuple[_FakeModule, str]] = {}
+        self.device: dict[int, tuple[Any, int]] = {}
+        self.host: dict[int, tuple[Any, int]] = {}
+        self.launches: list[dict[str, Any]] = []
+        self.lock = threading.RLock()
+
+    # --- helpers ------------------------------------------------------------------------
+
+    @property
+    def ctx(self) -> int:
+        return 0xC0000 + self.generation
+
+    def _id(self) -> int:
+        return next(self._ids)
+
+    def _need(self) -> int:
+        """0, or the error a call gets: no current context, or the sticky fault."""
+        if getattr(self._tls, "ctx", None) != self.ctx or not self.refcount:
+            return 201
+        return self.sticky
+
+    @staticmethod
+    def _alloc(table: dict[int, tuple[Any, int]], size: int, align: int) -> int:
+        raw = (ctypes.c_ubyte * (size + align))()
+        addr = (ctypes.addressof(raw) + align - 1) // align * align
+        table[addr] = (raw, size)
+        return addr
+
+    def in_device(self, addr: int, nbytes: int) -> bool:
+        for start, (_, size) in self.device.items():
+            if start <= addr and addr + nbytes <= start + size:
+                return True
+        return False
+
+    def _dev_array(self, addr: int, count: int) -> Any:
+        if count == 0:
+            return np.zeros(0, F32)
+        if not self.in_device(addr, 4 * count):
+            raise _Fault(700)
+        return np.ctypeslib.as_array((ctypes.c_float * count).from_address(addr))
+
+    def _dev_read(self, addr: int, nbytes: int) -> bytes:
+        if not self.in_device(addr, nbytes):
+            raise _Fault(700)
+        return ctypes.string_at(addr, nbytes)
+
+    # --- progress -----------------------------------------------------------------------
+
+    def progress(self) -> None:
+        with self.lock:
+            moved = True
+            while moved and not self.sticky:
+                moved = False
+                for s in [*self.streams.values(), *self.draining]:
+                    while s.queue and not self.sticky:
+                        if not self._run(s, s.queue[0]):
+                            break
+                        s.queue.popleft()
+                        moved = True
+            self.draining = [s for s in self.draining if s.queue]
+
+    def _enqueue(self, s: _FakeStream, op: list[Any]) -> None:
+        if not s.queue:
+            s.clock = max(s.clock, time.monotonic())
+        s.queue.append(op)
+
+    def _run(self, s: _FakeStream, op: list[Any]) -> bool:
+        kind = op[0]
+        if kind == "record":
+            op[1].done = True
+            op[1].ts = s.clock
+            return True
+        if kind == "wait":
+            return bool(op[1].done)
+        if kind == "copy":
+            _, dst, src, count = op
+            ctypes.memmove(dst, src, count)
+            return True
+        module, name, params = op[1], op[2], op[3]
+        try:
+            return self._kernel(s, op, module, name, params)
+        except _Fault as fault:
+            self.sticky = fault.code
+            return True
+
+    def _kernel(self, s: _FakeStream, op: list[Any], module: _FakeModule, name: str,
+                params: bytes) -> bool:
+        if name == "vector_add":
+            x, y, z, n = struct.unpack("<QQQI", params)
+            np.add(self._dev_array(x, n), self._dev_array(y, n), out=self._dev_array(z, n))
+        elif name == "axpy":
+            x, y, a, n = struct.unpack("<QQfI", params)
+            yv = self._dev_array(y, n)
+            yv[:] = F32(a) * self._dev_array(x, n) + yv
+        elif name == "scale":
+            x, y, tiling = struct.unpack("<QQQ", params)
+            n, factor = struct.unpack("<If", self._dev_read(tiling, 8))
+            np.multiply(self._dev_array(x, n), F32(factor), out=self._dev_array(y, n))
+        elif name == "matmul":
+            a, b, c, tiling = struct.unpack("<QQQQ", params)
+            m, n, k = struct.unpack("<III", self._dev_read(tiling, 12))
+            av = self._dev_array(a, m * k).reshape(m, k)
+            bv = self._dev_array(b, k * n).reshape(k, n)
+            np.matmul(av, bv, out=self._dev_array(c, m * n).reshape(m, n))
+        elif name == "sleep":
+            (microseconds,) = struct.unpack("<I", params)
+            if len(op) == 4:
+                op.append(s.clock + microseconds / 1e6)
+            if time.monotonic() < op[4]:
+                return False
+            s.clock = op[4]
+        elif name == "fault":
+            (code,) = struct.unpack("<I", params)
+            control = module.global_buf[0]
+            if control:
+                ctypes.c_uint32.from_address(control).value = code or 507015
+            raise _Fault(719)
+        elif name == "hang":
+            control = module.global_buf[0]
+            if not control or not ctypes.c_uint32.from_address(control + 4).value:
+                return False
+            s.clock = time.monotonic()
+        return True
+
+    # --- init, contexts -----------------------------------------------------------------
+
+    def cuInit(self, flags: int) -> tuple[int]:
+        return (0,)
+
+    def cuDeviceGetCount(self) -> tuple[int, int]:
+        return 0, 1
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[int, int]:
+        return (0, ordinal) if ordinal == 0 else (101, 0)
+
+    def cuDeviceGetAttribute(self, attr: int, dev: int) -> tuple[int, int]:
+        return 0, 9 if attr == 75 else 0
+
+    def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple[int, int]:
+        self.refcount += 1
+        return 0, self.ctx
+
+    def _destroy_context(self) -> None:
+        self.generation += 1
+        self.sticky = 0
+        self.streams.clear()
+        self.draining.clear()
+        self.events.clear()
+        self.modules.clear()
+        self.functions.clear()
+        self.device.clear()
+
+    def cuDevicePrimaryCtxRelease(self, dev: int) -> tuple[int]:
+        self.refcount -= 1
+        if self.refcount == 0:
+            self._destroy_context()
+        return (0,)
+
+    def cuDevicePrimaryCtxReset(self, dev: int) -> tuple[int]:
+        self.resets += 1
+        self._destroy_context()
+        return (0,)
+
+    def cuCtxSetCurrent(self, ctx: int) -> tuple[int]:
+        self._tls.ctx = ctx
+        return (0,)
+
+    def cuCtxPushCurrent(self, ctx: int) -> tuple[int]:
+        stack = self._tls.__dict__.setdefault("stack", [])
+        stack.append(getattr(self._tls, "ctx", None))
+        self._tls.ctx = ctx
+        return (0,)
+
+    def cuCtxPopCurrent(self) -> tuple[int, Any]:
+        popped = getattr(self._tls, "ctx", None)
+        self._tls.ctx = self._tls.stack.pop()
+        return 0, popped
+
+    def cuGetErrorString(self, err: FakeResult) -> tuple[int, bytes]:
+        return 0, f"fake driver: {err.name}".encode()
+
+    # --- streams and events -----------------------------------------------------------------
+
+    def cuStreamCreate(self, flags: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        handle = self._id()
+        self.streams[handle] = _FakeStream()
+        return 0, handle
+
+    def cuStreamDestroy(self, stream: int) -> tuple[int]:
+        if getattr(self._tls, "ctx", None) != self.ctx:
+            return (201,)
+        s = self.streams.pop(stream, None)
+        if s is None:
+            return (400,)
+        if s.queue:
+            self.draining.append(s)
+        return (self.sticky,)
+
+    def cuStreamQuery(self, stream: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        self.progress()
+        s = self.streams.get(stream)
+        if s is None:
+            return (400,)
+        if self.sticky:
+            return (self.sticky,)
+        return (600 if s.queue else 0,)
+
+    def cuStreamWaitEvent(self, stream: int, event: int, flags: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        s, ev = self.streams.get(stream), self.events.get(event)
+        if s is None or ev is None:
+            return (400,)
+        if ev.current is not None and not ev.current.done:
+            self._enqueue(s, ["wait", ev.current])
+        return (0,)
+
+    def cuEventCreate(self, flags: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        handle = self._id()
+        self.events[handle] = _FakeEvent(timed=not flags & 0x2)
+        return 0, handle
+
+    def cuEventDestroy(self, event: int) -> tuple[int]:
+        if self.events.pop(event, None) is None:
+            return (400,)
+        return (self.sticky,)
+
+    def cuEventRecord(self, event: int, stream: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        s, ev = self.streams.get(stream), self.events.get(event)
+        if s is None or ev is None:
+            return (400,)
+        rec = _Recording()
+        self._enqueue(s, ["record", rec])
+        ev.current = rec
+        return (0,)
+
+    def cuEventQuery(self, event: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        self.progress()
+        ev = self.events.get(event)
+        if ev is None:
+            return (400,)
+        if self.sticky:
+            return (self.sticky,)
+        return (0 if ev.current is None or ev.current.done else 600,)
+
+    def cuEventElapsedTime(self, start: int, end: int) -> tuple[int, float | None]:
+        if code := self._need():
+            return code, None
+        self.progress()
+        a, b = self.events.get(start), self.events.get(end)
+        if a is None or b is None or not a.timed or not b.timed:
+            return 400, None
+        if a.current is None or b.current is None:
+            return 400, None
+        if not (a.current.done and b.current.done):
+            return 600, None
+        return 0, (b.current.ts - a.current.ts) * 1000.0
+
+    # --- memory -----------------------------------------------------------------------------
+
+    def cuMemAlloc(self, size: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        return 0, self._alloc(self.device, size, 256)
+
+    def cuMemFree(self, ptr: int) -> tuple[int]:
+        if self.device.pop(ptr, None) is None:
+            return (1,)
+        return (self.sticky,)
+
+    def cuMemHostAlloc(self, size: int, flags: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        return 0, self._alloc(self.host, size, 4096)
+
+    def cuMemFreeHost(self, ptr: int) -> tuple[int]:
+        return (0,) if self.host.pop(ptr, None) is not None else (1,)
+
+    def cuMemHostGetDevicePointer(self, ptr: int, flags: int) -> tuple[int, int]:
+        return 0, ptr  # unified addressing
+
+    def _copy(
+        self, dst: int, src: int, count: int, stream: int, device_side: list[int]
+    ) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        s = self.streams.get(stream)
+        if s is None:
+            return (400,)
+        if any(not self.in_device(addr, count) for addr in device_side):
+            return (1,)
+        self._enqueue(s, ["copy", dst, src, count])
+        return (0,)
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
+        return self._copy(dst, src, count, stream, [dst])
+
+    def cuMemcpyDtoHAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
+        return self._copy(dst, src, count, stream, [src])
+
+    def cuMemcpyDtoDAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
+        return self._copy(dst, src, count, stream, [dst, src])
+
+    def cuMemcpyHtoD(self, dst: int, src: int, count: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        is_global = any(m.global_addr == dst for m in self.modules.values())
+        if not is_global and not self.in_device(dst, count):
+            return (1,)
+        ctypes.memmove(dst, src, count)
+        return (0,)
+
+    # --- modules and launches -----------------------------------------------------------
+
+    def cuModuleLoadData(self, image: bytes) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        if image == _FAKE_BUILTINS:
+            kernels = parse_kernel_signatures(KERNEL_SOURCE)
+        elif image.startswith(_FAKE_SOURCE):
+            kernels = parse_kernel_signatures(image[len(_FAKE_SOURCE) :].decode())
+        else:
+            return 200, None  # CUDA_ERROR_INVALID_IMAGE
+        handle = self._id()
+        self.modules[handle] = _FakeModule(kernels)
+        return 0, handle
+
+    def cuModuleUnload(self, module: int) -> tuple[int]:
+        if self.modules.pop(module, None) is None:
+            return (400,)
+        return (self.sticky,)
+
+    def cuModuleGetFunction(self, module: int, name: bytes) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        mod = self.modules.get(module)
+        if mod is None:
+            return 400, None
+        if name.decode() not in mod.kernels:
+            return 500, None
+        handle = self._id()
+        self.functions[handle] = (mod, name.decode())
+        return 0, handle
+
+    def cuModuleGetGlobal(self, module: int, name: bytes) -> tuple[int, Any, Any]:
+        if code := self._need():
+            return code, None, None
+        mod = self.modules.get(module)
+        if mod is None or name != b"aio_ctl":
+            return 500, None, None
+        return 0, mod.global_addr, 8
+
+    def cuFuncGetParamInfo(self, func: int, index: int) -> tuple[int, Any, Any]:
+        mod, name = self.functions[func]
+        types = mod.kernels[name]
+        if index >= len(types):
+            return 1, None, None
+        offsets, _ = c_param_layout(types)
+        size = 8 if types[index].endswith("*") else _C_SIZES[types[index]]
+        return 0, offsets[index], size
+
+    def param_size(self, func: int) -> int:
+        mod, name = self.functions[func]
+        return c_param_layout(mod.kernels[name])[1]
+
+    def cuLaunchKernel(self, f: int, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                       shared: int, stream: int, kernel_params: Any, extra: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        if f not in self.functions or stream not in self.streams:
+            return (400,)
+        if not (1 <= gx < 2**31 and gy == gz == 1 and 1 <= bx <= 1024 and by == bz == 1):
+            return (1,)
+        if kernel_params is not None:
+            return (1,)  # the runtime always uses the parameter buffer
+        expected = self.param_size(f)
+        entries: list[int] = []
+        if extra:
+            array = (ctypes.c_void_p * 5).from_address(extra)
+            entries = [int(v or 0) for v in array]
+            if entries[0] != 1 or entries[2] != 2 or entries[4] != 0:
+                return (1,)
+            size = ctypes.c_size_t.from_address(entries[3]).value
+            if size != expected:
+                return (1,)  # the driver wants the exact parameter size
+            params = ctypes.string_at(entries[1], size)  # copied during the call
+        else:
+            if expected:
+                return (1,)
+            params = b""
+        mod, name = self.functions[f]
+        self.launches.append(
+            {"name": name, "grid": gx, "block": bx, "params": params, "extra": entries}
+        )
+        self._enqueue(self.streams[stream], ["kernel", mod, name, params])
+        return (0,)
+
+
+# =============================================================================================
+# fixtures: the contract suite on the fake driver and on a real GPU
+# =============================================================================================
+
+
+def _gpu_skip_reason() -> str | None:
+    ok, why = cuda_mod.probe()
+    return None if ok else f"no usable CUDA GPU: {why}"
+
+
+def _open_real() -> Runtime:
+    reason = _gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return open_cuda_runtime(0)
+
+
+@pytest.fixture(params=["cuda-fake", pytest.param("cuda", marks=pytest.mark.gpu)])
+def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    name: str = request.param
+    if request.node.get_closest_marker("sim_only") is not None:
+        pytest.skip("relies on the sim backend's strictness or test controls")
+    if name == "cuda":
+        reason = _gpu_skip_reason()
+        if reason:
+            pytest.skip(reason)
+        monkeypatch.setitem(RUNTIME_FACTORIES, name, _open_real)
+    else:
+        fake = FakeDriver()  # one driver (one "process") per test: re-opening finds it again
+        monkeypatch.setitem(
+            RUNTIME_FACTORIES,
+            name,
+            lambda: open_cuda_runtime(0, driver=fake, compiler=fake_compile),
+        )
+    return name
+
+
+@pytest.fixture
+def rt(backend: str) -> Iterator[Runtime]:
+    runtime = RUNTIME_FACTORIES[backend]()
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+@pytest.fixture
+def dev(rt: Runtime) -> contract.Dev:
+    return contract.Dev(rt)
+
+
+def _fake(rt: Runtime) -> FakeDriver:
+    assert isinstance(rt, CudaRuntime)
+    driver = rt._d
+    if not isinstance(driver, FakeDriver):
+        pytest.skip("inspects the fake driver")
+    return driver
+
+
+#: contract tests replaced here, and why
+_REPLACED = {
+    # CUDA refuses every call that needs the context after a fault, malloc included (the
+    # contract expects malloc to work): see test_device_fault_is_sticky_on_cuda below.
+    "test_device_fault_is_sticky_for_every_stream",
+}
+
+
+def _contract_tests() -> dict[str, Callable[..., Any]]:
+    tests: dict[str, Callable[..., Any]] = {}
+    for name, obj in vars(contract).items():
+        if not name.startswith("test_") or not callable(obj) or name in _REPLACED:
+            continue
+        marks = getattr(obj, "pytestmark", [])
+        if any(mark.name == "sim_only" for mark in marks):
+            continue
+
+        @functools.wraps(obj)
+        def wrapper(*args: Any, __fn: Callable[..., Any] = obj, **kwargs: Any) -> Any:
+            return __fn(*args, **kwargs)
+
+        # functools.wraps shares the marks list: give the wrapper its own
+        wrapper.pytestmark = list(marks)  # type: ignore[attr-defined]
+        tests[f"test_contract_{name[len('test_'):]}"] = wrapper
+    return tests
+
+
+globals().update(_contract_tests())
+
+
+# =============================================================================================
+# runtime behaviour (on the fake driver; the cuda-parametrised ones also on a real GPU)
+# =============================================================================================
+
+
+@pytest.mark.parametrize("code", [0, 507035])
+def test_device_fault_is_sticky_on_cuda(dev: contract.Dev, code: int) -> None:
+    """The contract's sticky-fault test, except that ``malloc`` raises the fault too."""
+    rt = dev.rt
+    other = dev.new_stream()
+    event = rt.create_event(ACL_EVENT_SYNC)
+    expected = code or 507015
+    n = 4
+    x, y = dev.upload(np.ones(n, F32)), dev.upload(np.ones(n, F32))
+    dev.launch("fault", HostArgs().u32(code))
+    with pytest.raises(DeviceFaultError) as info:
+        rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+    assert info.value.code == expected
+    assert "CUDA_ERROR_" in info.value.message
+    assert f"ACL error {expected}" in info.value.message
+    if code == 0:
+        assert isinstance(info.value, AICoreExceptionError)
+    assert rt.get_recent_error_message()
+    checks: list[Callable[[], object]] = [
+        lambda: rt.query_event_status(event),
+        lambda: rt.synchronize_event(event, 1000),
+        lambda: rt.synchronize_stream(other, 1000),
+        lambda: rt.record_event(event, other),
+        lambda: rt.stream_wait_event(other, event),
+        lambda: dev.launch("axpy", contract.axpy_args(x, y, 1.0, n), other),
+        lambda: rt.memcpy_async(y, 16, x, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, other),
+        lambda: rt.malloc(64),
+    ]
+    for check in checks * 2:
+        with pytest.raises(DeviceFaultError) as again:
+            check()
+        assert again.value.code == expected
+        assert again.value.message == info.value.message
+    rt.free(x)
+    rt.destroy_event(event)
+    rt.destroy_stream(other)
+
+
+def test_launch_passes_the_args_through_the_parameter_buffer(dev: contract.Dev) -> None:
+    fake = _fake(dev.rt)
+    n = 16
+    x, y, z = (dev.rt.malloc(4 * n) for _ in range(3))
+    args = HostArgs().ptr(x).ptr(y).ptr(z).u32(n)
+    dev.launch("vector_add", args, blocks=7, cfg=LaunchConfig(block_dim=64))
+    launch = fake.launches[-1]
+    assert launch["name"] == "vector_add"
+    assert (launch["grid"], launch["block"]) == (7, 64)
+    assert launch["params"] == args.to_bytes()[:28]  # exact size: no tail padding
+    assert launch["extra"][0::2] == [1, 2, 0]
+    dev.launch("noop", HostArgs())
+    assert fake.launches[-1]["extra"] == []  # no parameters: extra is NULL
+    assert fake.launches[-1]["block"] == cuda_mod.DEFAULT_BLOCK_DIM
+
+
+def test_launch_refuses_args_smaller_than_the_kernels_parameters(dev: contract.Dev) -> None:
+    with pytest.raises(InvalidParamError, match="argsSize=8 is smaller than the 28 bytes"):
+        dev.launch("vector_add", HostArgs().u32(1))
+
+
+def test_placeholder_data_is_staged_on_the_device(dev: contract.Dev) -> None:
+    rt = dev.rt
+    fake = _fake(rt)
+    n = 8
+    x, y = dev.upload(np.arange(n, dtype=F32)), dev.upload(np.zeros(n, F32))
+    args = contract.scale_args(x, y, n, 2.5)
+    addr = dev.launch("scale", args)
+    slot = struct.unpack_from("<Q", bytes(host_view(addr, args.nbytes)), 16)[0]
+    assert fake.in_device(slot, 8), "the slot points at device memory (the staging ring)"
+    assert fake.launches[-1]["params"][16:24] == struct.pack("<Q", slot)
+    assert slot % MIN_STAGING_ALIGN == 32 % MIN_STAGING_ALIGN
+    np.testing.assert_array_equal(dev.download(y, n), np.arange(n, dtype=F32) * F32(2.5))
+    assert isinstance(rt, CudaRuntime)
+    assert rt.staging_stats(dev.stream)["allocations"] == 1
+
+
+def test_staging_memory_is_reused_after_completion(backend: str) -> None:
+    runtime = RUNTIME_FACTORIES[backend]()
+    try:
+        assert isinstance(runtime, CudaRuntime)
+        d = contract.Dev(runtime)
+        n = 64
+        x_host = np.arange(n, dtype=F32)
+        x, y = d.upload(x_host), d.upload(np.zeros(n, F32))
+        factors = [float(F32(1 + i / 7)) for i in range(2000)]
+        slots = set()
+        for i, factor in enumerate(factors):
+            addr = d.launch("scale", contract.scale_args(x, y, n, factor))
+            slots.add(struct.unpack_from("<Q", bytes(host_view(addr, 24)), 16)[0])
+            if i % 500 == 499:
+                np.testing.assert_array_equal(d.download(y, n), x_host * F32(factor))
+        stats = runtime.staging_stats(d.stream)
+        assert stats["allocations"] == 2000
+        assert stats["grows"] == 0
+        assert len(slots) <= stats["capacity"] // MIN_STAGING_ALIGN
+        np.testing.assert_array_equal(d.download(y, n), x_host * F32(factors[-1]))
+    finally:
+        runtime.close()
+
+
+def test_staging_ring_waits_when_full_of_unfinished_work() -> None:
+    fake = FakeDriver()
+    runtime = open_cuda_runtime(0, driver=fake, compiler=fake_compile, staging_bytes=4096)
+    try:
+        d = contract.Dev(runtime)
+        n = 4
+        x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
+        d.sleep_us(100_000)
+        t0 = time.monotonic()
+        for _ in range(200):  # 64 B each: the 4 KiB ring is full after 64 launches
+            d.launch("scale", contract.scale_args(x, y, n, 3.0))
+        assert time.monotonic() - t0 >= 0.09, "a full ring must wait for the queued work"
+        assert runtime.staging_stats(d.stream)["waits"] >= 1
+        np.testing.assert_array_equal(d.download(y, n), np.full(n, 3.0, F32))
+    finally:
+        runtime.close()
+
+
+def test_large_placeholder_data_grows_the_ring() -> None:
+    runtime = open_cuda_runtime(0, driver=FakeDriver(), compiler=fake_compile, staging_bytes=4096)
+    try:
+        d = contract.Dev(runtime)
+        n = 4
+        x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
+        tiling = struct.pack("<If", n, 4.0) + bytes(10_000)
+        args = HostArgs().ptr(x).ptr(y).placeholder(tiling, align=256)
+        d.launch("scale", args)
+        np.testing.assert_array_equal(d.download(y, n), np.full(n, 4.0, F32))
+        assert runtime.staging_stats(d.stream)["grows"] == 1
+    finally:
+        runtime.close()
+
+
+def test_a_closed_runtime_refuses_calls(backend: str) -> None:
+    runtime = RUNTIME_FACTORIES[backend]()
+    runtime.close()
+    with pytest.raises(ClosedError):
+        runtime.create_stream()
+    with pytest.raises(ClosedError):
+        runtime.set_current_context()
+    runtime.close()
+
+
+def test_close_releases_everything_and_hung_kernels() -> None:
+    fake = FakeDriver()
+    runtime = open_cuda_runtime(0, driver=fake, compiler=fake_compile)
+    d = contract.Dev(runtime)
+    d.hang(d.stream)
+    runtime.malloc(100)
+    runtime.malloc_host(100)
+    runtime.create_event(0)
+    d.launch("scale", contract.scale_args(runtime.malloc(16), runtime.malloc(16), 4, 1.0))
+    runtime.close()
+    assert runtime.close_errors == ()
+    assert fake.refcount == 0
+    assert not fake.host, "pinned memory (and the control block) freed"
+    assert fake.resets == 0, "no fault: the primary context is released, not reset"
+
+
+def test_close_after_a_fault_resets_the_primary_context() -> None:
+    fake = FakeDriver()
+    runtime = open_cuda_runtime(0, driver=fake, compiler=fake_compile)
+    d = contract.Dev(runtime)
+    d.launch("fault", HostArgs().u32(0))
+    with pytest.raises(DeviceFaultError):
+        runtime.synchronize_stream(d.stream, 1000)
+    assert isinstance(runtime, CudaRuntime) and runtime.is_faulted
+    runtime.close()
+    assert fake.resets == 1
+
+
+def test_a_kernel_fault_without_the_fault_kernel_carries_the_cuda_code(dev: contract.Dev) -> None:
+    n = 4
+    x = dev.upload(np.ones(n, F32))
+    dev.launch("axpy", contract.axpy_args(x, 0x1234_0000, 1.0, n))  # y is not device memory
+    with pytest.raises(DeviceFaultError) as info:
+        dev.rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+    assert info.value.code == 700
+    assert "CUDA_ERROR_ILLEGAL_ADDRESS (700)" in info.value.message
+
+
+def test_pageable_copies_are_done_when_the_call_returns(dev: contract.Dev) -> None:
+    rt = dev.rt
+    n = 256
+    src = np.arange(n, dtype=F32)
+    dst = np.zeros(n, dtype=F32)
+    device = rt.malloc(src.nbytes)
+    dev.sleep_us(50_000)
+    rt.memcpy_async(device, src.nbytes, src.ctypes.data, src.nbytes, ACL_MEMCPY_HOST_TO_DEVICE,
+                    dev.stream)
+    rt.memcpy_async(dst.ctypes.data, dst.nbytes, device, dst.nbytes, ACL_MEMCPY_DEVICE_TO_HOST,
+                    dev.stream)
+    np.testing.assert_array_equal(dst, src)
+
+
+def test_pinned_memory_is_recognised(rt: Runtime) -> None:
+    assert isinstance(rt, CudaRuntime)
+    a = rt.malloc_host(1000)
+    b = rt.malloc_host(64)
+    assert rt.is_pinned(a, 1000) and rt.is_pinned(a + 10, 990) and rt.is_pinned(b, 64)
+    assert not rt.is_pinned(a, 1001) or b == a + 1000
+    assert not rt.is_pinned(a - 1, 1)
+    rt.free_host(a)
+    assert not rt.is_pinned(a, 1)
+
+
+def test_user_modules_from_cu_files(tmp_path: Any) -> None:
+    source = 'extern "C" __global__ void mine(float* x, unsigned int n, double d) {}\n'
+    path = tmp_path / "mine.cu"
+    path.write_text(source)
+    runtime = open_cuda_runtime(0, driver=FakeDriver(), compiler=fake_compile)
+    try:
+        binary = runtime.load_binary(path)
+        func = runtime.get_function(binary, "mine")
+        assert runtime.function_param_size(func) == 24  # from cuFuncGetParamInfo
+        with pytest.raises(RuntimeAPIError) as info:
+            runtime.get_function(binary, "theirs")
+        assert info.value.code == 107042
+        with pytest.raises(TypeError, match="cuda backend loads"):
+            runtime.load_binary(42)
+        with pytest.raises(FileNotFoundError):
+            runtime.load_binary(tmp_path / "missing.ptx")
+        runtime.unload_binary(binary)
+        with pytest.raises(InvalidHandleError):
+            runtime.get_function(binary, "mine")
+    finally:
+        runtime.close()
+
+
+def test_builtin_parameter_sizes_agree_with_the_driver(rt: Runtime) -> None:
+    """On a GPU this compares the table with ``cuFuncGetParamInfo`` on the compiled kernels."""
+    assert isinstance(rt, CudaRuntime)
+    binary = rt.load_binary(None)
+    for name in BUILTIN_NAMES:
+        func = rt.get_function(binary, name)
+        queried = rt._param_size(rt._functions[func].cu)
+        if queried is None:
+            pytest.skip("the driver predates cuFuncGetParamInfo")
+        assert queried == PARAM_SIZES[name], name
+
+
+def test_memcpy_between_all_kinds_round_trips(dev: contract.Dev) -> None:
+    rt = dev.rt
+    data = bytes(range(256)) * 4
+    a, b = rt.malloc(len(data)), rt.malloc(len(data))
+    src, dst = dev.pinned(data), rt.malloc_host(len(data))
+    rt.memcpy_async(a, len(data), src, len(data), ACL_MEMCPY_HOST_TO_DEVICE, dev.stream)
+    rt.memcpy_async(b, len(data), a, len(data), ACL_MEMCPY_DEVICE_TO_DEVICE, dev.stream)
+    rt.memcpy_async(dst, len(data), b, len(data), ACL_MEMCPY_DEVICE_TO_HOST, dev.stream)
+    rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+    assert bytes(host_view(dst, len(data))) == data
+
+
+# =============================================================================================
+# the scheduler on the cuda backend
+# =============================================================================================
+
+
+def _runtime_options(backend: str) -> dict[str, Any]:
+    if backend == "cuda":
+        return {}
+    return {"driver": FakeDriver(), "compiler": fake_compile}
+
+
+def test_scheduler_round_trip(backend: str) -> None:
+    async def main() -> None:
+        options = _runtime_options(backend)
+        async with aa.open_device(0, backend="cuda", runtime_options=options) as d:
+            assert d.backend == "cuda"
+            s = d.stream()
+            n = 4096
+            x_host = np.arange(n, dtype=F32)
+            y_host = np.full(n, 0.5, F32)
+            x, y, z = d.malloc(4 * n), d.malloc(4 * n), d.malloc(4 * n)
+            await (await s.copy_to_device(x, x_host))
+            await (await s.copy_to_device(y, y_host))
+            args = aa.HostArgs().ptr(x).ptr(y).ptr(z).u32(n)
+            await (await s.launch(d.function("vector_add"), 16, args))
+            out = np.empty(n, F32)
+            await (await s.copy_to_host(out, z))
+            np.testing.assert_array_equal(out, x_host + y_host)
+            # many launches with placeholders (staging reuse under the scheduler)
+            scale = d.function("scale")
+            tasks = []
+            for i in range(300):
+                tiling = struct.pack("<If", n, float(i % 5))
+                args = aa.HostArgs().ptr(x).ptr(z).placeholder(tiling)
+                tasks.append(await s.launch(scale, 8, args))
+            for task in tasks:
+                await task
+            await (await s.copy_to_host(out, z))
+            np.testing.assert_array_equal(out, x_host * F32(299 % 5))
+            await s.aclose()
+
+    asyncio.run(main())
+
+
+def test_scheduler_reports_a_device_fault(backend: str) -> None:
+    async def main() -> None:
+        options = _runtime_options(backend)
+        async with aa.open_device(0, backend="cuda", runtime_options=options) as d:
+            s = d.stream()
+            noop = d.function("noop")  # after a fault CUDA refuses to look up functions too
+            task = await s.launch(d.function("fault"), 1, aa.HostArgs().u32(0))
+            with pytest.raises(DeviceFaultError) as info:
+                await task
+            assert info.value.code == 507015
+            with pytest.raises(DeviceFaultError):  # refused at launch, or failed when awaited
+                await (await s.launch(noop, 1))
+
+    asyncio.run(main())
+
+
+def test_scheduler_watchdog_and_forced_close_end_a_hung_kernel(backend: str) -> None:
+    async def main() -> None:
+        opener = aa.open_device(
+            0, backend="cuda", task_timeout=0.3, runtime_options=_runtime_options(backend)
+        )
+        async with opener as d:
+            s = d.stream()
+            task = await s.launch(d.function("hang"), 1)
+            with pytest.raises(TaskTimeoutError):
+                await task
+            await d.aclose(timeout=1.0)
+
+    asyncio.run(main())
