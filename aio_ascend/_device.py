@@ -8,7 +8,7 @@ import time
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -29,7 +29,21 @@ if TYPE_CHECKING:
 __all__ = ["Device", "DeviceBuffer", "Function", "Module", "open_device"]
 
 _DELIVERY_CHUNK = 256
+# which device's context each thread has bound last (see Device._rt)
+_bound = threading.local()
 _OPEN, _CLOSING, _CLOSED = "open", "closing", "closed"
+
+
+def _bound_call(runtime: Runtime, token: object, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` wrapped to bind the calling thread to ``runtime``'s context first (see Device._rt)."""
+
+    def call(*args: Any) -> Any:
+        if getattr(_bound, "token", None) is not token:
+            runtime.set_current_context()
+            _bound.token = token
+        return fn(*args)
+
+    return call
 
 
 class DeviceBuffer:
@@ -106,8 +120,13 @@ class Device:
         self.task_timeout = float(task_timeout)
         self._state = _OPEN
         self._closed = False
-        runtime.set_current_context()
-        self._pool = HostBufferPool(runtime.malloc_host, runtime.free_host, debug=debug)
+        self._bind_token = token = object()
+        self._rt()
+        self._pool = HostBufferPool(
+            _bound_call(runtime, token, runtime.malloc_host),
+            _bound_call(runtime, token, runtime.free_host),
+            debug=debug,
+        )
         self._streams: list[Stream] = []
         self._buffers: weakref.WeakSet[DeviceBuffer] = weakref.WeakSet()
         self._live_buffers: set[DeviceBuffer] = set()
@@ -163,7 +182,7 @@ class Device:
         if nbytes <= 0:
             raise ValueError(f"malloc(nbytes={nbytes}): nbytes must be > 0")
         self._check_open()
-        ptr = self._runtime.malloc(nbytes)
+        ptr = self._rt().malloc(nbytes)
         buf = DeviceBuffer(self, ptr, nbytes)
         with self._buf_lock:
             self._live_buffers.add(buf)
@@ -172,7 +191,7 @@ class Device:
     def load_module(self, source: object) -> Module:
         """Load a kernel binary (acl: a path or bytes; sim: an ``aio_ascend.sim.KernelLibrary``)."""
         self._check_open()
-        handle = self._runtime.load_binary(source)
+        handle = self._rt().load_binary(source)
         module = Module(self, handle, source)
         self._modules.append(module)
         return module
@@ -190,11 +209,11 @@ class Device:
         if not 1 <= max_in_flight <= 2000:
             raise ValueError(f"max_in_flight={max_in_flight} is out of range 1..2000")
         self._check_usable()
-        handle = self._runtime.create_stream()
+        handle = self._rt().create_stream()
         try:
-            self._runtime.set_stream_failure_mode(handle, ACL_STOP_ON_FAILURE)
+            self._rt().set_stream_failure_mode(handle, ACL_STOP_ON_FAILURE)
         except BaseException:
-            self._runtime.destroy_stream_force(handle)
+            self._rt().destroy_stream_force(handle)
             raise
         stream = Stream(self, handle, max_in_flight)
         self._streams.append(stream)
@@ -297,6 +316,14 @@ class Device:
 
     # --- internals: checks ---------------------------------------------------------------
 
+    def _rt(self) -> Runtime:
+        # The runtime, with the calling thread bound to this device's context first: the loop
+        # thread may serve several devices, and ACL contexts are per thread.
+        if getattr(_bound, "token", None) is not self._bind_token:
+            self._runtime.set_current_context()
+            _bound.token = self._bind_token
+        return self._runtime
+
     def _check_open(self) -> None:
         if self._state != _OPEN:
             raise ClosedError(f"the device is {self._state}")
@@ -357,7 +384,7 @@ class Device:
             buf._freed = True
             self._live_buffers.discard(buf)
         if self._state != _CLOSED:
-            self._runtime.free(buf.ptr)
+            self._rt().free(buf.ptr)
 
     def _release_resources(self, requests: list[Request]) -> None:
         # Any library thread, once the device can no longer touch the requests' memory.
@@ -377,8 +404,10 @@ class Device:
                             self._live_buffers.discard(buf)
                             to_free.append(buf.ptr)
                 request.buffers = ()
-        for ptr in to_free:
-            self._runtime.free(ptr)
+        if to_free:
+            runtime = self._rt()
+            for ptr in to_free:
+                runtime.free(ptr)
 
     def _retire_user_event(self, handle: int) -> None:
         # weakref.finalize of an Event: every request that used it has completed.
@@ -389,7 +418,7 @@ class Device:
         while dead:
             handle = dead.popleft()
             if self._state != _CLOSED:
-                self._runtime.destroy_event(handle)
+                self._rt().destroy_event(handle)
 
     # --- internals: submission and delivery (loop thread) --------------------------------
 
@@ -450,11 +479,11 @@ class Device:
                 # in-flight work there can no longer be observed normally; leave it to aclose
                 self._streams.append(stream)
                 return
-            self._runtime.destroy_stream(stream.handle)
+            self._rt().destroy_stream(stream.handle)
 
     async def _shutdown(self, *, forced: bool) -> None:
         engine = self._engine
-        runtime = self._runtime
+        runtime = self._rt()
         engine.stop()
         if forced or engine.fault is not None:
             # Unblock threads stuck in runtime calls (full queues, hung kernels) first.
@@ -507,7 +536,7 @@ class Device:
             if not stream._closed:
                 stream._closed = True
                 stream._in_flight = 0
-                self._quietly(self._runtime.destroy_stream_force, stream.handle)
+                self._quietly(self._rt().destroy_stream_force, stream.handle)
 
     @staticmethod
     def _quietly(fn: Any, *args: Any) -> None:

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from ._errors import (
-    AscendError,
     DeviceFaultError,
     EventSyncTimeoutError,
     InternalError,

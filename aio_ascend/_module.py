@@ -46,7 +46,7 @@ class Module:
         fn = self._functions.get(name)
         if fn is None:
             self._device._check_open()
-            handle = self._device._runtime.get_function(self.handle, name)
+            handle = self._device._rt().get_function(self.handle, name)
             fn = self._functions[name] = Function(self._device, self, name, handle)
         return fn
 

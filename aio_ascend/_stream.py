@@ -269,7 +269,7 @@ class Stream:
         await self._admit()
         try:
             flags = ACL_EVENT_SYNC | (ACL_EVENT_TIME_LINE if timing else 0)
-            handle = device._runtime.create_event(flags)
+            handle = device._rt().create_event(flags)
         except BaseException:
             device._unsettled -= 1
             self._release_slot()

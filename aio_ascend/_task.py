@@ -144,7 +144,7 @@ class Event:
         if not self._recorded_on_device:
             return False
         self._device._check_open()
-        status = self._device._runtime.query_event_status(self.handle)
+        status = self._device._rt().query_event_status(self.handle)
         return status == ACL_EVENT_RECORDED_STATUS_COMPLETE
 
     def elapsed_ms(self, end: Event) -> float:
@@ -165,7 +165,7 @@ class Event:
                 raise ValueError("elapsed_ms(): an event failed") from event._record_task._exc
         if self._device._closed:
             raise ClosedError("elapsed_ms(): the device is closed")
-        return self._device._runtime.event_elapsed_time(self.handle, end.handle)
+        return self._device._rt().event_elapsed_time(self.handle, end.handle)
 
     def __repr__(self) -> str:
         return f"<Event {self.handle:#x} {'done' if self.done() else 'pending'}>"

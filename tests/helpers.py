@@ -14,9 +14,42 @@ def open_sim(**kwargs: Any) -> Any:
     return aa.open_device(0, backend="sim", **kwargs)
 
 
+def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
+    """``open_device(0, ...)`` on ``"sim"`` or on the ``"acl"`` backend over the C test double."""
+    if backend == "acl":
+        import os
+
+        from acl_double import build_double
+
+        from aio_ascend._runtime._acl import ENV_BUILTINS
+
+        built = build_double()
+        os.environ.setdefault(ENV_BUILTINS, str(built.builtins))
+        options = {"library_path": str(built.library)}
+        return aa.open_device(device_id, backend="acl", runtime_options=options, **kwargs)
+    return aa.open_device(device_id, backend=backend, **kwargs)
+
+
+def live_resources(dev: aa.Device) -> dict[str, int]:
+    """What the runtime below ``dev`` still holds, with the sim's key names."""
+    if dev.backend == "acl":
+        from acl_double import double_control
+
+        counts = double_control().live_counts()
+        return {
+            "device_allocations": counts["device_allocs"],
+            "host_allocations": counts["host_allocs"],
+            "streams": counts["streams"],
+            "events": counts["events"],
+            "binaries": counts["binaries"],
+        }
+    live: dict[str, int] = dev.runtime.live_resources()  # type: ignore[attr-defined]
+    return live
+
+
 def assert_runtime_clean(dev: aa.Device) -> None:
-    """After ``aclose()``: the sim reports nothing left allocated."""
-    live = dev.runtime.live_resources()  # type: ignore[attr-defined]
+    """After ``aclose()``: the runtime reports nothing left allocated."""
+    live = live_resources(dev)
     assert all(count == 0 for count in live.values()), f"left behind after close: {live}"
 
 

@@ -7,12 +7,29 @@ import random
 import anyio
 import numpy as np
 import pytest
-from helpers import assert_runtime_clean, download, open_sim, tiling, upload
+from helpers import assert_runtime_clean, download, live_resources, open_backend, tiling, upload
 
 import aio_ascend as aa
 from aio_ascend._errors import InvalidParamError
 
 pytestmark = pytest.mark.anyio
+
+# Every test runs on the sim and on the acl backend over its C test double (tests/acl_double).
+_BACKEND = "sim"
+
+
+@pytest.fixture(params=["sim", "acl"], autouse=True)
+def backend(request: pytest.FixtureRequest) -> str:
+    global _BACKEND
+    _BACKEND = request.param
+    if request.param == "acl":
+        for marker in request.node.iter_markers("sim_only"):
+            pytest.skip(f"needs the sim's test controls: {marker.args[0] if marker.args else ''}")
+    return _BACKEND
+
+
+def open_sim(**kwargs: object) -> object:
+    return open_backend(_BACKEND, **kwargs)
 
 
 async def test_vector_add_roundtrip() -> None:
@@ -126,6 +143,7 @@ async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops() -> N
         assert stats["in_flight"] == 0
 
 
+@pytest.mark.sim_only("pause/resume")
 async def test_backpressure_holds_a_fast_producer_at_max_in_flight() -> None:
     async with open_sim() as dev:
         s = dev.stream(max_in_flight=8)
@@ -148,6 +166,7 @@ async def test_backpressure_holds_a_fast_producer_at_max_in_flight() -> None:
         assert dev.stats()["peak_in_flight"] == 8
 
 
+@pytest.mark.sim_only("pause/resume")
 async def test_admission_is_first_come_first_served() -> None:
     async with open_sim() as dev:
         s = dev.stream(max_in_flight=1)
@@ -167,6 +186,7 @@ async def test_admission_is_first_come_first_served() -> None:
         assert order == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.sim_only("pause/resume")
 async def test_cancelling_a_launch_waiting_for_admission_means_it_never_happens() -> None:
     async with open_sim() as dev:
         s = dev.stream(max_in_flight=1)
@@ -309,7 +329,10 @@ async def test_free_is_deferred_while_queued_work_uses_the_buffer() -> None:
     async with open_sim() as dev:
         s = dev.stream()
         buf = dev.malloc(256)
-        live = dev.runtime.live_resources  # type: ignore[attr-defined]
+
+        def live() -> dict[str, int]:
+            return live_resources(dev)
+
         before = live()["device_allocations"]
         await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(30_000))
         task = await s.launch(
@@ -324,6 +347,7 @@ async def test_free_is_deferred_while_queued_work_uses_the_buffer() -> None:
         assert live()["device_allocations"] == before - 1
 
 
+@pytest.mark.sim_only("inject_launch_error(after=)")
 async def test_a_batch_partly_refused_by_the_runtime() -> None:
     async with open_sim() as dev:
         s = dev.stream()
@@ -391,4 +415,22 @@ async def test_stream_async_with_and_close() -> None:
         assert task.done()
         with pytest.raises(aa.ClosedError):
             await s.launch(dev.function("noop"), 1)
-        assert dev.runtime.live_resources()["streams"] == 0  # type: ignore[attr-defined]
+        assert live_resources(dev)["streams"] == 0
+
+
+async def test_two_devices_on_one_loop_keep_their_contexts_apart() -> None:
+    if _BACKEND == "acl":
+        from acl_double import double_control
+
+        double_control().set_device_count(2)
+    async with open_backend(_BACKEND, 0) as dev0, open_backend(_BACKEND, 1) as dev1:
+        n = 16
+        results = []
+        for dev, value in ((dev0, 1.0), (dev1, 2.0), (dev0, 3.0)):
+            s = dev.stream()
+            buf = await upload(dev, s, np.full(n, value, dtype=np.float32))
+            await s.launch(dev.function("axpy"), 1, aa.HostArgs().ptr(buf).ptr(buf).f32(1).u32(n))
+            results.append((value, await download(s, buf, n)))
+            buf.free()
+        for value, out in results:
+            np.testing.assert_array_equal(out, np.full(n, 2 * value, dtype=np.float32))
