@@ -1339,6 +1339,34 @@ def test_user_modules_from_cu_files(tmp_path: Any) -> None:
         runtime.close()
 
 
+_FILL_SOURCE = """
+extern "C" __global__ void fill(float* out, float value, unsigned int n) {
+    for (unsigned int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        out[i] = value;
+}
+"""
+
+
+def test_a_cu_file_is_compiled_loaded_and_launched(dev: contract.Dev, backend: str,
+                                                    tmp_path: Any) -> None:
+    """A user kernel: NVRTC, cuModuleLoadData, cuFuncGetParamInfo, a parameter-buffer launch."""
+    if backend != "cuda":
+        pytest.skip("the fake driver does not run user kernels")
+    path = tmp_path / "fill.cu"
+    path.write_text(_FILL_SOURCE)
+    rt = dev.rt
+    assert isinstance(rt, CudaRuntime)
+    binary = rt.load_binary(path)
+    func = rt.get_function(binary, "fill")
+    assert rt.function_param_size(func) == 16
+    n = 1000
+    out = rt.malloc(4 * n)
+    addr, size, table, count = dev.pack(HostArgs().ptr(out).f32(2.5).u32(n))
+    rt.launch_kernel_with_host_args(func, 3, dev.stream, LaunchConfig(block_dim=128), addr, size,
+                                    table, count)
+    np.testing.assert_array_equal(dev.download(out, n), np.full(n, 2.5, F32))
+
+
 def test_builtin_parameter_sizes_agree_with_the_driver(rt: Runtime) -> None:
     """On a GPU this compares the table with ``cuFuncGetParamInfo`` on the compiled kernels."""
     assert isinstance(rt, CudaRuntime)

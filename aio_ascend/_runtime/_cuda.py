@@ -214,6 +214,8 @@ _PTR_MAX = 2**64 - 1
 #: GIL-releasing sleeps between polls of a synchronize call
 _POLL_FIRST_S = 20e-6
 _POLL_MAX_S = 1e-3
+#: longest close() waits for queued work before releasing what it uses
+_CLOSE_DRAIN_S = 2.0
 
 _U64 = struct.Struct("<Q")
 _ENTRY = struct.Struct("<II")
@@ -846,6 +848,7 @@ class CudaRuntime:
         ctypes.memset(self._control, 0, CONTROL_SIZE)
         err, dptr = driver.cuMemHostGetDevicePointer(self._control, 0)
         if int(err):
+            driver.cuMemFreeHost(self._control)
             raise self._cuda_error(int(err), "cuMemHostGetDevicePointer")
         self._control_device = int(dptr)
         # bound methods of the hot paths
@@ -1044,6 +1047,8 @@ class CudaRuntime:
         self.release_hangs()
         pushed_result = attempt("cuCtxPushCurrent", self._ctx)
         pushed = pushed_result is not None and int(pushed_result[0]) == 0
+        if pushed and self._fault is None:
+            self._drain_for_close(_CLOSE_DRAIN_S)
         for s in list(self._streams.values()):
             attempt("cuStreamDestroy", s.cu)
             if s.ring is not None:
@@ -1080,6 +1085,20 @@ class CudaRuntime:
             # The context is unusable after a fault: destroy it, so the next open gets a new one.
             attempt("cuDevicePrimaryCtxReset", self._device)
         self.close_errors = tuple(errors)
+
+    def _drain_for_close(self, seconds: float) -> None:
+        """Give queued work (released ``hang`` kernels included) a bounded time to finish, so
+        nothing still runs in modules and memory that close is about to release."""
+        deadline = time.monotonic() + seconds
+        for s in list(self._streams.values()):
+            while time.monotonic() < deadline:
+                try:
+                    (err,) = self._cuStreamQuery(s.cu)
+                except Exception:
+                    break
+                if int(err) != CUDA_ERROR_NOT_READY:
+                    break
+                time.sleep(_POLL_MAX_S)
 
     # --- streams -----------------------------------------------------------------------
 
