@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from asyncio import events as asyncio_events
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 __all__ = ["LoopAdapter", "current_loop_adapter"]
@@ -43,8 +43,8 @@ class LoopAdapter:
         """A one-shot waiter for one waiting coroutine."""
         raise NotImplementedError
 
-    async def wait(self, waiter: Any) -> None:
-        """Suspend until :meth:`wake` is called on ``waiter`` (cancellable)."""
+    def wait(self, waiter: Any) -> Awaitable[None]:
+        """An awaitable that completes when :meth:`wake` is called on ``waiter`` (cancellable)."""
         raise NotImplementedError
 
     def wake(self, waiter: Any) -> None:
@@ -80,8 +80,8 @@ class _AsyncioAdapter(LoopAdapter):
     def new_waiter(self) -> asyncio.Future[None]:
         return self.loop.create_future()
 
-    async def wait(self, waiter: asyncio.Future[None]) -> None:
-        await waiter
+    def wait(self, waiter: asyncio.Future[None]) -> Awaitable[None]:
+        return waiter  # awaiting the future itself: no extra coroutine frame per resume
 
     def wake(self, waiter: asyncio.Future[None]) -> None:
         if not waiter.done():
@@ -124,8 +124,8 @@ class _TrioAdapter(LoopAdapter):
     def new_waiter(self) -> Any:
         return self._trio.Event()
 
-    async def wait(self, waiter: Any) -> None:
-        await waiter.wait()
+    def wait(self, waiter: Any) -> Awaitable[None]:
+        return waiter.wait()  # type: ignore[no-any-return]
 
     def wake(self, waiter: Any) -> None:
         waiter.set()

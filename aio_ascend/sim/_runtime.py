@@ -27,6 +27,7 @@ import math
 import struct
 import threading
 from collections import deque
+from collections.abc import Iterable
 from time import monotonic, perf_counter
 from typing import Any, Final
 
@@ -92,15 +93,25 @@ def _new_handle(kind: int) -> int:
 _STREAM_HANDLE, _EVENT_HANDLE, _BINARY_HANDLE, _FUNCTION_HANDLE = 0x5151, 0x5E5E, 0x5B5B, 0x5F5F
 
 
+def _release_all(locks: Iterable[threading.Lock]) -> None:
+    for lock in list(locks):
+        try:
+            lock.release()
+        except RuntimeError:  # already released: a wake-up is pending anyway
+            pass
+
+
 class _Recording:
     """One ``record_event`` call: done once the device reaches it."""
 
-    __slots__ = ("done", "timeline", "timestamp")
+    __slots__ = ("done", "timeline", "timestamp", "waiters")
 
     def __init__(self, timeline: bool) -> None:
         self.done = False
         self.timeline = timeline
         self.timestamp = 0.0
+        #: locks of threads blocked in synchronize_event on this recording (released when done)
+        self.waiters: list[threading.Lock] | None = None
 
 
 class _Event:
@@ -215,6 +226,7 @@ class SimRuntime:
         self._work_seq = 0
         self._stream_waiters = 0  # threads waiting for stream progress (sync, full queue)
         self._event_waiters = 0  # threads waiting for a recording to complete
+        self._sync_locks: set[threading.Lock] = set()  # see synchronize_event
         self._rr = 0
         self._inject: tuple[int, int] | None = None  # (launch calls to let through, code)
         self._final_resources: dict[str, int] | None = None
@@ -308,6 +320,7 @@ class SimRuntime:
             self._final_resources = self._live_counts()
             self._closed = True
             self._cond.notify_all()
+            _release_all(self._sync_locks)
             waiters = list(self._pageable)
         for waiter in waiters:
             waiter.fail(_CONTEXT_NULL, "the runtime was closed while the copy was queued")
@@ -436,9 +449,7 @@ class SimRuntime:
         func = "aclrtDestroyStreamForce"
         self._check(func)
         s = self._stream(stream, func)
-        self._fail_pageable(
-            self._remove_stream(s), _STREAM_ABORT, "the stream was force-destroyed"
-        )
+        self._fail_pageable(self._remove_stream(s), _STREAM_ABORT, "the stream was force-destroyed")
 
     def _fail_pageable(self, tasks: list[tuple[Any, ...]], code: int, message: str) -> None:
         for task in tasks:
@@ -589,30 +600,38 @@ class SimRuntime:
         if rec is None or rec.done:
             return
         deadline = None if timeout_ms < 0 else monotonic() + timeout_ms / 1000.0
-        cond = self._cond
-        with cond:
-            self._event_waiters += 1
-            try:
-                while True:
-                    if self._fault is not None:
-                        raise self._fault_error(func)
-                    if self._closed:
-                        raise self._context_error(func)
-                    if rec.done:
-                        return
-                    slice_s = _WAIT_SLICE_S
-                    if deadline is not None:
-                        remaining = deadline - monotonic()
-                        if remaining <= 0:
-                            raise self._error(
-                                _EVENT_SYNC_TIMEOUT,
-                                func,
-                                f"event not complete after {timeout_ms} ms",
-                            )
-                        slice_s = min(slice_s, remaining)
-                    cond.wait(slice_s)
-            finally:
-                self._event_waiters -= 1
+        # Each waiter blocks on a lock of its own that the device thread releases when this
+        # recording completes (or a fault/close happens): only that waiter wakes up, as with
+        # the real runtime, instead of every thread blocked in a synchronize call.
+        wake = threading.Lock()
+        wake.acquire()
+        with self._cond:
+            if rec.waiters is None:
+                rec.waiters = []
+            rec.waiters.append(wake)
+            self._sync_locks.add(wake)
+        try:
+            while True:
+                if self._fault is not None:
+                    raise self._fault_error(func)
+                if self._closed:
+                    raise self._context_error(func)
+                if rec.done:
+                    return
+                slice_s = _WAIT_SLICE_S
+                if deadline is not None:
+                    remaining = deadline - monotonic()
+                    if remaining <= 0:
+                        raise self._error(
+                            _EVENT_SYNC_TIMEOUT,
+                            func,
+                            f"event not complete after {timeout_ms} ms",
+                        )
+                    slice_s = min(slice_s, remaining)
+                wake.acquire(timeout=slice_s)
+        finally:
+            with self._cond:
+                self._sync_locks.discard(wake)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         """``aclrtStreamWaitEvent``: later work on ``stream`` waits for the event's recording
@@ -685,9 +704,7 @@ class SimRuntime:
         if not self._pinned.free(ptr):
             raise self._param(func, f"hostPtr={_hex(ptr)} is not a live pinned host allocation")
 
-    def _host_side(
-        self, addr: int, count: int, name: str, func: str
-    ) -> tuple[U8Array, int] | None:
+    def _host_side(self, addr: int, count: int, name: str, func: str) -> tuple[U8Array, int] | None:
         """Pinned ``(array, offset)`` for a host address, or None if it is pageable."""
         if isinstance(addr, bool) or not isinstance(addr, int) or addr <= 0:
             raise self._param(func, f"{name}={addr!r} is not a valid host address")
@@ -723,8 +740,9 @@ class SimRuntime:
             host = self._host_side(dst, count, "dst", func)
         elif kind != ACL_MEMCPY_DEVICE_TO_DEVICE:
             raise self._param(
-                func, f"kind={kind!r}: expected 1 (host to device), 2 (device to host) or 3 "
-                "(device to device)"
+                func,
+                f"kind={kind!r}: expected 1 (host to device), 2 (device to host) or 3 "
+                "(device to device)",
             )
         if kind == ACL_MEMCPY_DEVICE_TO_DEVICE or host is not None:
             array, offset = host if host is not None else (None, 0)
@@ -874,13 +892,18 @@ class SimRuntime:
                     _U64.pack_into(view, offset + addr_offset, region + data_offset)
             else:
                 for addr_offset, data_offset in entries:
-                    ctypes.memmove(
-                        args_addr + addr_offset, _U64.pack(region + data_offset), 8
-                    )
+                    ctypes.memmove(args_addr + addr_offset, _U64.pack(region + data_offset), 8)
         task: tuple[Any, ...]
         if view is None:  # pageable: snapshot now, after patching
-            task = (_KERNEL, spec, num_blocks, ctypes.string_at(args_addr, args_size), 0,
-                    args_size, region)
+            task = (
+                _KERNEL,
+                spec,
+                num_blocks,
+                ctypes.string_at(args_addr, args_size),
+                0,
+                args_size,
+                region,
+            )
         else:  # pinned: read when the kernel executes
             task = (_KERNEL, spec, num_blocks, view, offset, args_size, region)
         with self._lock:
@@ -913,9 +936,7 @@ class SimRuntime:
                 name, f"placeHolderNum={count!r}: expected an int in 0..{_MAX_PLACEHOLDERS}"
             )
         if type(table_addr) is not int or table_addr <= 0:
-            raise self._param(
-                name, f"placeHolderArray is NULL while placeHolderNum={count}"
-            )
+            raise self._param(name, f"placeHolderArray is NULL while placeHolderNum={count}")
         nbytes = count * _PLACEHOLDER.size
         unpack = _PLACEHOLDER.unpack_from
         table_offset = table_addr - args_base
@@ -930,8 +951,10 @@ class SimRuntime:
             raw = ctypes.string_at(table_addr, nbytes)
             entries = list(_PLACEHOLDER.iter_unpack(raw))
         for addr_offset, data_offset in entries:
-            if (addr_offset | data_offset) & 7 or addr_offset + 8 > args_size or (
-                data_offset >= args_size
+            if (
+                (addr_offset | data_offset) & 7
+                or addr_offset + 8 > args_size
+                or (data_offset >= args_size)
             ):
                 raise self._bad_placeholder(name, args_size, entries)
         return entries
@@ -952,8 +975,9 @@ class SimRuntime:
                 return self._param(name, f"{where}.addrOffset={addr_offset} is not 8-aligned")
             if addr_offset + 8 > args_size:
                 return self._param(
-                    name, f"{where}.addrOffset={addr_offset}: the 8-byte slot ends past "
-                    f"argsSize={args_size}"
+                    name,
+                    f"{where}.addrOffset={addr_offset}: the 8-byte slot ends past "
+                    f"argsSize={args_size}",
                 )
             if data_offset % 8:
                 return self._param(name, f"{where}.dataOffset={data_offset} is not 8-aligned")
@@ -1052,6 +1076,8 @@ class SimRuntime:
                         rec.timestamp = max(perf_counter(), s.busy_until)
                     rec.done = True
                     records_done = True
+                    if rec.waiters:
+                        _release_all(rec.waiters)
                 else:
                     queue.popleft()
                     self._run_copy(task)
@@ -1146,6 +1172,7 @@ class SimRuntime:
             if self._fault is None:
                 self._fault = (code, message)
             self._cond.notify_all()
+            _release_all(self._sync_locks)
             waiters = list(self._pageable)
         for waiter in waiters:
             waiter.fail(code, message)
@@ -1169,4 +1196,3 @@ def open_sim_runtime(
     runtime = SimRuntime(device_id, time_model=time_model, max_queue_depth=max_queue_depth)
     runtime.set_current_context()
     return runtime
-
