@@ -116,7 +116,7 @@ def bench_raw(cfg: BenchConfig) -> dict[str, float]:
 # --- (b) naive per-launch to_thread(launch + sync) ------------------------------------------
 
 
-def bench_naive(cfg: BenchConfig) -> dict[str, float]:
+def bench_naive(cfg: BenchConfig) -> dict[str, Any]:
     """(b): every launch is ``await to_thread(launch + record + synchronize)``."""
     n = cfg.n(8_000)
     rt = open_runtime(cfg.backend, 0)
@@ -174,6 +174,7 @@ def bench_naive(cfg: BenchConfig) -> dict[str, float]:
         "single_launch_p50_us": _pct(single, 50) * 1e6,
         "single_launch_p99_us": _pct(single, 99) * 1e6,
         "n": n,
+        "latencies_us": [x * 1e6 for x in single],
     }
 
 
@@ -201,11 +202,11 @@ async def _launch_storm(dev: Device, total: int, launchers: int, streams: int = 
     return float(per * launchers)
 
 
-def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> dict[str, float]:
+def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> dict[str, Any]:
     """(c): ``launchers`` coroutines each launching ``noop`` through one Device."""
     n = cfg.n(50_000)
 
-    async def main() -> dict[str, float]:
+    async def main() -> dict[str, Any]:
         async with open_device(
             0, backend=cfg.backend, completion=completion, batch_cap=batch_cap
         ) as dev:
@@ -232,9 +233,10 @@ def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> 
                 "launches_measured": done,
                 "single_launch_p50_us": _pct(single, 50) * 1e6,
                 "single_launch_p99_us": _pct(single, 99) * 1e6,
+                "latencies_us": [x * 1e6 for x in single],
             }
 
-    result: dict[str, float] = _run_async(cfg, main)
+    result: dict[str, Any] = _run_async(cfg, main)
     return result
 
 
@@ -341,7 +343,9 @@ def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[s
                     resumed = time.perf_counter()
                     lat.append(resumed - stamps[-1])
                     if not churn and len(cfg.spans) < 400:
-                        cfg.spans.append(("probe", "completion->resume", stamps[-1], resumed))
+                        cfg.spans.append(
+                            (f"probe ({completion})", "completion->resume", stamps[-1], resumed)
+                        )
                 stop.set()
             return {
                 "p50_us": _pct(lat, 50) * 1e6,
@@ -553,7 +557,8 @@ def format_table(r: dict[str, Any]) -> str:
                 f"single launch+await latency {label}",
                 f"p50 {x['single_launch_p50_us']:7.1f} us  p99 {x['single_launch_p99_us']:7.1f} us",
             )
-    lines.append("wake latency (device completion -> coroutine resumed)")
+    if any(key in r for key in ("bare_wakes", "wake_poll", "wake_block", "wake_churn")):
+        lines.append("wake latency (device completion -> coroutine resumed)")
     if "bare_wakes" in r:
         x = r["bare_wakes"]
         row(
