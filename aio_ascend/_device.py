@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["Device", "DeviceBuffer", "Function", "Module", "open_device"]
 
 _DELIVERY_CHUNK = 256
+_MAX_SPARE_EVENTS = 1024
 # which device's context each thread has bound last (see Device._rt)
 _bound = threading.local()
 _OPEN, _CLOSING, _CLOSED = "open", "closing", "closed"
@@ -141,7 +142,8 @@ class Device:
         self._peak_in_flight = 0
         self._idle_waiters: list[Any] = []
         self._close_waiters: list[Any] = []
-        self._dead_events: deque[int] = deque()
+        self._dead_events: deque[tuple[int, int]] = deque()
+        self._spare_events: dict[int, list[int]] = {}
         deliver = weakref.WeakMethod(self._deliver)
         release = weakref.WeakMethod(self._release_resources)
 
@@ -409,16 +411,30 @@ class Device:
             for ptr in to_free:
                 runtime.free(ptr)
 
-    def _retire_user_event(self, handle: int) -> None:
-        # weakref.finalize of an Event: every request that used it has completed.
-        self._dead_events.append(handle)
+    def _retire_user_event(self, handle: int, flags: int) -> None:
+        # weakref.finalize of an Event (any thread): every request that used the event has
+        # completed on the device, so its handle can be recorded again.
+        self._dead_events.append((handle, flags))
 
-    def _destroy_dead_events(self) -> None:
+    def _recycle_dead_events(self) -> None:
+        # Loop thread: keep a bounded number of spare handles per flag set, destroy the rest.
         dead = self._dead_events
         while dead:
-            handle = dead.popleft()
-            if self._state != _CLOSED:
+            handle, flags = dead.popleft()
+            spares = self._spare_events.setdefault(flags, [])
+            if len(spares) < _MAX_SPARE_EVENTS:
+                spares.append(handle)
+            elif self._state != _CLOSED:
                 self._rt().destroy_event(handle)
+
+    def _take_event(self, flags: int) -> int:
+        """An Ex event with ``flags`` for ``record_event``: a recycled one if any."""
+        if self._dead_events:
+            self._recycle_dead_events()
+        spares = self._spare_events.get(flags)
+        if spares:
+            return spares.pop()
+        return self._rt().create_event(flags)
 
     # --- internals: submission and delivery (loop thread) --------------------------------
 
@@ -444,7 +460,7 @@ class Device:
             pending, self._pending = self._pending, []
             self._engine.submit(pending)
         if self._dead_events:
-            self._destroy_dead_events()
+            self._recycle_dead_events()
 
     def _deliver(self, items: list[Delivery], start: int = 0) -> None:
         end = min(len(items), start + _DELIVERY_CHUNK)
@@ -513,7 +529,11 @@ class Device:
         for handle in engine.all_batch_events:
             self._quietly(runtime.destroy_event, handle)
         while self._dead_events:
-            self._quietly(runtime.destroy_event, self._dead_events.popleft())
+            self._quietly(runtime.destroy_event, self._dead_events.popleft()[0])
+        for spares in self._spare_events.values():
+            for handle in spares:
+                self._quietly(runtime.destroy_event, handle)
+        self._spare_events.clear()
         with self._buf_lock:
             live = list(self._live_buffers)
             self._live_buffers.clear()

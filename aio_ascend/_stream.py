@@ -11,8 +11,8 @@ from ._config import LaunchConfig
 from ._errors import ClosedError
 from ._hostargs import HostArgs
 from ._module import Function
-from ._runtime._base import ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE, MAX_NUM_BLOCKS
-from ._task import Event, Task
+from ._runtime._base import MAX_NUM_BLOCKS
+from ._task import Event, Task, _event_flags
 from ._work import CopyToDevice, CopyToHost, Launch, RecordEvent, Request, WaitEvent
 
 if TYPE_CHECKING:
@@ -283,8 +283,7 @@ class Stream:
             raise TypeError("timing must be a bool")
         await self._admit()
         try:
-            flags = ACL_EVENT_SYNC | (ACL_EVENT_TIME_LINE if timing else 0)
-            handle = device._rt().create_event(flags)
+            handle = device._take_event(_event_flags(timing))
         except BaseException:
             device._unsettled -= 1
             self._release_slot()

@@ -7,13 +7,22 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ClosedError
-from ._runtime._base import ACL_EVENT_RECORDED_STATUS_COMPLETE
+from ._runtime._base import (
+    ACL_EVENT_RECORDED_STATUS_COMPLETE,
+    ACL_EVENT_SYNC,
+    ACL_EVENT_TIME_LINE,
+)
 
 if TYPE_CHECKING:
     from ._device import Device
     from ._stream import Stream
 
 __all__ = ["Event", "Task"]
+
+
+def _event_flags(timing: bool) -> int:
+    """The Ex event flags of a user event: SYNC (others wait on it), TIME_LINE if timed."""
+    return ACL_EVENT_SYNC | (ACL_EVENT_TIME_LINE if timing else 0)
 
 
 class Task:
@@ -128,7 +137,7 @@ class Event:
         self._record_task = record_task
         self._recorded_on_device = False
         self._record_error: BaseException | None = None
-        weakref.finalize(self, device._retire_user_event, handle)
+        weakref.finalize(self, device._retire_user_event, handle, _event_flags(timing))
 
     def __await__(self) -> Generator[Any, None, None]:
         return self._record_task._wait().__await__()

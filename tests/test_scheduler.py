@@ -434,3 +434,17 @@ async def test_two_devices_on_one_loop_keep_their_contexts_apart() -> None:
             buf.free()
         for value, out in results:
             np.testing.assert_array_equal(out, np.full(n, 2 * value, dtype=np.float32))
+
+
+async def test_dropped_user_events_are_recycled_not_leaked() -> None:
+    async with open_sim() as dev:
+        s, other = dev.stream(), dev.stream()
+        handles = set()
+        for _ in range(200):
+            event = await s.record_event()
+            await (await other.wait_event(event))
+            handles.add(event.handle)
+            del event  # its finalizer hands the handle back for reuse
+        assert len(handles) <= 3
+        assert live_resources(dev)["events"] <= 6
+    assert_runtime_clean(dev)
