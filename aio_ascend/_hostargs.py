@@ -56,6 +56,11 @@ _INT_TYPES: dict[str, tuple[str, int, int]] = {
     "i64": ("<q", -(2**63), 2**63 - 1),
 }
 _FLOAT_TYPES: dict[str, str] = {"f16": "<e", "f32": "<f", "f64": "<d"}
+_INT_PACKERS = {
+    kind: (struct.Struct(fmt), low, high) for kind, (fmt, low, high) in _INT_TYPES.items()
+}
+_FLOAT_PACKERS = {kind: struct.Struct(fmt) for kind, fmt in _FLOAT_TYPES.items()}
+_REAL_TYPES = (int, float, np.floating, np.integer)
 
 
 def _align_up(value: int, alignment: int) -> int:
@@ -121,8 +126,9 @@ class HostArgs:
 
     __slots__ = (
         "_buffers",
+        "_count",
         "_cursor",
-        "_fields",
+        "_image",
         "_max_nbytes",
         "_max_placeholders",
         "_packed",
@@ -147,7 +153,9 @@ class HostArgs:
         self._max_nbytes = max_nbytes
         self._max_placeholders = max_placeholders
         # (offset, bytes) of each argument in the argument area
-        self._fields: list[tuple[int, bytes]] = []
+        # the argument area, laid out as arguments are added; tail data is placed by _layout
+        self._image = bytearray()
+        self._count = 0
         self._cursor = 0
         # (slot offset, data, alignment) of each placeholder
         self._placeholder_data: list[tuple[int, bytes, int]] = []
@@ -158,10 +166,17 @@ class HostArgs:
     # --- builders ------------------------------------------------------------------------
 
     def _append(self, field: str, data: bytes, align: int) -> HostArgs:
-        offset = _align_up(self._cursor, align)
+        offset = (self._cursor + align - 1) & -align
         end = offset + len(data)
-        self._check_size(field, end, self._placeholder_data)
-        self._fields.append((offset, data))
+        # Cheap upper bound first (every tail block padded by its full alignment); the exact
+        # layout is computed only near the cap, so no valid layout is refused.
+        if end + self._tail_size + 8 > self._max_nbytes:
+            self._check_size(field, end, self._placeholder_data)
+        image = self._image
+        if offset != len(image):
+            image.extend(bytes(offset - len(image)))
+        image += data
+        self._count += 1
         self._cursor = end
         self._packed = None
         return self
@@ -178,7 +193,9 @@ class HostArgs:
 
     def ptr(self, value: SupportsDevicePointer | int | None) -> HostArgs:
         """A device pointer: 8 bytes, 8-aligned. ``None`` packs a NULL pointer."""
-        if value is None:
+        if type(value) is int:
+            address = value
+        elif value is None:
             address = 0
         elif isinstance(value, int) and not isinstance(value, bool):
             address = value
@@ -197,19 +214,21 @@ class HostArgs:
         return self._append("ptr", address.to_bytes(8, "little"), 8)
 
     def _int(self, kind: str, value: object) -> HostArgs:
-        fmt, low, high = _INT_TYPES[kind]
-        if isinstance(value, float):
+        packer, low, high = _INT_PACKERS[kind]
+        if type(value) is int:
+            number = value
+        elif isinstance(value, float):
             raise TypeError(f"HostArgs.{kind} takes an integer, got float {value!r}")
-        try:
-            number = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            raise TypeError(
-                f"HostArgs.{kind} takes an integer, got {type(value).__name__}"
-            ) from None
+        else:
+            try:
+                number = operator.index(value)  # type: ignore[arg-type]
+            except TypeError:
+                raise TypeError(
+                    f"HostArgs.{kind} takes an integer, got {type(value).__name__}"
+                ) from None
         if not low <= number <= high:
             raise ValueError(f"HostArgs.{kind}: {number} is out of range {low}..{high}")
-        size = struct.calcsize(fmt)
-        return self._append(kind, struct.pack(fmt, number), size)
+        return self._append(kind, packer.pack(number), packer.size)
 
     def u8(self, value: int) -> HostArgs:
         """An unsigned 8-bit integer."""
@@ -244,21 +263,19 @@ class HostArgs:
         return self._int("i64", value)
 
     def _float(self, kind: str, value: object) -> HostArgs:
-        fmt = _FLOAT_TYPES[kind]
-        if isinstance(value, bool) or not isinstance(value, int | float | np.floating | np.integer):
+        packer = _FLOAT_PACKERS[kind]
+        if type(value) is not float and (
+            isinstance(value, bool) or not isinstance(value, _REAL_TYPES)
+        ):
             raise TypeError(f"HostArgs.{kind} takes a real number, got {type(value).__name__}")
-        number = float(value)
+        number = float(value)  # type: ignore[arg-type]
         try:
-            data = struct.pack(fmt, number)
+            data = packer.pack(number)
         except (OverflowError, struct.error):
             raise ValueError(f"HostArgs.{kind}: {number!r} does not fit {kind}") from None
-        if (
-            kind == "f32"
-            and math.isfinite(number)
-            and not math.isfinite(struct.unpack(fmt, data)[0])
-        ):
+        if kind == "f32" and not math.isfinite(packer.unpack(data)[0]) and math.isfinite(number):
             raise ValueError(f"HostArgs.{kind}: {number!r} does not fit {kind}")
-        return self._append(kind, data, struct.calcsize(fmt))
+        return self._append(kind, data, packer.size)
 
     def f16(self, value: float) -> HostArgs:
         """An IEEE half-precision float (2-aligned)."""
@@ -305,7 +322,9 @@ class HostArgs:
         candidate = [*self._placeholder_data, (slot, payload, align)]
         self._check_size("placeholder", slot + 8, candidate)
         self._placeholder_data = candidate
-        self._fields.append((slot, b"\0" * 8))
+        self._tail_size += len(payload) + align - 1
+        self._image.extend(bytes(slot + 8 - len(self._image)))
+        self._count += 1
         self._cursor = slot + 8
         self._packed = None
         return self
@@ -320,23 +339,16 @@ class HostArgs:
         return packed
 
     def _layout(self) -> PackedArgs:
-        tail = self._cursor
-        placements: list[tuple[int, int, bytes]] = []
+        image = bytearray(self._image)
+        placeholders = []
         for slot, data, align in self._placeholder_data:
-            tail = _align_up(tail, align)
-            placements.append((slot, tail, data))
-            tail += len(data)
-        total = max(_align_up(tail, 8), 8)
-        image = bytearray(total)
-        for offset, data in self._fields:
-            image[offset : offset + len(data)] = data
-        for _, data_offset, data in placements:
-            image[data_offset : data_offset + len(data)] = data
-        return PackedArgs(
-            bytes(image),
-            tuple((slot, data_offset) for slot, data_offset, _ in placements),
-            tuple(self._buffers),
-        )
+            data_offset = (len(image) + align - 1) & -align
+            image.extend(bytes(data_offset - len(image)))
+            image += data
+            placeholders.append((slot, data_offset))
+        total = max((len(image) + 7) & -8, 8)
+        image.extend(bytes(total - len(image)))
+        return PackedArgs(bytes(image), tuple(placeholders), tuple(self._buffers))
 
     @property
     def nbytes(self) -> int:
@@ -381,7 +393,7 @@ class HostArgs:
 
     def __repr__(self) -> str:
         return (
-            f"HostArgs(fields={len(self._fields)}, placeholders={len(self._placeholder_data)}, "
+            f"HostArgs(fields={self._count}, placeholders={len(self._placeholder_data)}, "
             f"nbytes={self.nbytes})"
         )
 
