@@ -8,11 +8,7 @@ Neither ever blocks on the event loop: results go back with one non-blocking
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import queue
-import sys
 import threading
 import time
 from collections import deque
@@ -27,6 +23,7 @@ from ._errors import (
     derived_error,
 )
 from ._runtime._base import ACL_EVENT_CAPTURE_STREAM_PROGRESS, ACL_EVENT_RECORDED_STATUS_COMPLETE
+from ._runtime._threads import GIL_SLICE_S, reduce_timer_slack, yield_gil
 from ._work import Batch, Launch, Request
 
 if TYPE_CHECKING:
@@ -45,16 +42,8 @@ LATE: Final = 2
 Delivery = tuple[Request, BaseException | None, int]
 
 _STOP = object()
-
-
-def _reduce_timer_slack() -> None:
-    # Linux rounds short timed waits up by the thread's timer slack (50 us by default), which
-    # would dominate the poll interval. PR_SET_TIMERSLACK = 29; best effort, this thread only.
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(29, 1000, 0, 0, 0)
+#: requests completed per poll round at most (bounds the poller's time holding the GIL)
+_ROUND_BUDGET = 1024
 
 
 class Engine:
@@ -196,7 +185,11 @@ class Engine:
         open_batches: dict[Stream, list[Request]] = {}
         broken: dict[Stream, BaseException] = {}
         failures: list[Delivery] = []
-        for req in requests:
+        slice_end = time.perf_counter() + GIL_SLICE_S
+        for index, req in enumerate(requests):
+            if index & 31 == 31 and time.perf_counter() > slice_end:
+                yield_gil()
+                slice_end = time.perf_counter() + GIL_SLICE_S
             stream = req.stream
             error = broken.get(stream)
             if error is None and self.fault is not None:
@@ -276,7 +269,7 @@ class Engine:
 
     def _poller_main(self) -> None:
         self.runtime.set_current_context()
-        _reduce_timer_slack()
+        reduce_timer_slack()
         outstanding = self._outstanding
         inbox = self._poll_queue
         interval = self.poll_min_interval
@@ -301,6 +294,7 @@ class Engine:
 
             if self.completion == "block":
                 self._block_on_oldest()
+            started = time.perf_counter()
             try:
                 done = self._collect_completed()
             except DeviceFaultError as exc:
@@ -310,6 +304,8 @@ class Engine:
                 pending -= len(done)
                 self._complete(done)
                 interval = self.poll_min_interval
+                if time.perf_counter() - started > GIL_SLICE_S:
+                    yield_gil()  # a big round: let the loop take the GIL before the next
                 continue
             self._check_deadlines()
             if self.completion == "block":
@@ -339,11 +335,14 @@ class Engine:
     def _collect_completed(self) -> list[Batch]:
         query = self.runtime.query_event_status
         done: list[Batch] = []
+        budget = _ROUND_BUDGET
         for batches in self._outstanding.values():
-            while batches:
+            while batches and budget > 0:
                 if query(batches[0].event) != ACL_EVENT_RECORDED_STATUS_COMPLETE:
                     break
-                done.append(batches.popleft())
+                batch = batches.popleft()
+                done.append(batch)
+                budget -= len(batch.requests)
         return done
 
     def _complete(self, done: list[Batch]) -> None:

@@ -268,7 +268,7 @@ class HostArgs:
             isinstance(value, bool) or not isinstance(value, _REAL_TYPES)
         ):
             raise TypeError(f"HostArgs.{kind} takes a real number, got {type(value).__name__}")
-        number = float(value)  # type: ignore[arg-type]
+        number = float(value)
         try:
             data = packer.pack(number)
         except (OverflowError, struct.error):

@@ -21,6 +21,8 @@ from ._runtime._hostmem import host_view
 __all__ = ["HostBuffer", "HostBufferPool"]
 
 _MIN_CLASS = 64
+_SLAB_BYTES = 64 * 1024  # small size classes are allocated this many bytes at a time
+_SLAB_MAX_CLASS = 4096
 _GUARD = 64
 GUARD_BYTE = 0xA5
 POISON_BYTE = 0xDB
@@ -34,9 +36,12 @@ class HostBuffer:
     :ivar view: a writable ``memoryview`` of the usable region
     """
 
-    __slots__ = ("_base", "addr", "capacity", "in_use", "view")
+    __slots__ = ("_alloc", "_base", "addr", "capacity", "in_use", "view")
 
-    def __init__(self, base: int, addr: int, capacity: int, view: memoryview) -> None:
+    def __init__(self, alloc: int, base: int, addr: int, capacity: int, view: memoryview) -> None:
+        # the malloc_host address to free with this buffer (0: it lives in a shared slab)
+        self._alloc = alloc
+        # where its leading guard bytes start (== addr without debug guards)
         self._base = base
         self.addr = addr
         self.capacity = capacity
@@ -82,8 +87,10 @@ class HostBufferPool:
         self._free: dict[int, list[HostBuffer]] = {}
         # Every live buffer is either in a free list or in use, so no counter is needed on the
         # hot path: in use = allocated - freed - cached.
-        self._allocations = 0
-        self._discarded = 0
+        self._allocations = 0  # malloc_host calls
+        self._owned = 0  # buffers created
+        self._discarded = 0  # buffers freed
+        self._slabs: list[int] = []
         self._violations = 0
         self._closed = False
         self._guard = bytes([GUARD_BYTE]) * _GUARD
@@ -95,7 +102,7 @@ class HostBufferPool:
 
     def _in_use(self) -> int:
         cached = sum(len(bucket) for bucket in list(self._free.values()))
-        return self._allocations - self._discarded - cached
+        return self._owned - self._discarded - cached
 
     def acquire(self, nbytes: int) -> HostBuffer:
         """A buffer of at least ``nbytes`` (its contents are unspecified)."""
@@ -125,7 +132,8 @@ class HostBufferPool:
         if self._closed or buf.capacity > self._max_cached_class:
             with self._lock:
                 self._discarded += 1
-            self._free_host(buf._base)
+            if buf._alloc:
+                self._free_host(buf._alloc)
         else:
             bucket = self._free.get(buf.capacity)
             if bucket is None:
@@ -134,17 +142,34 @@ class HostBufferPool:
             bucket.append(buf)
 
     def _allocate(self, capacity: int) -> HostBuffer:
+        # Small classes are carved from one slab per malloc_host call (pinning memory can be
+        # slow, and the loop thread pays for it); larger ones get an allocation each.
         guard = _GUARD if self._debug else 0
-        base = self._malloc_host(capacity + 2 * guard)
+        stride = capacity + 2 * guard
+        slab = capacity <= min(_SLAB_MAX_CLASS, self._max_cached_class)
+        count = max(1, _SLAB_BYTES // stride) if slab else 1
+        alloc = self._malloc_host(stride * count)
+        buffers = []
+        for index in range(count):
+            base = alloc + index * stride
+            addr = base + guard
+            buf = HostBuffer(
+                alloc if count == 1 else 0, base, addr, capacity, host_view(addr, capacity)
+            )
+            if self._debug:
+                host_view(base, guard)[:] = self._guard
+                host_view(addr + capacity, guard)[:] = self._guard
+                buf.view[:] = bytes([POISON_BYTE]) * capacity
+            buffers.append(buf)
         with self._lock:
             self._allocations += 1
-        addr = base + guard
-        view = host_view(addr, capacity)
-        buf = HostBuffer(base, addr, capacity, view)
-        if self._debug:
-            host_view(base, guard)[:] = self._guard
-            host_view(addr + capacity, guard)[:] = self._guard
-        return buf
+            self._owned += count
+            if count > 1:
+                self._slabs.append(alloc)
+            spare = buffers[1:]
+            if spare:
+                self._free.setdefault(capacity, []).extend(spare)
+        return buffers[0]
 
     def _check(self, buf: HostBuffer, *, poisoned: bool) -> None:
         before = host_view(buf._base, _GUARD)
@@ -174,7 +199,7 @@ class HostBufferPool:
                 "in_use": self._in_use(),
                 "free": sum(len(bucket) for bucket in self._free.values()),
                 # the pool never shrinks: its peak is every buffer it still owns
-                "high_water": self._allocations - self._discarded,
+                "high_water": self._owned - self._discarded,
                 "allocations": self._allocations,
                 "violations": self._violations,
             }
@@ -188,10 +213,15 @@ class HostBufferPool:
             cached = [buf for bucket in self._free.values() for buf in bucket]
             self._free.clear()
             self._discarded += len(cached)
-            leaked = self._allocations - self._discarded
+            leaked = self._owned - self._discarded
+            slabs, self._slabs = self._slabs, []
         for buf in cached:
             buf.view.release()
-            self._free_host(buf._base)
+            if buf._alloc:
+                self._free_host(buf._alloc)
+        # A slab goes with every buffer in it, leaked ones included (reported below).
+        for alloc in slabs:
+            self._free_host(alloc)
         if leaked:
             warnings.warn(
                 f"HostBufferPool closed with {leaked} buffer(s) still in use",

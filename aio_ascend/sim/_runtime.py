@@ -45,6 +45,7 @@ from .._runtime._base import (
     MAX_NUM_BLOCKS,
     UINT32_MAX,
 )
+from .._runtime._threads import GIL_SLICE_S, yield_gil
 from ._kernels import BUILTIN_LIBRARY, KernelContext, KernelLibrary, KernelSpec, describe_exception
 from ._memory import DeviceFault, DeviceMemory, PinnedMemory, U8Array, is_device_address
 
@@ -70,7 +71,7 @@ _WAIT: Final = 2  # (_WAIT, recording)
 _COPY: Final = 3  # (_COPY, kind, dst, src, count, host array | None, host offset, waiter | None)
 
 #: tasks one stream runs before the device thread moves on to the next stream
-_ROUND_BUDGET: Final = 256
+_ROUND_BUDGET: Final = 64
 #: a busy stream whose device time ends within this many seconds is treated as free (the
 #: time model keeps accounting in device time; this only avoids sub-wakeup-sized waits)
 _SLACK_S: Final = 20e-6
@@ -1002,11 +1003,14 @@ class SimRuntime:
                         cond.wait(_WAIT_SLICE_S)
                     self._pause_ack = False
                 continue
+            started = perf_counter()
             progressed, records_done, deadline = self._drain()
             if progressed:
                 if (records_done and self._event_waiters) or self._stream_waiters:
                     with cond:
                         cond.notify_all()
+                if perf_counter() - started > GIL_SLICE_S:
+                    yield_gil()  # the device shares the GIL with the host: take turns
                 continue
             with cond:
                 if self._work_seq != seq or self._closed or self._paused:

@@ -1,0 +1,44 @@
+"""Helpers for library threads that share the GIL with the event loop.
+
+A Python thread that keeps computing holds the GIL until the interpreter forces a switch
+(every ``sys.getswitchinterval()``, 5 ms by default), so the event loop thread waits that long
+for its turn: loop lag of several milliseconds. Library threads that do bursts of Python work
+(the submitter, the poller, the sim's device thread) call :func:`yield_gil` between bounded
+slices of work instead, which hands the GIL over at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import sys
+import time
+
+__all__ = ["GIL_SLICE_S", "reduce_timer_slack", "yield_gil"]
+
+#: how long a library thread may run Python code before it offers the GIL to others
+GIL_SLICE_S = 0.0005
+_YIELD_S = 0.00002
+
+
+def yield_gil() -> None:
+    """Block briefly (GIL released) so a thread waiting for the GIL can take it.
+
+    ``time.sleep(0)`` is not enough: the sleeper usually takes the GIL straight back before
+    the waiting thread has woken up.
+    """
+    time.sleep(_YIELD_S)
+
+
+def reduce_timer_slack() -> None:
+    """Make short timed waits of the calling thread accurate (Linux only, best effort).
+
+    Linux rounds timed waits up by the thread's timer slack (50 us by default), which would
+    dominate a poll interval of a few microseconds. ``PR_SET_TIMERSLACK`` is 29.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(29, 1000, 0, 0, 0)
