@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ._device import Device, DeviceBuffer
+    from ._pool import HostBuffer
 
 _OPEN = "open"
 
@@ -236,14 +237,7 @@ class Stream:
             raise ValueError(
                 f"copy_to_device: src has {count} bytes, dst buffer only {dst_buf.nbytes}"
             )
-        await self._admit()
-        try:
-            host = device._pool.acquire(count)
-            device._retain((dst_buf,))
-        except BaseException:
-            device._unsettled -= 1
-            self._release_slot()
-            raise
+        host = await self._admit_copy(count, dst_buf)
         task = Task(device, self, "copy_to_device")
         return self._enqueue(CopyToDevice(self, task, host, dst_buf, src, count))
 
@@ -265,16 +259,22 @@ class Stream:
             raise ValueError(
                 f"copy_to_host: dst has {count} bytes, src buffer only {src_buf.nbytes}"
             )
+        host = await self._admit_copy(count, src_buf)
+        task = Task(device, self, "copy_to_host")
+        return self._enqueue(CopyToHost(self, task, host, dst, src_buf, count))
+
+    async def _admit_copy(self, count: int, buffer: DeviceBuffer) -> HostBuffer:
+        # Admission, then the copy's pinned staging buffer and a use of its device buffer.
         await self._admit()
+        device = self._device
         try:
             host = device._pool.acquire(count)
-            device._retain((src_buf,))
+            device._retain((buffer,))
         except BaseException:
             device._unsettled -= 1
             self._release_slot()
             raise
-        task = Task(device, self, "copy_to_host")
-        return self._enqueue(CopyToHost(self, task, host, dst, src_buf, count))
+        return host
 
     async def record_event(self, *, timing: bool = False) -> Event:
         """Record an :class:`Event` after the work queued so far on this stream."""

@@ -123,11 +123,10 @@ def _byte_view(data: Any) -> memoryview:
     return memoryview(data).cast("B")
 
 
-class CopyToDevice(Request):
-    """Host -> device: the source is staged into a pinned buffer just before submission."""
+class _Copy(Request):
+    """A copy of ``count`` bytes staged through the pinned buffer ``host``."""
 
     __slots__ = ("count", "dst", "src")
-    kind = "copy_to_device"
     counter = "copies"
 
     def __init__(
@@ -135,14 +134,27 @@ class CopyToDevice(Request):
         stream: Stream,
         task: Task,
         host: HostBuffer,
-        dst: DeviceBuffer,
+        dst: Any,
         src: Any,
         count: int,
+        device_buffer: DeviceBuffer,
     ) -> None:
-        super().__init__(stream, task, host, (dst,))
+        super().__init__(stream, task, host, (device_buffer,))
         self.dst = dst
         self.src = src
         self.count = count
+
+
+class CopyToDevice(_Copy):
+    """Host -> device: the source is staged into a pinned buffer just before submission."""
+
+    __slots__ = ()
+    kind = "copy_to_device"
+
+    def __init__(
+        self, stream: Stream, task: Task, host: HostBuffer, dst: DeviceBuffer, src: Any, count: int
+    ) -> None:
+        super().__init__(stream, task, host, dst, src, count, dst)
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
@@ -153,12 +165,11 @@ class CopyToDevice(Request):
         )
 
 
-class CopyToHost(Request):
+class CopyToHost(_Copy):
     """Device -> host: lands in a pinned buffer, copied into the user's array on completion."""
 
-    __slots__ = ("count", "dst", "src")
+    __slots__ = ()
     kind = "copy_to_host"
-    counter = "copies"
     needs_completion = True
 
     def __init__(
@@ -170,10 +181,7 @@ class CopyToHost(Request):
         src: DeviceBuffer,
         count: int,
     ) -> None:
-        super().__init__(stream, task, host, (src,))
-        self.dst = dst
-        self.src = src
-        self.count = count
+        super().__init__(stream, task, host, dst, src, count, src)
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
