@@ -66,7 +66,7 @@ class Engine:
         batch_cap: int = 512,
         poll_min_interval: float = 5e-6,
         poll_max_interval: float = 1e-3,
-        block_slice_ms: int = 2,
+        block_slice_ms: int = 5,
     ) -> None:
         self.runtime = runtime
         self.pool = pool
@@ -273,6 +273,7 @@ class Engine:
         outstanding = self._outstanding
         inbox = self._poll_queue
         interval = self.poll_min_interval
+        next_deadline_check = 0.0
         pending = 0  # batches in `outstanding`
         while True:
             if pending == 0:
@@ -307,7 +308,10 @@ class Engine:
                 if time.perf_counter() - started > GIL_SLICE_S:
                     yield_gil()  # a big round: let the loop take the GIL before the next
                 continue
-            self._check_deadlines()
+            now = time.monotonic()
+            if now >= next_deadline_check:  # the watchdog works in seconds: check every 10 ms
+                next_deadline_check = now + 0.01
+                self._check_deadlines()
             if self.completion == "block":
                 continue
             # Nothing finished: wait (GIL released) for the interval or for new work.
