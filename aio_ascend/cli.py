@@ -249,16 +249,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"trace: {args.trace}  (empty: none of the steps run recorded spans; "
                   "the wake_poll / wake_block steps do)", file=sys.stderr)
     if args.plot:
+        # Two different measurements carry latency samples: a whole launch + await
+        # (naive, unbatched, poll, block) and device completion -> coroutine resumed (wake_*).
         series = {
-            key: value["latencies_us"]
+            (f"{key}: completion->resume" if key.startswith("wake") else f"{key}: launch+await"):
+                value["latencies_us"]
             for key, value in results.items()
             if isinstance(value, dict) and value.get("latencies_us")
         }
         if series:
             plot_latencies(
                 args.plot, series,
-                title=f"aio-ascend bench: device completion -> coroutine resumed "
-                      f"(scale {cfg.scale}, loop={cfg.loop})",
+                title=f"aio-ascend bench latencies (scale {cfg.scale}, loop={cfg.loop})",
             )
             print(f"plot: {args.plot}")
         else:
