@@ -62,23 +62,26 @@ def library_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]
 
 
-async def open_tracked(*, exempt: tuple[str, ...] = (), **kwargs: Any) -> aa.Device:
-    """``await open_device(0, backend="sim", **kwargs)``, registered for the leak check.
+async def open_tracked(
+    *, device_id: int = 0, exempt: tuple[str, ...] = (), **kwargs: Any
+) -> aa.Device:
+    """``await open_device(device_id, backend="sim", **kwargs)``, registered for the leak check.
 
     ``exempt``: resource kinds (keys of ``live_resources()``) the check does not count for this
     device -- only where a test documents a known leak that it checks separately.
     """
-    dev = await aa.open_device(0, backend="sim", **kwargs)
+    dev = await aa.open_device(device_id, backend="sim", **kwargs)
     _REGISTRY.append((dev, exempt))
     return dev
 
 
 @contextlib.asynccontextmanager
 async def tracked_device(
-    *, exempt: tuple[str, ...] = (), **kwargs: Any
+    *, device_id: int = 0, exempt: tuple[str, ...] = (), **kwargs: Any
 ) -> AsyncIterator[aa.Device]:
-    """``async with open_device(0, backend="sim", **kwargs)``, registered for the leak check."""
-    dev = await open_tracked(exempt=exempt, **kwargs)
+    """``async with open_device(device_id, backend="sim", **kwargs)``, registered for the leak
+    check."""
+    dev = await open_tracked(device_id=device_id, exempt=exempt, **kwargs)
     try:
         yield dev
     finally:
