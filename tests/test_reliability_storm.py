@@ -15,6 +15,7 @@ Rules checked per launch:
 
 from __future__ import annotations
 
+import ctypes
 import random
 import time
 from typing import Any
@@ -47,11 +48,15 @@ async def _storm(
     cancel_fraction: float = 0.3,
     concurrency: int = 384,
     seed: int = 1234,
+    completion: str = "poll",
+    sabotage_every: int = 0,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
     t0 = time.perf_counter()
-    async with tracked_device(debug=True) as dev:
+    async with tracked_device(debug=True, completion=completion) as dev:
         sim = dev.runtime
+        if sabotage_every:
+            _sabotage(sim, sabotage_every)
         setup = dev.stream()
         ss = [dev.stream(max_in_flight=max_in_flight) for _ in range(streams)]
         x = dev.malloc(SLOT * 4)
@@ -151,6 +156,7 @@ async def _storm(
         launched = stats["launches"] - launches_before
     after = dev.stats()
     figures = {
+        "completion": completion,
         "launch_attempts": launches,
         "streams": streams,
         "max_in_flight": max_in_flight,
@@ -170,6 +176,8 @@ async def _storm(
         "peak_in_flight": peak,
         "seconds": time.perf_counter() - t0,
     }
+    if sabotage_every:
+        return figures
     # every launch that returned a Task ran, exactly once; nothing else ran
     assert launched == submitted + sleeps, (launched, submitted, sleeps)
     assert executed == submitted + sleeps, figures
@@ -184,9 +192,34 @@ async def _storm(
     return figures
 
 
+def _sabotage(sim: Any, every: int) -> None:
+    """Make the sim's launch call zero the scalar of every ``every``-th args buffer right after
+    it queued the kernel: what reusing a host args buffer too early would do."""
+    real = sim.launch_kernel_with_host_args
+    calls = 0
+
+    def launch(func: int, blocks: int, stream: int, cfg: Any, addr: int, size: int, *rest: Any):
+        nonlocal calls
+        real(func, blocks, stream, cfg, addr, size, *rest)
+        calls += 1
+        if calls % every == 0 and size >= 24:
+            ctypes.memset(addr + 16, 0, 4)  # axpy's f32 a
+
+    sim.launch_kernel_with_host_args = launch
+
+
 async def test_cancellation_storm(anyio_backend: Any) -> None:
     name = f"storm[{anyio_backend[0]}{'+uvloop' if anyio_backend[1] else ''}]"
-    report(name, **await _storm(launches=scaled(3000, 10_000)))
+    completion = "block" if anyio_backend[1] else "poll"
+    report(name, **await _storm(launches=scaled(3000, 10_000), completion=completion))
+
+
+async def test_the_storm_detects_args_reused_too_early() -> None:
+    # the storm's result check has teeth: an args buffer overwritten after submission (as an
+    # early reuse would) shows up as wrong slots
+    figures = await _storm(launches=600, sabotage_every=10)
+    report("storm_detector_self_check", **figures)
+    assert figures["results_wrong"] > 0, figures
 
 
 @stress_only
