@@ -34,6 +34,9 @@ STRESS = bool(os.environ.get("AIO_ASCEND_STRESS"))
 #: big versions of a test: run only with AIO_ASCEND_STRESS=1 (and selectable with -m stress)
 stress_only = pytest.mark.skipif(not STRESS, reason="set AIO_ASCEND_STRESS=1 for the big runs")
 
+#: per-test time limit for tests whose size grows under AIO_ASCEND_STRESS
+stress_timeout = pytest.mark.timeout(900 if STRESS else 60)
+
 #: every figure reported in this process: test name -> {figure: value}
 FIGURES: dict[str, dict[str, Any]] = {}
 

@@ -35,6 +35,7 @@ from reliability_helpers import (
     scaled,
     sim_leak_check,  # noqa: F401 - fixture
     sim_peek,
+    stress_timeout,
     tracked_device,
 )
 
@@ -260,6 +261,7 @@ async def _fault_trial(seed: int, totals: Totals) -> None:
     totals.trial_seconds_max = max(totals.trial_seconds_max, time.perf_counter() - t0)
 
 
+@stress_timeout
 async def test_fault_matrix(anyio_backend: Any) -> None:
     totals = Totals()
     trials = scaled(20, 200)

@@ -35,6 +35,7 @@ from reliability_helpers import (
     report,
     sim_leak_check,  # noqa: F401 - fixture
     sim_peek,
+    stress_timeout,
 )
 
 import aio_ascend as aa
@@ -254,6 +255,7 @@ _op = st.one_of(
 # --- HostArgs --------------------------------------------------------------------------------
 
 
+@stress_timeout
 @FUZZ
 @given(
     ops=st.lists(_op, max_size=20),
@@ -424,6 +426,7 @@ _blocks = st.one_of(
 )
 
 
+@stress_timeout
 def test_launch_fuzz_against_the_reference() -> None:
     loop = asyncio.new_event_loop()
     try:
@@ -552,6 +555,7 @@ _GUARD = 0x5A
 _CANARY = 0xC3
 
 
+@stress_timeout
 def test_copy_fuzz_against_the_reference() -> None:
     loop = asyncio.new_event_loop()
     try:

@@ -32,6 +32,7 @@ from reliability_helpers import (
     report,
     scaled,
     sim_leak_check,  # noqa: F401 - fixture
+    stress_timeout,
 )
 
 import aio_ascend as aa
@@ -125,6 +126,7 @@ async def _close_trial(seed: int, cancel: bool, totals: dict[str, Any]) -> None:
     assert executed == len(ok), (executed, len(ok), len(closed))
 
 
+@stress_timeout
 @anyio_test
 @pytest.mark.parametrize("cancel", [False, True], ids=["drain", "cancel"])
 async def test_aclose_with_work_in_flight_at_random_points(
@@ -452,6 +454,7 @@ _EXIT_SCENARIO = textwrap.dedent(
 )
 
 
+@stress_timeout
 def test_interpreter_exit_with_work_in_flight() -> None:
     pytest.importorskip("uvloop")
     hows = ["asyncio", "uvloop", "trio", "asyncio-sys.exit", "trio-sys.exit"]

@@ -30,6 +30,7 @@ from reliability_helpers import (
     scaled,
     sim_leak_check,  # noqa: F401 - fixture
     stress_only,
+    stress_timeout,
     tracked_device,
 )
 
@@ -208,6 +209,7 @@ def _sabotage(sim: Any, every: int) -> None:
     sim.launch_kernel_with_host_args = launch
 
 
+@stress_timeout
 async def test_cancellation_storm(anyio_backend: Any) -> None:
     name = f"storm[{anyio_backend[0]}{'+uvloop' if anyio_backend[1] else ''}]"
     completion = "block" if anyio_backend[1] else "poll"
