@@ -144,6 +144,7 @@ class Device:
         self._close_waiters: list[Any] = []
         self._dead_events: deque[tuple[int, int]] = deque()
         self._spare_events: dict[int, list[int]] = {}
+        self._user_events: set[int] = set()  # every live handle record_event created
         deliver = weakref.WeakMethod(self._deliver)
         release = weakref.WeakMethod(self._release_resources)
 
@@ -355,6 +356,8 @@ class Device:
     def _device_buffers(
         self, objs: Iterable[object], field: str = "HostArgs.ptr"
     ) -> tuple[DeviceBuffer, ...]:
+        if self._state != _OPEN:
+            raise ClosedError(f"the device is {self._state}")
         out = []
         for obj in objs:
             if not isinstance(obj, DeviceBuffer):
@@ -425,6 +428,7 @@ class Device:
             if len(spares) < _MAX_SPARE_EVENTS:
                 spares.append(handle)
             elif self._state != _CLOSED:
+                self._user_events.discard(handle)
                 self._rt().destroy_event(handle)
 
     def _take_event(self, flags: int) -> int:
@@ -434,7 +438,9 @@ class Device:
         spares = self._spare_events.get(flags)
         if spares:
             return spares.pop()
-        return self._rt().create_event(flags)
+        handle = self._rt().create_event(flags)
+        self._user_events.add(handle)
+        return handle
 
     # --- internals: submission and delivery (loop thread) --------------------------------
 
@@ -528,11 +534,12 @@ class Device:
         self._unsettled = 0
         for handle in engine.all_batch_events:
             self._quietly(runtime.destroy_event, handle)
-        while self._dead_events:
-            self._quietly(runtime.destroy_event, self._dead_events.popleft()[0])
-        for spares in self._spare_events.values():
-            for handle in spares:
-                self._quietly(runtime.destroy_event, handle)
+        # Every user event, whether its Event object is gone (dead or spare) or still
+        # referenced by the caller (Event.query() and elapsed_ms() raise ClosedError after this).
+        for handle in self._user_events:
+            self._quietly(runtime.destroy_event, handle)
+        self._user_events.clear()
+        self._dead_events.clear()
         self._spare_events.clear()
         with self._buf_lock:
             live = list(self._live_buffers)

@@ -19,6 +19,7 @@ from ._errors import (
     DeviceFaultError,
     EventSyncTimeoutError,
     InternalError,
+    RuntimeAPIError,
     TaskTimeoutError,
     derived_error,
 )
@@ -90,6 +91,9 @@ class Engine:
         self._submit_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._poll_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._outstanding: dict[int, deque[Batch]] = {}
+        self._pending_batches = 0  # batches in _outstanding (poller thread only)
+        self._interval = poll_min_interval
+        self._next_deadline_check = 0.0
         self.submitter = threading.Thread(
             target=self._submitter_main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
@@ -166,6 +170,8 @@ class Engine:
         self.runtime.set_current_context()
         get = self._submit_queue.get
         while True:
+            # No reference to past work may survive in this frame while it blocks: it would
+            # keep the requests' streams, and so an unclosed Device, from being collected.
             item = get()
             if item is _STOP:
                 return
@@ -176,6 +182,8 @@ class Engine:
                     (req, InternalError(f"submitter failed: {exc!r}"), DONE) for req in item
                 ]
                 self._post(failures)
+                del failures
+            del item
 
     def _submit_hop(self, requests: list[Request]) -> None:
         runtime = self.runtime
@@ -270,61 +278,65 @@ class Engine:
     def _poller_main(self) -> None:
         self.runtime.set_current_context()
         reduce_timer_slack()
-        outstanding = self._outstanding
-        inbox = self._poll_queue
-        interval = self.poll_min_interval
-        next_deadline_check = 0.0
-        pending = 0  # batches in `outstanding`
+        self._interval = self.poll_min_interval
+        self._next_deadline_check = 0.0
         while True:
-            if pending == 0:
-                item = inbox.get()
-            else:
-                try:
-                    item = inbox.get_nowait()
-                except queue.Empty:
-                    item = None
-            while item is not None:
-                if item is _STOP:
-                    return
-                outstanding.setdefault(item.stream.handle, deque()).append(item)
-                pending += 1
-                try:
-                    item = inbox.get_nowait()
-                except queue.Empty:
-                    item = None
-
-            if self.completion == "block":
-                self._block_on_oldest()
-            started = time.perf_counter()
-            try:
-                done = self._collect_completed()
-            except DeviceFaultError as exc:
-                pending = self._fail_all_outstanding(exc)
-                continue
-            if done:
-                pending -= len(done)
-                self._complete(done)
-                interval = self.poll_min_interval
-                if time.perf_counter() - started > GIL_SLICE_S:
-                    yield_gil()  # a big round: let the loop take the GIL before the next
-                continue
-            now = time.monotonic()
-            if now >= next_deadline_check:  # the watchdog works in seconds: check every 10 ms
-                next_deadline_check = now + 0.01
-                self._check_deadlines()
-            if self.completion == "block":
-                continue
-            # Nothing finished: wait (GIL released) for the interval or for new work.
-            try:
-                item = inbox.get(timeout=interval)
-            except queue.Empty:
-                interval = min(interval * 2, self.poll_max_interval)
-                continue
-            if item is _STOP:
+            # Block for new work only when nothing is outstanding; no reference to past work
+            # is held in this frame meanwhile (see _submitter_main).
+            if not self._pending_batches and not self._take(self._poll_queue.get()):
                 return
-            outstanding.setdefault(item.stream.handle, deque()).append(item)
-            pending += 1
-            interval = self.poll_min_interval
+            if not self._poll_round():
+                return
+
+    def _take(self, item: object) -> bool:
+        """File a batch from the inbox; False on the stop sentinel."""
+        if item is _STOP:
+            return False
+        assert isinstance(item, Batch)
+        self._outstanding.setdefault(item.stream.handle, deque()).append(item)
+        self._pending_batches += 1
+        return True
+
+    def _poll_round(self) -> bool:
+        """One round: collect new batches, complete what finished, else wait a little."""
+        inbox = self._poll_queue
+        while True:
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                break
+            if not self._take(item):
+                return False
+        if self.completion == "block":
+            self._block_on_oldest()
+        started = time.perf_counter()
+        try:
+            done = self._collect_completed()
+        except BaseException as exc:
+            # In stop-on-failure mode a failing query means the device context is broken.
+            self._fail_all_outstanding(exc)
+            return True
+        if done:
+            self._pending_batches -= len(done)
+            self._complete(done)
+            self._interval = self.poll_min_interval
+            if time.perf_counter() - started > GIL_SLICE_S:
+                yield_gil()  # a big round: let the loop take the GIL before the next
+            return True
+        now = time.monotonic()
+        if now >= self._next_deadline_check:  # the watchdog works in seconds: every 10 ms
+            self._next_deadline_check = now + 0.01
+            self._check_deadlines()
+        if self.completion == "block":
+            return True
+        # Nothing finished: wait (GIL released) for the interval or for new work.
+        try:
+            item = inbox.get(timeout=self._interval)
+        except queue.Empty:
+            self._interval = min(self._interval * 2, self.poll_max_interval)
+            return True
+        self._interval = self.poll_min_interval
+        return self._take(item)
 
     def _block_on_oldest(self) -> None:
         heads = [batches[0] for batches in self._outstanding.values() if batches]
@@ -333,7 +345,7 @@ class Engine:
         oldest = min(heads, key=lambda batch: batch.deadline)
         try:
             self.runtime.synchronize_event(oldest.event, self.block_slice_ms)
-        except (EventSyncTimeoutError, DeviceFaultError):
+        except (EventSyncTimeoutError, RuntimeAPIError):
             pass  # a timeout is the slice ending; a fault is picked up by the query round
 
     def _collect_completed(self) -> list[Batch]:
@@ -386,7 +398,18 @@ class Engine:
                     deliveries.append((req, error, TIMEOUT))
         self._post(deliveries)
 
-    def _fail_all_outstanding(self, exc: DeviceFaultError) -> int:
+    def _fail_all_outstanding(self, exc: BaseException) -> None:
+        if not isinstance(exc, DeviceFaultError):
+            # A query that fails in stop-on-failure mode reports a broken device context,
+            # whatever its code: make it the device's (sticky) fault.
+            code = getattr(exc, "code", None)
+            fault = DeviceFaultError(
+                f"device context failed: {getattr(exc, 'message', '') or exc!r}",
+                code=code,
+                func=getattr(exc, "func", None),
+            )
+            fault.__cause__ = exc
+            exc = fault
         first = self.note_fault(exc)
         deliveries: list[Delivery] = []
         given_first = first is not exc
@@ -402,5 +425,5 @@ class Engine:
                     else:
                         error = derived_error(first, "device faulted")
                     deliveries.append((req, error, DONE))
+        self._pending_batches = 0
         self._post(deliveries)
-        return 0

@@ -268,7 +268,10 @@ class HostArgs:
             isinstance(value, bool) or not isinstance(value, _REAL_TYPES)
         ):
             raise TypeError(f"HostArgs.{kind} takes a real number, got {type(value).__name__}")
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            raise ValueError(f"HostArgs.{kind}: {value!r} does not fit {kind}") from None
         try:
             data = packer.pack(number)
         except (OverflowError, struct.error):
@@ -314,6 +317,9 @@ class HostArgs:
         """
         align = max(_check_alignment("HostArgs.placeholder align", align), 8)
         payload = _as_bytes("HostArgs.placeholder", data)
+        if not payload:
+            # its dataOffset would equal argsSize, which the runtime refuses
+            raise ValueError("HostArgs.placeholder: data must not be empty")
         if len(self._placeholder_data) >= self._max_placeholders:
             raise ValueError(
                 f"HostArgs.placeholder: more than {self._max_placeholders} placeholders"
