@@ -347,10 +347,12 @@ _GC_SCENARIO = textwrap.dedent(
     elif scenario == "idle_unclosed":
         ref, _ = asyncio.run(open_and_work(False, False))
     elif scenario == "worked_unclosed_asyncio":
-        ref, _ = asyncio.run(open_and_work(True, True))
+        ref, task = asyncio.run(open_and_work(True, True))
+        del task  # (a Task references its device)
     elif scenario == "worked_unclosed_trio":
         import trio
-        ref, _ = trio.run(open_and_work, True, True)
+        ref, task = trio.run(open_and_work, True, True)
+        del task
     gc.collect()
     deadline = time.monotonic() + 2.0
     while lib_threads() and time.monotonic() < deadline:
