@@ -136,7 +136,10 @@ class RefArgs:
                 value, int | float | np.integer | np.floating
             ):
                 raise Invalid((TypeError,), field)
-            as_float = float(value)
+            try:
+                as_float = float(value)
+            except OverflowError:  # an int beyond the float range
+                raise Invalid((ValueError,), field) from None
             with np.errstate(over="ignore"):
                 typed = _FLOATS[kind](as_float)
             if math.isfinite(as_float) and not np.isfinite(typed):
@@ -155,6 +158,8 @@ class RefArgs:
         elif kind == "placeholder":
             al = max(_ref_align(field, align), 8)
             data = _ref_payload(field, value)
+            if not data:  # its dataOffset would equal argsSize: the runtime refuses that
+                raise Invalid((ValueError,), field)
             if len(tail) >= self.max_placeholders:
                 raise Invalid((ValueError,), field)
             slot = -(-self.cursor // 8) * 8
@@ -229,8 +234,8 @@ def _float_values(kind: str) -> st.SearchStrategy[Any]:
     return st.one_of(
         st.floats(allow_nan=False),
         st.sampled_from([65504.0, 65519.0, 65520.0, 3.4028235e38, 3.5e38, -1e39, math.inf]),
-        # (ints beyond the float range: see test_float_fields_refuse_huge_ints)
         st.integers(-(2**1000), 2**1000),
+        st.integers(-(2**1100), 2**1100),  # also beyond the float range
         st.sampled_from([np.float64(1e300), np.float32(2.5), np.int32(-3)]),
         st.sampled_from([True, np.bool_(False)]),
         _junk,
@@ -247,8 +252,11 @@ _op = st.one_of(
     *[st.tuples(st.just(k), _float_values(k), st.none()) for k in _FLOATS],
     st.tuples(st.just("bool"), st.one_of(st.booleans(), st.sampled_from([0, 1, None])), st.none()),
     st.tuples(st.just("raw"), st.one_of(_payloads, _arrays, st.just(b""), _junk), _aligns),
-    # (empty placeholder data: see test_empty_placeholder_is_refused_by_hostargs)
-    st.tuples(st.just("placeholder"), st.one_of(_payloads, _arrays, _junk), _aligns),
+    st.tuples(
+        st.just("placeholder"),
+        st.one_of(_payloads, _arrays, st.sampled_from([b"", np.zeros(0, np.float32)]), _junk),
+        _aligns,
+    ),
 )
 
 
@@ -317,14 +325,9 @@ def test_hostargs_caps_against_the_reference(max_nbytes: Any, max_placeholders: 
     ), (problems, info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: HostArgs.f16/f32/f64 with an int beyond the float range (e.g. 10**400) raise "
-    "OverflowError from float(value) in _hostargs.py _float, not the documented ValueError "
-    "naming the field",
-)
 @pytest.mark.parametrize("kind", ["f16", "f32", "f64"])
 def test_float_fields_refuse_huge_ints(kind: str) -> None:
+    # Regression (found by this suite): OverflowError from float(value), not ValueError
     with pytest.raises(ValueError, match=f"HostArgs.{kind}"):
         getattr(aa.HostArgs(), kind)(10**400)
 
@@ -538,15 +541,12 @@ def test_launch_fuzz_against_the_reference() -> None:
     assert _STATS["launches_valid"] > 5 and _STATS["launches_invalid"] > 5
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: HostArgs.placeholder(b'') is accepted, but its table entry gets "
-    "dataOffset == argsSize, which the runtime refuses (107000, 'dataOffset is not below "
-    "argsSize') at submission: invalid input reaches the runtime and fails the task later",
-)
 def test_empty_placeholder_is_refused_by_hostargs() -> None:
-    with pytest.raises(ValueError, match="placeholder"):
-        aa.HostArgs().u32(1).placeholder(b"")
+    # Regression (found by this suite): placeholder(b"") was accepted, its table entry had
+    # dataOffset == argsSize, and the runtime refused the launch (107000) at submission
+    for data in (b"", bytearray(), np.zeros(0, np.float32)):
+        with pytest.raises(ValueError, match="placeholder"):
+            aa.HostArgs().u32(1).placeholder(data)
 
 
 # --- copies ----------------------------------------------------------------------------------

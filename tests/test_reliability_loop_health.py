@@ -251,9 +251,7 @@ async def test_the_library_adds_exactly_its_own_threads(anyio_backend: Any) -> N
         return sorted(t.name for t in threading.enumerate() if t.ident not in before)
 
     peak: list[str] = []
-    # (exempt: the submitter's last batch may still reference the last Event at close, see
-    # test_reliability_shutdown.py::test_aclose_destroys_events_still_referenced)
-    async with tracked_device(exempt=("events",)) as dev0:
+    async with tracked_device() as dev0:
         after_open = added()
         async with tracked_device(device_id=1):
             two = added()
