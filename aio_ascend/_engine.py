@@ -47,6 +47,17 @@ _STOP = object()
 _ROUND_BUDGET = 1024
 
 
+def as_device_fault(exc: BaseException) -> DeviceFaultError:
+    """``exc`` (a failure that means the device context is broken) as a DeviceFaultError."""
+    fault = DeviceFaultError(
+        f"device context failed: {getattr(exc, 'message', '') or exc!r}",
+        code=getattr(exc, "code", None),
+        func=getattr(exc, "func", None),
+    )
+    fault.__cause__ = exc
+    return fault
+
+
 class Engine:
     """Everything the threads share with the loop side of one device.
 
@@ -92,6 +103,7 @@ class Engine:
         self._poll_queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._outstanding: dict[int, deque[Batch]] = {}
         self._pending_batches = 0  # batches in _outstanding (poller thread only)
+        self._probe_event: int | None = None  # never recorded: see _context_is_healthy
         self._interval = poll_min_interval
         self._next_deadline_check = 0.0
         self.submitter = threading.Thread(
@@ -222,10 +234,7 @@ class Engine:
                     else:
                         req.submit(runtime, stream.handle)
                 except BaseException as exc:
-                    if isinstance(exc, DeviceFaultError):
-                        first = self.note_fault(exc)
-                        if first is not exc:
-                            exc = derived_error(first, "device faulted earlier")
+                    exc = self._classify_refusal(exc)
                     broken[stream] = exc
                     error = exc
             if error is not None:
@@ -247,6 +256,30 @@ class Engine:
                 self._close_batch(stream, batch, failures)
         self._post(failures)
 
+    def _classify_refusal(self, exc: BaseException) -> BaseException:
+        """The error a refused submission stands for: the device fault, or a plain refusal.
+
+        A refusal whose code is no known fault code may still come from a faulted context
+        (stop-on-failure refuses all new work with the fault's code): ask the runtime about an
+        event that was never recorded, which only fails when the context is broken.
+        """
+        if not isinstance(exc, DeviceFaultError):
+            if not isinstance(exc, RuntimeAPIError) or self._context_is_healthy():
+                return exc
+            exc = as_device_fault(exc)
+        first = self.note_fault(exc)
+        return exc if first is exc else derived_error(first, "device faulted earlier")
+
+    def _context_is_healthy(self) -> bool:
+        try:
+            if self._probe_event is None:
+                self._probe_event = self.runtime.create_event(ACL_EVENT_CAPTURE_STREAM_PROGRESS)
+                self.all_batch_events.append(self._probe_event)
+            self.runtime.query_event_status(self._probe_event)
+        except RuntimeAPIError:
+            return False
+        return True
+
     def _acquire_event(self) -> int:
         try:
             return self._free_events.pop()
@@ -263,10 +296,7 @@ class Engine:
             self.runtime.record_event(event, stream.handle)
         except BaseException as exc:
             # Submitted work we cannot track: fail its tasks, keep its resources until close.
-            if isinstance(exc, DeviceFaultError):
-                first = self.note_fault(exc)
-                if first is not exc:
-                    exc = derived_error(first, "device faulted earlier")
+            exc = self._classify_refusal(exc)
             self.orphans.extend(requests)
             failures.extend((req, exc, DONE) for req in requests)
             return
@@ -399,17 +429,10 @@ class Engine:
         self._post(deliveries)
 
     def _fail_all_outstanding(self, exc: BaseException) -> None:
+        # A query that fails in stop-on-failure mode reports a broken device context,
+        # whatever its code: it becomes the device's (sticky) fault.
         if not isinstance(exc, DeviceFaultError):
-            # A query that fails in stop-on-failure mode reports a broken device context,
-            # whatever its code: make it the device's (sticky) fault.
-            code = getattr(exc, "code", None)
-            fault = DeviceFaultError(
-                f"device context failed: {getattr(exc, 'message', '') or exc!r}",
-                code=code,
-                func=getattr(exc, "func", None),
-            )
-            fault.__cause__ = exc
-            exc = fault
+            exc = as_device_fault(exc)
         first = self.note_fault(exc)
         deliveries: list[Delivery] = []
         given_first = first is not exc
