@@ -44,9 +44,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("sim_leak_check")]
 
 SLOT = 8
 BAD_ADDRESS = 0xDEAD0000
-#: codes for the ``fault`` kernel: 0 (-> 507015) and registered 507xxx codes. (Codes the library
-#: has no class for: test_unregistered_fault_code_* below.)
-FAULT_CODES = (0, 507015, 507011, 507035, 507014)
+#: codes for the ``fault`` kernel: 0 (-> 507015), registered 507xxx codes, and codes the library
+#: has no class for (an unknown 507xxx, a non-507 code): all must surface as the device fault
+FAULT_CODES = (0, 507015, 507011, 507035, 507014, 507899, 12345)
 
 _raising = aa.sim.KernelLibrary("raising")
 
@@ -386,18 +386,13 @@ async def test_fault_with_an_unregistered_code_fails_the_task(code: int) -> None
             await dev.aclose(timeout=0.5)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a sticky device fault with a code the library has no class for (507899, "
-    "12345) that a *submission* call reports (launch, memcpy, record, wait while the device "
-    "has already faulted) is taken as a plain refusal: _engine.py _submit_hop only notes "
-    "DeviceFaultError as the device fault, so those tasks fail with a RuntimeAPIError that "
-    "is neither dev.fault nor caused by it (and dev.fault is still None then)",
-)
 @pytest.mark.parametrize("code", [507899, 12345])
 async def test_unregistered_fault_code_seen_by_the_submitter_chains_to_the_fault(
     code: int,
 ) -> None:
+    # Regression (found by this suite): a submission call refused because of a sticky fault
+    # whose code has no class was taken as a plain refusal (RuntimeAPIError, not chained to
+    # the first fault, dev.fault still None)
     dev = await open_tracked()
     try:
         s1, s2 = dev.stream(), dev.stream()
