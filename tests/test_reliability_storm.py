@@ -216,11 +216,12 @@ async def test_cancellation_storm(anyio_backend: Any) -> None:
     report(name, **await _storm(launches=scaled(3000, 10_000), completion=completion))
 
 
-async def test_the_storm_detects_args_reused_too_early() -> None:
+async def test_the_storm_detects_args_reused_too_early(anyio_backend: Any) -> None:
     # the storm's result check has teeth: an args buffer overwritten after submission (as an
     # early reuse would) shows up as wrong slots
     figures = await _storm(launches=600, sabotage_every=10)
-    report("storm_detector_self_check", **figures)
+    loop = anyio_backend[0] + ("+uvloop" if anyio_backend[1] else "")
+    report(f"storm_detector_self_check[{loop}]", **figures)
     assert figures["results_wrong"] > 0, figures
 
 
