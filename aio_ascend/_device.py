@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Device", "DeviceBuffer", "Function", "Module", "open_device"]
 
-_DELIVERY_CHUNK = 256
+# completions resolved per loop turn at most, and coroutines woken by them at most
+_MAX_RESOLVED_PER_TURN = 1024
+_MAX_WAKES_PER_TURN = 128
 _MAX_SPARE_EVENTS = 1024
 # which device's context each thread has bound last (see Device._rt)
 _bound = threading.local()
@@ -141,6 +143,8 @@ class Device:
         self._unsettled = 0
         self._peak_in_flight = 0
         self._idle_waiters: list[Any] = []
+        self._completed: deque[Delivery] = deque()  # delivered, not yet resolved
+        self._drain_scheduled = False
         self._close_waiters: list[Any] = []
         self._dead_events: deque[tuple[int, int]] = deque()
         self._spare_events: dict[int, list[int]] = {}
@@ -468,19 +472,35 @@ class Device:
         if self._dead_events:
             self._recycle_dead_events()
 
-    def _deliver(self, items: list[Delivery], start: int = 0) -> None:
-        end = min(len(items), start + _DELIVERY_CHUNK)
-        for index in range(start, end):
-            request, error, mode = items[index]
+    def _deliver(self, items: list[Delivery]) -> None:
+        # The poller's one hop per round. Completions queue up here and are resolved in
+        # bounded chunks, one per loop turn, however many hops arrive in one turn, so a flood
+        # of completions cannot stall the loop.
+        self._completed.extend(items)
+        if not self._drain_scheduled:
+            self._drain_completed()
+
+    def _drain_completed(self) -> None:
+        # What costs loop time is the coroutines each resolution wakes (awaiters of the task,
+        # a launch waiting for the freed slot): those are budgeted per turn, plain
+        # resolutions only loosely.
+        self._drain_scheduled = False
+        completed = self._completed
+        wakes = 0
+        for _ in range(min(len(completed), _MAX_RESOLVED_PER_TURN)):
+            request, error, mode = completed.popleft()
             if mode != LATE:
-                request.task._resolve(error)
+                wakes += request.task._resolve(error)
                 if not request.settled:
                     request.settled = True
                     self._unsettled -= 1
             if mode != TIMEOUT:
-                request.stream._release_slot()
-        if end < len(items):
-            self._adapter.call_soon(self._deliver, items, end)
+                wakes += request.stream._release_slot()
+            if wakes >= _MAX_WAKES_PER_TURN:
+                break
+        if completed:
+            self._drain_scheduled = True
+            self._adapter.call_soon(self._drain_completed)
         elif self._unsettled == 0 and self._idle_waiters:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
@@ -576,13 +596,12 @@ class Device:
     def __del__(self) -> None:
         if getattr(self, "_state", _CLOSED) == _CLOSED:
             return
-        self._state = _CLOSED
-        warnings.warn(
+        message = (
             f"{self!r} was garbage-collected without aclose(); its threads are stopped and its "
-            "runtime closed, but outstanding tasks are never resolved",
-            ResourceWarning,
-            stacklevel=1,
+            "runtime closed, but outstanding tasks are never resolved"
         )
+        self._state = _CLOSED
+        warnings.warn(message, ResourceWarning, stacklevel=1)
         try:
             self._engine.stop()
             self._engine.join(1.0)

@@ -301,7 +301,7 @@ class HostArgs:
     def raw(self, data: BytesLike | np.ndarray[Any, Any], align: int = 1) -> HostArgs:
         """Raw bytes copied in place (an ndarray is copied in C order), at ``align``.
 
-        For an ndarray the alignment defaults to at least its item size.
+        For an ndarray the alignment is at least its dtype's natural alignment.
         """
         align = _check_alignment("HostArgs.raw align", align)
         if isinstance(data, np.ndarray):

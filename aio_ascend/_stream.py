@@ -113,8 +113,9 @@ class Stream:
             self._release_slot()
             raise
 
-    def _release_slot(self) -> None:
-        # Loop thread. A freed slot passes straight to the oldest waiter, if any.
+    def _release_slot(self) -> int:
+        # Loop thread. A freed slot passes straight to the oldest waiter, if any (returns 1
+        # when it woke one).
         admission = self._admission
         while admission:
             entry = admission.popleft()
@@ -122,8 +123,9 @@ class Stream:
                 continue
             entry.granted = True
             self._device._adapter.wake(entry.waiter)
-            return
+            return 1
         self._in_flight -= 1
+        return 0
 
     def _fail_waiters(self, exc: BaseException) -> None:
         # Wake every admission waiter; they re-check the device state and raise.

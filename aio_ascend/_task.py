@@ -84,18 +84,20 @@ class Task:
         if self._exc is not None:
             raise self._exc
 
-    def _resolve(self, exc: BaseException | None) -> None:
-        # Loop thread only.
+    def _resolve(self, exc: BaseException | None) -> int:
+        # Loop thread only. Returns how many waiters it woke.
         if self._done:
-            return
+            return 0
         self._done = True
         self._exc = exc
         waiters = self._waiters
-        if waiters:
-            self._waiters = None
-            wake = self._device._adapter.wake
-            for waiter in waiters:
-                wake(waiter)
+        if not waiters:
+            return 0
+        self._waiters = None
+        wake = self._device._adapter.wake
+        for waiter in waiters:
+            wake(waiter)
+        return len(waiters)
 
     def __repr__(self) -> str:
         if not self._done:
