@@ -7,6 +7,7 @@ even on a noisy 2-core machine. Sizes scale with ``scale`` (1.0 runs in well und
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import sys
 import threading
@@ -514,6 +515,7 @@ def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]
     }
     for key, label, fn in steps:
         progress.step(label)
+        gc.collect()  # each step starts without the previous steps' garbage to collect
         results[key] = fn(cfg)
     results["ratios"] = ratios(results)
     return results
