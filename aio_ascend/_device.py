@@ -122,7 +122,6 @@ class Device:
         self.completion = completion
         self.task_timeout = float(task_timeout)
         self._state = _OPEN
-        self._closed = False
         self._bind_token = token = object()
         self._rt()
         self._pool = HostBufferPool(
@@ -256,7 +255,7 @@ class Device:
     async def synchronize(self) -> None:
         """Wait until everything queued on every stream has finished; raise the device fault."""
         for stream in list(self._streams):
-            await stream.synchronize_quietly()
+            await stream._drain()
         self._raise_fault()
 
     async def aclose(
@@ -284,7 +283,6 @@ class Device:
             return
         self._state = _CLOSING
         with anyio.CancelScope(shield=True):
-            closed_error = ClosedError("the device is closing")
             if cancel:
                 pending, self._pending = self._pending, []
                 self._release_resources(pending)
@@ -296,7 +294,7 @@ class Device:
             else:
                 self._flush()
             for stream in self._streams:
-                stream._fail_waiters(closed_error)
+                stream._wake_admission_waiters()
             forced = False
             if self._unsettled:
                 with anyio.move_on_after(timeout) as scope:
@@ -480,14 +478,16 @@ class Device:
         if not self._drain_scheduled:
             self._drain_completed()
 
-    def _drain_completed(self) -> None:
+    def _drain_completed(self, budget: bool = True) -> None:
         # What costs loop time is the coroutines each resolution wakes (awaiters of the task,
         # a launch waiting for the freed slot): those are budgeted per turn, plain
         # resolutions only loosely.
         self._drain_scheduled = False
         completed = self._completed
         wakes = 0
-        for _ in range(min(len(completed), _MAX_RESOLVED_PER_TURN)):
+        limit = _MAX_RESOLVED_PER_TURN if budget else len(completed)
+        wake_limit = _MAX_WAKES_PER_TURN if budget else len(completed) * 2 + 1
+        for _ in range(min(len(completed), limit)):
             request, error, mode = completed.popleft()
             if mode != LATE:
                 wakes += request.task._resolve(error)
@@ -496,9 +496,9 @@ class Device:
                     self._unsettled -= 1
             if mode != TIMEOUT:
                 wakes += request.stream._release_slot()
-            if wakes >= _MAX_WAKES_PER_TURN:
+            if wakes >= wake_limit:
                 break
-        if completed:
+        if completed and not self._drain_scheduled:
             self._drain_scheduled = True
             self._adapter.call_soon(self._drain_completed)
         elif self._unsettled == 0 and self._idle_waiters:
@@ -515,13 +515,13 @@ class Device:
     # --- internals: shutdown -------------------------------------------------------------
 
     async def _close_stream(self, stream: Stream) -> None:
-        if stream in self._streams and self._state == _OPEN:
-            self._streams.remove(stream)
-            if self._engine.fault is not None or stream._in_flight:
-                # in-flight work there can no longer be observed normally; leave it to aclose
-                self._streams.append(stream)
-                return
-            self._rt().destroy_stream(stream.handle)
+        # self._streams holds the streams whose runtime stream still exists.
+        if stream not in self._streams or self._state != _OPEN:
+            return
+        if self._engine.fault is not None or stream._in_flight:
+            return  # its work can no longer be observed normally: aclose destroys it by force
+        self._streams.remove(stream)
+        self._rt().destroy_stream(stream.handle)
 
     async def _shutdown(self, *, forced: bool) -> None:
         engine = self._engine
@@ -551,6 +551,7 @@ class Device:
                 )
         self._release_resources(engine.orphans)
         engine.orphans.clear()
+        self._drain_completed(budget=False)  # completions delivered but not yet resolved
         self._unsettled = 0
         for handle in engine.all_batch_events:
             self._quietly(runtime.destroy_event, handle)
@@ -572,7 +573,6 @@ class Device:
         self._modules.clear()
         self._pool.close()
         self._state = _CLOSED
-        self._closed = True
         runtime.close()
         waiters, self._close_waiters = self._close_waiters, []
         for waiter in waiters:
@@ -580,10 +580,10 @@ class Device:
 
     def _destroy_streams(self) -> None:
         for stream in self._streams:
-            if not stream._closed:
-                stream._closed = True
-                stream._in_flight = 0
-                self._quietly(self._rt().destroy_stream_force, stream.handle)
+            stream._closed = True
+            stream._in_flight = 0
+            self._quietly(self._rt().destroy_stream_force, stream.handle)
+        self._streams.clear()
 
     @staticmethod
     def _quietly(fn: Any, *args: Any) -> None:

@@ -95,7 +95,6 @@ class Engine:
         # resources of work whose completion can no longer be observed (faulted device, failed
         # record): released at close, after the streams are destroyed
         self.orphans: list[Request] = []
-        self.orphan_events: list[int] = []
         self._free_events: deque[int] = deque()
         self.all_batch_events: list[int] = []
         self.counters = {"launches": 0, "copies": 0, "batches": 0, "wakeups": 0, "timeouts": 0}
@@ -440,7 +439,6 @@ class Engine:
             while batches:
                 batch = batches.popleft()
                 self.orphans.extend(batch.requests)
-                self.orphan_events.append(batch.event)
                 for req in batch.requests:
                     if not given_first:
                         error: BaseException = first

@@ -127,15 +127,14 @@ class Stream:
         self._in_flight -= 1
         return 0
 
-    def _fail_waiters(self, exc: BaseException) -> None:
-        # Wake every admission waiter; they re-check the device state and raise.
+    def _wake_admission_waiters(self) -> None:
+        # On close: every admission waiter gets a slot, re-checks the state and raises.
         admission = self._admission
         while admission:
             entry = admission.popleft()
             entry.granted = True
             self._in_flight += 1
             self._device._adapter.wake(entry.waiter)
-        del exc
 
     def _enqueue(self, request: Request) -> Task:
         self._last = request.task
@@ -325,13 +324,13 @@ class Stream:
         """Wait for this stream's work, then destroy it. Idempotent."""
         if self._closed:
             return
-        await self.synchronize_quietly()
+        await self._drain()
         self._closed = True
-        self._fail_waiters(ClosedError("the stream is closed"))
+        self._wake_admission_waiters()
         await self._device._close_stream(self)
 
-    async def synchronize_quietly(self) -> None:
-        """Like :meth:`synchronize` but never raises a task's or the device's error."""
+    async def _drain(self) -> None:
+        # Like synchronize(), but never raises a task's or the device's error.
         last = self._last
         if last is not None and not last.done():
             try:

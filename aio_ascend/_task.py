@@ -174,7 +174,7 @@ class Event:
         for event in (self, end):
             if event._record_task._exc is not None:
                 raise ValueError("elapsed_ms(): an event failed") from event._record_task._exc
-        if self._device._closed:
+        if self._device._state == "closed":
             raise ClosedError("elapsed_ms(): the device is closed")
         return self._device._rt().event_elapsed_time(self.handle, end.handle)
 
