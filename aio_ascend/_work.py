@@ -196,15 +196,19 @@ class CopyToHost(_Copy):
         self.dst.reshape(-1).view(np.uint8).data[: self.count] = host.view[: self.count]
 
 
-class RecordEvent(Request):
-    """Record a user-visible event on the stream."""
-
+class _EventRequest(Request):
     __slots__ = ("event",)
-    kind = "record_event"
 
     def __init__(self, stream: Stream, task: Task, event: Event) -> None:
         super().__init__(stream, task, None, ())
         self.event = event
+
+
+class RecordEvent(_EventRequest):
+    """Record a user-visible event on the stream."""
+
+    __slots__ = ()
+    kind = "record_event"
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         try:
@@ -218,15 +222,11 @@ class RecordEvent(Request):
         self.event._record_error = exc
 
 
-class WaitEvent(Request):
+class WaitEvent(_EventRequest):
     """Make later work on the stream wait for an event recorded on another stream."""
 
-    __slots__ = ("event",)
+    __slots__ = ()
     kind = "wait_event"
-
-    def __init__(self, stream: Stream, task: Task, event: Event) -> None:
-        super().__init__(stream, task, None, ())
-        self.event = event
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         record_error = self.event._record_error

@@ -27,7 +27,7 @@ import math
 import struct
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from time import monotonic, perf_counter
 from typing import Any, Final
 
@@ -667,16 +667,7 @@ class SimRuntime:
 
     def malloc(self, size: int) -> int:
         """``aclrtMalloc``: zero-filled device memory at a 64-byte aligned address."""
-        func = "aclrtMalloc"
-        self._check(func)
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise self._param(func, f"size={size!r}: expected an int > 0")
-        try:
-            return self._memory.malloc(size)
-        except MemoryError as exc:
-            raise self._error(
-                _MEMORY_ALLOCATION, func, f"cannot allocate {size} bytes: {exc}"
-            ) from None
+        return self._allocate("aclrtMalloc", size, self._memory.malloc)
 
     def free(self, ptr: int) -> None:
         """``aclrtFree``: at once, even if queued work still uses it (that work then faults)."""
@@ -687,12 +678,14 @@ class SimRuntime:
 
     def malloc_host(self, size: int) -> int:
         """``aclrtMallocHost``: zero-filled, 64-byte aligned pinned host memory."""
-        func = "aclrtMallocHost"
+        return self._allocate("aclrtMallocHost", size, self._pinned.malloc)
+
+    def _allocate(self, func: str, size: int, allocate: Callable[[int], int]) -> int:
         self._check(func)
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise self._param(func, f"size={size!r}: expected an int > 0")
         try:
-            return self._pinned.malloc(size)
+            return allocate(size)
         except MemoryError as exc:
             raise self._error(
                 _MEMORY_ALLOCATION, func, f"cannot allocate {size} bytes: {exc}"
