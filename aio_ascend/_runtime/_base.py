@@ -11,6 +11,11 @@ Thread rules (as in ACL): contexts are per thread. A thread must call
 :meth:`Runtime.set_current_context` before any other call, except :meth:`Runtime.close` and
 :meth:`Runtime.get_recent_error_message`; otherwise the call fails with code 107002
 (``ContextNullError``).
+
+After :meth:`Runtime.close` every other method raises an ``AscendError`` (the sim raises
+``ContextNullError``, the acl backend ``ClosedError``); callers must not rely on which.
+After a device fault, calls that submit or observe work raise the fault's error, while
+creation and cleanup calls (malloc, free, create/destroy stream and event) keep working.
 """
 
 from __future__ import annotations
@@ -99,7 +104,8 @@ class Runtime(Protocol):
     def destroy_stream(self, stream: int) -> None:
         """``aclrtDestroyStream``: wait for the stream's queued work, then destroy it.
 
-        If the device has faulted, the stream is destroyed without waiting.
+        If the device has faulted, the stream is destroyed without waiting. A stream whose
+        work never finishes (a hung kernel) blocks this call: use :meth:`destroy_stream_force`.
         """
         ...
 
@@ -116,7 +122,9 @@ class Runtime(Protocol):
         ...
 
     def synchronize_stream(self, stream: int, timeout_ms: int) -> None:
-        """``aclrtSynchronizeStreamWithTimeout``: block until the stream is idle.
+        """``aclrtSynchronizeStreamWithTimeout``: block until the work submitted to the stream
+        before this call has finished (work submitted meanwhile by other threads is not waited
+        for).
 
         ``timeout_ms`` is -1 (forever) or > 0; 0 is rejected with 107000 as by the real runtime.
         Raises ``StreamSyncTimeoutError`` (507046) on timeout and the fault's error if the device
