@@ -25,6 +25,7 @@ from ._hostargs import HostArgs
 from ._pool import HostBufferPool
 from ._runtime import open_runtime
 from ._runtime._base import ACL_EVENT_CAPTURE_STREAM_PROGRESS
+from ._trace import percentile
 
 __all__ = ["BenchConfig", "run_bench"]
 
@@ -44,14 +45,6 @@ class BenchConfig:
 
     def n(self, base: int) -> int:
         return max(100, int(base * self.scale))
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 class _Progress:
@@ -172,8 +165,8 @@ def bench_naive(cfg: BenchConfig) -> dict[str, Any]:
     return {
         "launches_per_s": rate,
         "cpu_us_per_launch": cpu_us,
-        "single_launch_p50_us": _pct(single, 50) * 1e6,
-        "single_launch_p99_us": _pct(single, 99) * 1e6,
+        "single_launch_p50_us": percentile(single, 50) * 1e6,
+        "single_launch_p99_us": percentile(single, 99) * 1e6,
         "n": n,
         "latencies_us": [x * 1e6 for x in single],
     }
@@ -232,8 +225,8 @@ def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> 
                 "wakeups": stats["wakeups"] - wakeups0,
                 "host_allocations_after_warmup": stats["host_buffer_allocations"] - allocs0,
                 "launches_measured": done,
-                "single_launch_p50_us": _pct(single, 50) * 1e6,
-                "single_launch_p99_us": _pct(single, 99) * 1e6,
+                "single_launch_p50_us": percentile(single, 50) * 1e6,
+                "single_launch_p99_us": percentile(single, 99) * 1e6,
                 "latencies_us": [x * 1e6 for x in single],
             }
 
@@ -286,10 +279,10 @@ def bench_bare_wakes(cfg: BenchConfig) -> dict[str, float]:
 
     cst_lat: list[float] = _run_async(cfg, main)
     return {
-        "threading_event_p50_us": _pct(event_lat, 50) * 1e6,
-        "threading_event_p99_us": _pct(event_lat, 99) * 1e6,
-        "call_soon_threadsafe_p50_us": _pct(cst_lat, 50) * 1e6,
-        "call_soon_threadsafe_p99_us": _pct(cst_lat, 99) * 1e6,
+        "threading_event_p50_us": percentile(event_lat, 50) * 1e6,
+        "threading_event_p99_us": percentile(event_lat, 99) * 1e6,
+        "call_soon_threadsafe_p50_us": percentile(cst_lat, 50) * 1e6,
+        "call_soon_threadsafe_p99_us": percentile(cst_lat, 99) * 1e6,
     }
 
 
@@ -352,8 +345,8 @@ def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[s
                         )
                 stop.set()
             return {
-                "p50_us": _pct(lat, 50) * 1e6,
-                "p99_us": _pct(lat, 99) * 1e6,
+                "p50_us": percentile(lat, 50) * 1e6,
+                "p99_us": percentile(lat, 99) * 1e6,
                 "samples": len(lat),
                 "latencies_us": [x * 1e6 for x in lat],
             }
@@ -407,13 +400,13 @@ def bench_loop_lag(cfg: BenchConfig) -> dict[str, float]:
             issue_s = time.perf_counter() - started
 
             def p(name: str, q: float) -> float:
-                return _pct(lags[name], q) * 1e3
+                return percentile(lags[name], q) * 1e3
 
             held = lags["hold"] + lags["drain"]
             return {
                 "outstanding_at_peak": outstanding,
-                "lag_p50_ms": _pct(held, 50) * 1e3,
-                "lag_p99_ms": _pct(held, 99) * 1e3,
+                "lag_p50_ms": percentile(held, 50) * 1e3,
+                "lag_p99_ms": percentile(held, 99) * 1e3,
                 "lag_max_ms": max(held) * 1e3 if held else float("nan"),
                 "hold_p99_ms": p("hold", 99),
                 "drain_p99_ms": p("drain", 99),

@@ -34,7 +34,7 @@ import numpy.typing as npt
 from ._device import Device, open_device
 from ._hostargs import HostArgs
 from ._stream import Stream
-from ._trace import Span
+from ._trace import Span, percentile
 
 __all__ = ["STAGES", "DemoConfig", "DemoResult", "format_demo", "percentile", "run_demo",
            "run_pipeline"]
@@ -105,15 +105,6 @@ class DemoResult:
     def throughput(self) -> float:
         """Requests per second."""
         return self.completed / self.wall_s if self.wall_s > 0 else float("nan")
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (nearest rank on the sorted values); NaN when empty."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
 
 
 class _ProgressBar:

@@ -44,7 +44,7 @@ class SupportsDevicePointer(Protocol):
     def ptr(self) -> int: ...
 
 
-# (struct format, alignment, low, high) for integer scalars
+# (struct format, low, high) for integer scalars (their alignment is their size)
 _INT_TYPES: dict[str, tuple[str, int, int]] = {
     "u8": ("<B", 0, 2**8 - 1),
     "u16": ("<H", 0, 2**16 - 1),

@@ -8,6 +8,7 @@ since that is where the per-task cost is.
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from asyncio import events as asyncio_events
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 __all__ = ["LoopAdapter", "current_loop_adapter"]
 
 
-class LoopAdapter:
+class LoopAdapter(ABC):
     """Operations on the loop that opened a device. Subclasses per async library.
 
     ``current()`` returns an identity of the running loop (or ``None``) and ``identity`` is
@@ -27,33 +28,33 @@ class LoopAdapter:
     identity: object
     current: Callable[[], object]
 
+    @abstractmethod
     def is_current(self) -> bool:
         """Whether the caller runs in this loop (on its thread)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` on a later loop iteration (caller is on the loop thread)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def call_soon_threadsafe(self, fn: Callable[..., object], *args: Any) -> bool:
         """Hand ``fn(*args)`` to the loop from any thread; False if the loop is gone."""
-        raise NotImplementedError
 
+    @abstractmethod
     def new_waiter(self) -> Any:
         """A one-shot waiter for one waiting coroutine."""
-        raise NotImplementedError
 
+    @abstractmethod
     def wait(self, waiter: Any) -> Awaitable[None]:
         """An awaitable that completes when :meth:`wake` is called on ``waiter`` (cancellable)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def wake(self, waiter: Any) -> None:
         """Release ``waiter`` (loop thread only); a cancelled waiter is ignored."""
-        raise NotImplementedError
 
+    @abstractmethod
     async def checkpoint(self) -> None:
         """Let the loop run other callbacks (and honour cancellation) once."""
-        raise NotImplementedError
 
 
 class _AsyncioAdapter(LoopAdapter):

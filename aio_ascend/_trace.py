@@ -172,7 +172,10 @@ class PlotUnavailableError(ImportError):
     """matplotlib is not installed (``pip install 'aio_ascend[plot]'``)."""
 
 
-def _percentile(values: Sequence[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (nearest rank on the sorted values); NaN when empty."""
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
     return ordered[index]
@@ -210,7 +213,7 @@ def plot_latencies(
     if not data:
         raise ValueError("no latency samples to plot")
     everything = [v for values in data.values() for v in values]
-    if _percentile(everything, 50) > 2000:
+    if percentile(everything, 50) > 2000:
         unit, div = "ms", 1000.0
     else:
         unit, div = "µs", 1.0
@@ -225,7 +228,7 @@ def plot_latencies(
     try:
         for index, (name, values) in enumerate(data.items()):
             color = colors[index % len(colors)]
-            p50, p99 = _percentile(values, 50), _percentile(values, 99)
+            p50, p99 = percentile(values, 50), percentile(values, 99)
             ax.hist(values, bins=bins, alpha=0.55, color=color,
                     label=f"{name}: n={len(values)}, p50 {p50:,.3g} {unit}, "
                           f"p99 {p99:,.3g} {unit}")

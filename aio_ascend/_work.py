@@ -8,6 +8,7 @@ buffers it references, user arrays) until then: nothing is released on cancellat
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 
-class Request:
+class Request(ABC):
     """One operation on one stream. Subclasses implement :meth:`submit`."""
 
     __slots__ = ("buffers", "host", "settled", "stream", "task")
@@ -58,14 +59,14 @@ class Request:
         # set once the request no longer counts towards aclose()'s wait (released or timed out)
         self.settled = False
 
+    @abstractmethod
     def submit(self, runtime: Runtime, stream: int) -> None:
         """Queue the operation on ``stream`` (submitter thread)."""
-        raise NotImplementedError
 
-    def on_complete(self) -> None:
+    def on_complete(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Finish host-side work after the device completed it (poller thread)."""
 
-    def on_refused(self, exc: BaseException) -> None:
+    def on_refused(self, exc: BaseException) -> None:  # noqa: B027 - optional hook
         """The request will never reach the device (submitter thread)."""
 
 
