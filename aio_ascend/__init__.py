@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-from ._config import LaunchConfig as LaunchConfig
 from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import Function as Function
@@ -23,11 +22,12 @@ from ._errors import DeviceFaultError as DeviceFaultError
 from ._errors import InternalError as InternalError
 from ._errors import RuntimeAPIError as RuntimeAPIError
 from ._errors import TaskTimeoutError as TaskTimeoutError
-from ._hostargs import HostArgs as HostArgs
+from ._host.hostargs import HostArgs as HostArgs
+from ._launch_config import LaunchConfig as LaunchConfig
 from ._runtime import available_backends as available_backends
+from ._sched.task import Event as Event
+from ._sched.task import Task as Task
 from ._stream import Stream as Stream
-from ._task import Event as Event
-from ._task import Task as Task
 
 __version__ = "0.1.0"
 

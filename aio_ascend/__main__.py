@@ -1,5 +1,5 @@
 """``python -m aio_ascend``: the ``aio-ascend`` command line."""
 
-from .cli import main
+from ._tools.cli import main
 
 raise SystemExit(main())

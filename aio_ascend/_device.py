@@ -13,15 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._engine import LATE, TIMEOUT, Delivery, Engine
 from ._errors import ClosedError, TaskTimeoutError, derived_error
-from ._loop import LoopAdapter, current_loop_adapter
+from ._host.pool import HostBufferPool
 from ._module import Function, Module
-from ._pool import HostBufferPool
 from ._runtime import Runtime, choose_backend, open_runtime
-from ._runtime._base import ACL_STOP_ON_FAILURE
+from ._runtime.abi import ACL_STOP_ON_FAILURE
+from ._sched.engine import LATE, TIMEOUT, Delivery, Engine
+from ._sched.loop import LoopAdapter, current_loop_adapter
+from ._sched.work import Request
 from ._stream import Stream
-from ._work import Request
 
 if TYPE_CHECKING:
     from types import TracebackType

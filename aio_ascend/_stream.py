@@ -7,19 +7,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._config import LaunchConfig
 from ._errors import ClosedError
-from ._hostargs import HostArgs
+from ._host.hostargs import HostArgs
+from ._launch_config import LaunchConfig
 from ._module import Function
-from ._runtime._base import MAX_NUM_BLOCKS
-from ._task import Event, Task, _event_flags
-from ._work import CopyToDevice, CopyToHost, Launch, RecordEvent, Request, WaitEvent
+from ._runtime.abi import MAX_NUM_BLOCKS
+from ._sched.task import Event, Task, _event_flags
+from ._sched.work import CopyToDevice, CopyToHost, Launch, RecordEvent, Request, WaitEvent
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from ._device import Device, DeviceBuffer
-    from ._pool import HostBuffer
+    from ._host.pool import HostBuffer
 
 _OPEN = "open"
 

@@ -112,7 +112,7 @@ def step_environment(env: dict[str, str]) -> dict[str, Any]:
         info["nvidia_smi"] = text.strip()
     probe = (
         "import json\n"
-        "from aio_ascend._runtime import _cuda\n"
+        "from aio_ascend._runtime.cuda import runtime as _cuda\n"
         "ok, why = _cuda.probe()\n"
         "print(json.dumps({'ok': ok, 'why': why}))\n"
     )
@@ -252,8 +252,8 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
     """The floor: noop launches straight through cuda-bindings, no aio_ascend in the loop."""
     from cuda.bindings import driver as d
 
-    from aio_ascend._runtime._cuda import compile_cuda_source
-    from aio_ascend._runtime._cuda_kernels import KERNEL_SOURCE
+    from aio_ascend._runtime.cuda.kernels import KERNEL_SOURCE
+    from aio_ascend._runtime.cuda.runtime import compile_cuda_source
 
     def ok(result: Any) -> Any:
         if int(result[0]):
@@ -305,7 +305,7 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
 
 
 def bench_child(path: Path, scale: float) -> int:
-    from aio_ascend import _bench
+    from aio_ascend._tools import bench as _bench
 
     results: dict[str, Any] = {"scale": scale}
 

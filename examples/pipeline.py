@@ -31,7 +31,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from aio_ascend._demo import DemoConfig, format_demo, run_demo
+from aio_ascend._tools.demo import DemoConfig, format_demo, run_demo
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from aio_ascend._runtime._acl import ENV_BUILTINS, AclRuntime, open_acl_runtime
+from aio_ascend._runtime.acl.runtime import ENV_BUILTINS, AclRuntime, open_acl_runtime
 
 __all__ = [
     "BUILTINS_MAGIC",

@@ -21,7 +21,7 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
 
         from acl_double import build_double
 
-        from aio_ascend._runtime._acl import ENV_BUILTINS
+        from aio_ascend._runtime.acl.runtime import ENV_BUILTINS
 
         built = build_double()
         os.environ.setdefault(ENV_BUILTINS, str(built.builtins))

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from aio_ascend._config import LAUNCH_ATTR_SIZE, LAUNCH_CFG_SIZE, LaunchAttrId, LaunchConfig
-from aio_ascend._runtime import _acl_ffi as ffi
-from aio_ascend._runtime import _base
+from aio_ascend._launch_config import LAUNCH_ATTR_SIZE, LAUNCH_CFG_SIZE, LaunchAttrId, LaunchConfig
+from aio_ascend._runtime import abi as _base
+from aio_ascend._runtime.acl import ffi
 
 ABI_DIR = Path(__file__).resolve().parents[2] / "shared/docs/acl-abi"
 

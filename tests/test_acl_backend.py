@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from acl_double import BUILTINS_MAGIC, Call, DoubleControl, build_double, double_control
 
-from aio_ascend._config import LaunchAttrId, LaunchConfig
 from aio_ascend._errors import (
     AICoreExceptionError,
     BackendUnavailableError,
@@ -35,10 +34,12 @@ from aio_ascend._errors import (
     RuntimeAPIError,
     StreamSyncTimeoutError,
 )
-from aio_ascend._hostargs import HostArgs
-from aio_ascend._runtime import _acl, open_runtime, probe_backend
-from aio_ascend._runtime import _acl_ffi as ffi
-from aio_ascend._runtime._acl import AclRuntime, open_acl_runtime
+from aio_ascend._host.hostargs import HostArgs
+from aio_ascend._launch_config import LaunchAttrId, LaunchConfig
+from aio_ascend._runtime import open_runtime, probe_backend
+from aio_ascend._runtime.acl import ffi
+from aio_ascend._runtime.acl import runtime as _acl
+from aio_ascend._runtime.acl.runtime import AclRuntime, open_acl_runtime
 
 F32 = np.float32
 H2D, D2H = ffi.ACL_MEMCPY_HOST_TO_DEVICE, ffi.ACL_MEMCPY_DEVICE_TO_HOST

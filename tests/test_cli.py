@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from aio_ascend import _demo
-from aio_ascend._trace import LANE_STRIDE, Span, build_trace
-from aio_ascend.cli import main
+from aio_ascend._tools import demo as _demo
+from aio_ascend._tools.cli import main
+from aio_ascend._tools.trace import LANE_STRIDE, Span, build_trace
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PHASES = {"queued", "submitted/executing", "completed->resumed"}

@@ -38,7 +38,6 @@ import test_runtime_contract as contract
 from backends import RUNTIME_FACTORIES
 
 import aio_ascend as aa
-from aio_ascend._config import LaunchConfig
 from aio_ascend._errors import (
     AICoreExceptionError,
     BackendUnavailableError,
@@ -51,16 +50,24 @@ from aio_ascend._errors import (
     RuntimeAPIError,
     TaskTimeoutError,
 )
-from aio_ascend._hostargs import HostArgs
+from aio_ascend._host.hostargs import HostArgs
+from aio_ascend._launch_config import LaunchConfig
 from aio_ascend._runtime import Runtime, available_backends, open_runtime, probe_backend
-from aio_ascend._runtime import _cuda as cuda_mod
-from aio_ascend._runtime._base import (
+from aio_ascend._runtime.abi import (
     ACL_EVENT_SYNC,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
 )
-from aio_ascend._runtime._cuda import (
+from aio_ascend._runtime.cuda import runtime as cuda_mod
+from aio_ascend._runtime.cuda.kernels import (
+    BUILTIN_NAMES,
+    BUILTIN_PARAMS,
+    KERNEL_SOURCE,
+    PARAM_SIZES,
+    param_layout,
+)
+from aio_ascend._runtime.cuda.runtime import (
     CU_LAUNCH_PARAM_BUFFER_POINTER,
     CU_LAUNCH_PARAM_BUFFER_SIZE,
     CU_LAUNCH_PARAM_END,
@@ -77,15 +84,8 @@ from aio_ascend._runtime._cuda import (
     staging_alignment,
     validate_placeholders,
 )
-from aio_ascend._runtime._cuda_kernels import (
-    BUILTIN_NAMES,
-    BUILTIN_PARAMS,
-    KERNEL_SOURCE,
-    PARAM_SIZES,
-    param_layout,
-)
-from aio_ascend._runtime._hostmem import host_view
-from aio_ascend.sim._kernels import BUILTIN_KERNELS
+from aio_ascend._runtime.hostmem import host_view
+from aio_ascend._runtime.sim.kernels import BUILTIN_KERNELS
 
 F32 = np.float32
 _HAVE_BINDINGS = importlib.util.find_spec("cuda") is not None and (

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aio_ascend import HostArgs, LaunchConfig
-from aio_ascend._config import LAUNCH_ATTR_SIZE, LaunchAttrId
+from aio_ascend._launch_config import LAUNCH_ATTR_SIZE, LaunchAttrId
 
 # --- an independent reference model of the layout -----------------------------------------
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import pytest
 
 from aio_ascend._errors import InternalError
-from aio_ascend._pool import POISON_BYTE, HostBufferPool, size_class
+from aio_ascend._host.pool import POISON_BYTE, HostBufferPool, size_class
 from aio_ascend._runtime import Runtime, open_runtime
-from aio_ascend._runtime._hostmem import host_view
+from aio_ascend._runtime.hostmem import host_view
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """The ``Runtime`` protocol contract, run against every backend in ``backends.RUNTIME_FACTORIES``.
 
-Everything here is written against the protocol only (``aio_ascend._runtime._base``); kernel
+Everything here is written against the protocol only (``aio_ascend._runtime.base``); kernel
 args are always packed with ``HostArgs`` into pinned buffers from ``malloc_host``. Tests that
 rely on the sim's extra strictness or its test controls are marked ``sim_only``.
 """
@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from backends import RUNTIME_FACTORIES
 
-from aio_ascend._config import LaunchConfig
 from aio_ascend._errors import (
     ContextNullError,
     DeviceFaultError,
@@ -27,9 +26,10 @@ from aio_ascend._errors import (
     RuntimeAPIError,
     StreamSyncTimeoutError,
 )
-from aio_ascend._hostargs import HostArgs
+from aio_ascend._host.hostargs import HostArgs
+from aio_ascend._launch_config import LaunchConfig
 from aio_ascend._runtime import Runtime
-from aio_ascend._runtime._base import (
+from aio_ascend._runtime.abi import (
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_EVENT_SYNC,
@@ -39,7 +39,7 @@ from aio_ascend._runtime._base import (
     ACL_MEMCPY_HOST_TO_DEVICE,
     ACL_STOP_ON_FAILURE,
 )
-from aio_ascend._runtime._hostmem import host_view
+from aio_ascend._runtime.hostmem import host_view
 
 F32 = np.float32
 COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE

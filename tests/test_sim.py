@@ -22,9 +22,9 @@ from aio_ascend._errors import (
     RuntimeAPIError,
     StreamAbortError,
 )
-from aio_ascend._hostargs import HostArgs
+from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._runtime import Runtime, open_runtime
-from aio_ascend._runtime._base import (
+from aio_ascend._runtime.abi import (
     ACL_EVENT_SYNC,
     ACL_EVENT_TIME_LINE,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
@@ -32,7 +32,8 @@ from aio_ascend._runtime._base import (
     ACL_MEMCPY_HOST_TO_DEVICE,
     ACL_STOP_ON_FAILURE,
 )
-from aio_ascend._runtime._hostmem import host_view
+from aio_ascend._runtime.hostmem import host_view
+from aio_ascend._runtime.sim.memory import DEVICE_BASE, POISON_BYTE
 from aio_ascend.sim import (
     BUILTIN_KERNELS,
     KernelContext,
@@ -40,7 +41,6 @@ from aio_ascend.sim import (
     SimRuntime,
     open_sim_runtime,
 )
-from aio_ascend.sim._memory import DEVICE_BASE, POISON_BYTE
 
 F32 = np.float32
 SYNC_MS = 10_000

@@ -12,15 +12,15 @@ import os
 from typing import Any
 
 from .._errors import BackendUnavailableError
-from ._base import Runtime
+from .base import Runtime
 
 __all__ = ["BACKENDS", "Runtime", "available_backends", "choose_backend", "open_runtime"]
 
 #: backend name -> "module:factory" (the factory takes ``device_id`` and keyword options)
 BACKENDS: dict[str, str] = {
-    "sim": "aio_ascend.sim._runtime:open_sim_runtime",
-    "acl": "aio_ascend._runtime._acl:open_acl_runtime",
-    "cuda": "aio_ascend._runtime._cuda:open_cuda_runtime",
+    "sim": "aio_ascend._runtime.sim.runtime:open_sim_runtime",
+    "acl": "aio_ascend._runtime.acl.runtime:open_acl_runtime",
+    "cuda": "aio_ascend._runtime.cuda.runtime:open_cuda_runtime",
 }
 
 ENV_BACKEND = "AIO_ASCEND_BACKEND"

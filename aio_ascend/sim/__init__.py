@@ -1,4 +1,4 @@
-"""The ``sim`` backend: an in-process model of the ACL runtime (the embedded default).
+"""The ``sim`` backend's user-facing parts: kernels of your own for the embedded simulator.
 
 Use :class:`KernelLibrary` to write kernels of your own::
 
@@ -13,7 +13,7 @@ Built-in kernels (``load_binary(None)`` / ``dev.function(name)``): see :data:`BU
 
 from __future__ import annotations
 
-from ._kernels import BUILTIN_KERNELS, KernelContext, KernelLibrary
-from ._runtime import SimRuntime, open_sim_runtime
+from .._runtime.sim.kernels import BUILTIN_KERNELS, KernelContext, KernelLibrary
+from .._runtime.sim.runtime import SimRuntime, open_sim_runtime
 
 __all__ = ("BUILTIN_KERNELS", "KernelContext", "KernelLibrary", "SimRuntime", "open_sim_runtime")

@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._errors import derived_error
-from ._runtime._base import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
+from .._errors import derived_error
+from .._runtime.abi import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
 
 if TYPE_CHECKING:
-    from ._config import LaunchConfig
-    from ._device import DeviceBuffer
-    from ._pool import HostBuffer
-    from ._runtime import Runtime
-    from ._stream import Stream
-    from ._task import Event, Task
+    from .._device import DeviceBuffer
+    from .._host.pool import HostBuffer
+    from .._launch_config import LaunchConfig
+    from .._runtime import Runtime
+    from .._stream import Stream
+    from .task import Event, Task
 
 __all__ = [
     "Batch",

@@ -31,10 +31,10 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from ._device import Device, open_device
-from ._hostargs import HostArgs
-from ._stream import Stream
-from ._trace import Span, percentile
+from .._device import Device, open_device
+from .._host.hostargs import HostArgs
+from .._stream import Stream
+from .trace import Span, percentile
 
 __all__ = ["STAGES", "DemoConfig", "DemoResult", "format_demo", "percentile", "run_demo",
            "run_pipeline"]
@@ -141,7 +141,7 @@ class _ProgressBar:
 
 def _mark_library(stamps: list[float]) -> Any:
     """A user kernel that records when the device reached it: ``mark(u32 index)``."""
-    from .sim import KernelLibrary
+    from ..sim import KernelLibrary
 
     lib = KernelLibrary("demo-trace")
     clock = time.perf_counter
@@ -343,4 +343,4 @@ def format_demo(result: DemoResult) -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover - use ``aio-ascend demo``
-    print(format_demo(run_demo(DemoConfig(progress=sys.stderr))))  # noqa: T201
+    print(format_demo(run_demo(DemoConfig(progress=sys.stderr))))

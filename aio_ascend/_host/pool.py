@@ -15,8 +15,8 @@ import threading
 import warnings
 from collections.abc import Callable
 
-from ._errors import InternalError
-from ._runtime._hostmem import host_view
+from .._errors import InternalError
+from .._runtime.hostmem import host_view
 
 __all__ = ["HostBuffer", "HostBufferPool"]
 

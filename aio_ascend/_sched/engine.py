@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
-from ._errors import (
+from .._errors import (
     DeviceFaultError,
     EventSyncTimeoutError,
     InternalError,
@@ -23,15 +23,15 @@ from ._errors import (
     TaskTimeoutError,
     derived_error,
 )
-from ._runtime._base import ACL_EVENT_CAPTURE_STREAM_PROGRESS, ACL_EVENT_RECORDED_STATUS_COMPLETE
-from ._runtime._threads import GIL_SLICE_S, reduce_timer_slack, yield_gil
-from ._work import Batch, Launch, Request
+from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS, ACL_EVENT_RECORDED_STATUS_COMPLETE
+from .._runtime.threads import GIL_SLICE_S, reduce_timer_slack, yield_gil
+from .work import Batch, Launch, Request
 
 if TYPE_CHECKING:
-    from ._loop import LoopAdapter
-    from ._pool import HostBufferPool
-    from ._runtime import Runtime
-    from ._stream import Stream
+    from .._host.pool import HostBufferPool
+    from .._runtime import Runtime
+    from .._stream import Stream
+    from .loop import LoopAdapter
 
 __all__ = ["DONE", "LATE", "TIMEOUT", "Engine"]
 

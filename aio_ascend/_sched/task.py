@@ -6,16 +6,16 @@ import weakref
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ClosedError
-from ._runtime._base import (
+from .._errors import ClosedError
+from .._runtime.abi import (
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_SYNC,
     ACL_EVENT_TIME_LINE,
 )
 
 if TYPE_CHECKING:
-    from ._device import Device
-    from ._stream import Stream
+    from .._device import Device
+    from .._stream import Stream
 
 __all__ = ["Event", "Task"]
 

@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable
 from time import monotonic, perf_counter
 from typing import Any, Final
 
-from .._config import LaunchConfig
-from .._errors import RuntimeAPIError, error_for_code
-from .._runtime._base import (
+from ..._errors import RuntimeAPIError, error_for_code
+from ..._launch_config import LaunchConfig
+from ..abi import (
     ACL_CONTINUE_ON_FAILURE,
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
@@ -45,9 +45,9 @@ from .._runtime._base import (
     MAX_NUM_BLOCKS,
     UINT32_MAX,
 )
-from .._runtime._threads import GIL_SLICE_S, yield_gil
-from ._kernels import BUILTIN_LIBRARY, KernelContext, KernelLibrary, KernelSpec, describe_exception
-from ._memory import DeviceFault, DeviceMemory, PinnedMemory, U8Array, is_device_address
+from ..threads import GIL_SLICE_S, yield_gil
+from .kernels import BUILTIN_LIBRARY, KernelContext, KernelLibrary, KernelSpec, describe_exception
+from .memory import DeviceFault, DeviceMemory, PinnedMemory, U8Array, is_device_address
 
 __all__ = ["DEFAULT_MAX_QUEUE_DEPTH", "SimRuntime", "open_sim_runtime"]
 

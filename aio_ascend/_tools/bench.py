@@ -20,12 +20,12 @@ from typing import Any, TextIO
 import anyio
 import anyio.to_thread
 
-from ._device import Device, open_device
-from ._hostargs import HostArgs
-from ._pool import HostBufferPool
-from ._runtime import open_runtime
-from ._runtime._base import ACL_EVENT_CAPTURE_STREAM_PROGRESS
-from ._trace import percentile
+from .._device import Device, open_device
+from .._host.hostargs import HostArgs
+from .._host.pool import HostBufferPool
+from .._runtime import open_runtime
+from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS
+from .trace import percentile
 
 __all__ = ["BenchConfig", "run_bench"]
 
@@ -287,7 +287,7 @@ def bench_bare_wakes(cfg: BenchConfig) -> dict[str, float]:
 
 
 def _stamp_library(stamps: list[float]) -> Any:
-    from .sim import KernelLibrary
+    from ..sim import KernelLibrary
 
     lib = KernelLibrary("bench")
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 import numpy.typing as npt
 
-from ._memory import DeviceFault
+from .memory import DeviceFault
 
 if TYPE_CHECKING:
-    from ._memory import DeviceMemory
+    from .memory import DeviceMemory
 
 __all__ = [
     "BUILTIN_KERNELS",

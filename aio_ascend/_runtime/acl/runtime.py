@@ -23,8 +23,7 @@ import weakref
 from ctypes import byref, c_float, c_int, c_uint32, c_void_p
 from typing import Any, NoReturn
 
-from .._config import LaunchConfig
-from .._errors import (
+from ..._errors import (
     AscendError,
     BackendUnavailableError,
     ClosedError,
@@ -34,7 +33,8 @@ from .._errors import (
     RuntimeAPIError,
     error_for_code,
 )
-from . import _acl_ffi as ffi
+from ..._launch_config import LaunchConfig
+from . import ffi as ffi
 
 __all__ = [
     "ENV_BUILTINS",

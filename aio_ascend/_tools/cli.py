@@ -88,8 +88,8 @@ def _indent(text: str, width: int) -> str:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from . import __version__
-    from ._runtime import BACKENDS, ENV_BACKEND, available_backends, choose_backend, probe_backend
+    from .. import __version__
+    from .._runtime import BACKENDS, ENV_BACKEND, available_backends, choose_backend, probe_backend
 
     print(f"{PROG} {__version__}")
     print("backends:")
@@ -135,8 +135,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from ._demo import STAGES, DemoConfig, format_demo, run_demo
-    from ._trace import plot_latencies, write_trace
+    from .demo import STAGES, DemoConfig, format_demo, run_demo
+    from .trace import plot_latencies, write_trace
 
     if args.plot and not _have_matplotlib():
         return _no_matplotlib()
@@ -203,8 +203,8 @@ def _clean_json(value: Any, *, keep_latencies: bool) -> Any:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from ._bench import _STEPS, BenchConfig, format_table, run_bench
-    from ._trace import plot_latencies, spans_from_tuples, write_trace
+    from .bench import _STEPS, BenchConfig, format_table, run_bench
+    from .trace import plot_latencies, spans_from_tuples, write_trace
 
     if args.backend != "sim":
         print(f"{PROG} bench: --backend {args.backend} is not supported yet; only 'sim' is "

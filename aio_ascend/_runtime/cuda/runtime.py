@@ -51,8 +51,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
-from .._config import LaunchConfig
-from .._errors import (
+from ..._errors import (
     AscendError,
     BackendUnavailableError,
     ClosedError,
@@ -67,7 +66,8 @@ from .._errors import (
     StreamSyncTimeoutError,
     error_class_for_code,
 )
-from ._base import (
+from ..._launch_config import LaunchConfig
+from ..abi import (
     ACL_CONTINUE_ON_FAILURE,
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
@@ -79,7 +79,7 @@ from ._base import (
     MAX_NUM_BLOCKS,
     UINT32_MAX,
 )
-from ._cuda_kernels import (
+from .kernels import (
     BUILTIN_NAMES,
     CONTROL_FAULT_OFFSET,
     CONTROL_RELEASE_OFFSET,

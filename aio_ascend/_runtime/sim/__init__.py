@@ -1,0 +1,1 @@
+"""The embedded simulator backend: an in-process model of the ACL runtime."""
