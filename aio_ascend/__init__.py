@@ -22,10 +22,10 @@ from ._errors import DeviceFaultError as DeviceFaultError
 from ._errors import InternalError as InternalError
 from ._errors import RuntimeAPIError as RuntimeAPIError
 from ._errors import TaskTimeoutError as TaskTimeoutError
+from ._event import Event as Event
 from ._host.hostargs import HostArgs as HostArgs
 from ._launch_config import LaunchConfig as LaunchConfig
 from ._runtime import available_backends as available_backends
-from ._sched.task import Event as Event
 from ._sched.task import Task as Task
 from ._stream import Stream as Stream
 

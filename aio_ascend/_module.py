@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from ._device import Device
+from collections.abc import Callable
 
 __all__ = ["Function", "Module"]
 
 
 class Function:
-    """A kernel entry point (``aclrtFuncHandle``) of a :class:`Module`."""
+    """A kernel entry point (``aclrtFuncHandle``) of a :class:`Module`.
 
-    __slots__ = ("_device", "handle", "module", "name")
+    :ivar device: the device it was loaded on
+    :ivar module: the module it belongs to
+    :ivar name: the kernel name
+    :ivar handle: the runtime handle
+    """
 
-    def __init__(self, device: Device, module: Module, name: str, handle: int) -> None:
-        self._device = device
+    __slots__ = ("device", "handle", "module", "name")
+
+    def __init__(self, device: object, module: Module, name: str, handle: int) -> None:
+        self.device = device
         self.module = module
         self.name = name
         self.handle = handle
@@ -26,14 +29,20 @@ class Function:
 
 
 class Module:
-    """A loaded kernel binary (``aclrtBinHandle``); unloaded when the device closes."""
+    """A loaded kernel binary (``aclrtBinHandle``); unloaded when the device closes.
 
-    __slots__ = ("_device", "_functions", "handle", "source")
+    :param get_function: looks a kernel up by name (raises if the device is closed)
+    """
 
-    def __init__(self, device: Device, handle: int, source: object) -> None:
-        self._device = device
+    __slots__ = ("_functions", "_get_function", "device", "handle", "source")
+
+    def __init__(
+        self, device: object, handle: int, source: object, get_function: Callable[[int, str], int]
+    ) -> None:
+        self.device = device
         self.handle = handle
         self.source = source
+        self._get_function = get_function
         self._functions: dict[str, Function] = {}
 
     def function(self, name: str) -> Function:
@@ -45,9 +54,8 @@ class Module:
             raise TypeError("function name must be a non-empty str")
         fn = self._functions.get(name)
         if fn is None:
-            self._device._check_open()
-            handle = self._device._rt().get_function(self.handle, name)
-            fn = self._functions[name] = Function(self._device, self, name, handle)
+            handle = self._get_function(self.handle, name)
+            fn = self._functions[name] = Function(self.device, self, name, handle)
         return fn
 
     def __repr__(self) -> str:

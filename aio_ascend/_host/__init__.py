@@ -1,1 +1,1 @@
-"""_host"""
+"""L2 host memory: the kernel-argument builder, pinned buffer pool and args snapshots."""

@@ -36,13 +36,13 @@ class HostBuffer:
     :ivar view: a writable ``memoryview`` of the usable region
     """
 
-    __slots__ = ("_alloc", "_base", "addr", "capacity", "in_use", "view")
+    __slots__ = ("addr", "alloc", "base", "capacity", "in_use", "view")
 
     def __init__(self, alloc: int, base: int, addr: int, capacity: int, view: memoryview) -> None:
         # the malloc_host address to free with this buffer (0: it lives in a shared slab)
-        self._alloc = alloc
+        self.alloc = alloc
         # where its leading guard bytes start (== addr without debug guards)
-        self._base = base
+        self.base = base
         self.addr = addr
         self.capacity = capacity
         self.view = view
@@ -132,8 +132,8 @@ class HostBufferPool:
         if self._closed or buf.capacity > self._max_cached_class:
             with self._lock:
                 self._discarded += 1
-            if buf._alloc:
-                self._free_host(buf._alloc)
+            if buf.alloc:
+                self._free_host(buf.alloc)
         else:
             bucket = self._free.get(buf.capacity)
             if bucket is None:
@@ -172,7 +172,7 @@ class HostBufferPool:
         return buffers[0]
 
     def _check(self, buf: HostBuffer, *, poisoned: bool) -> None:
-        before = host_view(buf._base, _GUARD)
+        before = host_view(buf.base, _GUARD)
         after = host_view(buf.addr + buf.capacity, _GUARD)
         problems = []
         if before != self._guard or after != self._guard:
@@ -189,7 +189,7 @@ class HostBufferPool:
             )
             if self._debug:
                 # Restore the canary so one violation is reported once.
-                host_view(buf._base, _GUARD)[:] = self._guard
+                host_view(buf.base, _GUARD)[:] = self._guard
                 host_view(buf.addr + buf.capacity, _GUARD)[:] = self._guard
 
     def stats(self) -> dict[str, int]:
@@ -217,8 +217,8 @@ class HostBufferPool:
             slabs, self._slabs = self._slabs, []
         for buf in cached:
             buf.view.release()
-            if buf._alloc:
-                self._free_host(buf._alloc)
+            if buf.alloc:
+                self._free_host(buf.alloc)
         # A slab goes with every buffer in it, leaked ones included (reported below).
         for alloc in slabs:
             self._free_host(alloc)

@@ -1,28 +1,13 @@
-"""``Task`` and ``Event``: the awaitable results of stream operations (event-loop side)."""
+"""``Task``: the awaitable result of one stream operation (event-loop side)."""
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Generator
+from typing import Any
 
-from .._errors import ClosedError
-from .._runtime.abi import (
-    ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ACL_EVENT_SYNC,
-    ACL_EVENT_TIME_LINE,
-)
+from .loop import LoopAdapter
 
-if TYPE_CHECKING:
-    from .._device import Device
-    from .._stream import Stream
-
-__all__ = ["Event", "Task"]
-
-
-def _event_flags(timing: bool) -> int:
-    """The Ex event flags of a user event: SYNC (others wait on it), TIME_LINE if timed."""
-    return ACL_EVENT_SYNC | (ACL_EVENT_TIME_LINE if timing else 0)
+__all__ = ["Task", "resolve_task"]
 
 
 class Task:
@@ -35,17 +20,27 @@ class Task:
     Cancellation: cancelling an ``await task`` only stops that waiter. The work itself cannot be
     recalled: it runs to the end, everything it uses stays alive until then, and other waiters
     and :meth:`done` are unaffected. Any number of coroutines may await the same task.
+
+    :ivar kind: ``"launch"``, ``"copy_to_device"``, ``"copy_to_host"``, ``"record_event"`` or
+        ``"wait_event"``
     """
 
-    __slots__ = ("__weakref__", "_device", "_done", "_exc", "_waiters", "kind", "stream")
+    __slots__ = ("__weakref__", "_adapter", "_done", "_exc", "_stream_ref", "_waiters", "kind")
 
-    def __init__(self, device: Device, stream: Stream, kind: str) -> None:
-        self._device = device
-        self.stream = stream
+    def __init__(self, adapter: LoopAdapter, stream_ref: Callable[[], Any], kind: str) -> None:
+        self._adapter = adapter
+        # a weak reference: the scheduler keeps tasks (a stream's latest) and must not keep
+        # the public objects alive through them
+        self._stream_ref = stream_ref
         self.kind = kind
         self._done = False
         self._exc: BaseException | None = None
         self._waiters: list[Any] | None = None
+
+    @property
+    def stream(self) -> Any:
+        """The stream it was queued on (``None`` once that stream object is gone)."""
+        return self._stream_ref()
 
     def done(self) -> bool:
         """Whether the task has finished (successfully or not)."""
@@ -61,11 +56,12 @@ class Task:
         return self._exc
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self._wait().__await__()
+        return self.wait().__await__()
 
-    async def _wait(self) -> None:
+    async def wait(self) -> None:
+        """The same as ``await task``."""
         if not self._done:
-            adapter = self._device._adapter
+            adapter = self._adapter
             if not adapter.is_current():
                 raise RuntimeError("this Task belongs to a device opened in a different event loop")
             waiter = adapter.new_waiter()
@@ -85,7 +81,7 @@ class Task:
             raise self._exc
 
     def _resolve(self, exc: BaseException | None) -> int:
-        # Loop thread only. Returns how many waiters it woke.
+        # Loop thread only, through resolve_task. Returns how many waiters it woke.
         if self._done:
             return 0
         self._done = True
@@ -94,7 +90,7 @@ class Task:
         if not waiters:
             return 0
         self._waiters = None
-        wake = self._device._adapter.wake
+        wake = self._adapter.wake
         for waiter in waiters:
             wake(waiter)
         return len(waiters)
@@ -109,74 +105,6 @@ class Task:
         return f"<Task {self.kind} {state}>"
 
 
-class Event:
-    """A point in a stream's work, for cross-stream dependencies and timing.
-
-    Created by ``await stream.record_event(timing=False)``. ``await event`` waits until the
-    work recorded before it is done; ``other.wait_event(event)`` makes another stream wait for
-    it on the device, without the host in between. With ``timing=True``,
-    ``start.elapsed_ms(end)`` gives the device time between two events.
-    """
-
-    __slots__ = (
-        "__weakref__",
-        "_device",
-        "_record_error",
-        "_record_task",
-        "_recorded_on_device",
-        "handle",
-        "stream",
-        "timing",
-    )
-
-    def __init__(
-        self, device: Device, stream: Stream, handle: int, timing: bool, record_task: Task
-    ) -> None:
-        self._device = device
-        self.stream = stream
-        self.handle = handle
-        self.timing = timing
-        self._record_task = record_task
-        self._recorded_on_device = False
-        self._record_error: BaseException | None = None
-        weakref.finalize(self, device._retire_user_event, handle, _event_flags(timing))
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return self._record_task._wait().__await__()
-
-    def done(self) -> bool:
-        """Whether the recorded work has been observed complete."""
-        return self._record_task.done()
-
-    def query(self) -> bool:
-        """Whether the work before the event is complete, asking the runtime if needed."""
-        if self._record_task.done():
-            return self._record_task._exc is None
-        if not self._recorded_on_device:
-            return False
-        self._device._check_open()
-        status = self._device._rt().query_event_status(self.handle)
-        return status == ACL_EVENT_RECORDED_STATUS_COMPLETE
-
-    def elapsed_ms(self, end: Event) -> float:
-        """Device milliseconds from this event to ``end`` (both recorded with ``timing=True``).
-
-        :raises ValueError: if either event was recorded without timing or is not complete yet
-        """
-        if not isinstance(end, Event):
-            raise TypeError(f"elapsed_ms() takes an Event, got {type(end).__name__}")
-        if end._device is not self._device:
-            raise ValueError("elapsed_ms(): the events belong to different devices")
-        if not (self.timing and end.timing):
-            raise ValueError("elapsed_ms() needs both events recorded with timing=True")
-        if not (self.done() and end.done()):
-            raise ValueError("elapsed_ms() needs both events complete (await them first)")
-        for event in (self, end):
-            if event._record_task._exc is not None:
-                raise ValueError("elapsed_ms(): an event failed") from event._record_task._exc
-        if self._device._state == "closed":
-            raise ClosedError("elapsed_ms(): the device is closed")
-        return self._device._rt().event_elapsed_time(self.handle, end.handle)
-
-    def __repr__(self) -> str:
-        return f"<Event {self.handle:#x} {'done' if self.done() else 'pending'}>"
+#: Finish a task with an error or ``None``; returns how many waiters it woke (loop thread).
+#: The scheduler's one way to complete a Task: users get no ``set_result`` to misuse.
+resolve_task: Callable[[Task, BaseException | None], int] = Task._resolve

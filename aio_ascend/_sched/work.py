@@ -3,11 +3,12 @@
 A :class:`Request` is created on the event loop when a stream admits it, submitted to the
 runtime by the submitter thread, and released by the poller thread once its completion has been
 observed. It owns what the device may read or write for it (a pooled pinned buffer, device
-buffers it references, user arrays) until then: nothing is released on cancellation.
+allocations it references, user arrays) until then: nothing is released on cancellation.
 """
 
 from __future__ import annotations
 
+import enum
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
@@ -17,42 +18,57 @@ from .._errors import derived_error
 from .._runtime.abi import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
 
 if TYPE_CHECKING:
-    from .._device import DeviceBuffer
     from .._host.pool import HostBuffer
     from .._launch_config import LaunchConfig
     from .._runtime import Runtime
-    from .._stream import Stream
-    from .task import Event, Task
+    from .lane import Lane
+    from .lifetimes import Allocation
+    from .task import Task
 
 __all__ = [
     "Batch",
     "CopyToDevice",
     "CopyToHost",
+    "Delivery",
+    "EventRecord",
     "Launch",
+    "Outcome",
     "RecordEvent",
     "Request",
     "WaitEvent",
 ]
 
 
+class Outcome(enum.Enum):
+    """What a delivered completion means for its task and for its stream's slot."""
+
+    #: the device finished (or refused) the request: resolve the task, free its slot
+    FINISHED = enum.auto()
+    #: the watchdog gave up: resolve the task, keep the slot until the device is done with it
+    TIMED_OUT = enum.auto()
+    #: timed-out work the device finished after all: only free the slot
+    FINISHED_LATE = enum.auto()
+
+
 class Request(ABC):
     """One operation on one stream. Subclasses implement :meth:`submit`."""
 
-    __slots__ = ("buffers", "host", "settled", "stream", "task")
+    __slots__ = ("buffers", "host", "lane", "settled", "task")
     kind = "request"
-    #: counter name in Device.stats() incremented when submitted ("" for none)
-    counter = ""
+    #: whether it counts as a launch, a copy or neither in ``Device.stats()``
+    is_launch = False
+    is_copy = False
     #: whether :meth:`on_complete` has host-side work to do
     needs_completion = False
 
     def __init__(
         self,
-        stream: Stream,
+        lane: Lane,
         task: Task,
         host: HostBuffer | None,
-        buffers: tuple[DeviceBuffer, ...],
+        buffers: tuple[Allocation, ...],
     ) -> None:
-        self.stream = stream
+        self.lane = lane
         self.task = task
         self.host = host
         self.buffers = buffers
@@ -70,19 +86,22 @@ class Request(ABC):
         """The request will never reach the device (submitter thread)."""
 
 
+Delivery = tuple[Request, BaseException | None, Outcome]
+
+
 class Launch(Request):
     """A kernel launch with a snapshot of its host args in a pooled pinned buffer."""
 
     __slots__ = ("blocks", "cfg", "func", "nbytes", "placeholder_count", "table_offset")
     kind = "launch"
-    counter = "launches"
+    is_launch = True
 
     def __init__(
         self,
-        stream: Stream,
+        lane: Lane,
         task: Task,
         host: HostBuffer,
-        buffers: tuple[DeviceBuffer, ...],
+        buffers: tuple[Allocation, ...],
         func: int,
         blocks: int,
         cfg: LaunchConfig | None,
@@ -91,7 +110,7 @@ class Launch(Request):
         placeholder_count: int,
     ) -> None:
         # (no super().__init__: this is the hot path)
-        self.stream = stream
+        self.lane = lane
         self.task = task
         self.host = host
         self.buffers = buffers
@@ -128,19 +147,19 @@ class _Copy(Request):
     """A copy of ``count`` bytes staged through the pinned buffer ``host``."""
 
     __slots__ = ("count", "dst", "src")
-    counter = "copies"
+    is_copy = True
 
     def __init__(
         self,
-        stream: Stream,
+        lane: Lane,
         task: Task,
         host: HostBuffer,
         dst: Any,
         src: Any,
         count: int,
-        device_buffer: DeviceBuffer,
+        allocation: Allocation,
     ) -> None:
-        super().__init__(stream, task, host, (device_buffer,))
+        super().__init__(lane, task, host, (allocation,))
         self.dst = dst
         self.src = src
         self.count = count
@@ -153,9 +172,9 @@ class CopyToDevice(_Copy):
     kind = "copy_to_device"
 
     def __init__(
-        self, stream: Stream, task: Task, host: HostBuffer, dst: DeviceBuffer, src: Any, count: int
+        self, lane: Lane, task: Task, host: HostBuffer, dst: Allocation, src: Any, count: int
     ) -> None:
-        super().__init__(stream, task, host, dst, src, count, dst)
+        super().__init__(lane, task, host, dst, src, count, dst)
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
@@ -175,14 +194,14 @@ class CopyToHost(_Copy):
 
     def __init__(
         self,
-        stream: Stream,
+        lane: Lane,
         task: Task,
         host: HostBuffer,
         dst: np.ndarray[Any, Any],
-        src: DeviceBuffer,
+        src: Allocation,
         count: int,
     ) -> None:
-        super().__init__(stream, task, host, dst, src, count, src)
+        super().__init__(lane, task, host, dst, src, count, src)
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
@@ -197,11 +216,27 @@ class CopyToHost(_Copy):
         self.dst.reshape(-1).view(np.uint8).data[: self.count] = host.view[: self.count]
 
 
+class EventRecord:
+    """What the scheduler knows of one user event: its handle and how its recording went.
+
+    :ivar recorded: the record call reached the runtime (a query can tell its status)
+    :ivar error: why it was never recorded, if it was refused
+    """
+
+    __slots__ = ("error", "flags", "handle", "recorded")
+
+    def __init__(self, handle: int, flags: int) -> None:
+        self.handle = handle
+        self.flags = flags
+        self.recorded = False
+        self.error: BaseException | None = None
+
+
 class _EventRequest(Request):
     __slots__ = ("event",)
 
-    def __init__(self, stream: Stream, task: Task, event: Event) -> None:
-        super().__init__(stream, task, None, ())
+    def __init__(self, lane: Lane, task: Task, event: EventRecord) -> None:
+        super().__init__(lane, task, None, ())
         self.event = event
 
 
@@ -215,12 +250,12 @@ class RecordEvent(_EventRequest):
         try:
             runtime.record_event(self.event.handle, stream)
         except BaseException as exc:
-            self.event._record_error = exc
+            self.event.error = exc
             raise
-        self.event._recorded_on_device = True
+        self.event.recorded = True
 
     def on_refused(self, exc: BaseException) -> None:
-        self.event._record_error = exc
+        self.event.error = exc
 
 
 class WaitEvent(_EventRequest):
@@ -230,7 +265,7 @@ class WaitEvent(_EventRequest):
     kind = "wait_event"
 
     def submit(self, runtime: Runtime, stream: int) -> None:
-        record_error = self.event._record_error
+        record_error = self.event.error
         if record_error is not None:
             raise derived_error(record_error, "the event this wait depends on was never recorded")
         runtime.stream_wait_event(stream, self.event.handle)
@@ -239,10 +274,10 @@ class WaitEvent(_EventRequest):
 class Batch:
     """Requests submitted to one stream in one hop, followed by one recorded event."""
 
-    __slots__ = ("deadline", "event", "requests", "stream", "timed_out")
+    __slots__ = ("deadline", "event", "lane", "requests", "timed_out")
 
-    def __init__(self, stream: Stream, requests: list[Request], event: int, deadline: float):
-        self.stream = stream
+    def __init__(self, lane: Lane, requests: list[Request], event: int, deadline: float):
+        self.lane = lane
         self.requests = requests
         self.event = event
         self.deadline = deadline

@@ -1,0 +1,28 @@
+"""Statistics counters with one writer each, so that no update is ever lost.
+
+Each library thread (and the loop side) owns one :class:`Counters` and is the only one that
+increments it; :func:`total` sums them for ``Device.stats()``. Reading an int attribute from
+another thread is atomic in CPython, so a sum is at worst a moment old, never wrong.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Counters", "total"]
+
+
+class Counters:
+    """The counters one thread writes."""
+
+    __slots__ = ("batches", "copies", "launches", "timeouts", "wakeups")
+
+    def __init__(self) -> None:
+        self.launches = 0
+        self.copies = 0
+        self.batches = 0
+        self.wakeups = 0
+        self.timeouts = 0
+
+
+def total(*parts: Counters) -> dict[str, int]:
+    """The sum of several threads' counters, by name."""
+    return {name: sum(getattr(part, name) for part in parts) for name in Counters.__slots__}

@@ -1,0 +1,85 @@
+"""Device faults: the first one is sticky, and who gets which error.
+
+In stop-on-failure mode one fault halts the device context: the first fault is kept for the
+device; every other unfinished or later task fails with a :class:`DeviceFaultError` whose
+cause is that first fault. The functions here decide which error each request gets; the
+threads only carry that out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+from .._errors import DeviceFaultError, RuntimeAPIError, derived_error
+from .work import Batch, Delivery, Outcome
+
+__all__ = ["FaultState", "as_device_fault", "classify_refusal", "fail_batches"]
+
+
+def as_device_fault(exc: BaseException) -> DeviceFaultError:
+    """``exc`` (a failure that means the device context is broken) as a DeviceFaultError."""
+    if isinstance(exc, DeviceFaultError):
+        return exc
+    fault = DeviceFaultError(
+        f"device context failed: {getattr(exc, 'message', '') or exc!r}",
+        code=getattr(exc, "code", None),
+        func=getattr(exc, "func", None),
+    )
+    fault.__cause__ = exc
+    return fault
+
+
+class FaultState:
+    """The device's first fault, shared by the loop and the library threads."""
+
+    __slots__ = ("_lock", "first")
+
+    def __init__(self) -> None:
+        self.first: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def note(self, exc: BaseException) -> BaseException:
+        """Record ``exc`` as the fault if it is the first; return the first fault."""
+        with self._lock:
+            if self.first is None:
+                self.first = exc
+            return self.first
+
+
+def classify_refusal(
+    exc: BaseException, faults: FaultState, context_is_healthy: Callable[[], bool]
+) -> BaseException:
+    """The error a refused submission stands for: the device fault, or a plain refusal.
+
+    A refusal whose code is no known fault code may still come from a faulted context
+    (stop-on-failure refuses all new work with the fault's code): ``context_is_healthy`` asks
+    the runtime. A fault that is not the first is reported as caused by the first.
+    """
+    if not isinstance(exc, DeviceFaultError):
+        if not isinstance(exc, RuntimeAPIError) or context_is_healthy():
+            return exc
+        exc = as_device_fault(exc)
+    first = faults.note(exc)
+    return exc if first is exc else derived_error(first, "device faulted earlier")
+
+
+def fail_batches(
+    batches: Iterable[Batch], fault: BaseException, first: BaseException
+) -> list[Delivery]:
+    """Deliveries failing every request of ``batches`` after ``fault`` broke the context.
+
+    The first request gets ``first`` itself when ``fault`` is the device's first fault (nobody
+    else was given it yet); everybody else gets a DeviceFaultError caused by ``first``.
+    """
+    deliveries: list[Delivery] = []
+    given_first = first is not fault
+    for batch in batches:
+        for request in batch.requests:
+            if not given_first:
+                error: BaseException = first
+                given_first = True
+            else:
+                error = derived_error(first, "device faulted")
+            deliveries.append((request, error, Outcome.FINISHED))
+    return deliveries

@@ -1,0 +1,34 @@
+"""``Lane``: the scheduler's side of one stream (its handle, admission and latest task)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .admission import Admission
+
+if TYPE_CHECKING:
+    from .task import Task
+
+__all__ = ["Lane"]
+
+
+class Lane:
+    """One runtime stream as the scheduler sees it.
+
+    :ivar handle: the runtime stream
+    :ivar admission: the stream's in-flight bound and admission queue
+    :ivar closed: no new request is admitted
+    :ivar last: the latest task queued on it (``synchronize`` waits for it)
+    """
+
+    __slots__ = ("admission", "closed", "handle", "last")
+
+    def __init__(self, handle: int, max_in_flight: int) -> None:
+        self.handle = handle
+        self.admission = Admission(max_in_flight)
+        self.closed = False
+        self.last: Task | None = None
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<Lane {self.handle:#x} {state} {self.admission!r}>"

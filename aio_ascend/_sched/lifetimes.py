@@ -1,0 +1,132 @@
+"""Lifetimes: nothing the device may still touch is freed or reused before it is done.
+
+Device allocations count the queued requests that use them; ``free()`` on one still in use is
+deferred to the moment the last of those requests completes (a deterministic
+``record_stream``). Host buffers go back to the pool only when the request's completion has
+been observed. The decisions (:meth:`Lifetimes.request_free`, :meth:`Lifetimes.unuse`) return
+what to free; :meth:`Lifetimes.release` carries them out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .._host.pool import HostBufferPool
+    from .work import Request
+
+__all__ = ["Allocation", "Lifetimes"]
+
+
+class Allocation:
+    """Device memory tracked by :class:`Lifetimes`.
+
+    :ivar ptr: the device address
+    :ivar nbytes: its size in bytes
+    :ivar uses: queued requests that reference it
+    :ivar free_requested: ``free()`` was called (the memory may still be in use)
+    :ivar released: the memory has been given back to the runtime
+    :ivar registry: the :class:`Lifetimes` of the device it belongs to
+    """
+
+    __slots__ = ("__weakref__", "free_requested", "nbytes", "ptr", "registry", "released", "uses")
+
+    def __init__(self, registry: Lifetimes, ptr: int, nbytes: int) -> None:
+        self.registry = registry
+        self.ptr = ptr
+        self.nbytes = nbytes
+        self.uses = 0
+        self.free_requested = False
+        self.released = False
+
+
+class Lifetimes:
+    """The device allocations alive on one device, and the release of finished requests.
+
+    Thread-safe: the loop thread retains and frees, the library threads release.
+
+    :param free_device: frees a device pointer (binds the calling thread's context itself)
+    :param pool: where requests' host buffers go back to
+    """
+
+    def __init__(self, free_device: Callable[[int], None], pool: HostBufferPool) -> None:
+        self._free_device = free_device
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._live: set[Allocation] = set()
+        self._closed = False
+
+    @property
+    def live_count(self) -> int:
+        """Allocations not yet given back to the runtime."""
+        return len(self._live)
+
+    def track(self, allocation: Allocation) -> None:
+        """Start tracking a fresh allocation."""
+        with self._lock:
+            self._live.add(allocation)
+
+    def retain(self, allocations: Iterable[Allocation]) -> None:
+        """A queued request uses ``allocations`` until it is released."""
+        with self._lock:
+            for allocation in allocations:
+                allocation.uses += 1
+
+    def request_free(self, allocation: Allocation) -> bool:
+        """``free()`` was called: True if the memory should be freed now (nobody uses it)."""
+        with self._lock:
+            if allocation.free_requested:
+                return False
+            allocation.free_requested = True
+            if allocation.uses:
+                return False  # the last user frees it
+            return self._retire(allocation)
+
+    def free(self, allocation: Allocation) -> None:
+        """Free ``allocation`` now, or once the queued work that uses it has completed."""
+        if self.request_free(allocation):
+            self._free_device(allocation.ptr)
+
+    def unuse(self, allocations: Iterable[Allocation]) -> list[int]:
+        """Requests using ``allocations`` are done: the pointers now due to be freed."""
+        due = []
+        with self._lock:
+            for allocation in allocations:
+                allocation.uses -= 1
+                if allocation.uses == 0 and allocation.free_requested and self._retire(allocation):
+                    due.append(allocation.ptr)
+        return due
+
+    def release(self, requests: Iterable[Request]) -> None:
+        """Give back what finished requests held (any library thread, once the device is done)."""
+        release_host = self._pool.release
+        due: list[int] = []
+        for request in requests:
+            host = request.host
+            if host is not None:
+                request.host = None
+                release_host(host)
+            if request.buffers:
+                due.extend(self.unuse(request.buffers))
+                request.buffers = ()
+        for ptr in due:
+            self._free_device(ptr)
+
+    def take_all(self) -> list[int]:
+        """On close: every allocation still alive, marked released; their pointers to free."""
+        with self._lock:
+            self._closed = True
+            live, self._live = self._live, set()
+            for allocation in live:
+                allocation.free_requested = allocation.released = True
+        return [allocation.ptr for allocation in live]
+
+    def _retire(self, allocation: Allocation) -> bool:
+        # (lock held) The allocation is done: True if it still had to be freed.
+        if allocation.released or self._closed:
+            return False
+        allocation.released = True
+        self._live.discard(allocation)
+        return True

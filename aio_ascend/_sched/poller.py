@@ -1,0 +1,235 @@
+"""The completion poller thread: observes finished batches and hands them to the loop.
+
+Streams are FIFO, so it only asks about the oldest outstanding batch event of each stream. It
+waits only in GIL-releasing calls (a timed queue get with backoff between queries, or, in
+block mode, a synchronize with a timeout slice), and sends each round's results into the loop
+with one hop, however many tasks finished in it.
+"""
+
+from __future__ import annotations
+
+import enum
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import EventSyncTimeoutError, InternalError, RuntimeAPIError
+from .._runtime import Runtime
+from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
+from .._runtime.threads import GIL_SLICE_S, reduce_timer_slack, yield_gil
+from .counters import Counters
+from .events import BatchEvents
+from .faults import FaultState, as_device_fault, fail_batches
+from .lifetimes import Lifetimes
+from .watchdog import expire
+from .work import Batch, Delivery, Outcome, Request
+
+__all__ = ["CompletionMode", "Poller"]
+
+_STOP = object()
+#: requests completed per poll round at most (bounds the poller's time holding the GIL)
+ROUND_BUDGET = 1024
+#: how often the watchdog looks at deadlines (it works in seconds)
+WATCHDOG_PERIOD_S = 0.01
+
+
+class CompletionMode(enum.Enum):
+    """How the poller waits: short sleeps between queries, or a blocking event sync."""
+
+    POLL = "poll"
+    BLOCK = "block"
+
+
+class Poller:
+    """The thread ``aio_ascend-poll-<device>`` and the outstanding batches only it touches.
+
+    :param post: hands deliveries to the loop (non-blocking; counts a wake-up when it did)
+    """
+
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        device_id: int,
+        faults: FaultState,
+        lifetimes: Lifetimes,
+        batch_events: BatchEvents,
+        post: Callable[[list[Delivery], Counters], None],
+        mode: CompletionMode,
+        task_timeout: float,
+        poll_min_interval: float = 5e-6,
+        poll_max_interval: float = 1e-3,
+        block_slice_ms: int = 5,
+    ) -> None:
+        self._runtime = runtime
+        self._faults = faults
+        self._lifetimes = lifetimes
+        self._events = batch_events
+        self._post = post
+        self._mode = mode
+        self._task_timeout = task_timeout
+        self._min_interval = poll_min_interval
+        self._max_interval = poll_max_interval
+        self._block_slice_ms = block_slice_ms
+        self.counters = Counters()
+        #: work of a broken context, never observed complete: released at close
+        self.orphans: list[Request] = []
+        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._on_exit: Callable[[], None] | None = None
+        self._outstanding: dict[int, deque[Batch]] = {}  # by stream handle
+        self._pending = 0  # batches in _outstanding
+        self._interval = poll_min_interval
+        self._next_deadline_check = 0.0
+        self.thread = threading.Thread(
+            target=self._main, name=f"aio_ascend-poll-{device_id}", daemon=True
+        )
+
+    # --- any thread ------------------------------------------------------------------------
+
+    def add(self, batch: Batch) -> None:
+        """A batch was recorded (submitter thread)."""
+        self._inbox.put(batch)
+
+    def stop(self, *, then: Callable[[], None] | None = None) -> None:
+        """Ask the thread to exit after its current round (and to call ``then`` on its way)."""
+        self._on_exit = then
+        self._inbox.put(_STOP)
+
+    def leftover_batches(self) -> list[Batch]:
+        """Batches never seen complete (call only after the thread has exited)."""
+        leftovers = [batch for batches in self._outstanding.values() for batch in batches]
+        self._outstanding.clear()
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return leftovers
+            if isinstance(item, Batch):
+                leftovers.append(item)
+
+    # --- the thread ------------------------------------------------------------------------
+
+    def _main(self) -> None:
+        self._runtime.set_current_context()
+        reduce_timer_slack()
+        self._loop()
+        if self._on_exit is not None:
+            self._on_exit()
+
+    def _loop(self) -> None:
+        while True:
+            # Block for new work only when nothing is outstanding; no reference to past work
+            # is held in this frame meanwhile (see Submitter._main).
+            if not self._pending and not self._file(self._inbox.get()):
+                return
+            if not self._round():
+                return
+
+    def _file(self, item: object) -> bool:
+        """File a batch from the inbox; False on the stop sentinel."""
+        if item is _STOP:
+            return False
+        assert isinstance(item, Batch)
+        self._outstanding.setdefault(item.lane.handle, deque()).append(item)
+        self._pending += 1
+        return True
+
+    def _round(self) -> bool:
+        """One round: file new batches, complete what finished, else wait a little."""
+        inbox = self._inbox
+        while True:
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                break
+            if not self._file(item):
+                return False
+        block = self._mode is CompletionMode.BLOCK
+        if block:
+            self._block_on_oldest()
+        started = time.perf_counter()
+        try:
+            done = self._collect_completed()
+        except BaseException as exc:
+            # In stop-on-failure mode a failing query means the device context is broken.
+            self._fail_all(exc)
+            return True
+        if done:
+            self._pending -= len(done)
+            self._complete(done)
+            self._interval = self._min_interval
+            if time.perf_counter() - started > GIL_SLICE_S:
+                yield_gil()  # a big round: let the loop take the GIL before the next
+            return True
+        now = time.monotonic()
+        if now >= self._next_deadline_check:
+            self._next_deadline_check = now + WATCHDOG_PERIOD_S
+            expired, deliveries = expire(self._outstanding.values(), now, self._task_timeout)
+            self.counters.timeouts += expired
+            self._post(deliveries, self.counters)
+        if block:
+            return True
+        # Nothing finished: wait (GIL released) for the interval or for new work.
+        try:
+            item = inbox.get(timeout=self._interval)
+        except queue.Empty:
+            self._interval = min(self._interval * 2, self._max_interval)
+            return True
+        self._interval = self._min_interval
+        return self._file(item)
+
+    def _block_on_oldest(self) -> None:
+        heads = [batches[0] for batches in self._outstanding.values() if batches]
+        if not heads:
+            return
+        oldest = min(heads, key=lambda batch: batch.deadline)
+        try:
+            self._runtime.synchronize_event(oldest.event, self._block_slice_ms)
+        except (EventSyncTimeoutError, RuntimeAPIError):
+            pass  # a timeout is the slice ending; a fault is picked up by the query round
+
+    def _collect_completed(self) -> list[Batch]:
+        query = self._runtime.query_event_status
+        done: list[Batch] = []
+        budget = ROUND_BUDGET
+        for batches in self._outstanding.values():
+            while batches and budget > 0:
+                if query(batches[0].event) != ACL_EVENT_RECORDED_STATUS_COMPLETE:
+                    break
+                batch = batches.popleft()
+                done.append(batch)
+                budget -= len(batch.requests)
+        return done
+
+    def _complete(self, done: list[Batch]) -> None:
+        deliveries: list[Delivery] = []
+        finished: list[Request] = []
+        for batch in done:
+            outcome = Outcome.FINISHED_LATE if batch.timed_out else Outcome.FINISHED
+            for req in batch.requests:
+                error: BaseException | None = None
+                if req.needs_completion:
+                    try:
+                        req.on_complete()
+                    except BaseException as exc:
+                        error = InternalError(f"completing {req.kind} failed: {exc!r}")
+                deliveries.append((req, error, outcome))
+            finished.extend(batch.requests)
+            self._events.give_back(batch.event)
+        self._lifetimes.release(finished)
+        self._post(deliveries, self.counters)
+
+    def _fail_all(self, exc: BaseException) -> None:
+        # A query that fails in stop-on-failure mode reports a broken device context,
+        # whatever its code: it becomes the device's (sticky) fault.
+        fault = as_device_fault(exc)
+        first = self._faults.note(fault)
+        batches = [batch for queued in self._outstanding.values() for batch in queued]
+        self._outstanding.clear()
+        self._pending = 0
+        for batch in batches:
+            self.orphans.extend(batch.requests)
+        self._post(fail_batches(batches, fault, first), self.counters)

@@ -1,0 +1,562 @@
+"""``Scheduler``: one device's scheduling core, on the event-loop side.
+
+It owns the pending batch (flushed once per loop tick, or at once when full), admission
+accounting, the delivery of completions, the shutdown sequence, and the parts that carry its
+decisions out: the submitter and poller threads, the host buffer pool, the lifetimes of
+device allocations and event handles. The public facades validate user input and call it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+
+from .._errors import ClosedError, TaskTimeoutError, derived_error
+from .._host.hostargs import PackedArgs
+from .._host.pool import HostBufferPool
+from .._host.snapshot import snapshot_args
+from .._launch_config import LaunchConfig
+from .._runtime import Runtime
+from .._runtime.abi import ACL_STOP_ON_FAILURE
+from .binding import ContextBinding
+from .counters import Counters, total
+from .delivery import DeliveryQueue
+from .events import BatchEvents, UserEvents
+from .faults import FaultState
+from .lane import Lane
+from .lifetimes import Allocation, Lifetimes
+from .loop import LoopAdapter
+from .poller import CompletionMode, Poller
+from .submitter import Submitter
+from .task import Task, resolve_task
+from .work import (
+    CopyToDevice,
+    CopyToHost,
+    Delivery,
+    EventRecord,
+    Launch,
+    Outcome,
+    RecordEvent,
+    Request,
+    WaitEvent,
+)
+
+__all__ = ["DeviceState", "Scheduler", "flush_now"]
+
+#: pending requests that make a batch go out at once instead of at the end of the tick
+FLUSH_AT = 256
+#: how long aclose() waits for the threads to exit before it gives up on them
+JOIN_TIMEOUT_S = 10.0
+
+
+class DeviceState(enum.Enum):
+    """Where a device is in its life."""
+
+    OPEN = "open"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+def flush_now(pending: int, flush_at: int) -> bool:
+    """Whether a pending batch of ``pending`` requests goes out now rather than at tick end."""
+    return pending >= flush_at
+
+
+class Scheduler:
+    """The scheduling core of one open device (use from the loop that opened it).
+
+    :param runtime: the backend, already opened; closed by :meth:`aclose` or :meth:`abandon`
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        adapter: LoopAdapter,
+        completion: CompletionMode,
+        task_timeout: float,
+        debug: bool,
+        batch_cap: int,
+    ) -> None:
+        self.adapter = adapter
+        self._loop_now = adapter.current
+        self._loop_identity = adapter.identity
+        self.runtime = runtime
+        self.device_id = runtime.device_id
+        self.state = DeviceState.OPEN
+        #: closed by :meth:`abandon` (collected without ``aclose()``), not by :meth:`aclose`
+        self.abandoned = False
+        self._binding = binding = ContextBinding(runtime)
+        binding.bound()
+        self.pool = HostBufferPool(
+            binding.wrap(runtime.malloc_host), binding.wrap(runtime.free_host), debug=debug
+        )
+        self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool)
+        self.faults = FaultState()
+        self.user_events = UserEvents(
+            lambda flags: self.bound().create_event(flags),
+            lambda handle: self.bound().destroy_event(handle),
+        )
+        self._batch_events = BatchEvents(runtime)
+        self._delivery = DeliveryQueue(self._resolve, adapter.call_soon, self._on_delivered)
+        self._counters = Counters()  # the loop side's own
+        self.lanes: list[Lane] = []
+        self._modules: list[int] = []
+        self._pending: list[Request] = []
+        self._flush_scheduled = False
+        self._flush_at = min(batch_cap, FLUSH_AT)
+        #: a full batch went out inside a call: the next admission yields to the loop once
+        self.yield_due = False
+        self.unsettled = 0  # admitted requests aclose() still waits for
+        self.peak_in_flight = 0
+        self._idle_waiters: list[Any] = []
+        self._close_waiters: list[Any] = []
+        self._poller = Poller(
+            runtime=runtime,
+            device_id=self.device_id,
+            faults=self.faults,
+            lifetimes=self.lifetimes,
+            batch_events=self._batch_events,
+            post=self._post,
+            mode=completion,
+            task_timeout=task_timeout,
+        )
+        self._submitter = Submitter(
+            runtime=runtime,
+            device_id=self.device_id,
+            faults=self.faults,
+            lifetimes=self.lifetimes,
+            batch_events=self._batch_events,
+            post=self._post,
+            to_poller=self._poller.add,
+            task_timeout=task_timeout,
+            batch_cap=batch_cap,
+        )
+        self._submitter.thread.start()
+        self._poller.thread.start()
+
+    # --- state checks ----------------------------------------------------------------------
+
+    def bound(self) -> Runtime:
+        """The runtime, with the calling thread bound to this device's context first."""
+        return self._binding.bound()
+
+    def check_open(self) -> None:
+        """Raise ClosedError unless the device is open."""
+        if self.state is not DeviceState.OPEN:
+            raise ClosedError(f"the device is {self.state.value}")
+
+    def check_usable(self) -> None:
+        """Raise unless new work may be queued: open, this loop, not faulted."""
+        self.check_open()
+        if not self.adapter.is_current():
+            raise RuntimeError(
+                "aio_ascend device used from a different event loop (or thread) than the one "
+                "that opened it"
+            )
+        self.raise_fault()
+
+    def raise_fault(self) -> None:
+        """Raise the device's fault (as caused by the first fault), if it has one."""
+        fault = self.faults.first
+        if fault is not None:
+            raise derived_error(fault, "the device has faulted; close and reopen it")
+
+    # --- resources -------------------------------------------------------------------------
+
+    def open_lane(self, max_in_flight: int) -> Lane:
+        """A new runtime stream in stop-on-failure mode."""
+        self.check_usable()
+        runtime = self.bound()
+        handle = runtime.create_stream()
+        try:
+            runtime.set_stream_failure_mode(handle, ACL_STOP_ON_FAILURE)
+        except BaseException:
+            runtime.destroy_stream_force(handle)
+            raise
+        lane = Lane(handle, max_in_flight)
+        self.lanes.append(lane)
+        return lane
+
+    def load_binary(self, source: object) -> int:
+        """Load a kernel binary; it is unloaded when the device closes."""
+        self.check_open()
+        handle = self.bound().load_binary(source)
+        self._modules.append(handle)
+        return handle
+
+    def retire_event(self, handle: int, flags: int) -> None:
+        """The public Event of ``handle`` is gone (a finalizer: any thread)."""
+        self.user_events.retire(handle, flags)
+
+    # --- admission (loop thread) -----------------------------------------------------------
+
+    def try_admit(self, lane: Lane) -> bool:
+        """Admit a request on ``lane`` without waiting, if nothing stands in the way."""
+        if (
+            self.yield_due
+            or self.state is not DeviceState.OPEN
+            or self.faults.first is not None
+            or self._loop_now() is not self._loop_identity
+            or lane.closed
+            or not lane.admission.try_enter()
+        ):
+            return False
+        if lane.admission.in_flight > self.peak_in_flight:
+            self.peak_in_flight = lane.admission.in_flight
+        self.unsettled += 1
+        return True
+
+    async def admit(self, lane: Lane) -> None:
+        """Admit a request on ``lane``, waiting for a slot (FIFO) when it is full.
+
+        Cancelled while waiting: nothing is admitted. Raises if the device or stream is not
+        usable (checked again after the wait).
+        """
+        if self.yield_due:
+            # A tight launch loop never suspends otherwise: once per flushed batch, let the
+            # loop run (this bounds loop lag at a few ms however fast the caller launches).
+            self.yield_due = False
+            await self.adapter.checkpoint()
+        self.check_usable()
+        if lane.closed:
+            raise ClosedError("the stream is closed")
+        if not lane.admission.try_enter():
+            await self._wait_for_slot(lane)
+        if lane.admission.in_flight > self.peak_in_flight:
+            self.peak_in_flight = lane.admission.in_flight
+        self.unsettled += 1
+
+    async def _wait_for_slot(self, lane: Lane) -> None:
+        adapter = self.adapter
+        ticket = lane.admission.enqueue(adapter.new_waiter())
+        try:
+            await adapter.wait(ticket.waiter)
+        except BaseException:
+            waiter = lane.admission.withdraw(ticket)
+            if waiter is not None:
+                adapter.wake(waiter)
+            raise
+        try:
+            self.check_usable()
+            if lane.closed:
+                raise ClosedError("the stream was closed while waiting for admission")
+        except BaseException:
+            self._release_slot(lane)
+            raise
+
+    def unadmit(self, lane: Lane) -> None:
+        """Take back an admission whose request could not be built."""
+        self.unsettled -= 1
+        self._release_slot(lane)
+
+    def _release_slot(self, lane: Lane) -> int:
+        # The slot passes to the oldest waiter, if any: 1 if one was woken.
+        waiter = lane.admission.leave()
+        if waiter is None:
+            return 0
+        self.adapter.wake(waiter)
+        return 1
+
+    # --- requests (loop thread, after admission) -------------------------------------------
+
+    def launch(
+        self,
+        lane: Lane,
+        task: Task,
+        func: int,
+        blocks: int,
+        cfg: LaunchConfig | None,
+        packed: PackedArgs,
+        allocations: tuple[Allocation, ...],
+    ) -> Task:
+        """Queue an admitted launch: snapshot its args, retain its buffers."""
+        try:
+            host, table_offset = snapshot_args(self.pool, packed)
+            if allocations:
+                self.lifetimes.retain(allocations)
+        except BaseException:
+            self.unadmit(lane)
+            raise
+        lane.last = task
+        pending = self._pending
+        pending.append(
+            Launch(
+                lane,
+                task,
+                host,
+                allocations,
+                func,
+                blocks,
+                cfg,
+                packed.nbytes,
+                table_offset,
+                packed.placeholder_count,
+            )
+        )
+        if len(pending) >= self._flush_at or not self._flush_scheduled:
+            self._schedule_flush()
+        return task
+
+    def copy_to_device(self, lane: Lane, task: Task, dst: Allocation, src: Any, count: int) -> Task:
+        """Queue an admitted host-to-device copy (staged just before submission)."""
+        host = self._stage(lane, count, dst)
+        return self._enqueue(CopyToDevice(lane, task, host, dst, src, count))
+
+    def copy_to_host(
+        self, lane: Lane, task: Task, dst: np.ndarray[Any, Any], src: Allocation, count: int
+    ) -> Task:
+        """Queue an admitted device-to-host copy (``dst`` filled before the task resolves)."""
+        host = self._stage(lane, count, src)
+        return self._enqueue(CopyToHost(lane, task, host, dst, src, count))
+
+    def record_event(
+        self, lane: Lane, task: Task, make_event: Callable[[int], EventRecord], flags: int
+    ) -> EventRecord:
+        """Queue an admitted event record; ``make_event(handle)`` builds the public event."""
+        try:
+            event = make_event(self.user_events.take(flags))
+        except BaseException:
+            self.unadmit(lane)
+            raise
+        self._enqueue(RecordEvent(lane, task, event))
+        return event
+
+    def wait_event(self, lane: Lane, task: Task, event: EventRecord) -> Task:
+        """Queue an admitted wait for ``event`` on ``lane``."""
+        return self._enqueue(WaitEvent(lane, task, event))
+
+    def _stage(self, lane: Lane, count: int, allocation: Allocation) -> Any:
+        try:
+            host = self.pool.acquire(count)
+            self.lifetimes.retain((allocation,))
+        except BaseException:
+            self.unadmit(lane)
+            raise
+        return host
+
+    def _enqueue(self, request: Request) -> Task:
+        request.lane.last = request.task
+        self._pending.append(request)
+        self._schedule_flush()
+        return request.task
+
+    def _schedule_flush(self) -> None:
+        if flush_now(len(self._pending), self._flush_at):
+            self.flush()
+            self.yield_due = True
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.adapter.call_soon(self._on_tick)
+
+    def _on_tick(self) -> None:
+        self._flush_scheduled = False
+        self.flush()
+
+    def flush(self) -> None:
+        """Hand the pending requests to the submitter in one hop."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            self._submitter.submit(pending)
+        self.user_events.recycle()
+
+    # --- completions (loop thread) ---------------------------------------------------------
+
+    def _post(self, deliveries: list[Delivery], counters: Counters) -> None:
+        # Library threads: one non-blocking hop into the loop for a round's deliveries.
+        if deliveries and self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
+            counters.wakeups += 1
+
+    def _resolve(self, delivery: Delivery) -> int:
+        request, error, outcome = delivery
+        wakes = 0
+        if outcome is not Outcome.FINISHED_LATE:
+            wakes += resolve_task(request.task, error)
+            if not request.settled:
+                request.settled = True
+                self.unsettled -= 1
+        if outcome is not Outcome.TIMED_OUT:
+            wakes += self._release_slot(request.lane)
+        return wakes
+
+    def _on_delivered(self) -> None:
+        if self.unsettled == 0 and self._idle_waiters:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                self.adapter.wake(waiter)
+
+    async def _wait_idle(self) -> None:
+        while self.unsettled > 0:
+            waiter = self.adapter.new_waiter()
+            self._idle_waiters.append(waiter)
+            await self.adapter.wait(waiter)
+
+    async def drain_lane(self, lane: Lane) -> None:
+        """Wait until the work queued on ``lane`` so far has finished (errors not raised)."""
+        last = lane.last
+        if last is not None and not last.done():
+            with contextlib.suppress(Exception):
+                await last
+
+    async def close_lane(self, lane: Lane) -> None:
+        """Drain ``lane``, refuse new work on it and destroy its runtime stream. Idempotent."""
+        if lane.closed:
+            return
+        await self.drain_lane(lane)
+        lane.closed = True
+        for waiter in lane.admission.grant_all():
+            self.adapter.wake(waiter)
+        if lane not in self.lanes or self.state is not DeviceState.OPEN:
+            return
+        if self.faults.first is not None or lane.admission.in_flight:
+            return  # its work can no longer be observed normally: aclose destroys it by force
+        self.lanes.remove(lane)
+        self.bound().destroy_stream(lane.handle)
+
+    # --- stats -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """The device's counters (see ``Device.stats``)."""
+        counters = total(self._counters, self._submitter.counters, self._poller.counters)
+        pool = self.pool.stats()
+        return {
+            "launches": counters["launches"],
+            "copies": counters["copies"],
+            "batches": counters["batches"],
+            "wakeups": counters["wakeups"],
+            "in_flight": sum(lane.admission.in_flight for lane in self.lanes),
+            "peak_in_flight": self.peak_in_flight,
+            "timeouts": counters["timeouts"],
+            "streams": len(self.lanes),
+            "device_buffers": self.lifetimes.live_count,
+            "host_buffers_in_use": pool["in_use"],
+            "host_buffers_free": pool["free"],
+            "host_buffers_high_water": pool["high_water"],
+            "host_buffer_allocations": pool["allocations"],
+            "host_buffer_violations": pool["violations"],
+            "faulted": int(self.faults.first is not None),
+        }
+
+    # --- shutdown --------------------------------------------------------------------------
+
+    async def aclose(
+        self,
+        *,
+        cancel: bool,
+        timeout: float | None,  # noqa: ASYNC109 - bounds the work
+    ) -> None:
+        """Finish or drop outstanding work, stop the threads, release everything (shielded)."""
+        if self.state is not DeviceState.OPEN:
+            if self.state is DeviceState.CLOSING:  # another caller is closing: wait for it
+                waiter = self.adapter.new_waiter()
+                self._close_waiters.append(waiter)
+                await self.adapter.wait(waiter)
+            return
+        self.state = DeviceState.CLOSING
+        with anyio.CancelScope(shield=True):
+            if cancel:
+                pending, self._pending = self._pending, []
+                self.lifetimes.release(pending)
+                for request in pending:
+                    request.settled = True
+                    self.unsettled -= 1
+                    self._release_slot(request.lane)
+                    resolve_task(request.task, ClosedError("dropped by aclose(cancel=True)"))
+            else:
+                self.flush()
+            for lane in self.lanes:
+                for waiter in lane.admission.grant_all():
+                    self.adapter.wake(waiter)
+            forced = False
+            if self.unsettled:
+                with anyio.move_on_after(timeout) as scope:
+                    await self._wait_idle()
+                forced = scope.cancelled_caught or self.unsettled > 0
+            await self._shutdown(forced=forced)
+
+    async def _shutdown(self, *, forced: bool) -> None:
+        runtime = self.bound()
+        self._submitter.stop()
+        self._poller.stop()
+        if forced or self.faults.first is not None:
+            # Unblock threads stuck in runtime calls (full queues, hung kernels) first.
+            self._destroy_lanes()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while self._threads_alive() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
+        # What is left never completed. Once the streams are gone nothing on the device can
+        # touch its memory: fail the tasks and release everything.
+        self._destroy_lanes()
+        leftovers = self._submitter.unsubmitted()
+        leftovers.extend(self._pending)
+        self._pending = []
+        for batch in self._poller.leftover_batches():
+            leftovers.extend(batch.requests)
+        self.lifetimes.release(leftovers)
+        for request in leftovers:
+            resolve_task(
+                request.task,
+                TaskTimeoutError(f"{request.kind} did not finish before aclose() gave up")
+                if forced
+                else ClosedError(f"{request.kind} was dropped when the device closed"),
+            )
+        self.lifetimes.release(self._submitter.orphans + self._poller.orphans)
+        self._submitter.orphans.clear()
+        self._poller.orphans.clear()
+        self._delivery.drain(budget=False)  # completions delivered but not yet resolved
+        self.unsettled = 0
+        for handle in self._batch_events.created + self.user_events.take_all():
+            with contextlib.suppress(Exception):
+                runtime.destroy_event(handle)
+        self._batch_events.created.clear()
+        for ptr in self.lifetimes.take_all():
+            with contextlib.suppress(Exception):
+                runtime.free(ptr)
+        for module in self._modules:
+            with contextlib.suppress(Exception):
+                runtime.unload_binary(module)
+        self._modules.clear()
+        self.pool.close()
+        self.state = DeviceState.CLOSED
+        runtime.close()
+        waiters, self._close_waiters = self._close_waiters, []
+        for waiter in waiters:
+            self.adapter.wake(waiter)
+
+    def _threads_alive(self) -> bool:
+        return self._submitter.thread.is_alive() or self._poller.thread.is_alive()
+
+    def _destroy_lanes(self) -> None:
+        runtime = self.bound()
+        for lane in self.lanes:
+            lane.closed = True
+            lane.admission.reset()
+            with contextlib.suppress(Exception):
+                runtime.destroy_stream_force(lane.handle)
+        self.lanes.clear()
+
+    def abandon(self) -> None:
+        """The device was collected without ``aclose()``: stop the threads, close the runtime.
+
+        Called from a finalizer (any thread, during garbage collection): it does not wait. The
+        runtime is closed by the poller thread once both threads have exited; outstanding
+        tasks are never resolved.
+        """
+        if self.state is DeviceState.CLOSED:
+            return
+        self.state = DeviceState.CLOSED
+        self.abandoned = True
+        self._submitter.stop()
+        self._poller.stop(then=self._close_after_threads)
+
+    def _close_after_threads(self) -> None:
+        # The poller thread, exiting after abandon(): wait for the submitter, then close.
+        self._submitter.thread.join(JOIN_TIMEOUT_S)
+        with contextlib.suppress(Exception):
+            self.runtime.close()

@@ -1,0 +1,42 @@
+"""The per-device watchdog: which batches have outlived ``task_timeout``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from .._errors import TaskTimeoutError
+from .work import Delivery, Outcome
+
+if TYPE_CHECKING:
+    from .work import Batch
+
+__all__ = ["expire"]
+
+
+def expire(
+    queues: Iterable[Iterable[Batch]], now: float, task_timeout: float
+) -> tuple[int, list[Delivery]]:
+    """Mark the batches past their deadline as timed out: how many, and deliveries failing them.
+
+    ``queues`` holds each stream's outstanding batches, oldest first (deadlines grow along
+    a stream, so the scan of one stream stops at the first batch still in time). A batch is
+    timed out once; its slots stay taken until the device really finishes it.
+    """
+    deliveries: list[Delivery] = []
+    expired = 0
+    for batches in queues:
+        for batch in batches:
+            if batch.deadline > now:
+                break
+            if batch.timed_out:
+                continue
+            batch.timed_out = True
+            expired += 1
+            for request in batch.requests:
+                error = TaskTimeoutError(
+                    f"{request.kind} did not finish within task_timeout="
+                    f"{task_timeout:g}s (the device may still be running it)"
+                )
+                deliveries.append((request, error, Outcome.TIMED_OUT))
+    return expired, deliveries
