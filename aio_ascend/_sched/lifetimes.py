@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from .._host.pool import HostBufferPool
-    from .work import Request
+from .._host.pool import HostBuffer, HostBufferPool
 
-__all__ = ["Allocation", "Lifetimes"]
+__all__ = ["Allocation", "Holder", "Lifetimes"]
 
 
 class Allocation:
@@ -40,6 +38,13 @@ class Allocation:
         self.uses = 0
         self.free_requested = False
         self.released = False
+
+
+class Holder(Protocol):
+    """What a request holds until the device is done with it (see ``work.Request``)."""
+
+    host: HostBuffer | None
+    buffers: tuple[Allocation, ...]
 
 
 class Lifetimes:
@@ -99,7 +104,7 @@ class Lifetimes:
                     due.append(allocation.ptr)
         return due
 
-    def release(self, requests: Iterable[Request]) -> None:
+    def release(self, requests: Iterable[Holder]) -> None:
         """Give back what finished requests held (any library thread, once the device is done)."""
         release_host = self._pool.release
         due: list[int] = []

@@ -15,6 +15,10 @@ from typing import Any
 
 __all__ = ["LoopAdapter", "current_loop_adapter"]
 
+#: the running loop or None, without raising: ``asyncio.get_running_loop`` raises when there is
+#: none, which the hot path's "is this still our loop" check cannot afford
+_running_loop = asyncio_events._get_running_loop  # noqa: SLF001 - stdlib's non-raising getter
+
 
 class LoopAdapter(ABC):
     """Operations on the loop that opened a device. Subclasses per async library.
@@ -63,10 +67,10 @@ class _AsyncioAdapter(LoopAdapter):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.identity = loop
-        self.current = asyncio_events._get_running_loop
+        self.current = _running_loop
 
     def is_current(self) -> bool:
-        return asyncio_events._get_running_loop() is self.loop
+        return _running_loop() is self.loop
 
     def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
         self.loop.call_soon(fn, *args)

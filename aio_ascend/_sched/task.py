@@ -107,4 +107,4 @@ class Task:
 
 #: Finish a task with an error or ``None``; returns how many waiters it woke (loop thread).
 #: The scheduler's one way to complete a Task: users get no ``set_result`` to misuse.
-resolve_task: Callable[[Task, BaseException | None], int] = Task._resolve
+resolve_task: Callable[[Task, BaseException | None], int] = Task._resolve  # noqa: SLF001 - the one sanctioned way in; see the comment above

@@ -1,0 +1,305 @@
+"""The scheduler's decisions as plain code, table-driven, without threads or a loop.
+
+Each decision module of ``aio_ascend._sched`` is driven here with made-up inputs: admission,
+flushing, the delivery budget, the watchdog, fault attribution, lifetimes and counters.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from aio_ascend._errors import (
+    ContextNullError,
+    DeviceFaultError,
+    InvalidParamError,
+    TaskTimeoutError,
+)
+from aio_ascend._sched.admission import Admission
+from aio_ascend._sched.counters import Counters, total
+from aio_ascend._sched.delivery import MAX_WAKES_PER_TURN, DeliveryQueue
+from aio_ascend._sched.faults import FaultState, as_device_fault, classify_refusal, fail_batches
+from aio_ascend._sched.lane import Lane
+from aio_ascend._sched.lifetimes import Allocation, Lifetimes
+from aio_ascend._sched.scheduler import flush_now
+from aio_ascend._sched.watchdog import expire
+from aio_ascend._sched.work import Batch, Outcome, Request
+
+# --- admission ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("limit", "in_flight", "queued", "admitted"),
+    [
+        (1, 0, 0, True),
+        (1, 1, 0, False),
+        (4, 3, 0, True),
+        (4, 2, 1, False),  # a free slot, but someone is queued ahead: FIFO
+        (4, 4, 0, False),
+    ],
+)
+def test_try_enter(limit: int, in_flight: int, queued: int, admitted: bool) -> None:
+    admission = Admission(limit)
+    admission.in_flight = in_flight
+    for i in range(queued):
+        admission.enqueue(f"w{i}")
+    assert admission.try_enter() is admitted
+    assert admission.in_flight == in_flight + int(admitted)
+
+
+def test_a_freed_slot_passes_to_the_oldest_waiter_in_order() -> None:
+    admission = Admission(1)
+    assert admission.try_enter()
+    tickets = [admission.enqueue(name) for name in ("a", "b", "c")]
+    assert [admission.leave() for _ in range(3)] == ["a", "b", "c"]
+    assert all(ticket.granted for ticket in tickets)
+    assert admission.in_flight == 1  # each slot passed on, never freed in between
+    assert admission.leave() is None
+    assert admission.in_flight == 0
+
+
+def test_a_cancelled_waiter_leaves_the_queue_or_passes_its_granted_slot_on() -> None:
+    admission = Admission(1)
+    admission.try_enter()
+    first, second = admission.enqueue("a"), admission.enqueue("b")
+    assert admission.withdraw(first) is None  # not granted yet: just leaves
+    assert list(admission.queue) == [second]
+    assert admission.leave() == "b"  # b got the slot ...
+    assert admission.withdraw(second) is None  # ... and gave it up: it is free again
+    assert admission.in_flight == 0
+
+
+def test_grant_all_on_close_hands_every_waiter_a_slot() -> None:
+    admission = Admission(2)
+    admission.try_enter()
+    admission.try_enter()
+    for name in "xyz":
+        admission.enqueue(name)
+    assert admission.grant_all() == ["x", "y", "z"]
+    assert admission.in_flight == 5 and not admission.queue
+    admission.reset()
+    assert admission.in_flight == 0
+
+
+# --- flushing -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pending", "flush_at", "now"),
+    [(1, 256, False), (255, 256, False), (256, 256, True), (8, 8, True)],
+)
+def test_flush_now(pending: int, flush_at: int, now: bool) -> None:
+    assert flush_now(pending, flush_at) is now
+
+
+# --- delivery budget ----------------------------------------------------------------------
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.scheduled: deque[Callable[[], None]] = deque()
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        self.scheduled.append(fn)
+
+    def run_turn(self) -> None:
+        for _ in range(len(self.scheduled)):
+            self.scheduled.popleft()()
+
+
+@pytest.mark.parametrize(
+    ("count", "wakes_each", "turns"),
+    [
+        (10, 1, 1),
+        (MAX_WAKES_PER_TURN, 1, 1),
+        (MAX_WAKES_PER_TURN + 1, 1, 2),
+        (1000, 1, -(-1000 // MAX_WAKES_PER_TURN)),
+        (1000, 2, -(-2000 // MAX_WAKES_PER_TURN)),
+        (3000, 0, 3),  # nobody woken: only the loose cap on resolutions applies (1024 a turn)
+    ],
+)
+def test_deliveries_are_resolved_in_bounded_chunks(count: int, wakes_each: int, turns: int) -> None:
+    loop = _Loop()
+    resolved: list[object] = []
+    emptied: list[int] = []
+
+    def resolve(delivery: Any) -> int:
+        resolved.append(delivery)
+        return wakes_each
+
+    queue = DeliveryQueue(resolve, loop.call_soon, lambda: emptied.append(len(resolved)))
+    queue.deliver([(i, None, Outcome.FINISHED) for i in range(count)])  # type: ignore[misc]
+    seen = 1
+    while loop.scheduled:
+        loop.run_turn()
+        seen += 1
+    assert seen == turns
+    assert [d[0] for d in resolved] == list(range(count))  # type: ignore[index]
+    assert emptied and emptied[-1] == count
+
+
+def test_a_delivery_while_a_drain_is_due_waits_for_that_drain() -> None:
+    loop = _Loop()
+    resolved: list[object] = []
+    queue = DeliveryQueue(lambda d: resolved.append(d) or 1, loop.call_soon, lambda: None)
+    queue.deliver([(i, None, Outcome.FINISHED) for i in range(MAX_WAKES_PER_TURN + 5)])  # type: ignore[misc]
+    assert len(resolved) == MAX_WAKES_PER_TURN
+    queue.deliver([("late", None, Outcome.FINISHED)])  # type: ignore[list-item]
+    assert len(resolved) == MAX_WAKES_PER_TURN  # not resolved out of turn
+    loop.run_turn()
+    assert len(resolved) == MAX_WAKES_PER_TURN + 6 and len(queue) == 0
+
+
+# --- watchdog -----------------------------------------------------------------------------
+
+
+class _Req(Request):
+    kind = "launch"
+
+    def submit(self, runtime: Any, stream: int) -> None:  # pragma: no cover - never submitted
+        raise AssertionError
+
+
+def _batch(lane: Lane, deadline: float, size: int = 2) -> Batch:
+    requests: list[Request] = [_Req(lane, None, None, ()) for _ in range(size)]  # type: ignore[arg-type]
+    return Batch(lane, requests, event=0, deadline=deadline)
+
+
+@pytest.mark.parametrize(
+    ("deadlines", "now", "expired"),
+    [
+        ([5.0, 6.0], 4.0, 0),
+        ([5.0, 6.0], 5.0, 1),
+        ([5.0, 6.0], 7.0, 2),
+        ([5.0, 1.0], 4.0, 0),  # the scan of a stream stops at the first batch still in time
+    ],
+)
+def test_watchdog_expires_batches_past_their_deadline(
+    deadlines: list[float], now: float, expired: int
+) -> None:
+    lane = Lane(1, 8)
+    batches = [_batch(lane, d) for d in deadlines]
+    count, deliveries = expire([batches], now, task_timeout=3.0)
+    assert count == expired
+    assert len(deliveries) == 2 * expired
+    assert all(isinstance(err, TaskTimeoutError) for _, err, _ in deliveries)
+    assert all(outcome is Outcome.TIMED_OUT for _, _, outcome in deliveries)
+    again, more = expire([batches], now, task_timeout=3.0)
+    assert (again, more) == (0, [])  # a batch times out once
+
+
+# --- faults -------------------------------------------------------------------------------
+
+
+def _healthy() -> bool:
+    return True
+
+
+def _broken() -> bool:
+    return False
+
+
+@pytest.mark.parametrize(
+    ("error", "healthy", "is_fault"),
+    [
+        (InvalidParamError("bad", code=100000), _healthy, False),  # a plain refusal
+        (InvalidParamError("bad", code=100000), _broken, True),  # refused by a dead context
+        (DeviceFaultError("boom", code=507015), _healthy, True),
+        (ValueError("not a runtime error"), _broken, False),
+    ],
+)
+def test_classify_refusal(
+    error: BaseException, healthy: Callable[[], bool], is_fault: bool
+) -> None:
+    faults = FaultState()
+    result = classify_refusal(error, faults, healthy)
+    assert isinstance(result, DeviceFaultError) is is_fault
+    assert (faults.first is not None) is is_fault
+
+
+def test_only_the_first_fault_is_the_device_fault() -> None:
+    faults = FaultState()
+    first = classify_refusal(DeviceFaultError("a", code=507015), faults, _healthy)
+    later = classify_refusal(DeviceFaultError("b", code=507015), faults, _healthy)
+    assert faults.first is first
+    assert later is not first and later.__cause__ is first
+
+
+def test_fail_batches_gives_the_first_fault_to_one_request_only() -> None:
+    lane = Lane(1, 8)
+    batches = [_batch(lane, 9.0, size=3), _batch(lane, 9.0, size=2)]
+    fault = as_device_fault(ContextNullError("context gone", code=107002))
+    deliveries = fail_batches(batches, fault, fault)
+    errors = [err for _, err, _ in deliveries]
+    assert len(errors) == 5 and errors[0] is fault
+    assert all(isinstance(e, DeviceFaultError) and e.__cause__ is fault for e in errors[1:])
+    earlier = DeviceFaultError("earlier", code=507015)
+    errors = [err for _, err, _ in fail_batches(batches, fault, earlier)]
+    assert all(e is not earlier and e.__cause__ is earlier for e in errors)  # nobody is first
+
+
+# --- lifetimes ----------------------------------------------------------------------------
+
+
+class _Pool:
+    def __init__(self) -> None:
+        self.released: list[object] = []
+
+    def release(self, buf: object) -> None:
+        self.released.append(buf)
+
+
+class _Holder:
+    def __init__(self, host: Any, buffers: tuple[Allocation, ...]) -> None:
+        self.host = host
+        self.buffers = buffers
+
+
+def test_free_is_deferred_until_the_last_user_is_released() -> None:
+    freed: list[int] = []
+    pool = _Pool()
+    lifetimes = Lifetimes(freed.append, pool)  # type: ignore[arg-type]
+    a, b = Allocation(lifetimes, 0x100, 64), Allocation(lifetimes, 0x200, 64)
+    lifetimes.track(a)
+    lifetimes.track(b)
+    lifetimes.retain((a, b))
+    lifetimes.retain((a,))
+    lifetimes.free(a)
+    lifetimes.free(a)  # twice is once
+    assert freed == [] and a.free_requested
+    lifetimes.release([_Holder("h1", (a, b))])
+    assert freed == [] and pool.released == ["h1"]
+    lifetimes.release([_Holder(None, (a,))])
+    assert freed == [0x100] and lifetimes.live_count == 1
+    lifetimes.free(b)  # unused: freed at once
+    assert freed == [0x100, 0x200] and lifetimes.live_count == 0
+
+
+def test_take_all_on_close_and_nothing_freed_twice_after() -> None:
+    freed: list[int] = []
+    lifetimes = Lifetimes(freed.append, _Pool())  # type: ignore[arg-type]
+    a = Allocation(lifetimes, 0x100, 64)
+    lifetimes.track(a)
+    lifetimes.retain((a,))
+    assert lifetimes.take_all() == [0x100]
+    lifetimes.free(a)
+    lifetimes.release([_Holder(None, (a,))])
+    assert freed == []  # the closer freed it; nobody does again
+
+
+# --- counters -----------------------------------------------------------------------------
+
+
+def test_counters_sum_over_their_writers() -> None:
+    submit, poll = Counters(), Counters()
+    submit.launches, submit.batches, poll.wakeups, poll.timeouts = 5, 2, 3, 1
+    assert total(submit, poll) == {
+        "launches": 5,
+        "copies": 0,
+        "batches": 2,
+        "wakeups": 3,
+        "timeouts": 1,
+    }

@@ -1,0 +1,83 @@
+"""The public surface is a contract (DESIGN "Public API"): pin it, so a change is a decision."""
+
+from __future__ import annotations
+
+import aio_ascend as aa
+
+EXPORTED = {
+    "AscendError",
+    "BackendUnavailableError",
+    "ClosedError",
+    "Device",
+    "DeviceBuffer",
+    "DeviceFaultError",
+    "Event",
+    "Function",
+    "HostArgs",
+    "InternalError",
+    "LaunchConfig",
+    "Module",
+    "RuntimeAPIError",
+    "Stream",
+    "Task",
+    "TaskTimeoutError",
+    "available_backends",
+    "open_device",
+    "sim",
+}
+
+
+def test_all_is_pinned() -> None:
+    assert set(aa.__all__) == EXPORTED
+    assert len(aa.__all__) == len(EXPORTED)
+
+
+def test_every_exported_name_resolves_and_reads_as_public() -> None:
+    for name in aa.__all__:
+        obj = getattr(aa, name)
+        if isinstance(obj, type):
+            assert obj.__module__ == "aio_ascend", (name, obj.__module__)
+
+
+def test_error_tree() -> None:
+    assert issubclass(aa.RuntimeAPIError, aa.AscendError)
+    assert issubclass(aa.DeviceFaultError, aa.RuntimeAPIError)
+    assert issubclass(aa.TaskTimeoutError, aa.AscendError)
+    assert issubclass(aa.TaskTimeoutError, TimeoutError)
+    for name in ("BackendUnavailableError", "ClosedError", "InternalError"):
+        assert issubclass(getattr(aa, name), aa.AscendError)
+
+
+def test_sim_exposes_kernel_library() -> None:
+    assert {"KernelLibrary", "KernelContext", "BUILTIN_KERNELS"} <= set(aa.sim.__all__)
+
+
+def test_documented_methods_exist() -> None:
+    for cls, names in {
+        aa.Device: (
+            "malloc",
+            "load_module",
+            "function",
+            "stream",
+            "stats",
+            "synchronize",
+            "aclose",
+        ),
+        aa.Stream: (
+            "launch",
+            "copy_to_device",
+            "copy_to_host",
+            "record_event",
+            "wait_event",
+            "synchronize",
+            "aclose",
+        ),
+        aa.Task: ("done", "exception"),
+        aa.Event: ("query", "elapsed_ms"),
+        aa.DeviceBuffer: ("free", "freed"),
+        aa.HostArgs: ("ptr", "u32", "f32", "placeholder", "nbytes", "placeholders"),
+    }.items():
+        for name in names:
+            assert callable(getattr(cls, name, None)) or isinstance(
+                getattr(cls, name, None), property
+            ), f"{cls.__name__}.{name}"
