@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from aio_ascend._tools import demo as _demo
+from aio_ascend._tools import demo
 from aio_ascend._tools.cli import main
 from aio_ascend._tools.trace import LANE_STRIDE, Span, build_trace
 
@@ -129,12 +129,12 @@ def test_demo_other_loops(loop: str, capsys: pytest.CaptureFixture[str]) -> None
 
 def test_demo_wrong_result_exits_1(monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    real = _demo._inputs
+    real = demo.make_inputs
 
-    def wrong_expectations(cfg: _demo.DemoConfig) -> Any:
+    def wrong_expectations(cfg: demo.DemoConfig) -> Any:
         return [(x, y, expected + 1) for x, y, expected in real(cfg)]
 
-    monkeypatch.setattr(_demo, "_inputs", wrong_expectations)
+    monkeypatch.setattr(demo, "make_inputs", wrong_expectations)
     assert main(["demo", "--requests", "10", "--size", "64", "-q"]) == 1
     out = capsys.readouterr().out
     assert "0/10 results match numpy" in out
