@@ -136,7 +136,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import STAGES, DemoConfig, format_demo, run_demo
-    from .trace import plot_latencies, write_trace
+    from .plot import plot_latencies
+    from .trace import write_trace
 
     if args.plot and not _have_matplotlib():
         return _no_matplotlib()
@@ -203,8 +204,9 @@ def _clean_json(value: Any, *, keep_latencies: bool) -> Any:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import _STEPS, BenchConfig, format_table, run_bench
-    from .trace import plot_latencies, spans_from_tuples, write_trace
+    from .bench import STEPS, BenchConfig, format_table, run_bench
+    from .plot import plot_latencies
+    from .trace import spans_from_tuples, write_trace
 
     if args.backend != "sim":
         print(f"{PROG} bench: --backend {args.backend} is not supported yet; only 'sim' is "
@@ -215,7 +217,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.loop == "uvloop" and _version("uvloop") is None:
         print(f"{PROG}: --loop uvloop needs the uvloop package", file=sys.stderr)
         return 2
-    known = [key for key, _, _ in _STEPS]
+    known = [key for key, _, _ in STEPS]
     only: list[str] | None = None
     if args.only:
         only = [key.strip() for key in args.only.split(",") if key.strip()]

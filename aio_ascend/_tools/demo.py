@@ -31,13 +31,12 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
-from .._device import Device, open_device
-from .._host.hostargs import HostArgs
-from .._stream import Stream
+from .. import Device, HostArgs, Stream, open_device
+from .progress import Progress
 from .trace import Span, percentile
 
-__all__ = ["STAGES", "DemoConfig", "DemoResult", "format_demo", "percentile", "run_demo",
-           "run_pipeline"]
+__all__ = ["STAGES", "DemoConfig", "DemoResult", "format_demo", "make_inputs", "percentile",
+           "run_demo", "run_pipeline", "track_names"]
 
 STAGES = ("h2d", "compute", "d2h")
 LOOPS = ("asyncio", "uvloop", "trio")
@@ -107,38 +106,6 @@ class DemoResult:
         return self.completed / self.wall_s if self.wall_s > 0 else float("nan")
 
 
-class _ProgressBar:
-    """A one-line text progress bar on a text stream (redrawn at most every 0.1 s)."""
-
-    def __init__(self, out: TextIO | None, total: int, label: str) -> None:
-        self.out = out
-        self.total = total
-        self.label = label
-        self.done = 0
-        self.started = time.perf_counter()
-        self._drawn = 0.0
-
-    def step(self, count: int = 1) -> None:
-        self.done += count
-        if self.out is None:
-            return
-        now = time.perf_counter()
-        if self.done < self.total and now - self._drawn < 0.1:
-            return
-        self._drawn = now
-        width = 30
-        filled = int(width * self.done / self.total) if self.total else width
-        elapsed = now - self.started
-        rate = self.done / elapsed if elapsed > 0 else 0.0
-        self.out.write(
-            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
-            f"{self.done}/{self.total} {rate:8.0f} req/s {elapsed:5.1f}s"
-        )
-        if self.done >= self.total:
-            self.out.write("\n")
-        self.out.flush()
-
-
 def _mark_library(stamps: list[float]) -> Any:
     """A user kernel that records when the device reached it: ``mark(u32 index)``."""
     from ..sim import KernelLibrary
@@ -171,7 +138,8 @@ class _Slot:
             buf.free()
 
 
-def _inputs(cfg: DemoConfig) -> list[tuple[F32Array, F32Array, F32Array]]:
+def make_inputs(cfg: DemoConfig) -> list[tuple[F32Array, F32Array, F32Array]]:
+    """The ``(x, y, expected)`` triples the requests cycle over (``expected`` from numpy)."""
     rng = np.random.default_rng(cfg.seed)
     pairs = []
     for _ in range(cfg.distinct_inputs):
@@ -197,7 +165,7 @@ async def run_pipeline(cfg: DemoConfig, dev: Device | None = None) -> DemoResult
 
 
 async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
-    inputs = _inputs(cfg)
+    inputs = make_inputs(cfg)
     lanes: list[tuple[Stream, Stream, Stream]] = [
         (dev.stream(), dev.stream(), dev.stream()) for _ in range(cfg.streams)
     ]
@@ -212,7 +180,7 @@ async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
     errors: list[str] = []
     wrong = 0
     next_request = 0
-    bar = _ProgressBar(cfg.progress, cfg.requests, "demo")
+    bar = Progress(cfg.progress, cfg.requests, title="demo", unit="req")
     now = time.perf_counter
 
     async def one(i: int, slot: _Slot) -> None:

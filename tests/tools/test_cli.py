@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import io
 import itertools
 import json
 import subprocess
@@ -12,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from aio_ascend._tools import demo as _demo
+import aio_ascend._tools
+from aio_ascend._tools import demo, progress
 from aio_ascend._tools.cli import main
 from aio_ascend._tools.trace import LANE_STRIDE, Span, build_trace
 
@@ -129,12 +132,12 @@ def test_demo_other_loops(loop: str, capsys: pytest.CaptureFixture[str]) -> None
 
 def test_demo_wrong_result_exits_1(monkeypatch: pytest.MonkeyPatch,
                                    capsys: pytest.CaptureFixture[str]) -> None:
-    real = _demo._inputs
+    real = demo.make_inputs
 
-    def wrong_expectations(cfg: _demo.DemoConfig) -> Any:
+    def wrong_expectations(cfg: demo.DemoConfig) -> Any:
         return [(x, y, expected + 1) for x, y, expected in real(cfg)]
 
-    monkeypatch.setattr(_demo, "_inputs", wrong_expectations)
+    monkeypatch.setattr(demo, "make_inputs", wrong_expectations)
     assert main(["demo", "--requests", "10", "--size", "64", "-q"]) == 1
     out = capsys.readouterr().out
     assert "0/10 results match numpy" in out
@@ -227,3 +230,52 @@ def test_trace_lanes_keep_groups_together_and_never_overlap() -> None:
     assert lanes == {1: {"s"}, 2: {"s +1"}, 3: {"s"}, None: {"t"}}
     assert min(e["ts"] for e in slices) == 0.0
     assert {e["dur"] for e in slices if e["args"]["g"] == 1} == {1e6, 2e6}
+
+
+# --- the progress bar ---------------------------------------------------------------------------
+
+
+def test_progress_draws_new_labels_at_once_and_throttles_the_rest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    out = io.StringIO()
+    bar = progress.Progress(out, 4, title="t", unit="req")
+    bar.step(label="a")  # first draw
+    bar.step(label="a")  # same label, too soon: not drawn
+    bar.step(label="b")  # new label: drawn
+    assert out.getvalue().count("\r") == 2 and "3/4 b" in out.getvalue()
+    assert not out.getvalue().endswith("\n")
+    bar.step(label="b")  # the last step: always drawn, ends the line
+    assert out.getvalue().count("\r") == 3 and out.getvalue().endswith("\n")
+    assert "t [" + "#" * progress.WIDTH + "] 4/4" in out.getvalue()
+    silent = progress.Progress(None, 2)
+    silent.step(2)
+    assert silent.done == 2
+
+
+# --- layering: L5 uses the public API; only the bench's baselines touch L1/L2 -------------------
+
+
+def test_tools_import_only_the_public_api_and_the_runtime_seam() -> None:
+    allowed_private = {"aio_ascend._runtime", "aio_ascend._host"}
+    package = Path(aio_ascend._tools.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                base = "aio_ascend._tools" if node.level == 1 else "aio_ascend"
+                module = node.module or ""
+                name = f"{base}.{module}".rstrip(".") if node.level else module
+            elif isinstance(node, ast.Import):
+                name = node.names[0].name
+            else:
+                continue
+            if not name.startswith("aio_ascend.") or name.startswith("aio_ascend._tools"):
+                continue
+            top = ".".join(name.split(".")[:2])
+            if top.split(".")[1].startswith("_"):
+                assert top in allowed_private, f"{path.name} imports {name}"
+                assert top != "aio_ascend._host" or path.name == "bench.py", (
+                    f"{path.name} imports {name}"
+                )
