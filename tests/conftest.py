@@ -4,6 +4,9 @@
 - After each test no thread of the library is alive (``aio_ascend-*``).
 - Async tests that must run on every loop use ``pytest.mark.anyio`` and the ``anyio_backend``
   fixture below (asyncio, asyncio+uvloop, trio); asyncio-specific tests use pytest-asyncio.
+- The backend x loop matrix: a test that takes ``open_dev`` runs once per device backend of
+  ``helpers.DEVICE_BACKENDS`` (sim, acl over its C double) and per loop; ``sim_only`` tests
+  are skipped on the others with the marker's reason.
 - An asyncio exception-handler call or a "Task was destroyed but it is pending" log fails the
   test.
 
@@ -12,12 +15,15 @@ Helpers live in tests/helpers.py and tests/backends.py; nothing is imported from
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from helpers import DEVICE_BACKENDS, open_backend
 
 try:
     import uvloop  # noqa: F401
@@ -41,6 +47,22 @@ _BACKENDS = [
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
     backend: tuple[str, dict[str, object]] = request.param
     return backend
+
+
+@pytest.fixture(params=DEVICE_BACKENDS)
+def device_backend(request: pytest.FixtureRequest) -> str:
+    """The device backend of this test run (see ``open_dev``)."""
+    backend: str = request.param
+    if backend != "sim":
+        for marker in request.node.iter_markers("sim_only"):
+            pytest.skip(f"needs the sim's test controls: {marker.args[0] if marker.args else ''}")
+    return backend
+
+
+@pytest.fixture
+def open_dev(device_backend: str, anyio_backend: object) -> Callable[..., Any]:
+    """``open_dev(device_id=0, **kwargs)``: ``open_device`` on this test's backend and loop."""
+    return functools.partial(open_backend, device_backend)
 
 
 def library_threads() -> list[threading.Thread]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -12,6 +13,13 @@ import aio_ascend as aa
 def open_sim(**kwargs: Any) -> Any:
     """``open_device(0, backend="sim", ...)``."""
     return aa.open_device(0, backend="sim", **kwargs)
+
+
+#: ``open_dev(device_id=0, **open_device_kwargs)``: the ``open_dev`` fixture (tests/conftest.py)
+OpenDevice = Callable[..., Any]
+
+#: the device backends every scheduler test runs on: the sim, and acl over its C test double
+DEVICE_BACKENDS = ("sim", "acl")
 
 
 def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:

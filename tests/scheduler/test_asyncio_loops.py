@@ -68,6 +68,7 @@ async def test_cancelling_one_waiter_leaves_the_others_waiting() -> None:
     async with open_sim() as dev:
         s = dev.stream()
         task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(30_000))
+
         async def waiter() -> None:
             await task
 

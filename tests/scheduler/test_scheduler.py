@@ -7,33 +7,19 @@ import random
 import anyio
 import numpy as np
 import pytest
-from helpers import assert_runtime_clean, download, live_resources, open_backend, tiling, upload
+from helpers import OpenDevice, assert_runtime_clean, download, live_resources, tiling, upload
 
 import aio_ascend as aa
 from aio_ascend._errors import InvalidParamError
 
 pytestmark = pytest.mark.anyio
 
-# Every test runs on the sim and on the acl backend over its C test double (tests/acl_double).
-_BACKEND = "sim"
+# Every test runs on each backend of the registry (tests/conftest.py: sim, and acl over its C
+# test double) and on each loop: the ``open_dev`` fixture opens a device on this test's backend.
 
 
-@pytest.fixture(params=["sim", "acl"], autouse=True)
-def backend(request: pytest.FixtureRequest) -> str:
-    global _BACKEND
-    _BACKEND = request.param
-    if request.param == "acl":
-        for marker in request.node.iter_markers("sim_only"):
-            pytest.skip(f"needs the sim's test controls: {marker.args[0] if marker.args else ''}")
-    return _BACKEND
-
-
-def open_sim(**kwargs: object) -> object:
-    return open_backend(_BACKEND, **kwargs)
-
-
-async def test_vector_add_roundtrip() -> None:
-    async with open_sim() as dev:
+async def test_vector_add_roundtrip(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         n = 1000
         x = np.arange(n, dtype=np.float32)
@@ -48,8 +34,8 @@ async def test_vector_add_roundtrip() -> None:
     assert_runtime_clean(dev)
 
 
-async def test_many_axpy_give_the_exact_sequential_result() -> None:
-    async with open_sim() as dev:
+async def test_many_axpy_give_the_exact_sequential_result(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         n = 64
         x = np.ones(n, dtype=np.float32)
@@ -81,8 +67,8 @@ async def test_many_axpy_give_the_exact_sequential_result() -> None:
         np.testing.assert_array_equal(await download(s, by, n), expected)
 
 
-async def test_matmul_through_a_placeholder() -> None:
-    async with open_sim() as dev:
+async def test_matmul_through_a_placeholder(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         rng = np.random.default_rng(1)
         m, k, n = 5, 7, 3
@@ -102,8 +88,8 @@ async def test_matmul_through_a_placeholder() -> None:
         np.testing.assert_allclose(c, a @ b, rtol=1e-5)
 
 
-async def test_cross_stream_pipeline_with_events() -> None:
-    async with open_sim() as dev:
+async def test_cross_stream_pipeline_with_events(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         copy_in, compute, copy_out = dev.stream(), dev.stream(), dev.stream()
         n = 256
         results = []
@@ -126,8 +112,10 @@ async def test_cross_stream_pipeline_with_events() -> None:
             np.testing.assert_array_equal(out, np.full(n, 3.0 * i, dtype=np.float32))
 
 
-async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops() -> None:
-    async with open_sim() as dev:
+async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         noop = dev.function("noop")
         before = dev.stats()
@@ -144,8 +132,8 @@ async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops() -> N
 
 
 @pytest.mark.sim_only("pause/resume")
-async def test_backpressure_holds_a_fast_producer_at_max_in_flight() -> None:
-    async with open_sim() as dev:
+async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream(max_in_flight=8)
         dev.runtime.pause()  # type: ignore[attr-defined]
         tasks: list[aa.Task] = []
@@ -167,8 +155,8 @@ async def test_backpressure_holds_a_fast_producer_at_max_in_flight() -> None:
 
 
 @pytest.mark.sim_only("pause/resume")
-async def test_admission_is_first_come_first_served() -> None:
-    async with open_sim() as dev:
+async def test_admission_is_first_come_first_served(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)
         dev.runtime.pause()  # type: ignore[attr-defined]
         order: list[int] = []
@@ -187,8 +175,10 @@ async def test_admission_is_first_come_first_served() -> None:
 
 
 @pytest.mark.sim_only("pause/resume")
-async def test_cancelling_a_launch_waiting_for_admission_means_it_never_happens() -> None:
-    async with open_sim() as dev:
+async def test_cancelling_a_launch_waiting_for_admission_means_it_never_happens(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)
         dev.runtime.pause()  # type: ignore[attr-defined]
         first = await s.launch(dev.function("noop"), 1)
@@ -201,9 +191,9 @@ async def test_cancelling_a_launch_waiting_for_admission_means_it_never_happens(
         assert dev.stats()["launches"] == 1
 
 
-async def test_cancelled_awaits_never_release_args_early() -> None:
+async def test_cancelled_awaits_never_release_args_early(open_dev: OpenDevice) -> None:
     rng = random.Random(7)
-    async with open_sim(debug=True) as dev:
+    async with open_dev(debug=True) as dev:
         s1, s2 = dev.stream(), dev.stream()
         n = 32
         bx = await upload(dev, s1, np.ones(n, dtype=np.float32))
@@ -233,8 +223,8 @@ async def test_cancelled_awaits_never_release_args_early() -> None:
     assert_runtime_clean(dev)
 
 
-async def test_fail_after_cancels_the_waiter_not_the_work() -> None:
-    async with open_sim() as dev:
+async def test_fail_after_cancels_the_waiter_not_the_work(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(100_000))
         with pytest.raises(TimeoutError):
@@ -245,8 +235,8 @@ async def test_fail_after_cancels_the_waiter_not_the_work() -> None:
         assert task.done() and task.exception() is None
 
 
-async def test_device_fault_is_sticky_and_reopen_works() -> None:
-    async with open_sim() as dev:
+async def test_device_fault_is_sticky_and_reopen_works(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s1, s2 = dev.stream(), dev.stream()
         blocker = await s2.launch(dev.function("sleep"), 1, aa.HostArgs().u32(20_000))
         bad = await s1.launch(dev.function("fault"), 1, aa.HostArgs().u32(0))
@@ -262,13 +252,13 @@ async def test_device_fault_is_sticky_and_reopen_works() -> None:
             await s2.launch(dev.function("noop"), 1)
         assert refused.value.__cause__ is first
     assert_runtime_clean(dev)
-    async with open_sim() as dev2:
+    async with open_dev() as dev2:
         await (await dev2.stream().launch(dev2.function("noop"), 1))
         assert dev2.fault is None
 
 
-async def test_hang_fails_by_watchdog_and_aclose_timeout_returns() -> None:
-    dev = await open_sim(task_timeout=0.2)
+async def test_hang_fails_by_watchdog_and_aclose_timeout_returns(open_dev: OpenDevice) -> None:
+    dev = await open_dev(task_timeout=0.2)
     s = dev.stream()
     hung = await s.launch(dev.function("hang"), 1)
     with pytest.raises(aa.TaskTimeoutError):
@@ -280,8 +270,10 @@ async def test_hang_fails_by_watchdog_and_aclose_timeout_returns() -> None:
     assert_runtime_clean(dev)
 
 
-async def test_aclose_timeout_fails_unfinished_tasks_with_task_timeout() -> None:
-    dev = await open_sim()
+async def test_aclose_timeout_fails_unfinished_tasks_with_task_timeout(
+    open_dev: OpenDevice,
+) -> None:
+    dev = await open_dev()
     s = dev.stream()
     hung = await s.launch(dev.function("hang"), 1)
     behind = await s.launch(dev.function("noop"), 1)
@@ -292,8 +284,8 @@ async def test_aclose_timeout_fails_unfinished_tasks_with_task_timeout() -> None
     assert_runtime_clean(dev)
 
 
-async def test_aclose_waits_for_work_in_flight() -> None:
-    dev = await open_sim()
+async def test_aclose_waits_for_work_in_flight(open_dev: OpenDevice) -> None:
+    dev = await open_dev()
     s = dev.stream()
     tasks = [await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(2000)) for _ in range(20)]
     await dev.aclose()
@@ -301,8 +293,8 @@ async def test_aclose_waits_for_work_in_flight() -> None:
     assert_runtime_clean(dev)
 
 
-async def test_aclose_cancel_drops_unsubmitted_requests() -> None:
-    dev = await open_sim()
+async def test_aclose_cancel_drops_unsubmitted_requests(open_dev: OpenDevice) -> None:
+    dev = await open_dev()
     s = dev.stream()
     tasks = [await s.launch(dev.function("noop"), 1) for _ in range(10)]
     await dev.aclose(cancel=True)  # same tick: nothing was handed to the runtime yet
@@ -310,8 +302,8 @@ async def test_aclose_cancel_drops_unsubmitted_requests() -> None:
     assert_runtime_clean(dev)
 
 
-async def test_use_after_close_raises_closed_error() -> None:
-    dev = await open_sim()
+async def test_use_after_close_raises_closed_error(open_dev: OpenDevice) -> None:
+    dev = await open_dev()
     s = dev.stream()
     buf = dev.malloc(64)
     await dev.aclose()
@@ -325,8 +317,8 @@ async def test_use_after_close_raises_closed_error() -> None:
     buf.free()  # freed by close already: no error, no double free
 
 
-async def test_free_is_deferred_while_queued_work_uses_the_buffer() -> None:
-    async with open_sim() as dev:
+async def test_free_is_deferred_while_queued_work_uses_the_buffer(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(256)
 
@@ -348,8 +340,8 @@ async def test_free_is_deferred_while_queued_work_uses_the_buffer() -> None:
 
 
 @pytest.mark.sim_only("inject_launch_error(after=)")
-async def test_a_batch_partly_refused_by_the_runtime() -> None:
-    async with open_sim() as dev:
+async def test_a_batch_partly_refused_by_the_runtime(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         dev.runtime.inject_launch_error(107000, after=2)  # type: ignore[attr-defined]
         tasks = [await s.launch(dev.function("noop"), 1) for _ in range(5)]
@@ -366,8 +358,8 @@ async def test_a_batch_partly_refused_by_the_runtime() -> None:
         await (await s.launch(dev.function("noop"), 1))
 
 
-async def test_event_timing() -> None:
-    async with open_sim() as dev:
+async def test_event_timing(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         start = await s.record_event(timing=True)
         await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(20_000))
@@ -382,8 +374,8 @@ async def test_event_timing() -> None:
             start.elapsed_ms(untimed)
 
 
-async def test_bad_input_is_refused_before_the_runtime() -> None:
-    async with open_sim() as dev:
+async def test_bad_input_is_refused_before_the_runtime(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         noop = dev.function("noop")
         with pytest.raises(ValueError, match="blocks"):
@@ -408,8 +400,8 @@ async def test_bad_input_is_refused_before_the_runtime() -> None:
         assert dev.stats()["launches"] == 0 and dev.stats()["copies"] == 0
 
 
-async def test_stream_async_with_and_close() -> None:
-    async with open_sim() as dev:
+async def test_stream_async_with_and_close(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         async with dev.stream() as s:
             task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(1000))
         assert task.done()
@@ -418,12 +410,14 @@ async def test_stream_async_with_and_close() -> None:
         assert live_resources(dev)["streams"] == 0
 
 
-async def test_two_devices_on_one_loop_keep_their_contexts_apart() -> None:
-    if _BACKEND == "acl":
+async def test_two_devices_on_one_loop_keep_their_contexts_apart(
+    open_dev: OpenDevice, device_backend: str
+) -> None:
+    if device_backend == "acl":
         from acl_double import double_control
 
         double_control().set_device_count(2)
-    async with open_backend(_BACKEND, 0) as dev0, open_backend(_BACKEND, 1) as dev1:
+    async with open_dev(0) as dev0, open_dev(1) as dev1:
         n = 16
         results = []
         for dev, value in ((dev0, 1.0), (dev1, 2.0), (dev0, 3.0)):
@@ -436,8 +430,8 @@ async def test_two_devices_on_one_loop_keep_their_contexts_apart() -> None:
             np.testing.assert_array_equal(out, np.full(n, 2 * value, dtype=np.float32))
 
 
-async def test_dropped_user_events_are_recycled_not_leaked() -> None:
-    async with open_sim() as dev:
+async def test_dropped_user_events_are_recycled_not_leaked(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
         s, other = dev.stream(), dev.stream()
         handles = set()
         for _ in range(200):
