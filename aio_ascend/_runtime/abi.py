@@ -64,6 +64,7 @@ __all__ = [
     "check_placeholder_count",
     "check_placeholder_entries",
     "check_placeholder_table",
+    "check_table_addr",
     "check_timeout",
     "param_error",
     "placeholder_problem",
@@ -219,8 +220,10 @@ def check_placeholder_entries(
 ) -> None:
     """Raise for the first invalid entry (see :func:`placeholder_problem`)."""
     for addr_offset, data_offset in entries:
-        if (addr_offset | data_offset) & 7 or addr_offset + 8 > args_size or (
-            data_offset >= args_size
+        if (
+            (addr_offset | data_offset) & 7
+            or addr_offset + 8 > args_size
+            or (data_offset >= args_size)
         ):
             problem = placeholder_problem(entries, args_size)
             assert problem is not None
@@ -231,6 +234,14 @@ def read_placeholder_table(table_addr: int, count: int) -> list[tuple[int, int]]
     """The ``(addrOffset, dataOffset)`` entries of an ``aclrtPlaceHolderInfo`` host array."""
     raw = ctypes.string_at(table_addr, PLACEHOLDER_INFO_SIZE * count)
     return list(_PLACEHOLDER_INFO.iter_unpack(raw))
+
+
+def check_table_addr(func: str, table_addr: object, count: int) -> int:
+    """``placeHolderArray`` must not be NULL when ``placeHolderNum`` is not 0."""
+    if not _is_int(table_addr) or not 0 < table_addr <= PTR_MAX:  # type: ignore[operator]
+        raise param_error(func, f"placeHolderArray is NULL while placeHolderNum={count}")
+    assert isinstance(table_addr, int)
+    return table_addr
 
 
 def check_placeholder_table(
@@ -244,9 +255,7 @@ def check_placeholder_table(
     number = check_placeholder_count(func, count)
     if not number:
         return []
-    if not _is_int(table_addr) or not 0 < table_addr <= PTR_MAX:  # type: ignore[operator]
-        raise param_error(func, f"placeHolderArray is NULL while placeHolderNum={number}")
-    assert isinstance(table_addr, int)
+    table_addr = check_table_addr(func, table_addr, number)
     entries = read_placeholder_table(table_addr, number)
     check_placeholder_entries(func, entries, args_size)
     return entries

@@ -208,8 +208,6 @@ def probe() -> tuple[bool, str]:
     return True, f"{library.path}, {count} device(s)"
 
 
-
-
 def _reset_locks_after_fork() -> None:
     """In a forked child: locks held by other threads of the parent would never be released."""
     global _LIBRARIES_LOCK
