@@ -253,7 +253,7 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
     from cuda.bindings import driver as d
 
     from aio_ascend._runtime.cuda.kernels import KERNEL_SOURCE
-    from aio_ascend._runtime.cuda.runtime import compile_cuda_source
+    from aio_ascend._runtime.cuda.nvrtc import compile_cuda_source
 
     def ok(result: Any) -> Any:
         if int(result[0]):

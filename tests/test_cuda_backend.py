@@ -67,22 +67,23 @@ from aio_ascend._runtime.cuda.kernels import (
     PARAM_SIZES,
     param_layout,
 )
-from aio_ascend._runtime.cuda.runtime import (
+from aio_ascend._runtime.abi import placeholder_problem as validate_placeholders
+from aio_ascend._runtime.abi import read_placeholder_table
+from aio_ascend._runtime.cuda.errors import cuda_error
+from aio_ascend._runtime.cuda.launch import (
     CU_LAUNCH_PARAM_BUFFER_POINTER,
     CU_LAUNCH_PARAM_BUFFER_SIZE,
     CU_LAUNCH_PARAM_END,
+    LaunchExtra,
+    apply_patches,
+    placeholder_patches,
+)
+from aio_ascend._runtime.cuda.runtime import CudaRuntime, open_cuda_runtime
+from aio_ascend._runtime.cuda.staging import (
     MAX_STAGING_ALIGN,
     MIN_STAGING_ALIGN,
-    CudaRuntime,
-    LaunchExtra,
     StagingRing,
-    apply_patches,
-    cuda_error,
-    open_cuda_runtime,
-    placeholder_patches,
-    read_placeholder_table,
     staging_alignment,
-    validate_placeholders,
 )
 from aio_ascend._runtime.hostmem import host_view
 from aio_ascend._runtime.sim.kernels import BUILTIN_KERNELS

@@ -67,8 +67,21 @@ BUILTIN_PARAMS: dict[str, tuple[str, ...]] = {
 #: names of the built-in kernels (the same set as the sim's)
 BUILTIN_NAMES: tuple[str, ...] = tuple(BUILTIN_PARAMS)
 
-_KIND_SIZES = {"ptr": 8, "u64": 8, "i64": 8, "f64": 8, "u32": 4, "i32": 4, "f32": 4,
-               "u16": 2, "i16": 2, "f16": 2, "u8": 1, "i8": 1, "bool": 1}
+_KIND_SIZES = {
+    "ptr": 8,
+    "u64": 8,
+    "i64": 8,
+    "f64": 8,
+    "u32": 4,
+    "i32": 4,
+    "f32": 4,
+    "u16": 2,
+    "i16": 2,
+    "f16": 2,
+    "u8": 1,
+    "i8": 1,
+    "bool": 1,
+}
 
 
 def param_layout(kinds: tuple[str, ...]) -> tuple[list[int], int]:
