@@ -420,7 +420,7 @@ async def test_stream_async_with_and_close() -> None:
 
 async def test_two_devices_on_one_loop_keep_their_contexts_apart() -> None:
     if _BACKEND == "acl":
-        from acl_double import double_control
+        from doubles.acl_double import double_control
 
         double_control().set_device_count(2)
     async with open_backend(_BACKEND, 0) as dev0, open_backend(_BACKEND, 1) as dev1:

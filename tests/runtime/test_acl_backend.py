@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from acl_double import BUILTINS_MAGIC, Call, DoubleControl, build_double, double_control
+from doubles.acl_double import BUILTINS_MAGIC, Call, DoubleControl, build_double, double_control
 
 from aio_ascend._errors import (
     AICoreExceptionError,
@@ -36,8 +36,7 @@ from aio_ascend._errors import (
 )
 from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._launch_config import LaunchAttrId, LaunchConfig
-from aio_ascend._runtime import open_runtime, probe_backend
-from aio_ascend._runtime import abi
+from aio_ascend._runtime import abi, open_runtime, probe_backend
 from aio_ascend._runtime.acl import ffi
 from aio_ascend._runtime.acl import runtime as _acl
 from aio_ascend._runtime.acl.runtime import AclRuntime, open_acl_runtime

@@ -20,7 +20,7 @@ from aio_ascend._launch_config import LAUNCH_ATTR_SIZE, LAUNCH_CFG_SIZE, LaunchA
 from aio_ascend._runtime import abi as _base
 from aio_ascend._runtime.acl import ffi
 
-ABI_DIR = Path(__file__).resolve().parents[2] / "shared/docs/acl-abi"
+ABI_DIR = Path(__file__).resolve().parents[3] / "shared/docs/acl-abi"
 
 pytestmark = pytest.mark.skipif(
     not (ABI_DIR / "acl_abi_facts.json").is_file(),
@@ -142,7 +142,7 @@ def test_the_protocol_and_config_constants_agree_with_the_facts(facts: dict[str,
     for name in _base.__all__:
         if name in facts:
             assert getattr(_base, name) == facts[name], name
-    assert _base.PLACEHOLDER_INFO_SIZE == facts["sizeof aclrtPlaceHolderInfo"]
+    assert facts["sizeof aclrtPlaceHolderInfo"] == _base.PLACEHOLDER_INFO_SIZE
     for key, value in facts.items():
         if key.startswith(_ATTR_PREFIX):
             assert getattr(LaunchAttrId, key[len(_ATTR_PREFIX) :]) == value, key
@@ -265,7 +265,7 @@ def test_the_prototype_parser_understands_every_header_entry(prototypes: dict[st
 
 
 def test_bind_sets_the_prototypes_on_the_loaded_functions() -> None:
-    from acl_double import build_double
+    from doubles.acl_double import build_double
 
     functions = ffi.bind(ctypes.CDLL(str(build_double().library)))
     assert set(functions) == set(ffi.PROTOTYPES)
