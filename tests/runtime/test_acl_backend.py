@@ -1,6 +1,6 @@
 """The acl backend on the C test double: what crosses the ctypes boundary, byte for byte.
 
-The double (tests/acl_double/acl_double.c) logs every ACL call with its raw arguments and keeps a
+The double (tests/doubles/acl_double.c) logs every ACL call with its raw arguments and keeps a
 copy of the last launch as it arrived (cfg attributes, placeholder table, args before and after
 patching); its device addresses lie above 2**52, so any truncation shows.
 """
