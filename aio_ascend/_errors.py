@@ -1,17 +1,20 @@
 """The aio_ascend exception hierarchy, keyed by ACL error codes.
 
-This module imports nothing else from aio_ascend. Runtime backends translate raw return codes
-with :func:`error_for_code` (or :func:`raise_for_code`); everything above the runtime seam only
-ever sees these types.
+This module imports nothing else from aio_ascend. It is the one definition of the ACL error
+numbers (:class:`AclCode`; ``_runtime/abi.py`` names them as plain ints for the backends).
+Runtime backends translate raw return codes with :func:`error_for_code`; everything above the
+runtime seam only ever sees these types.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import IntEnum
 from typing import ClassVar, TypeVar
 
 __all__ = [
     "AICoreExceptionError",
+    "AclCode",
     "AICoreTimeoutError",
     "AscendError",
     "BackendUnavailableError",
@@ -30,8 +33,48 @@ __all__ = [
     "TaskTimeoutError",
     "error_class_for_code",
     "error_for_code",
-    "raise_for_code",
 ]
+
+
+class AclCode(IntEnum):
+    """The ACL error numbers aio_ascend knows by name (``aclError``; CANN ``acl_base_rt.h``,
+    ``rt_error_codes.h``). The one definition of each number in the package."""
+
+    INVALID_PARAM = 100000
+    REPEAT_INITIALIZE = 100002
+    BAD_ALLOC = 200000
+    INVALID_RESOURCE_HANDLE = 200005
+    RT_PARAM_INVALID = 107000
+    RT_CONTEXT_NULL = 107002
+    RT_INVALID_HANDLE = 107017
+    RT_DEVICE_TASK_ABORT = 107022
+    RT_STREAM_ABORT = 107023
+    RT_SYMBOL_NOT_FOUND = 107042
+    RT_MEMORY_ALLOCATION = 207001
+    RT_DEVICE_OOM = 207018
+    RT_LOST_HEARTBEAT = 507010
+    RT_MODEL_EXECUTE = 507011
+    RT_SYS_DMA = 507013
+    RT_AICORE_TIMEOUT = 507014
+    RT_AICORE_EXCEPTION = 507015
+    RT_AICORE_TRAP_EXCEPTION = 507016
+    RT_AICPU_TIMEOUT = 507017
+    RT_AICPU_EXCEPTION = 507018
+    RT_VECTOR_CORE_TIMEOUT = 507034
+    RT_VECTOR_CORE_EXCEPTION = 507035
+    RT_VECTOR_CORE_TRAP_EXCEPTION = 507036
+    RT_AIC_TRAP_RD_OVERFLOW = 507042
+    RT_AIC_TRAP_WR_OVERFLOW = 507043
+    RT_AIV_TRAP_RD_OVERFLOW = 507044
+    RT_AIV_TRAP_WR_OVERFLOW = 507045
+    RT_STREAM_SYNC_TIMEOUT = 507046
+    RT_EVENT_SYNC_TIMEOUT = 507047
+    RT_FFTS_PLUS_TIMEOUT = 507048
+    RT_FFTS_PLUS_EXCEPTION = 507049
+    RT_FFTS_PLUS_TRAP_EXCEPTION = 507050
+    RT_DEVICE_MEM_ERROR = 507053
+    RT_HBM_MULTI_BIT_ECC = 507054
+    RT_LINK_ERROR = 507056
 
 
 class AscendError(Exception):
@@ -113,95 +156,88 @@ _REGISTRY: dict[int, type[RuntimeAPIError]] = {}
 _E = TypeVar("_E", bound=RuntimeAPIError)
 
 
-def _register(*codes: int) -> Callable[[type[_E]], type[_E]]:
+def _register(*codes: AclCode) -> Callable[[type[_E]], type[_E]]:
     def decorate(cls: type[_E]) -> type[_E]:
         for code in codes:
             if code in _REGISTRY:
                 raise RuntimeError(f"ACL code {code} registered twice")
-            _REGISTRY[code] = cls
-        cls.codes = codes
+            _REGISTRY[code.value] = cls
+        cls.codes = tuple(code.value for code in codes)
         return cls
 
     return decorate
 
 
-@_register(100000, 107000)
+@_register(AclCode.INVALID_PARAM, AclCode.RT_PARAM_INVALID)
 class InvalidParamError(RuntimeAPIError, ValueError):
     """The runtime rejected a parameter (ACL_ERROR_INVALID_PARAM / ACL_ERROR_RT_PARAM_INVALID)."""
 
 
-@_register(107002)
+@_register(AclCode.RT_CONTEXT_NULL)
 class ContextNullError(RuntimeAPIError):
     """The calling thread has no current context (ACL_ERROR_RT_CONTEXT_NULL)."""
 
 
-@_register(107017, 200005)
+@_register(AclCode.RT_INVALID_HANDLE, AclCode.INVALID_RESOURCE_HANDLE)
 class InvalidHandleError(RuntimeAPIError):
     """A stream, event, function or memory handle is not valid (ACL_ERROR_RT_INVALID_HANDLE)."""
 
 
-@_register(207001, 200000, 207018)
+@_register(AclCode.RT_MEMORY_ALLOCATION, AclCode.BAD_ALLOC, AclCode.RT_DEVICE_OOM)
 class MemoryAllocationError(RuntimeAPIError, MemoryError):
     """Device or host memory could not be allocated (ACL_ERROR_RT_MEMORY_ALLOCATION)."""
 
 
-@_register(107023, 107022)
+@_register(AclCode.RT_STREAM_ABORT, AclCode.RT_DEVICE_TASK_ABORT)
 class StreamAbortError(RuntimeAPIError):
     """The stream (or the device's tasks) were aborted (ACL_ERROR_RT_STREAM_ABORT)."""
 
 
-@_register(507046)
+@_register(AclCode.RT_STREAM_SYNC_TIMEOUT)
 class StreamSyncTimeoutError(RuntimeAPIError, TimeoutError):
     """``aclrtSynchronizeStreamWithTimeout`` ran out of time (ACL_ERROR_RT_STREAM_SYNC_TIMEOUT)."""
 
 
-@_register(507047)
+@_register(AclCode.RT_EVENT_SYNC_TIMEOUT)
 class EventSyncTimeoutError(RuntimeAPIError, TimeoutError):
     """``aclrtSynchronizeEventWithTimeout`` ran out of time (ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)."""
 
 
-@_register(507015)
+@_register(AclCode.RT_AICORE_EXCEPTION)
 class AICoreExceptionError(DeviceFaultError):
     """An AI Core raised an exception while executing a kernel (ACL_ERROR_RT_AICORE_EXCEPTION)."""
 
 
-@_register(507014)
+@_register(AclCode.RT_AICORE_TIMEOUT)
 class AICoreTimeoutError(DeviceFaultError):
     """An AI Core task ran past its execution timeout (ACL_ERROR_RT_AICORE_TIMEOUT)."""
 
 
 # Device execution faults without a dedicated class still become DeviceFaultError.
 _DEVICE_FAULT_CODES = frozenset(
-    {
-        507010,  # LOST_HEARTBEAT
-        507011,  # MODEL_EXECUTE
-        507013,  # SYS_DMA
-        507016,  # AICORE_TRAP_EXCEPTION
-        507017,  # AICPU_TIMEOUT
-        507018,  # AICPU_EXCEPTION
-        507034,  # VECTOR_CORE_TIMEOUT
-        507035,  # VECTOR_CORE_EXCEPTION
-        507036,  # VECTOR_CORE_TRAP_EXCEPTION
-        507042,
-        507043,
-        507044,
-        507045,  # AIC/AIV trap read/write overflow
-        507048,
-        507049,
-        507050,  # FFTS+ timeout/exception/trap
-        507053,  # DEVICE_MEM_ERROR
-        507054,  # HBM_MULTI_BIT_ECC
-        507056,  # LINK_ERROR
-    }
+    code.value
+    for code in (
+        AclCode.RT_LOST_HEARTBEAT,
+        AclCode.RT_MODEL_EXECUTE,
+        AclCode.RT_SYS_DMA,
+        AclCode.RT_AICORE_TRAP_EXCEPTION,
+        AclCode.RT_AICPU_TIMEOUT,
+        AclCode.RT_AICPU_EXCEPTION,
+        AclCode.RT_VECTOR_CORE_TIMEOUT,
+        AclCode.RT_VECTOR_CORE_EXCEPTION,
+        AclCode.RT_VECTOR_CORE_TRAP_EXCEPTION,
+        AclCode.RT_AIC_TRAP_RD_OVERFLOW,
+        AclCode.RT_AIC_TRAP_WR_OVERFLOW,
+        AclCode.RT_AIV_TRAP_RD_OVERFLOW,
+        AclCode.RT_AIV_TRAP_WR_OVERFLOW,
+        AclCode.RT_FFTS_PLUS_TIMEOUT,
+        AclCode.RT_FFTS_PLUS_EXCEPTION,
+        AclCode.RT_FFTS_PLUS_TRAP_EXCEPTION,
+        AclCode.RT_DEVICE_MEM_ERROR,
+        AclCode.RT_HBM_MULTI_BIT_ECC,
+        AclCode.RT_LINK_ERROR,
+    )
 )
-
-#: ACL codes that mean "the device faulted while executing work".
-DEVICE_FAULT_CODES = frozenset(_DEVICE_FAULT_CODES | {507014, 507015})
-
-
-def is_device_fault_code(code: int) -> bool:
-    """Whether ``code`` is a device execution fault (sticky for the device)."""
-    return code in DEVICE_FAULT_CODES
 
 
 def error_class_for_code(code: int) -> type[RuntimeAPIError]:
@@ -217,12 +253,6 @@ def error_class_for_code(code: int) -> type[RuntimeAPIError]:
 def error_for_code(code: int, func: str | None = None, message: str = "") -> RuntimeAPIError:
     """Build the typed error for a non-zero runtime return code. The number is always kept."""
     return error_class_for_code(code)(message, code=code, func=func)
-
-
-def raise_for_code(code: int, func: str | None = None, message: str = "") -> None:
-    """Raise the typed error for ``code`` unless it is 0 (success)."""
-    if code:
-        raise error_for_code(code, func, message)
 
 
 def derived_error(first: BaseException, what: str) -> BaseException:

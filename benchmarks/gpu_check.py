@@ -8,7 +8,8 @@ around the whole script still leaves the report of the steps done so far):
 2. wheels: the test packages the machine lacks, installed from a folder of wheels brought
    along (``--wheels``, default ``.whl`` or ``benchmarks/wheels``) with ``pip install
    --no-index --no-deps --target``; nothing is fetched;
-3. tests: ``tests/test_cuda_backend.py`` with pytest: the runtime contract suite and the
+3. tests: ``tests/runtime/test_cuda_backend.py`` and the cuda parameters of
+   ``tests/runtime/test_runtime_contract.py`` with pytest: the runtime contract suite and the
    scheduler smoke tests on the GPU (``cuda`` parameter, marked ``gpu``) and on the CPU fake;
 4. benchmark: noop launches through a plain cuda-bindings loop (the floor), the runtime's own
    synchronous loop, a naive ``await to_thread(launch + sync)`` and the scheduler (unbatched,
@@ -177,7 +178,8 @@ def step_tests(
     if "pytest" in missing or "numpy" in missing or "anyio" in missing:
         return {"skipped": f"cannot run the tests: missing {missing}"}
     xml = out / "gpu-tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "tests/test_cuda_backend.py", "-q", "-rfEs",
+    cmd = [sys.executable, "-m", "pytest", "tests/runtime/test_cuda_backend.py",
+           "tests/runtime/test_runtime_contract.py", "-k", "cuda", "-q", "-rfEs",
            f"--junitxml={xml}", "-p", "no:cacheprovider"]
     if "pytest_asyncio" in missing or "pytest_timeout" in missing:
         cmd += ["-c", str(_fallback_ini()), "--rootdir", str(ROOT)]
@@ -253,7 +255,7 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
     from cuda.bindings import driver as d
 
     from aio_ascend._runtime.cuda.kernels import KERNEL_SOURCE
-    from aio_ascend._runtime.cuda.runtime import compile_cuda_source
+    from aio_ascend._runtime.cuda.nvrtc import compile_cuda_source
 
     def ok(result: Any) -> Any:
         if int(result[0]):
@@ -365,7 +367,7 @@ def format_report(data: dict[str, Any]) -> str:
                      f"still missing: {wheels.get('missing_after') or 'nothing'}")
     tests = data.get("tests", {})
     if tests:
-        lines += ["", "## Tests (tests/test_cuda_backend.py)", ""]
+        lines += ["", "## Tests (tests/runtime, cuda)", ""]
         if "skipped" in tests and isinstance(tests["skipped"], str):
             lines.append(f"not run: {tests['skipped']}")
         counts = tests.get("counts", {})

@@ -1,14 +1,31 @@
-"""Runtime factories for the contract suite: one entry per backend that can run here.
+"""The one registry of runtime backends for the tests: ``RUNTIME_FACTORIES``.
 
 Each factory returns a fresh, opened ``Runtime`` for device 0, or calls ``pytest.skip`` with a
-clear reason when the backend cannot run on this machine.
+clear reason when the backend cannot run on this machine:
+
+- ``sim``: the embedded simulator (always);
+- ``acl``: the acl backend over the C test double (``tests/doubles/acl_double.c``, built with
+  the system cc);
+- ``cuda-fake``: the cuda backend over the CPU fake of the driver (``tests/doubles/cuda_fake.py``);
+  one fake driver per test (one "process"), so a runtime re-opened within a test finds the
+  driver state the previous one left, as on a real GPU;
+- ``cuda``: the cuda backend on a real NVIDIA GPU (skipped without cuda-bindings and a device).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
+import pytest
+
 from aio_ascend._runtime import Runtime, open_runtime
+
+#: backends whose every call that needs the context fails after a device fault, ``malloc``
+#: included (CUDA); the contract's "malloc still works after a fault" does not hold there
+REFUSES_ALL_AFTER_FAULT = frozenset({"cuda-fake", "cuda"})
+#: backends that need a real device (marked ``gpu``)
+REAL_DEVICE = frozenset({"cuda"})
 
 
 def _open_sim() -> Runtime:
@@ -16,13 +33,64 @@ def _open_sim() -> Runtime:
 
 
 def _open_acl_double() -> Runtime:
-    # The C test double for the acl backend (tests/acl_double.py builds it with the system cc).
-    from acl_double import open_double_runtime
-
+    try:
+        from doubles.acl_double import open_double_runtime
+    except ImportError as exc:  # pragma: no cover - the double needs numpy and ctypes only
+        pytest.skip(f"the acl test double cannot be imported: {exc}")
     return open_double_runtime()
+
+
+_fake_drivers: dict[str, object] = {}
+
+
+def fake_driver() -> object:
+    """The fake CUDA driver of the running test (a new one for each test)."""
+    from doubles.cuda_fake import FakeDriver
+
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+    driver = _fake_drivers.get(test)
+    if driver is None:
+        _fake_drivers.clear()  # only the running test's driver is kept
+        driver = _fake_drivers[test] = FakeDriver()
+    return driver
+
+
+def _open_cuda_fake() -> Runtime:
+    from doubles.cuda_fake import fake_compile
+
+    from aio_ascend._runtime.cuda.runtime import open_cuda_runtime
+
+    return open_cuda_runtime(0, driver=fake_driver(), compiler=fake_compile)
+
+
+def gpu_skip_reason() -> str | None:
+    """Why the real ``cuda`` backend cannot run here (None: it can)."""
+    from aio_ascend._runtime.cuda import runtime as cuda_runtime
+
+    ok, why = cuda_runtime.probe()
+    return None if ok else f"no usable CUDA GPU: {why}"
+
+
+def _open_cuda() -> Runtime:
+    reason = gpu_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return open_runtime("cuda", 0)
 
 
 RUNTIME_FACTORIES: dict[str, Callable[[], Runtime]] = {
     "sim": _open_sim,
     "acl": _open_acl_double,
+    "cuda-fake": _open_cuda_fake,
+    "cuda": _open_cuda,
 }
+
+
+def backend_params(names: list[str] | None = None) -> list[object]:
+    """``pytest.param`` per backend name (all of the registry by default), real devices marked
+    ``gpu``: for ``@pytest.fixture(params=...)``."""
+    chosen = sorted(RUNTIME_FACTORIES) if names is None else names
+    return [
+        pytest.param(name, marks=pytest.mark.gpu) if name in REAL_DEVICE else name
+        for name in chosen
+    ]

@@ -27,7 +27,7 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
     if backend == "acl":
         import os
 
-        from acl_double import build_double
+        from doubles.acl_double import build_double
 
         from aio_ascend._runtime.acl.runtime import ENV_BUILTINS
 
@@ -41,7 +41,7 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
 def live_resources(dev: aa.Device) -> dict[str, int]:
     """What the runtime below ``dev`` still holds, with the sim's key names."""
     if dev.backend == "acl":
-        from acl_double import double_control
+        from doubles.acl_double import double_control
 
         counts = double_control().live_counts()
         return {

@@ -1,13 +1,40 @@
 """The ACL facts every layer shares, defined once: constants, limits, codes, argument checks.
 
 Values are read off the CANN headers (``shared/docs/acl-abi/acl_abi_facts.json``); the ABI test
-compares them with that file.
+compares them with that file. The error numbers are defined once, in :class:`AclCode` of
+``_errors.py`` (L0, which cannot import this module), and only named here. The launch attribute
+ids are defined once, in :class:`~aio_ascend._launch_config.LaunchAttrId`.
+
+The argument checks (``check_*``) are what every backend (``sim``, ``acl``, ``cuda``) runs
+before its runtime sees a call, so the three refuse the same bad input with the same error: an
+:class:`~aio_ascend._errors.InvalidParamError` with code 107000 (``ACL_ERROR_RT_PARAM_INVALID``),
+the ACL function name as ``func``, and a message naming the argument both by its Python name and
+by its ACL name (``num_blocks (numBlocks)=0 ...``).
 """
 
 from __future__ import annotations
 
+import ctypes
+import struct
+from collections.abc import Sequence
+from typing import Final
+
+from .._errors import AclCode, InvalidParamError
+
 __all__ = [
     "ACL_CONTINUE_ON_FAILURE",
+    "ACL_ERROR_INVALID_PARAM",
+    "ACL_ERROR_REPEAT_INITIALIZE",
+    "ACL_ERROR_RT_AICORE_EXCEPTION",
+    "ACL_ERROR_RT_AICORE_TIMEOUT",
+    "ACL_ERROR_RT_CONTEXT_NULL",
+    "ACL_ERROR_RT_EVENT_SYNC_TIMEOUT",
+    "ACL_ERROR_RT_INVALID_HANDLE",
+    "ACL_ERROR_RT_MEMORY_ALLOCATION",
+    "ACL_ERROR_RT_PARAM_INVALID",
+    "ACL_ERROR_RT_STREAM_ABORT",
+    "ACL_ERROR_RT_STREAM_SYNC_TIMEOUT",
+    "ACL_ERROR_RT_SYMBOL_NOT_FOUND",
     "ACL_EVENT_CAPTURE_STREAM_PROGRESS",
     "ACL_EVENT_RECORDED_STATUS_COMPLETE",
     "ACL_EVENT_RECORDED_STATUS_NOT_READY",
@@ -16,26 +43,270 @@ __all__ = [
     "ACL_MEMCPY_DEVICE_TO_DEVICE",
     "ACL_MEMCPY_DEVICE_TO_HOST",
     "ACL_MEMCPY_HOST_TO_DEVICE",
+    "ACL_MEM_MALLOC_HUGE_FIRST",
     "ACL_STOP_ON_FAILURE",
+    "EVENT_FLAGS_MASK",
+    "INT32_MAX",
+    "INT32_MIN",
     "MAX_NUM_BLOCKS",
+    "MAX_PLACEHOLDERS",
     "PLACEHOLDER_INFO_SIZE",
+    "PTR_MAX",
+    "SIZE_MAX",
     "UINT32_MAX",
+    "UINT64_MAX",
+    "check_alloc_size",
+    "check_args",
+    "check_event_flags",
+    "check_failure_mode",
+    "check_memcpy",
+    "check_num_blocks",
+    "check_placeholder_count",
+    "check_placeholder_entries",
+    "check_placeholder_table",
+    "check_table_addr",
+    "check_timeout",
+    "param_error",
+    "placeholder_problem",
+    "read_placeholder_table",
 ]
 
-# Values read off the CANN headers (shared/docs/acl-abi/acl_abi_facts.json).
-ACL_EVENT_RECORDED_STATUS_NOT_READY = 0
-ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
-ACL_EVENT_SYNC = 0x01
-ACL_EVENT_CAPTURE_STREAM_PROGRESS = 0x02
-ACL_EVENT_TIME_LINE = 0x08
-ACL_STOP_ON_FAILURE = 1
-ACL_CONTINUE_ON_FAILURE = 0
-ACL_MEMCPY_HOST_TO_DEVICE = 1
-ACL_MEMCPY_DEVICE_TO_HOST = 2
-ACL_MEMCPY_DEVICE_TO_DEVICE = 3
+# --- error codes (defined in _errors.AclCode) ---------------------------------------------------
+
+ACL_ERROR_INVALID_PARAM: Final[int] = AclCode.INVALID_PARAM.value
+ACL_ERROR_REPEAT_INITIALIZE: Final[int] = AclCode.REPEAT_INITIALIZE.value
+ACL_ERROR_RT_PARAM_INVALID: Final[int] = AclCode.RT_PARAM_INVALID.value
+ACL_ERROR_RT_CONTEXT_NULL: Final[int] = AclCode.RT_CONTEXT_NULL.value
+ACL_ERROR_RT_INVALID_HANDLE: Final[int] = AclCode.RT_INVALID_HANDLE.value
+ACL_ERROR_RT_STREAM_ABORT: Final[int] = AclCode.RT_STREAM_ABORT.value
+ACL_ERROR_RT_SYMBOL_NOT_FOUND: Final[int] = AclCode.RT_SYMBOL_NOT_FOUND.value
+ACL_ERROR_RT_MEMORY_ALLOCATION: Final[int] = AclCode.RT_MEMORY_ALLOCATION.value
+ACL_ERROR_RT_AICORE_TIMEOUT: Final[int] = AclCode.RT_AICORE_TIMEOUT.value
+ACL_ERROR_RT_AICORE_EXCEPTION: Final[int] = AclCode.RT_AICORE_EXCEPTION.value
+ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: Final[int] = AclCode.RT_STREAM_SYNC_TIMEOUT.value
+ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: Final[int] = AclCode.RT_EVENT_SYNC_TIMEOUT.value
+
+# --- enums and flags (acl_abi_facts.json) -------------------------------------------------------
+
+# aclrtEventRecordedStatus (NOT the older aclrtEventStatus, whose values are the reverse)
+ACL_EVENT_RECORDED_STATUS_NOT_READY: Final = 0
+ACL_EVENT_RECORDED_STATUS_COMPLETE: Final = 1
+# event flags of aclrtCreateEventExWithFlag
+ACL_EVENT_SYNC: Final = 0x01
+ACL_EVENT_CAPTURE_STREAM_PROGRESS: Final = 0x02
+ACL_EVENT_TIME_LINE: Final = 0x08
+#: every flag bit the headers define (ACL_EVENT_SYNC .. ACL_EVENT_EXTERNAL and neighbours)
+EVENT_FLAGS_MASK: Final = 0x7F
+# aclrtSetStreamFailureMode
+ACL_CONTINUE_ON_FAILURE: Final = 0
+ACL_STOP_ON_FAILURE: Final = 1
+# aclrtMemcpyKind
+ACL_MEMCPY_HOST_TO_DEVICE: Final = 1
+ACL_MEMCPY_DEVICE_TO_HOST: Final = 2
+ACL_MEMCPY_DEVICE_TO_DEVICE: Final = 3
+# aclrtMemMallocPolicy
+ACL_MEM_MALLOC_HUGE_FIRST: Final = 0
+
+# --- limits -------------------------------------------------------------------------------------
+
+UINT32_MAX: Final = 2**32 - 1
+UINT64_MAX: Final = 2**64 - 1
+INT32_MIN: Final = -(2**31)
+INT32_MAX: Final = 2**31 - 1
+SIZE_MAX: Final = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
+PTR_MAX: Final = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)) - 1
 
 #: ``numBlocks`` must lie in 1..MAX_NUM_BLOCKS (the HostArgs path casts it to uint16).
-MAX_NUM_BLOCKS = 65535
+MAX_NUM_BLOCKS: Final = 65535
+#: ``placeHolderNum`` cap of every backend. The HostArgs launch path documents no cap of its own
+#: (``api_error.cc`` checks only the offsets), but each placeholder fills one pointer parameter
+#: of the kernel and a kernel has at most 128 parameters (acl-runtime.md §4 and §8: "at most
+#: 128 parameters", the argsHandle API's ``MAX_ARGS_BUFF_SIZE`` buffer): a longer table cannot
+#: belong to a real kernel. ``HostArgs`` refuses more than 128 by default too.
+MAX_PLACEHOLDERS: Final = 128
 #: ``sizeof(aclrtPlaceHolderInfo)``: two uint32 (addrOffset, dataOffset).
-PLACEHOLDER_INFO_SIZE = 8
-UINT32_MAX = 2**32 - 1
+PLACEHOLDER_INFO_SIZE: Final = 8
+
+_PLACEHOLDER_INFO = struct.Struct("<II")
+assert _PLACEHOLDER_INFO.size == PLACEHOLDER_INFO_SIZE
+
+# --- argument checks ----------------------------------------------------------------------------
+
+
+def param_error(func: str, message: str) -> InvalidParamError:
+    """The error every backend raises for an argument it refuses (107000, named ``func``)."""
+    return InvalidParamError(message, code=ACL_ERROR_RT_PARAM_INVALID, func=func)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_timeout(func: str, timeout_ms: object) -> int:
+    """The timeout rule of ``aclrtSynchronize{Stream,Event}WithTimeout``: -1 (forever) or
+    1..INT32_MAX ms. 0 does not mean "poll": the runtime rejects it (use the query calls)."""
+    if not _is_int(timeout_ms):
+        raise param_error(func, f"timeout_ms={timeout_ms!r}: expected an int (ms)")
+    assert isinstance(timeout_ms, int)
+    if timeout_ms == 0 or timeout_ms < -1:
+        raise param_error(
+            func,
+            f"timeout_ms={timeout_ms}: must be -1 (forever) or > 0 ms; use the query calls to poll",
+        )
+    if timeout_ms > INT32_MAX:
+        raise param_error(func, f"timeout_ms={timeout_ms} does not fit int32 (max {INT32_MAX})")
+    return timeout_ms
+
+
+def check_num_blocks(func: str, num_blocks: object) -> int:
+    """``numBlocks`` in 1..MAX_NUM_BLOCKS: refuse, never let the runtime wrap it to uint16."""
+    if not _is_int(num_blocks) or not 1 <= num_blocks <= MAX_NUM_BLOCKS:  # type: ignore[operator]
+        raise param_error(
+            func, f"num_blocks (numBlocks)={num_blocks!r}: expected an int in 1..{MAX_NUM_BLOCKS}"
+        )
+    assert isinstance(num_blocks, int)
+    return num_blocks
+
+
+def check_args(func: str, args_addr: object, args_size: object) -> None:
+    """``hostArgs`` non-NULL; ``argsSize`` in 1..UINT32_MAX (the runtime uses it as uint32)."""
+    if not _is_int(args_addr) or not 0 < args_addr <= PTR_MAX:  # type: ignore[operator]
+        raise param_error(
+            func, f"args_addr (hostArgs)={args_addr!r}: the args buffer address is NULL or invalid"
+        )
+    if not _is_int(args_size) or not 1 <= args_size <= UINT32_MAX:  # type: ignore[operator]
+        raise param_error(
+            func, f"args_size (argsSize)={args_size!r}: expected an int in 1..{UINT32_MAX}"
+        )
+
+
+def check_placeholder_count(func: str, count: object) -> int:
+    """``placeHolderNum`` in 0..MAX_PLACEHOLDERS."""
+    if not _is_int(count) or not 0 <= count <= MAX_PLACEHOLDERS:  # type: ignore[operator]
+        raise param_error(
+            func,
+            f"placeholder_count (placeHolderNum)={count!r}: expected an int in "
+            f"0..{MAX_PLACEHOLDERS}",
+        )
+    assert isinstance(count, int)
+    return count
+
+
+def placeholder_problem(entries: Sequence[tuple[int, int]], args_size: int) -> str | None:
+    """``None`` if every ``(addrOffset, dataOffset)`` entry is valid for an args buffer of
+    ``args_size`` bytes, else a message naming the first invalid field.
+
+    The runtime itself rejects ``addrOffset >= argsSize`` and ``dataOffset >= argsSize``
+    (``api_error.cc::CheckArgs``); the backends are stricter: the 8-byte slot must lie inside
+    the buffer, and both offsets must be 8-aligned (else the kernel gets a misaligned pointer).
+    """
+    for index, (addr_offset, data_offset) in enumerate(entries):
+        where = f"placeHolderArray[{index}]"
+        if addr_offset % 8:
+            return f"{where}.addrOffset={addr_offset} is not 8-aligned"
+        if addr_offset + 8 > args_size:
+            return (
+                f"{where}.addrOffset={addr_offset}: the 8-byte slot ends past argsSize={args_size}"
+            )
+        if data_offset % 8:
+            return f"{where}.dataOffset={data_offset} is not 8-aligned"
+        if data_offset >= args_size:
+            return f"{where}.dataOffset={data_offset} is not below argsSize={args_size}"
+    return None
+
+
+def check_placeholder_entries(
+    func: str, entries: Sequence[tuple[int, int]], args_size: int
+) -> None:
+    """Raise for the first invalid entry (see :func:`placeholder_problem`)."""
+    for addr_offset, data_offset in entries:
+        if (
+            (addr_offset | data_offset) & 7
+            or addr_offset + 8 > args_size
+            or (data_offset >= args_size)
+        ):
+            problem = placeholder_problem(entries, args_size)
+            assert problem is not None
+            raise param_error(func, problem)
+
+
+def read_placeholder_table(table_addr: int, count: int) -> list[tuple[int, int]]:
+    """The ``(addrOffset, dataOffset)`` entries of an ``aclrtPlaceHolderInfo`` host array."""
+    raw = ctypes.string_at(table_addr, PLACEHOLDER_INFO_SIZE * count)
+    return list(_PLACEHOLDER_INFO.iter_unpack(raw))
+
+
+def check_table_addr(func: str, table_addr: object, count: int) -> int:
+    """``placeHolderArray`` must not be NULL when ``placeHolderNum`` is not 0."""
+    if not _is_int(table_addr) or not 0 < table_addr <= PTR_MAX:  # type: ignore[operator]
+        raise param_error(func, f"placeHolderArray is NULL while placeHolderNum={count}")
+    assert isinstance(table_addr, int)
+    return table_addr
+
+
+def check_placeholder_table(
+    func: str, table_addr: object, count: object, args_size: int
+) -> list[tuple[int, int]]:
+    """Check ``placeHolderNum`` and a table in host memory; return its entries.
+
+    For a non-zero count: the table must be non-NULL, and every entry valid for ``args_size``
+    (:func:`placeholder_problem`). The table is read during the call, as the runtime reads it.
+    """
+    number = check_placeholder_count(func, count)
+    if not number:
+        return []
+    table_addr = check_table_addr(func, table_addr, number)
+    entries = read_placeholder_table(table_addr, number)
+    check_placeholder_entries(func, entries, args_size)
+    return entries
+
+
+def check_event_flags(func: str, flags: object) -> int:
+    """``aclrtCreateEventExWithFlag``'s flag: a combination of the ``ACL_EVENT_*`` bits."""
+    if not _is_int(flags) or not 0 <= flags <= EVENT_FLAGS_MASK:  # type: ignore[operator]
+        raise param_error(
+            func, f"flags (flag)={flags!r}: expected a combination of ACL_EVENT_* bits"
+        )
+    assert isinstance(flags, int)
+    return flags
+
+
+def check_failure_mode(func: str, mode: object) -> int:
+    """``aclrtSetStreamFailureMode``: ACL_CONTINUE_ON_FAILURE (0) or ACL_STOP_ON_FAILURE (1)."""
+    if not _is_int(mode) or mode not in (ACL_CONTINUE_ON_FAILURE, ACL_STOP_ON_FAILURE):
+        raise param_error(func, f"mode={mode!r}: expected 0 (continue) or 1 (stop on failure)")
+    assert isinstance(mode, int)
+    return mode
+
+
+def check_alloc_size(func: str, size: object) -> int:
+    """``aclrtMalloc``/``aclrtMallocHost`` size: an int in 1..SIZE_MAX."""
+    if not _is_int(size) or not 0 < size <= SIZE_MAX:  # type: ignore[operator]
+        raise param_error(func, f"size={size!r}: expected an int in 1..{SIZE_MAX}")
+    assert isinstance(size, int)
+    return size
+
+
+def check_memcpy(
+    func: str, dst: object, dst_max: object, src: object, count: object, kind: object
+) -> None:
+    """``aclrtMemcpyAsync``: sizes in 0..SIZE_MAX with ``count <= destMax``, non-NULL
+    pointers, and one of the three ``ACL_MEMCPY_*`` kinds."""
+    for name, value in (("dst_max (destMax)", dst_max), ("count", count)):
+        if not _is_int(value) or not 0 <= value <= SIZE_MAX:  # type: ignore[operator]
+            raise param_error(func, f"{name}={value!r}: expected an int in 0..{SIZE_MAX}")
+    if count > dst_max:  # type: ignore[operator]
+        raise param_error(func, f"count={count} is larger than destMax={dst_max}")
+    for name, value in (("dst", dst), ("src", src)):
+        if not _is_int(value) or not 0 < value <= PTR_MAX:  # type: ignore[operator]
+            raise param_error(func, f"{name}={value!r} is a NULL or invalid pointer")
+    if not _is_int(kind) or kind not in (
+        ACL_MEMCPY_HOST_TO_DEVICE,
+        ACL_MEMCPY_DEVICE_TO_HOST,
+        ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ):
+        raise param_error(
+            func,
+            f"kind={kind!r}: expected 1 (host to device), 2 (device to host) or 3 "
+            "(device to device)",
+        )

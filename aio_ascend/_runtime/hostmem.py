@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 
-__all__ = ["host_view", "read_host"]
+__all__ = ["host_view"]
 
 
 def host_view(addr: int, size: int) -> memoryview:
@@ -16,7 +16,3 @@ def host_view(addr: int, size: int) -> memoryview:
         raise ValueError(f"invalid host range addr={addr:#x} size={size}")
     return memoryview((ctypes.c_ubyte * size).from_address(addr)).cast("B")
 
-
-def read_host(addr: int, size: int) -> bytes:
-    """Copy ``size`` bytes from host address ``addr`` (valid for the duration of the call)."""
-    return ctypes.string_at(addr, size)

@@ -414,7 +414,7 @@ async def test_two_devices_on_one_loop_keep_their_contexts_apart(
     open_dev: OpenDevice, device_backend: str
 ) -> None:
     if device_backend == "acl":
-        from acl_double import double_control
+        from doubles.acl_double import double_control
 
         double_control().set_device_count(2)
     async with open_dev(0) as dev0, open_dev(1) as dev1:

@@ -1,8 +1,8 @@
 """ctypes declarations for the ACL runtime (``libascendcl.so``): structs, constants, prototypes.
 
-Declarations only: no loading policy, no error handling (see :mod:`._acl`). Every layout and
+Declarations only: no loading policy, no error handling (see :mod:`.library`). Every layout and
 value here was read off the CANN headers (``shared/docs/acl-abi/``) and is checked against them
-by ``tests/test_acl_abi.py``:
+by ``tests/runtime/test_acl_abi.py``:
 
 * pointers and opaque handles (``aclrtStream``, ``void **`` out-params, ...) are ``c_void_p``;
 * ``size_t`` is ``c_size_t``, ``int32_t``/``uint32_t``/``uint64_t`` the fixed-width types;
@@ -32,12 +32,6 @@ from ctypes import (
 from typing import Any
 
 __all__ = [
-    "ACL_ERROR_INVALID_PARAM",
-    "ACL_ERROR_REPEAT_INITIALIZE",
-    "ACL_ERROR_RT_PARAM_INVALID",
-    "ACL_EVENT_RECORDED_STATUS_COMPLETE",
-    "ACL_EVENT_RECORDED_STATUS_NOT_READY",
-    "ACL_MEM_MALLOC_HUGE_FIRST",
     "PROTOTYPES",
     "AclrtBinaryLoadOption",
     "AclrtBinaryLoadOptionValue",
@@ -52,68 +46,8 @@ __all__ = [
     "bind",
 ]
 
-# --- constants (acl_abi_facts.json) ----------------------------------------------------------
-
-ACL_SUCCESS = 0
-ACL_ERROR_INVALID_PARAM = 100000
-ACL_ERROR_UNINITIALIZE = 100001
-ACL_ERROR_REPEAT_INITIALIZE = 100002
-ACL_ERROR_RT_PARAM_INVALID = 107000
-ACL_ERROR_RT_CONTEXT_NULL = 107002
-ACL_ERROR_RT_INVALID_HANDLE = 107017
-ACL_ERROR_RT_STREAM_ABORT = 107023
-ACL_ERROR_RT_SYMBOL_NOT_FOUND = 107042
-ACL_ERROR_RT_MEMORY_ALLOCATION = 207001
-ACL_ERROR_RT_AICORE_TIMEOUT = 507014
-ACL_ERROR_RT_AICORE_EXCEPTION = 507015
-ACL_ERROR_RT_STREAM_SYNC_TIMEOUT = 507046
-ACL_ERROR_RT_EVENT_SYNC_TIMEOUT = 507047
-
-# aclrtLaunchKernelAttrId
-ACL_RT_LAUNCH_KERNEL_ATTR_SCHEM_MODE = 1
-ACL_RT_LAUNCH_KERNEL_ATTR_DYN_UBUF_SIZE = 2
-ACL_RT_LAUNCH_KERNEL_ATTR_ENGINE_TYPE = 3
-ACL_RT_LAUNCH_KERNEL_ATTR_BLOCKDIM_OFFSET = 4
-ACL_RT_LAUNCH_KERNEL_ATTR_BLOCK_TASK_PREFETCH = 5
-ACL_RT_LAUNCH_KERNEL_ATTR_DATA_DUMP = 6
-ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT = 7
-ACL_RT_LAUNCH_KERNEL_ATTR_TIMEOUT_US = 8
-
-# aclrtEventRecordedStatus (NOT the older aclrtEventStatus, whose values are the reverse)
-ACL_EVENT_RECORDED_STATUS_NOT_READY = 0
-ACL_EVENT_RECORDED_STATUS_COMPLETE = 1
-
-# event flags for aclrtCreateEventExWithFlag
-ACL_EVENT_SYNC = 0x01
-ACL_EVENT_CAPTURE_STREAM_PROGRESS = 0x02
-ACL_EVENT_TIME_LINE = 0x08
-
-# aclrtSetStreamFailureMode
-ACL_CONTINUE_ON_FAILURE = 0
-ACL_STOP_ON_FAILURE = 1
-
-# aclrtMemcpyKind
-ACL_MEMCPY_HOST_TO_DEVICE = 1
-ACL_MEMCPY_DEVICE_TO_HOST = 2
-ACL_MEMCPY_DEVICE_TO_DEVICE = 3
-
-# aclrtMemMallocPolicy
-ACL_MEM_MALLOC_HUGE_FIRST = 0
-ACL_MEM_MALLOC_NORMAL_ONLY = 2
-
-# aclrtCallbackBlockType / stream flags (not used by the backend, kept for reference)
-ACL_CALLBACK_NO_BLOCK = 0
-ACL_CALLBACK_BLOCK = 1
-ACL_STREAM_FAST_LAUNCH = 0x1
-ACL_STREAM_FAST_SYNC = 0x2
-
-# aclrtBinaryLoadOptionType
-ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD = 1
-ACL_RT_BINARY_LOAD_OPT_MAGIC = 2
-ACL_RT_BINARY_LOAD_OPT_CPU_KERNEL_MODE = 3
-ACL_RT_BINARY_MAGIC_ELF_AICORE = 0x43554245
-ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE = 0x41415246
-ACL_RT_BINARY_MAGIC_ELF_CUBE_CORE = 0x41494343
+# The constants (enums, flags, error codes) are defined once, in ``_runtime/abi.py``; the launch
+# attribute ids in ``_launch_config.LaunchAttrId``.
 
 # --- structs ---------------------------------------------------------------------------------
 

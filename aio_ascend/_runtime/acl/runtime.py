@@ -1,26 +1,18 @@
 """The ``acl`` backend: the :class:`~aio_ascend._runtime.Runtime` seam over ``libascendcl.so``.
 
-The library is found through ``ASCEND_HOME_PATH`` / ``ASCEND_TOOLKIT_HOME``
-(``<dir>/lib64/libascendcl.so``) and then the loader path; an explicit ``library_path=`` is used
-alone. ``aclInit`` runs once per process (``aclFinalize`` at interpreter exit if we initialised),
-and a forked child refuses to use a runtime its parent initialised.
-
-Every ACL call goes through one checker (the ctypes ``errcheck`` of each bound function): a
-non-zero ``aclError`` becomes :func:`~aio_ascend._errors.error_for_code` with the text of
-``aclGetRecentErrMsg`` (read on the failing thread, right after the failure). Every value is
-range-checked before it reaches a C type that would silently narrow it.
+Loading the library and ``aclInit`` live in :mod:`.library`; this module is the runtime class.
+Every value is checked before it reaches a C type that would silently narrow it: the ACL
+argument rules with the shared checks of :mod:`..abi` (the same ones the sim and cuda backends
+run), and plain C ranges (handles, sizes) here, as ``TypeError``/``ValueError``.
 """
 
 from __future__ import annotations
 
-import atexit
 import ctypes
-import ctypes.util
 import os
-import struct
 import threading
 import weakref
-from ctypes import byref, c_float, c_int, c_uint32, c_void_p
+from ctypes import byref, c_float, c_int, c_void_p
 from typing import Any, NoReturn
 
 from ..._errors import (
@@ -29,12 +21,34 @@ from ..._errors import (
     ClosedError,
     DeviceFaultError,
     InternalError,
-    InvalidParamError,
     RuntimeAPIError,
     error_for_code,
 )
 from ..._launch_config import LaunchConfig
+from ..abi import (
+    ACL_EVENT_RECORDED_STATUS_COMPLETE,
+    ACL_EVENT_RECORDED_STATUS_NOT_READY,
+    ACL_MEM_MALLOC_HUGE_FIRST,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+    INT32_MAX,
+    MAX_NUM_BLOCKS,
+    MAX_PLACEHOLDERS,
+    PTR_MAX,
+    SIZE_MAX,
+    UINT32_MAX,
+    UINT64_MAX,
+    check_args,
+    check_event_flags,
+    check_failure_mode,
+    check_memcpy,
+    check_num_blocks,
+    check_placeholder_table,
+    check_timeout,
+    param_error,
+)
 from . import ffi as ffi
+from .library import LIBRARY_NAME, AclLibrary, fork_error, library_candidates, load_library, probe
 
 __all__ = [
     "ENV_BUILTINS",
@@ -45,25 +59,13 @@ __all__ = [
     "probe",
 ]
 
-#: file name of the ACL runtime library
-LIBRARY_NAME = "libascendcl.so"
-#: environment variables naming a CANN install (``<dir>/lib64/libascendcl.so``), in order
-HOME_ENV_VARS = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME")
 #: path of a kernel binary providing the built-in kernels (``load_binary(None)``)
 ENV_BUILTINS = "AIO_ASCEND_ACL_BUILTINS"
 
-_U32_MAX = 2**32 - 1
-_U64_MAX = 2**64 - 1
-_I32_MIN = -(2**31)
-_I32_MAX = 2**31 - 1
-_SIZE_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
-_PTR_MAX = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)) - 1
-_MAX_NUM_BLOCKS = 65535
-_STATUS_COMPLETE = ffi.ACL_EVENT_RECORDED_STATUS_COMPLETE
-_STATUS_NOT_READY = ffi.ACL_EVENT_RECORDED_STATUS_NOT_READY
+_LAUNCH = "aclrtLaunchKernelWithHostArgs"
 
 
-# --- value checks ---------------------------------------------------------------------------
+# --- value checks (C ranges; the ACL rules are abi's) ----------------------------------------
 
 
 def _as_int(name: str, value: object) -> int:
@@ -88,194 +90,13 @@ def _in_range(name: str, value: object, low: int, high: int) -> int:
 
 def _ptr(name: str, value: object) -> int:
     number = _as_int(name, value)
-    if not 0 <= number <= _PTR_MAX:
+    if not 0 <= number <= PTR_MAX:
         raise ValueError(f"{name}={number:#x} is not an address (0..2**64-1)")
     return number
 
 
 def _timeout(func: str, value: object) -> int:
-    number = _as_int("timeout_ms", value)
-    if number == 0 or number < -1:
-        # The runtime rejects 0 (it does not mean "poll") and anything below -1.
-        raise InvalidParamError(
-            f"timeout_ms={number}: must be -1 (forever) or > 0; use the query calls to poll",
-            code=ffi.ACL_ERROR_RT_PARAM_INVALID,
-            func=func,
-        )
-    if number > _I32_MAX:
-        raise ValueError(f"timeout_ms={number} does not fit int32 (max {_I32_MAX})")
-    return number
-
-
-# --- the library ----------------------------------------------------------------------------
-
-
-def library_candidates(library_path: str | os.PathLike[str] | None = None) -> list[str]:
-    """Where :func:`open_acl_runtime` looks for ``libascendcl.so``, in order.
-
-    An explicit ``library_path`` is the only candidate. Otherwise: ``$ASCEND_HOME_PATH`` and
-    ``$ASCEND_TOOLKIT_HOME`` (``<dir>/lib64/libascendcl.so``), then the dynamic loader
-    (``ctypes.util.find_library("ascendcl")`` and the bare ``libascendcl.so``).
-    """
-    if library_path is not None:
-        return [os.fspath(library_path)]
-    candidates: list[str] = []
-    for var in HOME_ENV_VARS:
-        home = os.environ.get(var, "").strip()
-        if home:
-            candidates.append(os.path.join(home, "lib64", LIBRARY_NAME))
-    found = ctypes.util.find_library("ascendcl")
-    if found:
-        candidates.append(found)
-    candidates.append(LIBRARY_NAME)
-    unique: list[str] = []
-    for candidate in candidates:
-        if candidate not in unique:
-            unique.append(candidate)
-    return unique
-
-
-class _Library:
-    """One loaded ``libascendcl.so``: its bound functions and its once-per-process init."""
-
-    def __init__(self, path: str, cdll: ctypes.CDLL, functions: dict[str, Any]) -> None:
-        self.path = path
-        self.cdll = cdll
-        self.functions = functions
-        self.init_pid: int | None = None
-        self.initialised_by_us = False
-        self.lock = threading.Lock()
-        self._recent = functions["aclGetRecentErrMsg"]
-        self._last = threading.local()
-        checker = self._errcheck
-        for name, function in functions.items():
-            if ffi.PROTOTYPES[name][0] is ctypes.c_int:
-                function.errcheck = checker
-
-    def _fetch_message(self) -> str:
-        """``aclGetRecentErrMsg`` of the calling thread (reading clears it in ACL)."""
-        raw = self._recent()
-        if not raw:
-            return ""
-        text: str = raw.decode("utf-8", "replace").strip()
-        return text
-
-    def recent_message(self) -> str:
-        """The latest error text of the calling thread ('' if none).
-
-        ACL clears its text when it is read, and the checker reads it for every failure, so the
-        text is kept per thread until the next failure replaces it.
-        """
-        fresh = self._fetch_message()
-        if fresh:
-            self._last.text = fresh
-            return fresh
-        text: str = getattr(self._last, "text", "")
-        return text
-
-    def _errcheck(self, result: int, function: Any, arguments: tuple[Any, ...]) -> int:
-        """THE checker: a non-zero ``aclError`` becomes the typed error with the runtime text."""
-        if result:
-            message = self._fetch_message()
-            self._last.text = message
-            raise error_for_code(result, function.__name__, message)
-        return result
-
-    def ensure_initialised(self) -> None:
-        """``aclInit(NULL)`` once per process; refuse a child forked after it."""
-        pid = os.getpid()
-        with self.lock:
-            if self.init_pid is not None:
-                if self.init_pid != pid:
-                    raise _fork_error(self.init_pid)
-                return
-            try:
-                self.functions["aclInit"](None)
-            except RuntimeAPIError as exc:
-                if exc.code != ffi.ACL_ERROR_REPEAT_INITIALIZE:
-                    raise BackendUnavailableError(
-                        f"aclInit failed: {exc}", code=exc.code, func="aclInit"
-                    ) from exc
-                # someone else in this process initialised ACL: theirs to finalise
-            else:
-                self.initialised_by_us = True
-                atexit.register(self._finalize_at_exit)
-            self.init_pid = pid
-
-    def _finalize_at_exit(self) -> None:
-        if self.initialised_by_us and self.init_pid == os.getpid():
-            self.initialised_by_us = False
-            try:
-                self.functions["aclFinalize"]()
-            except AscendError:
-                pass
-
-    def device_count(self) -> int:
-        count = c_uint32()
-        self.functions["aclrtGetDeviceCount"](byref(count))
-        return count.value
-
-
-_LIBRARIES: dict[str, _Library] = {}
-_LIBRARIES_LOCK = threading.Lock()
-
-
-def _fork_error(init_pid: int) -> BackendUnavailableError:
-    return BackendUnavailableError(
-        f"the acl backend was initialised in process {init_pid}; this process "
-        f"({os.getpid()}) is a fork of it and cannot use ACL (the runtime does not survive "
-        "fork). Open the device in the child only, or use the 'spawn' start method."
-    )
-
-
-def _load_library(library_path: str | os.PathLike[str] | None) -> _Library:
-    tried: list[str] = []
-    for candidate in library_candidates(library_path):
-        is_path = os.sep in candidate
-        if is_path and not os.path.exists(candidate):
-            tried.append(f"{candidate}: no such file")
-            continue
-        key = os.path.realpath(candidate) if is_path else candidate
-        with _LIBRARIES_LOCK:
-            cached = _LIBRARIES.get(key)
-            if cached is not None:
-                return cached
-            try:
-                cdll = ctypes.CDLL(candidate)
-            except OSError as exc:
-                tried.append(f"{candidate}: {exc}")
-                continue
-            try:
-                functions = ffi.bind(cdll)
-            except AttributeError as exc:
-                tried.append(
-                    f"{candidate}: loaded, but a required symbol is missing ({exc}); "
-                    "aclrtLaunchKernelWithHostArgs needs CANN 8.5 or newer"
-                )
-                continue
-            library = _LIBRARIES[key] = _Library(candidate, cdll, functions)
-            return library
-    raise BackendUnavailableError(
-        f"cannot load {LIBRARY_NAME}; tried:\n  "
-        + "\n  ".join(tried)
-        + "\nInstall CANN and source its set_env.sh (sets ASCEND_HOME_PATH), or pass "
-        "library_path=."
-    )
-
-
-def probe() -> tuple[bool, str]:
-    """Whether the ``acl`` backend can run here, and why (never raises)."""
-    try:
-        library = _load_library(None)
-        library.ensure_initialised()
-        count = library.device_count()
-    except AscendError as exc:
-        return False, str(exc)
-    except Exception as exc:  # a probe must not raise
-        return False, f"{type(exc).__name__}: {exc}"
-    if count <= 0:
-        return False, f"{library.path} loaded, but no Ascend device is visible"
-    return True, f"{library.path}, {count} device(s)"
+    return check_timeout(func, _as_int("timeout_ms", value))
 
 
 # --- per-thread scratch out-params ----------------------------------------------------------
@@ -307,7 +128,7 @@ def _cfg_arg(cfg: object) -> Any:
     if entry is not None and entry[0] is cfg:
         return entry[2]
     if not isinstance(cfg, LaunchConfig):
-        raise _launch_error(f"cfg must be a LaunchConfig or None, got {type(cfg).__name__}")
+        raise param_error(_LAUNCH, f"cfg must be a LaunchConfig or None, got {type(cfg).__name__}")
     packed = cfg.pack_attrs()
     count = cfg.num_attrs
     if count == 0:
@@ -348,7 +169,7 @@ class AclRuntime:
 
     name = "acl"
 
-    def __init__(self, library: _Library, device_id: int, context: int) -> None:
+    def __init__(self, library: AclLibrary, device_id: int, context: int) -> None:
         self.device_id = device_id
         self.library_path = library.path
         self._library = library
@@ -460,9 +281,10 @@ class AclRuntime:
             return exc
         return error_for_code(code, exc.func, first.message)
 
-    def _disable_after_fork(self) -> None:
+    def disable_after_fork(self) -> None:
+        """In a forked child: refuse every call (ACL does not survive fork)."""
         parent = self._library.init_pid or os.getppid()
-        self._fn = _refusing(BackendUnavailableError, _fork_error(parent).message)
+        self._fn = _refusing(BackendUnavailableError, fork_error(parent).message)
         self._tls = _Scratch()
         self._close_lock = threading.Lock()
 
@@ -487,7 +309,8 @@ class AclRuntime:
 
     def set_stream_failure_mode(self, stream: int, mode: int) -> None:
         self._fn["aclrtSetStreamFailureMode"](
-            _ptr("stream", stream), _in_range("mode", mode, 0, _U64_MAX)
+            _ptr("stream", stream),
+            check_failure_mode("aclrtSetStreamFailureMode", _in_range("mode", mode, 0, UINT64_MAX)),
         )
 
     def synchronize_stream(self, stream: int, timeout_ms: int) -> None:
@@ -500,9 +323,10 @@ class AclRuntime:
     # --- events ------------------------------------------------------------------------
 
     def create_event(self, flags: int) -> int:
-        flags = _in_range("flags", flags, 0, _U32_MAX)
+        func = "aclrtCreateEventExWithFlag"
+        flags = check_event_flags(func, _in_range("flags", flags, 0, UINT32_MAX))
         handle, ref = self._new_handle()
-        self._fn["aclrtCreateEventExWithFlag"](ref, flags)
+        self._fn[func](ref, flags)
         event = self._handle_value(handle, "aclrtCreateEventExWithFlag")
         self._events.add(event)
         return event
@@ -516,8 +340,8 @@ class AclRuntime:
         if not (
             type(event) is int
             and type(stream) is int
-            and 0 <= event <= _PTR_MAX
-            and 0 <= stream <= _PTR_MAX
+            and 0 <= event <= PTR_MAX
+            and 0 <= stream <= PTR_MAX
         ):
             event, stream = _ptr("event", event), _ptr("stream", stream)
         try:
@@ -526,7 +350,7 @@ class AclRuntime:
             raise self._sticky(exc) from None
 
     def query_event_status(self, event: int) -> int:
-        if not (type(event) is int and 0 <= event <= _PTR_MAX):
+        if not (type(event) is int and 0 <= event <= PTR_MAX):
             event = _ptr("event", event)
         scratch = self._tls
         try:
@@ -534,9 +358,9 @@ class AclRuntime:
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
         # compare by name: aclrtEventRecordedStatus has NOT_READY = 0, COMPLETE = 1
-        if scratch.status.value == _STATUS_COMPLETE:
-            return _STATUS_COMPLETE
-        return _STATUS_NOT_READY
+        if scratch.status.value == ACL_EVENT_RECORDED_STATUS_COMPLETE:
+            return ACL_EVENT_RECORDED_STATUS_COMPLETE
+        return ACL_EVENT_RECORDED_STATUS_NOT_READY
 
     def synchronize_event(self, event: int, timeout_ms: int) -> None:
         func = "aclrtSynchronizeEventWithTimeout"
@@ -560,9 +384,9 @@ class AclRuntime:
     # --- memory ------------------------------------------------------------------------
 
     def malloc(self, size: int) -> int:
-        size = _in_range("size", size, 0, _SIZE_MAX)
+        size = _in_range("size", size, 0, SIZE_MAX)
         handle, ref = self._new_handle()
-        self._fn["aclrtMalloc"](ref, size, ffi.ACL_MEM_MALLOC_HUGE_FIRST)
+        self._fn["aclrtMalloc"](ref, size, ACL_MEM_MALLOC_HUGE_FIRST)
         pointer = self._handle_value(handle, "aclrtMalloc")
         self._device_memory.add(pointer)
         return pointer
@@ -573,7 +397,7 @@ class AclRuntime:
         self._device_memory.discard(ptr)
 
     def malloc_host(self, size: int) -> int:
-        size = _in_range("size", size, 0, _SIZE_MAX)
+        size = _in_range("size", size, 0, SIZE_MAX)
         handle, ref = self._new_handle()
         self._fn["aclrtMallocHost"](ref, size)
         pointer = self._handle_value(handle, "aclrtMallocHost")
@@ -588,6 +412,8 @@ class AclRuntime:
     def memcpy_async(
         self, dst: int, dst_max: int, src: int, count: int, kind: int, stream: int
     ) -> None:
+        # inline of abi.check_memcpy's conditions (the copy path is hot); the slow path below
+        # raises the shared errors
         if not (
             type(dst) is int
             and type(dst_max) is int
@@ -595,17 +421,17 @@ class AclRuntime:
             and type(count) is int
             and type(kind) is int
             and type(stream) is int
-            and 0 <= dst <= _PTR_MAX
-            and 0 <= src <= _PTR_MAX
-            and 0 <= stream <= _PTR_MAX
-            and 0 <= dst_max <= _SIZE_MAX
-            and 0 <= count <= _SIZE_MAX
-            and _I32_MIN <= kind <= _I32_MAX
+            and 0 < dst <= PTR_MAX
+            and 0 < src <= PTR_MAX
+            and 0 <= stream <= PTR_MAX
+            and 0 <= count <= dst_max <= SIZE_MAX
+            and ACL_MEMCPY_HOST_TO_DEVICE <= kind <= ACL_MEMCPY_DEVICE_TO_DEVICE
         ):
             dst, src, stream = _ptr("dst", dst), _ptr("src", src), _ptr("stream", stream)
-            dst_max = _in_range("dst_max", dst_max, 0, _SIZE_MAX)
-            count = _in_range("count", count, 0, _SIZE_MAX)
-            kind = _in_range("kind", kind, _I32_MIN, _I32_MAX)
+            dst_max = _in_range("dst_max", dst_max, 0, SIZE_MAX)
+            count = _in_range("count", count, 0, SIZE_MAX)
+            kind = _as_int("kind", kind)
+            check_memcpy("aclrtMemcpyAsync", dst, dst_max, src, count, kind)
         try:
             self._fn["aclrtMemcpyAsync"](dst, dst_max, src, count, kind, stream)
         except DeviceFaultError as exc:
@@ -680,6 +506,8 @@ class AclRuntime:
         placeholders_addr: int,
         placeholder_count: int,
     ) -> None:
+        # inline of the abi checks' conditions (the launch path is the hot path: it runs once
+        # per kernel); anything outside them takes the slow path, which raises the shared errors
         if not (
             type(func) is int
             and type(num_blocks) is int
@@ -688,13 +516,13 @@ class AclRuntime:
             and type(args_size) is int
             and type(placeholders_addr) is int
             and type(placeholder_count) is int
-            and 0 <= func <= _PTR_MAX
-            and 0 <= stream <= _PTR_MAX
-            and 0 <= args_addr <= _PTR_MAX
-            and 0 <= placeholders_addr <= _PTR_MAX
-            and 0 <= num_blocks <= _MAX_NUM_BLOCKS
-            and 0 <= args_size <= _U32_MAX
-            and 0 <= placeholder_count <= _MAX_PLACEHOLDERS
+            and 0 <= func <= PTR_MAX
+            and 0 <= stream <= PTR_MAX
+            and 0 < args_addr <= PTR_MAX
+            and 0 <= placeholders_addr <= PTR_MAX
+            and 1 <= num_blocks <= MAX_NUM_BLOCKS
+            and 1 <= args_size <= UINT32_MAX
+            and 0 <= placeholder_count <= MAX_PLACEHOLDERS
         ):
             func, num_blocks, stream, args_addr, args_size, placeholders_addr = _check_launch(
                 func,
@@ -706,7 +534,7 @@ class AclRuntime:
                 placeholder_count,
             )
         if placeholder_count:
-            _check_placeholder_table(placeholders_addr, placeholder_count)
+            check_placeholder_table(_LAUNCH, placeholders_addr, placeholder_count, args_size)
         try:
             self._fn["aclrtLaunchKernelWithHostArgs"](
                 func,
@@ -722,16 +550,6 @@ class AclRuntime:
             raise self._sticky(exc) from None
 
 
-_LAUNCH = "aclrtLaunchKernelWithHostArgs"
-#: more placeholders than a kernel can have parameters is a caller bug (ACL allows 128)
-_MAX_PLACEHOLDERS = 4096
-_ENTRY = struct.Struct("<II")
-
-
-def _launch_error(message: str) -> InvalidParamError:
-    return InvalidParamError(message, code=ffi.ACL_ERROR_RT_PARAM_INVALID, func=_LAUNCH)
-
-
 def _check_launch(
     func: object,
     num_blocks: object,
@@ -742,46 +560,21 @@ def _check_launch(
     placeholder_count: object,
 ) -> tuple[int, int, int, int, int, int]:
     """The slow path of the launch checks: precise errors naming the argument."""
-    blocks = _as_int("num_blocks", num_blocks)
-    if not 0 <= blocks <= _MAX_NUM_BLOCKS:
-        # The runtime would cast numBlocks to uint16 on this path: refuse, never wrap.
-        raise _launch_error(f"num_blocks (numBlocks)={blocks} is out of range 1..{_MAX_NUM_BLOCKS}")
+    blocks = check_num_blocks(_LAUNCH, _as_int("num_blocks", num_blocks))
+    addr = _as_int("args_addr", args_addr)
+    if addr < 0:
+        raise ValueError(f"args_addr={addr:#x} is not an address (0..2**64-1)")
     size = _as_int("args_size", args_size)
-    if not 0 <= size <= _U32_MAX:
-        # argsSize is a size_t, but the runtime uses it as a uint32
-        raise _launch_error(f"args_size (argsSize)={size} is out of range 1..{_U32_MAX}")
-    count = _as_int("placeholder_count", placeholder_count)
-    if not 0 <= count <= _MAX_PLACEHOLDERS:
-        raise _launch_error(
-            f"placeholder_count (placeHolderNum)={count} is out of range 0..{_MAX_PLACEHOLDERS}"
-        )
+    check_args(_LAUNCH, addr, size)
+    _as_int("placeholder_count", placeholder_count)
     return (
         _ptr("func", func),
         blocks,
         _ptr("stream", stream),
-        _ptr("args_addr", args_addr),
+        addr,
         size,
         _ptr("placeholders_addr", placeholders_addr),
     )
-
-
-def _check_placeholder_table(table: int, count: int) -> None:
-    """Refuse a NULL table and misaligned entries (the runtime checks only the ranges).
-
-    A slot at an unaligned ``addrOffset`` or data at an unaligned ``dataOffset`` would hand the
-    kernel a misaligned pointer; the ranges (``addrOffset + 8 <= argsSize``,
-    ``dataOffset < argsSize``) are left to the runtime.
-    """
-    if not table:
-        raise _launch_error(
-            f"placeholders_addr (placeHolderArray) is NULL with placeholder_count={count}"
-        )
-    data = ctypes.string_at(table, _ENTRY.size * count)
-    for index, (addr_offset, data_offset) in enumerate(_ENTRY.iter_unpack(data)):
-        if addr_offset % 8:
-            raise _launch_error(f"placeholder {index}: addrOffset={addr_offset} is not 8-aligned")
-        if data_offset % 8:
-            raise _launch_error(f"placeholder {index}: dataOffset={data_offset} is not 8-aligned")
 
 
 def open_acl_runtime(
@@ -794,8 +587,8 @@ def open_acl_runtime(
         path tried), ``aclInit`` failed, or this is a forked child of the process that
         initialised ACL.
     """
-    device_id = _in_range("device_id", device_id, 0, _I32_MAX)
-    library = _load_library(library_path)
+    device_id = _in_range("device_id", device_id, 0, INT32_MAX)
+    library = load_library(library_path)
     library.ensure_initialised()
     fn = library.functions
     fn["aclrtSetDevice"](device_id)
@@ -814,12 +607,8 @@ def open_acl_runtime(
 
 
 def _after_fork_in_child() -> None:
-    global _LIBRARIES_LOCK
-    _LIBRARIES_LOCK = threading.Lock()
-    for library in list(_LIBRARIES.values()):
-        library.lock = threading.Lock()
     for runtime in list(_LIVE):
-        runtime._disable_after_fork()
+        runtime.disable_after_fork()
 
 
 if hasattr(os, "register_at_fork"):

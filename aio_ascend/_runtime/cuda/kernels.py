@@ -1,6 +1,6 @@
 """CUDA C source of the ``cuda`` backend's built-in kernels, compiled at run time with NVRTC.
 
-Each kernel mirrors the sim's kernel of the same name (``aio_ascend/sim/_kernels.py``) and takes
+Each kernel mirrors the sim kernel of the same name (``_runtime/sim/kernels.py``) and takes
 its arguments in exactly the layout ``HostArgs`` packs and the sim decodes, so the packed host
 args buffer goes to ``cuLaunchKernel`` unchanged through its parameter buffer (``extra``). A
 kernel parameter list is laid out like a C struct (each parameter at its natural alignment), so
@@ -26,6 +26,8 @@ then ``+ y`` rounded), as the contract tests compare them exactly.
 
 from __future__ import annotations
 
+from ..abi import ACL_ERROR_RT_AICORE_EXCEPTION
+
 __all__ = [
     "BUILTIN_NAMES",
     "BUILTIN_PARAMS",
@@ -47,7 +49,7 @@ CONTROL_FAULT_OFFSET = 0
 CONTROL_RELEASE_OFFSET = 4
 CONTROL_SIZE = 64
 #: the ACL code ``fault`` reports when asked for 0 (ACL_ERROR_RT_AICORE_EXCEPTION, as the sim)
-DEFAULT_FAULT_CODE = 507015
+DEFAULT_FAULT_CODE = ACL_ERROR_RT_AICORE_EXCEPTION
 
 #: options for ``nvrtcCompileProgram`` (the architecture is added by the runtime)
 NVRTC_OPTIONS: tuple[str, ...] = ("--fmad=false", "--std=c++17", "-default-device")
@@ -67,8 +69,21 @@ BUILTIN_PARAMS: dict[str, tuple[str, ...]] = {
 #: names of the built-in kernels (the same set as the sim's)
 BUILTIN_NAMES: tuple[str, ...] = tuple(BUILTIN_PARAMS)
 
-_KIND_SIZES = {"ptr": 8, "u64": 8, "i64": 8, "f64": 8, "u32": 4, "i32": 4, "f32": 4,
-               "u16": 2, "i16": 2, "f16": 2, "u8": 1, "i8": 1, "bool": 1}
+_KIND_SIZES = {
+    "ptr": 8,
+    "u64": 8,
+    "i64": 8,
+    "f64": 8,
+    "u32": 4,
+    "i32": 4,
+    "f32": 4,
+    "u16": 2,
+    "i16": 2,
+    "f16": 2,
+    "u8": 1,
+    "i8": 1,
+    "bool": 1,
+}
 
 
 def param_layout(kinds: tuple[str, ...]) -> tuple[list[int], int]:

@@ -26,6 +26,8 @@ from .memory import DeviceFault
 if TYPE_CHECKING:
     from .memory import DeviceMemory
 
+from ..abi import ACL_ERROR_RT_AICORE_EXCEPTION
+
 __all__ = [
     "BUILTIN_KERNELS",
     "BUILTIN_LIBRARY",
@@ -44,7 +46,7 @@ KernelCost = Callable[["KernelContext"], float]
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _F32 = struct.Struct("<f")
-_AICORE_EXCEPTION = 507015
+_AICORE_EXCEPTION = ACL_ERROR_RT_AICORE_EXCEPTION
 
 
 class KernelSpec:
@@ -209,6 +211,21 @@ class KernelContext:
         """
         if seconds > 0:
             self._busy += float(seconds)
+
+    @property
+    def busy_seconds(self) -> float:
+        """Device time charged so far with :meth:`busy` (read by the executor afterwards)."""
+        return self._busy
+
+    @property
+    def is_hung(self) -> bool:
+        """Whether the body called :meth:`hang`."""
+        return self._hung
+
+    @property
+    def raised_fault(self) -> DeviceFault | None:
+        """The first fault the body raised (:meth:`fault`, a bad access), if any."""
+        return self._fault
 
     def hang(self) -> None:
         """Never finish: the stream stays occupied until it is force-destroyed or closed."""

@@ -265,4 +265,3 @@ class PinnedMemory:
                 f"allocation at {base:#x} ({data.shape[0]} bytes)"
             )
         return data, offset
-

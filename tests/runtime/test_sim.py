@@ -85,8 +85,9 @@ class Harness:
     def upload(self, array: np.ndarray[Any, Any]) -> int:
         ptr = self.rt.malloc(array.nbytes)
         src = self.pinned(array.tobytes())
-        self.rt.memcpy_async(ptr, array.nbytes, src, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE,
-                             self.stream)
+        self.rt.memcpy_async(
+            ptr, array.nbytes, src, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, self.stream
+        )
         self.rt.synchronize_stream(self.stream, SYNC_MS)
         return ptr
 
@@ -110,10 +111,21 @@ def test_exports_and_registry() -> None:
 
     assert isinstance(sim.__all__, tuple)
     assert set(sim.__all__) == {
-        "BUILTIN_KERNELS", "KernelContext", "KernelLibrary", "SimRuntime", "open_sim_runtime"
+        "BUILTIN_KERNELS",
+        "KernelContext",
+        "KernelLibrary",
+        "SimRuntime",
+        "open_sim_runtime",
     }
     assert set(BUILTIN_KERNELS) == {
-        "vector_add", "axpy", "scale", "matmul", "sleep", "fault", "hang", "noop"
+        "vector_add",
+        "axpy",
+        "scale",
+        "matmul",
+        "sleep",
+        "fault",
+        "hang",
+        "noop",
     }
     runtime = open_runtime("sim", 3)
     try:
@@ -420,9 +432,7 @@ def test_counters(rt: SimRuntime) -> None:
     h.launch("axpy", HostArgs().ptr(x).ptr(x).f32(1.0).u32(4))
     rt.record_event(event, h.stream)
     rt.synchronize_event(event, SYNC_MS)
-    assert rt.counters == {
-        "launches": 2, "kernels_executed": 2, "copies": 1, "events_recorded": 1
-    }
+    assert rt.counters == {"launches": 2, "kernels_executed": 2, "copies": 1, "events_recorded": 1}
 
 
 # --- user kernels -----------------------------------------------------------------------------
@@ -437,8 +447,12 @@ def test_user_kernel_library(rt: SimRuntime) -> None:
         out = ctx.array(ctx.ptr(0), ctx.u32(8), np.float32)
         out[:] = ctx.f32(12)
         seen.update(
-            blocks=ctx.blocks, name=ctx.name, args=ctx.args, args_addr=ctx.args_addr,
-            tiling=ctx.read(ctx.ptr(16), 4), unpacked=ctx.unpack("<QI", 0),
+            blocks=ctx.blocks,
+            name=ctx.name,
+            args=ctx.args,
+            args_addr=ctx.args_addr,
+            tiling=ctx.read(ctx.ptr(16), 4),
+            unpacked=ctx.unpack("<QI", 0),
         )
 
     h = Harness(rt, lib)
@@ -537,8 +551,13 @@ def test_kernel_context_fault_with_a_code(rt: SimRuntime) -> None:
 
 def test_live_resources_accounting() -> None:
     runtime = open_sim_runtime(0)
-    empty = {"device_allocations": 0, "host_allocations": 0, "streams": 0, "events": 0,
-             "binaries": 0}
+    empty = {
+        "device_allocations": 0,
+        "host_allocations": 0,
+        "streams": 0,
+        "events": 0,
+        "binaries": 0,
+    }
     try:
         assert runtime.live_resources() == empty
         ptr, host = runtime.malloc(64), runtime.malloc_host(64)
@@ -640,12 +659,14 @@ def test_table_packed_after_the_args_in_one_pinned_buffer(rt: SimRuntime) -> Non
     image, table = args.to_bytes(), args.placeholder_table()
     buffer = h.pinned(image + table)  # the scheduler's layout: table right after the args
     scale = rt.get_function(h.binary, "scale")
-    rt.launch_kernel_with_host_args(scale, 1, h.stream, None, buffer, len(image),
-                                    buffer + len(image), 1)
+    rt.launch_kernel_with_host_args(
+        scale, 1, h.stream, None, buffer, len(image), buffer + len(image), 1
+    )
     np.testing.assert_array_equal(h.download(x, n), np.arange(n, dtype=F32) * F32(0.5))
     with pytest.raises(InvalidParamError, match="placeHolderArray"):  # runs off the buffer
-        rt.launch_kernel_with_host_args(scale, 1, h.stream, None, buffer, len(image),
-                                        buffer + len(image) + 4, 1)
+        rt.launch_kernel_with_host_args(
+            scale, 1, h.stream, None, buffer, len(image), buffer + len(image) + 4, 1
+        )
 
 
 def test_args_regions_are_exact_and_released_after_the_kernel(rt: SimRuntime) -> None:

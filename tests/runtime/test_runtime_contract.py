@@ -14,7 +14,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from backends import RUNTIME_FACTORIES
+from backends import (
+    REAL_DEVICE,
+    REFUSES_ALL_AFTER_FAULT,
+    RUNTIME_FACTORIES,
+    backend_params,
+    gpu_skip_reason,
+)
 
 from aio_ascend._errors import (
     ContextNullError,
@@ -50,21 +56,18 @@ SYNC_MS = 10_000  # generous bound for waits that must succeed
 # --- fixtures ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=sorted(RUNTIME_FACTORIES))
+@pytest.fixture(params=backend_params())
 def backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name != "sim" and request.node.get_closest_marker("sim_only") is not None:
         pytest.skip("relies on the sim backend's strictness or test controls")
+    if name in REAL_DEVICE and (reason := gpu_skip_reason()):
+        pytest.skip(reason)
     return name
 
 
 def _open(backend: str) -> Runtime:
-    try:
-        return RUNTIME_FACTORIES[backend]()
-    except ImportError as exc:
-        if exc.name == "acl_double" or "acl_double" in str(exc):
-            pytest.skip("acl test double not built yet")
-        raise
+    return RUNTIME_FACTORIES[backend]()
 
 
 @pytest.fixture
@@ -118,8 +121,14 @@ class Dev:
     ) -> int:
         addr, size, table, count = self.pack(args)
         self.rt.launch_kernel_with_host_args(
-            self.fn(name), blocks, self.stream if stream is None else stream, cfg, addr, size,
-            table, count,
+            self.fn(name),
+            blocks,
+            self.stream if stream is None else stream,
+            cfg,
+            addr,
+            size,
+            table,
+            count,
         )
         return addr
 
@@ -230,7 +239,11 @@ def test_placeholder_addresses_are_patched_into_the_callers_buffer(dev: Dev) -> 
     n = 16
     x, y = dev.upload(np.ones(n, F32)), dev.upload(np.zeros(n, F32))
     args = (
-        HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, 2.0)).u32(7)
+        HostArgs()
+        .ptr(x)
+        .ptr(y)
+        .placeholder(struct.pack("<If", n, 2.0))
+        .u32(7)
         .placeholder(b"12345678", align=64)
     )
     image = args.to_bytes()
@@ -532,6 +545,8 @@ def test_malloc_is_aligned_and_frees_are_checked(rt: Runtime) -> None:
 
 @pytest.mark.parametrize("code", [0, 507035])
 def test_device_fault_is_sticky_for_every_stream(dev: Dev, backend: str, code: int) -> None:
+    if backend in REFUSES_ALL_AFTER_FAULT:
+        pytest.skip("malloc fails after a fault here: test_device_fault_is_sticky_on_cuda")
     rt = dev.rt
     other = dev.new_stream()
     event = rt.create_event(ACL_EVENT_SYNC)
@@ -747,8 +762,9 @@ def test_pageable_copies_block_until_the_stream_reaches_them(dev: Dev) -> None:
     thread.join(SYNC_MS / 1000)
     assert not thread.is_alive()
     assert not errors, errors
-    rt.memcpy_async(dst.ctypes.data, dst.nbytes, device, dst.nbytes, ACL_MEMCPY_DEVICE_TO_HOST,
-                    dev.stream)
+    rt.memcpy_async(
+        dst.ctypes.data, dst.nbytes, device, dst.nbytes, ACL_MEMCPY_DEVICE_TO_HOST, dev.stream
+    )
     np.testing.assert_array_equal(dst, src)  # done when the call returns
 
 
@@ -764,8 +780,14 @@ def test_pageable_args_are_snapshotted_during_the_call(dev: Dev) -> None:
     rt.pause()
     try:
         rt.launch_kernel_with_host_args(
-            dev.fn("scale"), 1, dev.stream, None, raw.ctypes.data, len(buffer),
-            table.ctypes.data, 1,
+            dev.fn("scale"),
+            1,
+            dev.stream,
+            None,
+            raw.ctypes.data,
+            len(buffer),
+            table.ctypes.data,
+            1,
         )
         slot = struct.unpack_from("<Q", buffer, 16)[0]
         assert slot != 0, "placeholders are patched into pageable buffers too"
@@ -804,6 +826,7 @@ def test_launch_blocks_while_the_stream_queue_is_full() -> None:
         try:
             for _ in range(4):
                 d.launch("noop", HostArgs())
+
             def fifth() -> None:
                 rt.set_current_context()
                 d.launch("noop", HostArgs())

@@ -1,6 +1,6 @@
 """The acl backend on the C test double: what crosses the ctypes boundary, byte for byte.
 
-The double (tests/acl_double/acl_double.c) logs every ACL call with its raw arguments and keeps a
+The double (tests/doubles/acl_double.c) logs every ACL call with its raw arguments and keeps a
 copy of the last launch as it arrived (cfg attributes, placeholder table, args before and after
 patching); its device addresses lie above 2**52, so any truncation shows.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from acl_double import BUILTINS_MAGIC, Call, DoubleControl, build_double, double_control
+from doubles.acl_double import BUILTINS_MAGIC, Call, DoubleControl, build_double, double_control
 
 from aio_ascend._errors import (
     AICoreExceptionError,
@@ -36,16 +36,16 @@ from aio_ascend._errors import (
 )
 from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._launch_config import LaunchAttrId, LaunchConfig
-from aio_ascend._runtime import open_runtime, probe_backend
+from aio_ascend._runtime import abi, open_runtime, probe_backend
 from aio_ascend._runtime.acl import ffi
 from aio_ascend._runtime.acl import runtime as _acl
 from aio_ascend._runtime.acl.runtime import AclRuntime, open_acl_runtime
 
 F32 = np.float32
-H2D, D2H = ffi.ACL_MEMCPY_HOST_TO_DEVICE, ffi.ACL_MEMCPY_DEVICE_TO_HOST
+H2D, D2H = abi.ACL_MEMCPY_HOST_TO_DEVICE, abi.ACL_MEMCPY_DEVICE_TO_HOST
 COMPLETE, NOT_READY = (
-    ffi.ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ffi.ACL_EVENT_RECORDED_STATUS_NOT_READY,
+    abi.ACL_EVENT_RECORDED_STATUS_COMPLETE,
+    abi.ACL_EVENT_RECORDED_STATUS_NOT_READY,
 )
 
 
@@ -70,7 +70,7 @@ class Kit:
     def __init__(self, rt: AclRuntime) -> None:
         self.rt = rt
         self.stream = rt.create_stream()
-        rt.set_stream_failure_mode(self.stream, ffi.ACL_STOP_ON_FAILURE)
+        rt.set_stream_failure_mode(self.stream, abi.ACL_STOP_ON_FAILURE)
         self.binary = rt.load_binary(BUILTINS_MAGIC)
         self._keep: list[object] = []
         self._functions: dict[str, int] = {}
@@ -166,7 +166,7 @@ def test_device_pointers_above_2_47_cross_intact(kit: Kit, ctl: DoubleControl) -
 
 def test_handles_round_trip_unchanged(kit: Kit, ctl: DoubleControl) -> None:
     rt = kit.rt
-    event = rt.create_event(ffi.ACL_EVENT_SYNC)
+    event = rt.create_event(abi.ACL_EVENT_SYNC)
     mark = ctl.mark()
     rt.record_event(event, kit.stream)
     rt.stream_wait_event(kit.stream, event)
@@ -180,7 +180,7 @@ def test_handles_round_trip_unchanged(kit: Kit, ctl: DoubleControl) -> None:
         ("aclrtQueryEventStatus", (event, calls[3].args[1])),
     ]
     created = _only(ctl.calls(0, "aclrtCreateEventExWithFlag")[-1:])
-    assert created.args[1] == ffi.ACL_EVENT_SYNC
+    assert created.args[1] == abi.ACL_EVENT_SYNC
 
 
 # --- placeholders -----------------------------------------------------------------------------
@@ -382,7 +382,7 @@ def test_a_valid_raw_cfg_is_accepted(kit: Kit, ctl: DoubleControl) -> None:
 def test_sync_timeouts_cross_in_milliseconds(kit: Kit, ctl: DoubleControl) -> None:
     rt = kit.rt
     stuck = rt.create_stream()
-    event = rt.create_event(ffi.ACL_EVENT_SYNC)
+    event = rt.create_event(abi.ACL_EVENT_SYNC)
     kit.launch("hang", HostArgs(), stream=stuck)
     rt.record_event(event, stuck)
     assert rt.query_event_status(event) == NOT_READY
@@ -403,7 +403,7 @@ def test_sync_timeouts_cross_in_milliseconds(kit: Kit, ctl: DoubleControl) -> No
     assert sync_stream.args == (stuck, 25)
     assert sync_stream.rc == 507046
     # -1 (forever) crosses as -1
-    idle = rt.create_event(ffi.ACL_EVENT_SYNC)
+    idle = rt.create_event(abi.ACL_EVENT_SYNC)
     rt.record_event(idle, kit.stream)
     mark = ctl.mark()
     rt.synchronize_event(idle, -1)
@@ -417,7 +417,7 @@ def test_sync_timeouts_cross_in_milliseconds(kit: Kit, ctl: DoubleControl) -> No
 def test_bad_timeouts_never_reach_the_runtime(
     kit: Kit, ctl: DoubleControl, timeout: object, error: type[Exception]
 ) -> None:
-    event = kit.rt.create_event(ffi.ACL_EVENT_SYNC)
+    event = kit.rt.create_event(abi.ACL_EVENT_SYNC)
     mark = ctl.mark()
     with pytest.raises(error, match="timeout_ms"):
         kit.rt.synchronize_event(event, timeout)  # type: ignore[arg-type]
@@ -527,7 +527,7 @@ def test_a_thread_bound_to_a_closed_context_is_unbound() -> None:
 def test_continue_mode_reports_a_fault_once_on_its_stream(kit: Kit) -> None:
     rt = kit.rt
     lenient = rt.create_stream()
-    rt.set_stream_failure_mode(lenient, ffi.ACL_CONTINUE_ON_FAILURE)
+    rt.set_stream_failure_mode(lenient, abi.ACL_CONTINUE_ON_FAILURE)
     kit.launch("fault", HostArgs().u32(507035), stream=lenient)
     with pytest.raises(DeviceFaultError) as info:
         rt.synchronize_stream(lenient, 2000)
@@ -580,7 +580,7 @@ def test_later_reports_of_a_fault_keep_the_first_text(kit: Kit, ctl: DoubleContr
 
 
 def test_injected_fault_reaches_queries(kit: Kit, ctl: DoubleControl) -> None:
-    event = kit.rt.create_event(ffi.ACL_EVENT_SYNC)
+    event = kit.rt.create_event(abi.ACL_EVENT_SYNC)
     assert ctl.set_fault(kit.rt.context, 507053, "HBM went away") == 1
     with pytest.raises(DeviceFaultError, match="HBM went away") as info:
         kit.rt.query_event_status(event)
@@ -655,9 +655,11 @@ def test_out_of_range_values_never_reach_the_library(
 def test_blocks_at_the_limits_reach_the_library(kit: Kit, ctl: DoubleControl) -> None:
     _launch(kit, num_blocks=65535)
     assert ctl.last_launch()[1] == 65535
+    mark = ctl.mark()
     with pytest.raises(InvalidParamError) as info:
-        _launch(kit, num_blocks=0)  # the runtime's own check
-    assert ctl.last_launch()[1] == 0
+        _launch(kit, num_blocks=0)  # the shared abi check, as the sim and cuda backends
+    assert ctl.calls(mark, "aclrtLaunchKernelWithHostArgs") == []
+    assert (info.value.code, info.value.func) == (107000, "aclrtLaunchKernelWithHostArgs")
     assert "numBlocks" in info.value.message
 
 
@@ -698,7 +700,7 @@ def test_a_copy_larger_than_its_destination_is_refused(kit: Kit) -> None:
 
 def test_ex_events_and_their_generations(kit: Kit, ctl: DoubleControl) -> None:
     rt = kit.rt
-    event = rt.create_event(ffi.ACL_EVENT_SYNC | ffi.ACL_EVENT_TIME_LINE)
+    event = rt.create_event(abi.ACL_EVENT_SYNC | abi.ACL_EVENT_TIME_LINE)
     assert rt.query_event_status(event) == COMPLETE  # never recorded
     assert ctl.event_generation(event) == 0
     rt.record_event(event, kit.stream)
@@ -706,7 +708,7 @@ def test_ex_events_and_their_generations(kit: Kit, ctl: DoubleControl) -> None:
     assert ctl.event_generation(event) == 2
     rt.synchronize_event(event, 2000)
     assert rt.query_event_status(event) == COMPLETE
-    end = rt.create_event(ffi.ACL_EVENT_TIME_LINE)
+    end = rt.create_event(abi.ACL_EVENT_TIME_LINE)
     kit.launch("sleep", HostArgs().u32(20_000))
     rt.record_event(end, kit.stream)
     rt.synchronize_event(end, 2000)

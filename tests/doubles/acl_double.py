@@ -1,4 +1,4 @@
-"""The C test double of ``libascendcl.so`` (``tests/acl_double/acl_double.c``), built on demand.
+"""The C test double of ``libascendcl.so`` (``tests/doubles/acl_double.c``), built on demand.
 
 ``build_double()`` compiles it once per test process with the system C compiler into a temporary
 ``<dir>/lib64/libascendcl.so`` (so ``<dir>`` also works as ``ASCEND_HOME_PATH``) and writes a
@@ -34,7 +34,7 @@ __all__ = [
     "open_double_runtime",
 ]
 
-SOURCE = Path(__file__).resolve().parent / "acl_double" / "acl_double.c"
+SOURCE = Path(__file__).resolve().parent / "acl_double.c"
 BUILTINS_MAGIC = b"AIO_ASCEND_ACL_DOUBLE_BUILTINS"
 CFLAGS = ["-shared", "-fPIC", "-O2", "-pthread", "-std=gnu11", "-Wall", "-Wextra"]
 

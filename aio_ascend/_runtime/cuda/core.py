@@ -1,0 +1,544 @@
+"""The context-level part of the ``cuda`` backend: driver objects, errors, polling, fences,
+memory and close (see :mod:`.runtime` for the backend as a whole)."""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from ..._errors import (
+    AscendError,
+    ClosedError,
+    ContextNullError,
+    DeviceFaultError,
+    InternalError,
+    InvalidHandleError,
+    InvalidParamError,
+    RuntimeAPIError,
+    error_class_for_code,
+)
+from ..abi import (
+    ACL_ERROR_RT_CONTEXT_NULL,
+    ACL_ERROR_RT_INVALID_HANDLE,
+    ACL_STOP_ON_FAILURE,
+    check_alloc_size,
+    param_error,
+)
+from .errors import CUDA_ERROR_NOT_READY, CUDA_FAULT_CODES, CUDA_SUCCESS, cuda_error
+from .kernels import CONTROL_FAULT_OFFSET, CONTROL_RELEASE_OFFSET, CONTROL_SIZE
+from .launch import LaunchExtra
+from .nvrtc import compile_cuda_source
+from .staging import DEFAULT_STAGING_BYTES, StagingRing
+
+__all__ = [
+    "DEFAULT_BLOCK_DIM",
+    "CudaBinary",
+    "CudaCore",
+    "CudaEvent",
+    "CudaFunction",
+    "CudaStream",
+    "CudaTls",
+    "StreamRingOps",
+]
+
+CU_STREAM_NON_BLOCKING = 0x1
+CU_EVENT_DISABLE_TIMING = 0x2
+CU_MEMHOSTALLOC_PORTABLE = 0x1
+CU_MEMHOSTALLOC_DEVICEMAP = 0x2
+#: threads per block when ``cfg.block_dim`` is not set
+DEFAULT_BLOCK_DIM = 256
+#: GIL-releasing sleeps between polls of a synchronize call
+POLL_FIRST_S = 20e-6
+POLL_MAX_S = 1e-3
+#: longest close() waits for queued work before releasing what it uses
+CLOSE_DRAIN_S = 2.0
+
+
+class CudaTls(threading.local):
+    """Per-thread state: context binding, the launch ``extra`` array, the latest error text."""
+
+    def __init__(self) -> None:
+        self.bound = False
+        self.extra = LaunchExtra()
+        self.last_error = ""
+
+
+class CudaStream:
+    __slots__ = ("cu", "handle", "lock", "mode", "ring")
+
+    def __init__(self, handle: int, cu: Any) -> None:
+        self.handle = handle
+        self.cu = cu
+        self.lock = threading.Lock()
+        self.ring: StagingRing | None = None
+        self.mode = ACL_STOP_ON_FAILURE
+
+
+class CudaEvent:
+    __slots__ = ("cu", "handle", "timed")
+
+    def __init__(self, handle: int, cu: Any, timed: bool) -> None:
+        self.handle = handle
+        self.cu = cu
+        self.timed = timed
+
+
+class CudaFunction:
+    __slots__ = ("binary", "cu", "name", "param_size")
+
+    def __init__(self, cu: Any, name: str, param_size: int | None, binary: int) -> None:
+        self.cu = cu
+        self.name = name
+        self.param_size = param_size
+        self.binary = binary
+
+
+class CudaBinary:
+    __slots__ = ("builtin", "functions", "module")
+
+    def __init__(self, module: Any, builtin: bool) -> None:
+        self.module = module
+        self.builtin = builtin
+        self.functions: dict[str, int] = {}
+
+
+class StreamRingOps:
+    """:class:`RingOps` of one stream: device memory and fence events of the runtime."""
+
+    __slots__ = ("runtime", "stream")
+
+    def __init__(self, runtime: CudaCore, stream: CudaStream) -> None:
+        self.runtime = runtime
+        self.stream = stream
+
+    def alloc(self, nbytes: int) -> int:
+        return self.runtime.device_alloc(nbytes, "cuMemAlloc")
+
+    def free(self, address: int) -> None:
+        self.runtime.device_free_quietly(address)
+
+    def record(self) -> object:
+        return self.runtime.record_fence(self.stream)
+
+    def done(self, fence: object) -> bool:
+        return self.runtime.event_done(fence, "cuEventQuery")
+
+    def wait(self, fence: object) -> None:
+        runtime = self.runtime
+        runtime.poll(lambda: runtime.event_done(fence, "cuEventQuery"), -1, "cuEventQuery")
+
+    def release(self, fence: object) -> None:
+        self.runtime.recycle_fence(fence)
+
+
+class CudaCore:
+    """The context-level part of :class:`~.runtime.CudaRuntime`: the driver objects, errors and
+    the sticky fault, argument gates, polling, fences, memory, and close."""
+
+    def __init__(
+        self,
+        driver: Any,
+        device_id: int,
+        device: Any,
+        context: Any,
+        capability: int,
+        *,
+        block_dim: int = DEFAULT_BLOCK_DIM,
+        staging_bytes: int = DEFAULT_STAGING_BYTES,
+        compiler: Callable[[str, int], bytes] | None = None,
+    ) -> None:
+        self.device_id = device_id
+        #: compute capability as major*10 + minor (e.g. 90 for an H100/H200)
+        self.capability = capability
+        self.block_dim = block_dim
+        self.staging_bytes = staging_bytes
+        self._d = driver
+        self._device = device
+        self._ctx = context
+        self._compiler = compiler or compile_cuda_source
+        self._tls = CudaTls()
+        self._tls.bound = True  # open_cuda_runtime bound the context to this thread
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._fault: tuple[type[RuntimeAPIError], int, str] | None = None
+        self._fault_lock = threading.Lock()
+        self._streams: dict[int, CudaStream] = {}
+        self._events: dict[int, CudaEvent] = {}
+        self._functions: dict[int, CudaFunction] = {}
+        self._binaries: dict[int, CudaBinary] = {}
+        self._device_memory: dict[int, int] = {}
+        self._host_memory: dict[int, int] = {}
+        self._host_starts: list[int] = []
+        self._host_lock = threading.Lock()
+        self._fence_pool: list[object] = []
+        self._fences: list[object] = []  # every fence event created (destroyed at close)
+        self._graveyard: list[int] = []  # staging memory freed at close (force-destroyed streams)
+        self._pid = os.getpid()
+        #: errors swallowed by the last close() (it never raises for leftovers)
+        self.close_errors: tuple[AscendError, ...] = ()
+        # control block: mapped pinned memory the built-in kernels read and write
+        self._control = 0
+        self._control_device = 0
+        err, host = driver.cuMemHostAlloc(
+            CONTROL_SIZE, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE
+        )
+        if int(err):
+            raise self._cuda_error(int(err), "cuMemHostAlloc")
+        self._control = int(host)
+        ctypes.memset(self._control, 0, CONTROL_SIZE)
+        err, dptr = driver.cuMemHostGetDevicePointer(self._control, 0)
+        if int(err):
+            driver.cuMemFreeHost(self._control)
+            raise self._cuda_error(int(err), "cuMemHostGetDevicePointer")
+        self._control_device = int(dptr)
+        # bound methods of the hot paths
+        self._cuLaunchKernel = driver.cuLaunchKernel
+        self._cuEventRecord = driver.cuEventRecord
+        self._cuEventQuery = driver.cuEventQuery
+        self._cuStreamQuery = driver.cuStreamQuery
+        self._cuMemcpyHtoDAsync = driver.cuMemcpyHtoDAsync
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("faulted" if self._fault else "open")
+        return f"<CudaRuntime device={self.device_id} sm_{self.capability} {state}>"
+
+    # --- errors and checks -------------------------------------------------------------
+
+    def _set_error(self, message: str) -> None:
+        self._tls.last_error = message
+
+    def _cuda_error(self, code: int, func: str) -> RuntimeAPIError:
+        description = ""
+        try:
+            err, text = self._d.cuGetErrorString(self._d.CUresult(code))
+            if not int(err) and text:
+                description = text.decode("utf-8", "replace")
+        except Exception:
+            pass
+        exc = cuda_error(code, func, description, self._d)
+        self._set_error(exc.message)
+        return exc
+
+    def _raise(self, code: int, func: str) -> NoReturn:
+        """Raise for a failing driver call (a device fault is noted: sticky from now on)."""
+        if code in CUDA_FAULT_CODES:
+            raise self._note_fault(code, func)
+        raise self._cuda_error(code, func)
+
+    def _note_fault(self, code: int, func: str) -> RuntimeAPIError:
+        with self._fault_lock:
+            if self._fault is None:
+                cuda = self._cuda_error(code, func)
+                acl = 0
+                if self._control:
+                    acl = ctypes.c_uint32.from_address(self._control + CONTROL_FAULT_OFFSET).value
+                if acl:
+                    cls = error_class_for_code(acl)
+                    if not issubclass(cls, DeviceFaultError):
+                        cls = DeviceFaultError
+                    self._fault = (
+                        cls,
+                        acl,
+                        f"{cuda.message}; the 'fault' kernel raised ACL error {acl} on purpose",
+                    )
+                else:
+                    self._fault = (
+                        DeviceFaultError,
+                        code,
+                        f"{cuda.message} (a kernel faulted; the CUDA context is unusable until "
+                        "the runtime is closed)",
+                    )
+        return self._fault_error(func)
+
+    def _fault_error(self, func: str) -> RuntimeAPIError:
+        fault = self._fault
+        if fault is None:
+            raise InternalError("no fault to report", func=func)
+        cls, code, message = fault
+        self._set_error(message)
+        return cls(message, code=code, func=func)
+
+    def _param(self, func: str, message: str) -> InvalidParamError:
+        self._set_error(message)
+        return param_error(func, message)
+
+    def _noted(self, exc: InvalidParamError) -> InvalidParamError:
+        """``exc`` (raised by a shared abi check), remembered as this thread's recent error."""
+        self._set_error(exc.message)
+        return exc
+
+    def _bad_handle(self, func: str, message: str) -> InvalidHandleError:
+        self._set_error(message)
+        return InvalidHandleError(message, code=ACL_ERROR_RT_INVALID_HANDLE, func=func)
+
+    def _enter(self, func: str) -> None:
+        """Open, and a context bound to this thread."""
+        if self._closed:
+            raise ClosedError("the cuda runtime is closed", func=func)
+        tls = self._tls
+        if not tls.bound:
+            message = (
+                f"no context is bound to thread {threading.current_thread().name!r}: call "
+                "set_current_context() first"
+            )
+            tls.last_error = message
+            raise ContextNullError(message, code=ACL_ERROR_RT_CONTEXT_NULL, func=func)
+
+    def _enter_live(self, func: str) -> None:
+        """:meth:`_enter`, and the device has not faulted (calls that submit or observe work)."""
+        self._enter(func)
+        if self._fault is not None:
+            raise self._fault_error(func)
+
+    def _stream(self, stream: int, func: str) -> CudaStream:
+        s = self._streams.get(stream)
+        if s is None:
+            raise self._bad_handle(func, f"stream handle {stream!r} is not a live stream")
+        return s
+
+    def _event(self, event: int, func: str) -> CudaEvent:
+        ev = self._events.get(event)
+        if ev is None:
+            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
+        return ev
+
+    def poll(self, done: Callable[[], bool], timeout_ms: int, func: str) -> bool:
+        """Poll ``done`` with GIL-releasing sleeps (backoff) until true or ``timeout_ms`` passed."""
+        if done():
+            return True
+        deadline = None if timeout_ms < 0 else time.monotonic() + timeout_ms / 1000.0
+        delay = POLL_FIRST_S
+        sleep = time.sleep
+        while True:
+            if self._closed:
+                raise ClosedError("the cuda runtime was closed during the wait", func=func)
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                sleep(min(delay, left))
+            else:
+                sleep(delay)
+            if done():
+                return True
+            delay = min(delay * 2, POLL_MAX_S)
+
+    def event_done(self, fence: object, func: str) -> bool:
+        (err,) = self._cuEventQuery(fence)
+        code = int(err)
+        if code == CUDA_SUCCESS:
+            return True
+        if code == CUDA_ERROR_NOT_READY:
+            return False
+        self._raise(code, func)
+
+    # --- context and lifecycle ---------------------------------------------------------
+
+    def set_current_context(self) -> None:
+        """``cuCtxSetCurrent``: bind the device's primary context to the calling thread."""
+        func = "cuCtxSetCurrent"
+        if self._closed:
+            raise ClosedError("the cuda runtime is closed", func=func)
+        (err,) = self._d.cuCtxSetCurrent(self._ctx)
+        if int(err):
+            self._raise(int(err), func)
+        self._tls.bound = True
+
+    def get_recent_error_message(self) -> str:
+        message: str = self._tls.last_error
+        return message
+
+    @property
+    def is_faulted(self) -> bool:
+        """Whether a kernel faulted (sticky until close)."""
+        return self._fault is not None
+
+    def release_hangs(self) -> None:
+        """Make every built-in ``hang`` kernel of this runtime return (now and from now on)."""
+        if self._control:
+            ctypes.c_uint32.from_address(self._control + CONTROL_RELEASE_OFFSET).value = 1
+
+    def close(self) -> None:
+        """Release everything, reset the primary context if a kernel faulted. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if os.getpid() != self._pid:  # a forked child must not touch the parent's CUDA state
+            return
+        d = self._d
+        errors: list[AscendError] = []
+
+        def attempt(func: str, *args: object) -> Any:
+            try:
+                result = getattr(d, func)(*args)
+            except Exception as exc:  # the bindings' own exceptions
+                errors.append(InternalError(f"{func}: {exc!r}", func=func))
+                return None
+            code = int(result[0])
+            if code and code not in CUDA_FAULT_CODES:
+                errors.append(cuda_error(code, func, driver=d))
+            return result
+
+        self.release_hangs()
+        pushed_result = attempt("cuCtxPushCurrent", self._ctx)
+        pushed = pushed_result is not None and int(pushed_result[0]) == 0
+        if pushed and self._fault is None:
+            self._drain_for_close(CLOSE_DRAIN_S)
+        for s in list(self._streams.values()):
+            attempt("cuStreamDestroy", s.cu)
+            if s.ring is not None:
+                raw = s.ring.close(free=False)
+                if raw:
+                    self._graveyard.append(raw)
+        for ev in list(self._events.values()):
+            attempt("cuEventDestroy", ev.cu)
+        for fence in self._fences:
+            attempt("cuEventDestroy", fence)
+        for binary in list(self._binaries.values()):
+            attempt("cuModuleUnload", binary.module)
+        for ptr in [*self._device_memory, *self._graveyard]:
+            attempt("cuMemFree", ptr)
+        for ptr in list(self._host_memory):
+            attempt("cuMemFreeHost", ptr)
+        if self._control:
+            attempt("cuMemFreeHost", self._control)
+        self._streams.clear()
+        self._events.clear()
+        self._fences.clear()
+        self._fence_pool.clear()
+        self._binaries.clear()
+        self._functions.clear()
+        self._device_memory.clear()
+        self._graveyard.clear()
+        self._host_memory.clear()
+        self._host_starts.clear()
+        self._control = 0
+        if pushed:
+            attempt("cuCtxPopCurrent")
+        attempt("cuDevicePrimaryCtxRelease", self._device)
+        if self._fault is not None:
+            # The context is unusable after a fault: destroy it, so the next open gets a new one.
+            attempt("cuDevicePrimaryCtxReset", self._device)
+        self.close_errors = tuple(errors)
+
+    def _drain_for_close(self, seconds: float) -> None:
+        """Give queued work (released ``hang`` kernels included) a bounded time to finish, so
+        nothing still runs in modules and memory that close is about to release."""
+        deadline = time.monotonic() + seconds
+        for s in list(self._streams.values()):
+            while time.monotonic() < deadline:
+                try:
+                    (err,) = self._cuStreamQuery(s.cu)
+                except Exception:
+                    break
+                if int(err) != CUDA_ERROR_NOT_READY:
+                    break
+                time.sleep(POLL_MAX_S)
+
+    # --- fences (staging rings) --------------------------------------------------------
+
+    def record_fence(self, s: CudaStream) -> object:
+        try:
+            fence = self._fence_pool.pop()
+        except IndexError:
+            err, fence = self._d.cuEventCreate(CU_EVENT_DISABLE_TIMING)
+            if int(err):
+                self._raise(int(err), "cuEventCreate")
+            self._fences.append(fence)
+        (err,) = self._cuEventRecord(fence, s.cu)
+        if int(err):
+            self._fence_pool.append(fence)
+            self._raise(int(err), "cuEventRecord")
+        return fence
+
+    def recycle_fence(self, fence: object) -> None:
+        """A fence event no longer needed by a ring: reused by the next :meth:`record_fence`."""
+        self._fence_pool.append(fence)
+
+    # --- memory ------------------------------------------------------------------------
+
+    def device_alloc(self, size: int, func: str) -> int:
+        err, ptr = self._d.cuMemAlloc(size)
+        if int(err):
+            self._raise(int(err), func)
+        return int(ptr)
+
+    def device_free_quietly(self, ptr: int) -> None:
+        try:
+            self._d.cuMemFree(ptr)
+        except Exception:
+            pass
+
+    def malloc(self, size: int) -> int:
+        """``cuMemAlloc`` (at least 256-byte aligned)."""
+        func = "cuMemAlloc"
+        self._enter(func)
+        try:
+            check_alloc_size(func, size)
+        except InvalidParamError as exc:
+            raise self._noted(exc) from None
+        ptr = self.device_alloc(size, func)  # after a fault CUDA refuses: the fault is raised
+        self._device_memory[ptr] = size
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        """``cuMemFree`` at once (CUDA may wait for the device to be idle inside the call)."""
+        func = "cuMemFree"
+        self._enter(func)
+        if self._device_memory.pop(ptr, None) is None:
+            raise self._param(func, f"devPtr={_hex(ptr)} is not a live device allocation")
+        (err,) = self._d.cuMemFree(ptr)
+        if int(err) and self._fault is None:
+            self._raise(int(err), func)
+
+    def malloc_host(self, size: int) -> int:
+        """``cuMemHostAlloc``: pinned (page-locked) host memory, page aligned."""
+        func = "cuMemHostAlloc"
+        self._enter(func)
+        try:
+            check_alloc_size(func, size)
+        except InvalidParamError as exc:
+            raise self._noted(exc) from None
+        err, ptr = self._d.cuMemHostAlloc(size, CU_MEMHOSTALLOC_PORTABLE)
+        if int(err):
+            self._raise(int(err), func)
+        address = int(ptr)
+        with self._host_lock:
+            self._host_memory[address] = size
+            bisect.insort(self._host_starts, address)
+        return address
+
+    def free_host(self, ptr: int) -> None:
+        func = "cuMemFreeHost"
+        self._enter(func)
+        with self._host_lock:
+            if self._host_memory.pop(ptr, None) is None:
+                raise self._param(func, f"hostPtr={_hex(ptr)} is not a live pinned host allocation")
+            index = bisect.bisect_left(self._host_starts, ptr)
+            del self._host_starts[index]
+        (err,) = self._d.cuMemFreeHost(ptr)
+        if int(err) and self._fault is None:
+            self._raise(int(err), func)
+
+    def is_pinned(self, addr: int, count: int) -> bool:
+        """Whether ``[addr, addr + count)`` lies in one allocation of :meth:`malloc_host`."""
+        starts = self._host_starts
+        index = bisect.bisect_right(starts, addr) - 1
+        if index < 0:
+            return False
+        try:
+            start = starts[index]
+            size = self._host_memory[start]
+        except (IndexError, KeyError):  # freed concurrently
+            return False
+        return addr + count <= start + size
+
+
+def _hex(value: object) -> str:
+    return f"{value:#x}" if isinstance(value, int) else repr(value)

@@ -1,0 +1,51 @@
+"""Importing ``cuda.bindings.driver`` lazily, and probing whether the backend can run here."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from .errors import cuda_error_name
+
+__all__ = ["INIT_LOCK", "import_driver", "probe"]
+
+#: serialises ``cuInit`` calls
+INIT_LOCK = threading.Lock()
+
+
+def import_driver() -> Any:
+    from cuda.bindings import driver
+
+    return driver
+
+
+def _bindings_version() -> str:
+    try:
+        import cuda.bindings
+
+        version: str = getattr(cuda.bindings, "__version__", "?")
+        return version
+    except ImportError:
+        return "?"
+
+
+def probe() -> tuple[bool, str]:
+    """Whether the ``cuda`` backend can run here, and why (never raises)."""
+    try:
+        driver = import_driver()
+    except ImportError as exc:
+        return False, f"cuda-bindings is not installed ({exc}); pip install 'aio_ascend[cuda]'"
+    except Exception as exc:
+        return False, f"cuda-bindings cannot be imported: {type(exc).__name__}: {exc}"
+    try:
+        (err,) = driver.cuInit(0)
+        if int(err):
+            return False, f"cuInit failed: {cuda_error_name(int(err), driver)} ({int(err)})"
+        err, count = driver.cuDeviceGetCount()
+        if int(err):
+            return False, f"cuDeviceGetCount failed: {cuda_error_name(int(err), driver)}"
+    except Exception as exc:  # no libcuda.so: the bindings raise their own exceptions
+        return False, f"the NVIDIA driver cannot be loaded: {type(exc).__name__}: {exc}"
+    if count <= 0:
+        return False, "cuda-bindings and the driver load, but no CUDA device is visible"
+    return True, f"cuda-bindings {_bindings_version()}, {count} device(s)"

@@ -1,0 +1,588 @@
+"""The sim's device: streams as FIFO task queues, and the device thread that executes them.
+
+One device thread per runtime (``aio_ascend-sim-<device>``) serves every stream round-robin and
+idles in GIL-releasing waits. :class:`DeviceExecutor` owns that thread and the device-side state
+(streams, the sticky fault, the pause control, the counters); :class:`~.runtime.SimRuntime`
+builds the ACL API surface on it. Tasks are plain tuples (cheap to build on the launch path)
+tagged with a :class:`TaskKind`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import math
+import threading
+from collections import deque
+from collections.abc import Iterable
+from enum import IntEnum
+from time import monotonic, perf_counter
+from typing import Any, Final
+
+from ..._errors import RuntimeAPIError, error_for_code
+from ..abi import (
+    ACL_CONTINUE_ON_FAILURE,
+    ACL_ERROR_RT_AICORE_EXCEPTION,
+    ACL_ERROR_RT_CONTEXT_NULL,
+    ACL_ERROR_RT_INVALID_HANDLE,
+    ACL_ERROR_RT_PARAM_INVALID,
+    ACL_ERROR_RT_STREAM_ABORT,
+    ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+)
+from ..threads import GIL_SLICE_S, yield_gil
+from .kernels import KernelContext, KernelSpec, describe_exception
+from .memory import DeviceFault, DeviceMemory, PinnedMemory
+
+__all__ = [
+    "BINARY_HANDLE",
+    "COPY",
+    "DEFAULT_MAX_QUEUE_DEPTH",
+    "EVENT_HANDLE",
+    "FUNCTION_HANDLE",
+    "KERNEL",
+    "RECORD",
+    "STREAM_HANDLE",
+    "WAIT",
+    "WAIT_SLICE_S",
+    "CLOSED_DURING_COPY",
+    "DeviceExecutor",
+    "PageableCopy",
+    "Recording",
+    "SimBinary",
+    "SimEvent",
+    "SimStream",
+    "TaskKind",
+    "new_handle",
+    "release_all",
+]
+
+#: why a pageable copy still queued at close fails
+CLOSED_DURING_COPY: Final = "the runtime was closed while the copy was queued"
+
+#: tasks a stream holds before a submitting call blocks (the real runtime's ~2013-entry queue)
+DEFAULT_MAX_QUEUE_DEPTH: Final = 2013
+
+
+class TaskKind(IntEnum):
+    """What a queued task does; its tuple's first item."""
+
+    KERNEL = 0  # (KERNEL, spec, blocks, args source, source offset, args_size, region)
+    RECORD = 1  # (RECORD, recording)
+    WAIT = 2  # (WAIT, recording)
+    COPY = 3  # (COPY, kind, dst, src, count, host array | None, host offset, waiter | None)
+
+
+# module-level aliases: the drain loop compares them for every task
+KERNEL: Final = TaskKind.KERNEL
+RECORD: Final = TaskKind.RECORD
+WAIT: Final = TaskKind.WAIT
+COPY: Final = TaskKind.COPY
+
+
+#: tasks one stream runs before the device thread moves on to the next stream
+_ROUND_BUDGET: Final = 64
+#: a busy stream whose device time ends within this many seconds is treated as free (the
+#: time model keeps accounting in device time; this only avoids sub-wakeup-sized waits)
+_SLACK_S: Final = 20e-6
+#: longest single GIL-releasing wait (waits are sliced so that close() is always noticed)
+WAIT_SLICE_S: Final = 0.5
+
+
+_handles = itertools.count(1)  # process-wide, so a handle of a closed runtime is never valid
+
+
+def new_handle(kind: int) -> int:
+    return (kind << 32) | next(_handles)
+
+
+STREAM_HANDLE, EVENT_HANDLE, BINARY_HANDLE, FUNCTION_HANDLE = 0x5151, 0x5E5E, 0x5B5B, 0x5F5F
+
+
+def release_all(locks: Iterable[threading.Lock]) -> None:
+    for lock in list(locks):
+        try:
+            lock.release()
+        except RuntimeError:  # already released: a wake-up is pending anyway
+            pass
+
+
+class Recording:
+    """One ``record_event`` call: done once the device reaches it."""
+
+    __slots__ = ("done", "timeline", "timestamp", "waiters")
+
+    def __init__(self, timeline: bool) -> None:
+        self.done = False
+        self.timeline = timeline
+        self.timestamp = 0.0
+        #: locks of threads blocked in synchronize_event on this recording (released when done)
+        self.waiters: list[threading.Lock] | None = None
+
+
+class SimEvent:
+    __slots__ = ("current", "flags", "handle")
+
+    def __init__(self, handle: int, flags: int) -> None:
+        self.handle = handle
+        self.flags = flags
+        #: the latest recording (None: never recorded, reads COMPLETE as an Ex event)
+        self.current: Recording | None = None
+
+
+class SimStream:
+    __slots__ = (
+        "busy_until",
+        "completed",
+        "destroyed",
+        "failure_mode",
+        "handle",
+        "hung",
+        "occupied",
+        "queue",
+        "submitted",
+    )
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+        self.queue: deque[tuple[Any, ...]] = deque()
+        self.submitted = 0  # written by submitting threads, under the runtime lock
+        self.completed = 0  # written by the device thread only
+        self.occupied = False  # a popped kernel still occupies the stream (busy/hang)
+        self.hung = False
+        self.busy_until = 0.0  # perf_counter() time until which the stream is occupied
+        self.destroyed = False
+        self.failure_mode = ACL_CONTINUE_ON_FAILURE
+
+
+class PageableCopy:
+    """A caller blocked in ``memcpy_async`` on pageable host memory."""
+
+    __slots__ = ("cancelled", "done", "error", "lock")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.lock = threading.Lock()  # held by the device thread while it touches host memory
+        self.cancelled = False
+        self.error: tuple[int, str] | None = None
+
+    def fail(self, code: int, message: str) -> None:
+        if self.error is None:
+            self.error = (code, message)
+        self.done.set()
+
+
+class SimBinary:
+    __slots__ = ("functions", "kernels")
+
+    def __init__(self, kernels: dict[str, KernelSpec]) -> None:
+        self.kernels = kernels
+        self.functions: dict[str, int] = {}
+
+
+class DeviceExecutor:
+    """The device of one sim runtime: its state, its streams, and the thread executing them.
+
+    Subclassed by :class:`~.runtime.SimRuntime` (the API surface); this part never validates
+    user input, it runs what the API queued.
+    """
+
+    def __init__(
+        self,
+        device_id: int,
+        *,
+        time_model: bool = False,
+        max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
+    ) -> None:
+        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
+            raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
+        if isinstance(max_queue_depth, bool) or not isinstance(max_queue_depth, int):
+            raise TypeError("max_queue_depth must be an int")
+        if max_queue_depth < 1:
+            raise ValueError(f"max_queue_depth={max_queue_depth} must be >= 1")
+        self.device_id = device_id
+        self.time_model = bool(time_model)
+        self.max_queue_depth = max_queue_depth
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._tls = threading.local()
+        self._memory = DeviceMemory()
+        self._pinned = PinnedMemory()
+        self._pinned_views = self._pinned.views  # fast path: args buffers by base address
+
+        self._streams: dict[int, SimStream] = {}
+        self._stream_list: tuple[SimStream, ...] = ()
+        self._events: dict[int, SimEvent] = {}
+        self._binaries: dict[int, SimBinary] = {}
+        self._functions: dict[int, KernelSpec] = {}
+        self._pageable: set[PageableCopy] = set()
+
+        self._fault: tuple[int, str] | None = None
+        self._closed = False
+        self._paused = False
+        self._pause_ack = False
+        self._idle = False
+        self._work_seq = 0
+        self._stream_waiters = 0  # threads waiting for stream progress (sync, full queue)
+        self._event_waiters = 0  # threads waiting for a recording to complete
+        self._sync_locks: set[threading.Lock] = set()  # see synchronize_event
+        self._rr = 0
+        self._inject: tuple[int, int] | None = None  # (launch calls to let through, code)
+        self._final_resources: dict[str, int] | None = None
+
+        self._launches = 0
+        self._kernels_executed = 0
+        self._copies = 0
+        self._events_recorded = 0
+
+        self._thread = threading.Thread(
+            target=self._device_main, name=f"aio_ascend-sim-{device_id}", daemon=True
+        )
+        self._thread.start()
+
+    # --- errors ----------------------------------------------------------------------------
+
+    def _error(self, code: int, func: str, message: str) -> RuntimeAPIError:
+        """Build the typed error and remember its text as this thread's recent error."""
+        self._tls.last_error = f"{func} [{code}]: {message}" if message else f"{func} [{code}]"
+        return error_for_code(code, func, message)
+
+    def _param(self, func: str, message: str) -> RuntimeAPIError:
+        return self._error(ACL_ERROR_RT_PARAM_INVALID, func, message)
+
+    def _stream_gone(self, func: str) -> RuntimeAPIError:
+        return self._error(ACL_ERROR_RT_STREAM_ABORT, func, "the stream was destroyed")
+
+    def _bad_handle(self, func: str, message: str) -> RuntimeAPIError:
+        return self._error(ACL_ERROR_RT_INVALID_HANDLE, func, message)
+
+    def _noted(self, exc: RuntimeAPIError) -> RuntimeAPIError:
+        """``exc`` (raised by a shared abi check), remembered as this thread's recent error."""
+        self._tls.last_error = f"{exc.func} [{exc.code}]: {exc.message}"
+        return exc
+
+    def _context_error(self, func: str) -> RuntimeAPIError:
+        if self._closed:
+            return self._error(
+                ACL_ERROR_RT_CONTEXT_NULL, func, "the runtime was closed (context destroyed)"
+            )
+        return self._error(
+            ACL_ERROR_RT_CONTEXT_NULL,
+            func,
+            f"no context is bound to thread {threading.current_thread().name!r}: call "
+            "set_current_context() first",
+        )
+
+    def _fault_error(self, func: str) -> RuntimeAPIError:
+        fault = self._fault
+        assert fault is not None
+        return self._error(fault[0], func, fault[1])
+
+    def _check(self, func: str) -> None:
+        """Context bound and device not closed."""
+        if self._closed or not getattr(self._tls, "bound", False):
+            raise self._context_error(func)
+
+    def _check_live(self, func: str) -> None:
+        """Context bound, and the device has not faulted (calls that submit or observe work)."""
+        if self._closed or not getattr(self._tls, "bound", False):
+            raise self._context_error(func)
+        if self._fault is not None:
+            raise self._fault_error(func)
+
+    def _stream(self, stream: int, func: str) -> SimStream:
+        s = self._streams.get(stream)
+        if s is None:
+            raise self._error(
+                ACL_ERROR_RT_INVALID_HANDLE, func, f"stream handle {stream!r} is not a live stream"
+            )
+        return s
+
+    def _event(self, event: int, func: str) -> SimEvent:
+        ev = self._events.get(event)
+        if ev is None:
+            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
+        return ev
+
+    # --- test controls ---------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop the device from executing tasks (test control). Returns once it has stopped:
+        no task starts or finishes until :meth:`resume`. Submitting still works."""
+        with self._cond:
+            self._paused = True
+            self._cond.notify_all()
+            if threading.current_thread() is self._thread:
+                return
+            while not self._pause_ack and not self._closed and self._thread.is_alive():
+                self._cond.wait(WAIT_SLICE_S)
+
+    def resume(self) -> None:
+        """Let the device execute tasks again (test control)."""
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    # --- waiting and submission ------------------------------------------------------------
+
+    def _wait_stream(self, s: SimStream, target: int, timeout_ms: int, func: str) -> None:
+        """Block until ``target`` tasks of ``s`` completed (GIL-releasing waits)."""
+        if s.completed >= target and self._fault is None:
+            return
+        deadline = None if timeout_ms < 0 else monotonic() + timeout_ms / 1000.0
+        cond = self._cond
+        with cond:
+            self._stream_waiters += 1
+            try:
+                while True:
+                    if self._fault is not None:
+                        raise self._fault_error(func)
+                    if self._closed:
+                        raise self._context_error(func)
+                    if s.completed >= target:
+                        return
+                    if s.destroyed:
+                        raise self._stream_gone(func)
+                    slice_s = WAIT_SLICE_S
+                    if deadline is not None:
+                        remaining = deadline - monotonic()
+                        if remaining <= 0:
+                            raise self._error(
+                                ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
+                                func,
+                                f"stream not idle after {timeout_ms} ms "
+                                f"({target - s.completed} tasks unfinished)",
+                            )
+                        slice_s = min(slice_s, remaining)
+                    cond.wait(slice_s)
+            finally:
+                self._stream_waiters -= 1
+
+    # --- submission ------------------------------------------------------------------------
+
+    def _wait_for_room(self, s: SimStream, func: str) -> None:
+        with self._cond:
+            self._stream_waiters += 1
+            try:
+                while s.submitted - s.completed >= self.max_queue_depth:
+                    if self._fault is not None:
+                        raise self._fault_error(func)
+                    if self._closed:
+                        raise self._context_error(func)
+                    if s.destroyed:
+                        raise self._stream_gone(func)
+                    self._cond.wait(WAIT_SLICE_S)
+            finally:
+                self._stream_waiters -= 1
+
+    def _enqueue(self, s: SimStream, task: tuple[Any, ...], func: str) -> None:
+        if s.submitted - s.completed >= self.max_queue_depth:
+            self._wait_for_room(s, func)  # the real runtime blocks on a full task queue too
+        with self._lock:
+            if s.destroyed:
+                raise self._bad_handle(func, "the stream was destroyed")
+            s.queue.append(task)
+            s.submitted += 1
+            self._work_seq += 1
+            if task[0] == COPY:
+                self._copies += 1
+            elif task[0] == RECORD:
+                self._events_recorded += 1
+            if self._idle:  # wake the device thread once, not on every submission
+                self._idle = False
+                self._cond.notify()
+
+    # --- the device thread -----------------------------------------------------------------
+
+    def _device_main(self) -> None:
+        cond = self._cond
+        while not self._closed:
+            seq = self._work_seq
+            if self._paused or self._fault is not None:
+                with cond:
+                    while (self._paused or self._fault is not None) and not self._closed:
+                        if self._paused and not self._pause_ack:
+                            self._pause_ack = True
+                            cond.notify_all()
+                        cond.wait(WAIT_SLICE_S)
+                    self._pause_ack = False
+                continue
+            started = perf_counter()
+            progressed, records_done, deadline = self._drain()
+            if progressed:
+                if (records_done and self._event_waiters) or self._stream_waiters:
+                    with cond:
+                        cond.notify_all()
+                if perf_counter() - started > GIL_SLICE_S:
+                    yield_gil()  # the device shares the GIL with the host: take turns
+                continue
+            with cond:
+                if self._work_seq != seq or self._closed or self._paused:
+                    continue
+                timeout = WAIT_SLICE_S
+                if deadline is not None:
+                    timeout = min(timeout, max(deadline - perf_counter(), 0.0))
+                self._idle = True
+                cond.wait(timeout)
+                self._idle = False
+
+    def _drain(self) -> tuple[bool, bool, float | None]:
+        """One round over all streams: run what can run. -> (progressed, records done, next
+        time a busy stream frees up)."""
+        streams = self._stream_list
+        n = len(streams)
+        if not n:
+            return False, False, None
+        start = self._rr = (self._rr + 1) % n
+        progressed = False
+        records_done = False
+        deadline: float | None = None
+        now = perf_counter()
+        for s in streams[start:] + streams[:start]:
+            if s.destroyed:
+                continue
+            if s.occupied:
+                if s.hung:
+                    continue
+                free_at = s.busy_until - _SLACK_S
+                if free_at > now:
+                    if deadline is None or free_at < deadline:
+                        deadline = free_at
+                    continue
+                s.occupied = False
+                s.completed += 1
+                progressed = True
+            queue = s.queue
+            budget = _ROUND_BUDGET
+            while queue:
+                if self._paused or self._closed:
+                    return True, records_done, None
+                task = queue[0]
+                kind = task[0]
+                if kind == WAIT:
+                    if not task[1].done:
+                        break
+                    queue.popleft()
+                elif kind == KERNEL:
+                    queue.popleft()
+                    if self._run_kernel(s, task):
+                        if self._fault is not None:
+                            return True, records_done, None
+                        progressed = True
+                        if s.hung:
+                            break
+                        free_at = s.busy_until - _SLACK_S
+                        if free_at > perf_counter():
+                            if deadline is None or free_at < deadline:
+                                deadline = free_at
+                            break
+                        s.occupied = False
+                elif kind == RECORD:
+                    queue.popleft()
+                    rec = task[1]
+                    if rec.timeline:
+                        rec.timestamp = max(perf_counter(), s.busy_until)
+                    rec.done = True
+                    records_done = True
+                    if rec.waiters:
+                        release_all(rec.waiters)
+                else:
+                    queue.popleft()
+                    self._run_copy(task)
+                    if self._fault is not None:
+                        return True, records_done, None
+                s.completed += 1
+                progressed = True
+                budget -= 1
+                if not budget:
+                    deadline = now  # more to do: come back right away
+                    break
+        return progressed, records_done, deadline
+
+    def _run_kernel(self, s: SimStream, task: tuple[Any, ...]) -> bool:
+        """Execute a kernel task. Returns True when the stream stays occupied (sleep, time
+        model, hang) or the device faulted; the caller then leaves the task uncounted."""
+        _, spec, blocks, source, offset, size, region = task
+        # pinned args are read now, at execution; pageable ones were snapshotted at launch
+        args = source if type(source) is bytes else source[offset : offset + size].tobytes()
+        memory = self._memory
+        if region:
+            memory.map_region(region, args)  # the H2D copy of [0, argsSize)
+        ctx = KernelContext(memory, spec.name, blocks, args, region)
+        fault: DeviceFault | None = None
+        busy = 0.0
+        try:
+            spec.fn(ctx)
+            busy = ctx.busy_seconds
+            if self.time_model and spec.cost is not None:
+                busy += float(spec.cost(ctx))
+        except DeviceFault as exc:
+            fault = exc
+        except Exception as exc:
+            fault = DeviceFault(ACL_ERROR_RT_AICORE_EXCEPTION, describe_exception(spec.name, exc))
+        finally:
+            if region:
+                memory.unmap_region(region)
+        self._kernels_executed += 1
+        if not busy and fault is None and ctx.raised_fault is None and not ctx.is_hung:
+            return False  # the common case: done at once
+        fault = ctx.raised_fault or fault
+        if fault is not None:
+            self._set_fault(fault.code, fault.message)
+            return True
+        s.occupied = True
+        if ctx.is_hung or not math.isfinite(busy):
+            s.hung = True
+        else:
+            s.busy_until = max(s.busy_until, perf_counter()) + busy
+        return True
+
+    def _run_copy(self, task: tuple[Any, ...]) -> None:
+        _, kind, dst, src, count, host, host_offset, waiter = task
+        try:
+            if waiter is not None:
+                with waiter.lock:
+                    if not waiter.cancelled:
+                        self._pageable_copy(kind, dst, src, count)
+                waiter.done.set()
+                return
+            if count == 0:
+                return
+            memory = self._memory
+            if kind == ACL_MEMCPY_HOST_TO_DEVICE:
+                assert host is not None
+                memory.view(dst, count, "memcpy destination")[:] = host[
+                    host_offset : host_offset + count
+                ]
+            elif kind == ACL_MEMCPY_DEVICE_TO_HOST:
+                assert host is not None
+                host[host_offset : host_offset + count] = memory.view(src, count, "memcpy source")
+            else:
+                source = memory.view(src, count, "memcpy source")
+                memory.view(dst, count, "memcpy destination")[:] = source
+        except DeviceFault as fault:
+            self._set_fault(fault.code, fault.message)
+            if waiter is not None:
+                waiter.fail(fault.code, fault.message)
+
+    def _pageable_copy(self, kind: int, dst: int, src: int, count: int) -> None:
+        if count == 0:
+            return
+        if kind == ACL_MEMCPY_HOST_TO_DEVICE:
+            device = self._memory.view(dst, count, "memcpy destination")
+            ctypes.memmove(device.ctypes.data, src, count)
+        else:
+            device = self._memory.view(src, count, "memcpy source")
+            ctypes.memmove(dst, device.ctypes.data, count)
+
+    def _set_fault(self, code: int, message: str) -> None:
+        with self._cond:
+            if self._fault is None:
+                self._fault = (code, message)
+            self._cond.notify_all()
+            release_all(self._sync_locks)
+            waiters = list(self._pageable)
+        for waiter in waiters:
+            waiter.fail(code, message)

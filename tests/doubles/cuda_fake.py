@@ -1,0 +1,563 @@
+"""A CPU fake of the ``cuda.bindings.driver`` calls the cuda backend makes (:class:`FakeDriver`).
+
+Lazy FIFO streams, events, sticky faults, a parameter-buffer ``cuLaunchKernel`` that checks the
+``extra`` array and the exact parameter size, and numpy versions of the built-in kernels: the
+cuda runtime runs the contract suite and the scheduler on it, on any machine.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import struct
+import threading
+import time
+from collections import deque
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from aio_ascend._runtime.cuda.kernels import KERNEL_SOURCE
+
+__all__ = ["FakeDriver", "FakeResult", "c_param_layout", "fake_compile", "parse_kernel_signatures"]
+
+F32 = np.float32
+
+_C_SIZES = {"float": 4, "unsigned int": 4, "int": 4, "unsigned long long": 8, "double": 8}
+
+
+def parse_kernel_signatures(source: str) -> dict[str, list[str]]:
+    """``extern "C" __global__ void name(params)`` -> C parameter types (whitespace folded)."""
+    found: dict[str, list[str]] = {}
+    pattern = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+    for name, params in pattern.findall(source):
+        types = []
+        for param in params.split(","):
+            param = " ".join(param.split())
+            if not param:
+                continue
+            types.append(param.rsplit(" ", 1)[0].replace("const ", "").strip())
+        found[name] = types
+    return found
+
+
+def c_param_layout(types: list[str]) -> tuple[list[int], int]:
+    """C struct layout of kernel parameters (pointers 8 bytes)."""
+    offsets, cursor = [], 0
+    for ctype in types:
+        size = 8 if ctype.endswith("*") else _C_SIZES[ctype]
+        cursor = (cursor + size - 1) // size * size
+        offsets.append(cursor)
+        cursor += size
+    return offsets, cursor
+
+
+_FAKE_ERROR_NAMES = {
+    0: "CUDA_SUCCESS",
+    1: "CUDA_ERROR_INVALID_VALUE",
+    201: "CUDA_ERROR_INVALID_CONTEXT",
+    400: "CUDA_ERROR_INVALID_HANDLE",
+    500: "CUDA_ERROR_NOT_FOUND",
+    600: "CUDA_ERROR_NOT_READY",
+    700: "CUDA_ERROR_ILLEGAL_ADDRESS",
+    719: "CUDA_ERROR_LAUNCH_FAILED",
+}
+_FAKE_BUILTINS = b"FAKE-BUILTINS\0"
+_FAKE_SOURCE = b"FAKE-SOURCE:"
+
+
+class FakeResult(int):
+    """Stands for ``CUresult`` (an int enum with ``.name``)."""
+
+    @property
+    def name(self) -> str:
+        return _FAKE_ERROR_NAMES.get(int(self), f"CUDA_ERROR_{int(self)}")
+
+
+class _Fault(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.done = False
+        self.ts = 0.0
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.queue: deque[list[Any]] = deque()
+        self.clock = 0.0
+
+
+class _FakeEvent:
+    def __init__(self, timed: bool) -> None:
+        self.timed = timed
+        self.current: _Recording | None = None
+
+
+class _FakeModule:
+    def __init__(self, kernels: dict[str, list[str]]) -> None:
+        self.kernels = kernels
+        self.global_buf = (ctypes.c_uint64 * 1)()
+        self.global_addr = ctypes.addressof(self.global_buf)
+
+
+def fake_compile(source: str, capability: int) -> bytes:
+    """Stands for NVRTC: the built-in source becomes a marker image, other source is kept."""
+    if source == KERNEL_SOURCE:
+        return _FAKE_BUILTINS
+    return _FAKE_SOURCE + source.encode()
+
+
+class FakeDriver:
+    """The subset of ``cuda.bindings.driver`` the cuda runtime uses, modelled on the CPU.
+
+    Streams are FIFO queues run lazily whenever a query observes them; ``sleep`` completes after
+    its time (device time per stream), ``hang`` when the runtime's control block says release,
+    ``fault`` makes the context sticky with CUDA_ERROR_LAUNCH_FAILED after writing its code
+    into the control block. Device memory is host memory handed out here; kernels touching
+    anything else fault with CUDA_ERROR_ILLEGAL_ADDRESS. ``cuLaunchKernel`` accepts only the
+    ``extra`` parameter-buffer form with the kernel's exact parameter size, and copies the
+    parameters during the call (as the driver does).
+    """
+
+    CUresult = FakeResult
+    CUdevice_attribute = SimpleNamespace(
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75,
+        CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76,
+    )
+
+    def __init__(self) -> None:
+        self.sticky = 0
+        self.generation = 1
+        self.refcount = 0
+        self.resets = 0
+        self._tls = threading.local()
+        self._ids = iter(range(0x5000, 1 << 40, 16))
+        self.streams: dict[int, _FakeStream] = {}
+        self.draining: list[_FakeStream] = []
+        self.events: dict[int, _FakeEvent] = {}
+        self.modules: dict[int, _FakeModule] = {}
+        self.functions: dict[int, tuple[_FakeModule, str]] = {}
+        self.device: dict[int, tuple[Any, int]] = {}
+        self.host: dict[int, tuple[Any, int]] = {}
+        self.launches: list[dict[str, Any]] = []
+        self.lock = threading.RLock()
+
+    # --- helpers ------------------------------------------------------------------------
+
+    @property
+    def ctx(self) -> int:
+        return 0xC0000 + self.generation
+
+    def _id(self) -> int:
+        return next(self._ids)
+
+    def _need(self) -> int:
+        """0, or the error a call gets: no current context, or the sticky fault."""
+        if getattr(self._tls, "ctx", None) != self.ctx or not self.refcount:
+            return 201
+        return self.sticky
+
+    @staticmethod
+    def _alloc(table: dict[int, tuple[Any, int]], size: int, align: int) -> int:
+        raw = (ctypes.c_ubyte * (size + align))()
+        addr = (ctypes.addressof(raw) + align - 1) // align * align
+        table[addr] = (raw, size)
+        return addr
+
+    def in_device(self, addr: int, nbytes: int) -> bool:
+        for start, (_, size) in self.device.items():
+            if start <= addr and addr + nbytes <= start + size:
+                return True
+        return False
+
+    def _dev_array(self, addr: int, count: int) -> Any:
+        if count == 0:
+            return np.zeros(0, F32)
+        if not self.in_device(addr, 4 * count):
+            raise _Fault(700)
+        return np.ctypeslib.as_array((ctypes.c_float * count).from_address(addr))
+
+    def _dev_read(self, addr: int, nbytes: int) -> bytes:
+        if not self.in_device(addr, nbytes):
+            raise _Fault(700)
+        return ctypes.string_at(addr, nbytes)
+
+    # --- progress -----------------------------------------------------------------------
+
+    def progress(self) -> None:
+        with self.lock:
+            moved = True
+            while moved and not self.sticky:
+                moved = False
+                for s in [*self.streams.values(), *self.draining]:
+                    while s.queue and not self.sticky:
+                        if not self._run(s, s.queue[0]):
+                            break
+                        s.queue.popleft()
+                        moved = True
+            self.draining = [s for s in self.draining if s.queue]
+
+    def _enqueue(self, s: _FakeStream, op: list[Any]) -> None:
+        if not s.queue:
+            s.clock = max(s.clock, time.monotonic())
+        s.queue.append(op)
+
+    def _run(self, s: _FakeStream, op: list[Any]) -> bool:
+        kind = op[0]
+        if kind == "record":
+            op[1].done = True
+            op[1].ts = s.clock
+            return True
+        if kind == "wait":
+            return bool(op[1].done)
+        if kind == "copy":
+            _, dst, src, count = op
+            ctypes.memmove(dst, src, count)
+            return True
+        module, name, params = op[1], op[2], op[3]
+        try:
+            return self._kernel(s, op, module, name, params)
+        except _Fault as fault:
+            self.sticky = fault.code
+            return True
+
+    def _kernel(
+        self, s: _FakeStream, op: list[Any], module: _FakeModule, name: str, params: bytes
+    ) -> bool:
+        if name == "vector_add":
+            x, y, z, n = struct.unpack("<QQQI", params)
+            np.add(self._dev_array(x, n), self._dev_array(y, n), out=self._dev_array(z, n))
+        elif name == "axpy":
+            x, y, a, n = struct.unpack("<QQfI", params)
+            yv = self._dev_array(y, n)
+            yv[:] = F32(a) * self._dev_array(x, n) + yv
+        elif name == "scale":
+            x, y, tiling = struct.unpack("<QQQ", params)
+            n, factor = struct.unpack("<If", self._dev_read(tiling, 8))
+            np.multiply(self._dev_array(x, n), F32(factor), out=self._dev_array(y, n))
+        elif name == "matmul":
+            a, b, c, tiling = struct.unpack("<QQQQ", params)
+            m, n, k = struct.unpack("<III", self._dev_read(tiling, 12))
+            av = self._dev_array(a, m * k).reshape(m, k)
+            bv = self._dev_array(b, k * n).reshape(k, n)
+            np.matmul(av, bv, out=self._dev_array(c, m * n).reshape(m, n))
+        elif name == "sleep":
+            (microseconds,) = struct.unpack("<I", params)
+            if len(op) == 4:
+                op.append(s.clock + microseconds / 1e6)
+            if time.monotonic() < op[4]:
+                return False
+            s.clock = op[4]
+        elif name == "fault":
+            (code,) = struct.unpack("<I", params)
+            control = module.global_buf[0]
+            if control:
+                ctypes.c_uint32.from_address(control).value = code or 507015
+            raise _Fault(719)
+        elif name == "hang":
+            control = module.global_buf[0]
+            if not control or not ctypes.c_uint32.from_address(control + 4).value:
+                return False
+            s.clock = time.monotonic()
+        return True
+
+    # --- init, contexts -----------------------------------------------------------------
+
+    def cuInit(self, flags: int) -> tuple[int]:
+        return (0,)
+
+    def cuDeviceGetCount(self) -> tuple[int, int]:
+        return 0, 1
+
+    def cuDeviceGet(self, ordinal: int) -> tuple[int, int]:
+        return (0, ordinal) if ordinal == 0 else (101, 0)
+
+    def cuDeviceGetAttribute(self, attr: int, dev: int) -> tuple[int, int]:
+        return 0, 9 if attr == 75 else 0
+
+    def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple[int, int]:
+        self.refcount += 1
+        return 0, self.ctx
+
+    def _destroy_context(self) -> None:
+        self.generation += 1
+        self.sticky = 0
+        self.streams.clear()
+        self.draining.clear()
+        self.events.clear()
+        self.modules.clear()
+        self.functions.clear()
+        self.device.clear()
+
+    def cuDevicePrimaryCtxRelease(self, dev: int) -> tuple[int]:
+        self.refcount -= 1
+        if self.refcount == 0:
+            self._destroy_context()
+        return (0,)
+
+    def cuDevicePrimaryCtxReset(self, dev: int) -> tuple[int]:
+        self.resets += 1
+        self._destroy_context()
+        return (0,)
+
+    def cuCtxSetCurrent(self, ctx: int) -> tuple[int]:
+        self._tls.ctx = ctx
+        return (0,)
+
+    def cuCtxPushCurrent(self, ctx: int) -> tuple[int]:
+        stack = self._tls.__dict__.setdefault("stack", [])
+        stack.append(getattr(self._tls, "ctx", None))
+        self._tls.ctx = ctx
+        return (0,)
+
+    def cuCtxPopCurrent(self) -> tuple[int, Any]:
+        popped = getattr(self._tls, "ctx", None)
+        self._tls.ctx = self._tls.stack.pop()
+        return 0, popped
+
+    def cuGetErrorString(self, err: FakeResult) -> tuple[int, bytes]:
+        return 0, f"fake driver: {err.name}".encode()
+
+    # --- streams and events -----------------------------------------------------------------
+
+    def cuStreamCreate(self, flags: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        handle = self._id()
+        self.streams[handle] = _FakeStream()
+        return 0, handle
+
+    def cuStreamDestroy(self, stream: int) -> tuple[int]:
+        if getattr(self._tls, "ctx", None) != self.ctx:
+            return (201,)
+        s = self.streams.pop(stream, None)
+        if s is None:
+            return (400,)
+        if s.queue:
+            self.draining.append(s)
+        return (self.sticky,)
+
+    def cuStreamQuery(self, stream: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        self.progress()
+        s = self.streams.get(stream)
+        if s is None:
+            return (400,)
+        if self.sticky:
+            return (self.sticky,)
+        return (600 if s.queue else 0,)
+
+    def cuStreamWaitEvent(self, stream: int, event: int, flags: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        s, ev = self.streams.get(stream), self.events.get(event)
+        if s is None or ev is None:
+            return (400,)
+        if ev.current is not None and not ev.current.done:
+            self._enqueue(s, ["wait", ev.current])
+        return (0,)
+
+    def cuEventCreate(self, flags: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        handle = self._id()
+        self.events[handle] = _FakeEvent(timed=not flags & 0x2)
+        return 0, handle
+
+    def cuEventDestroy(self, event: int) -> tuple[int]:
+        if self.events.pop(event, None) is None:
+            return (400,)
+        return (self.sticky,)
+
+    def cuEventRecord(self, event: int, stream: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        s, ev = self.streams.get(stream), self.events.get(event)
+        if s is None or ev is None:
+            return (400,)
+        rec = _Recording()
+        self._enqueue(s, ["record", rec])
+        ev.current = rec
+        return (0,)
+
+    def cuEventQuery(self, event: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        self.progress()
+        ev = self.events.get(event)
+        if ev is None:
+            return (400,)
+        if self.sticky:
+            return (self.sticky,)
+        return (0 if ev.current is None or ev.current.done else 600,)
+
+    def cuEventElapsedTime(self, start: int, end: int) -> tuple[int, float | None]:
+        if code := self._need():
+            return code, None
+        self.progress()
+        a, b = self.events.get(start), self.events.get(end)
+        if a is None or b is None or not a.timed or not b.timed:
+            return 400, None
+        if a.current is None or b.current is None:
+            return 400, None
+        if not (a.current.done and b.current.done):
+            return 600, None
+        return 0, (b.current.ts - a.current.ts) * 1000.0
+
+    # --- memory -----------------------------------------------------------------------------
+
+    def cuMemAlloc(self, size: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        return 0, self._alloc(self.device, size, 256)
+
+    def cuMemFree(self, ptr: int) -> tuple[int]:
+        if self.device.pop(ptr, None) is None:
+            return (1,)
+        return (self.sticky,)
+
+    def cuMemHostAlloc(self, size: int, flags: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        return 0, self._alloc(self.host, size, 4096)
+
+    def cuMemFreeHost(self, ptr: int) -> tuple[int]:
+        return (0,) if self.host.pop(ptr, None) is not None else (1,)
+
+    def cuMemHostGetDevicePointer(self, ptr: int, flags: int) -> tuple[int, int]:
+        return 0, ptr  # unified addressing
+
+    def _copy(
+        self, dst: int, src: int, count: int, stream: int, device_side: list[int]
+    ) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        s = self.streams.get(stream)
+        if s is None:
+            return (400,)
+        if any(not self.in_device(addr, count) for addr in device_side):
+            return (1,)
+        self._enqueue(s, ["copy", dst, src, count])
+        return (0,)
+
+    def cuMemcpyHtoDAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
+        return self._copy(dst, src, count, stream, [dst])
+
+    def cuMemcpyDtoHAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
+        return self._copy(dst, src, count, stream, [src])
+
+    def cuMemcpyDtoDAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
+        return self._copy(dst, src, count, stream, [dst, src])
+
+    def cuMemcpyHtoD(self, dst: int, src: int, count: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        is_global = any(m.global_addr == dst for m in self.modules.values())
+        if not is_global and not self.in_device(dst, count):
+            return (1,)
+        ctypes.memmove(dst, src, count)
+        return (0,)
+
+    # --- modules and launches -----------------------------------------------------------
+
+    def cuModuleLoadData(self, image: bytes) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        if image == _FAKE_BUILTINS:
+            kernels = parse_kernel_signatures(KERNEL_SOURCE)
+        elif image.startswith(_FAKE_SOURCE):
+            kernels = parse_kernel_signatures(image[len(_FAKE_SOURCE) :].decode())
+        else:
+            return 200, None  # CUDA_ERROR_INVALID_IMAGE
+        handle = self._id()
+        self.modules[handle] = _FakeModule(kernels)
+        return 0, handle
+
+    def cuModuleUnload(self, module: int) -> tuple[int]:
+        if self.modules.pop(module, None) is None:
+            return (400,)
+        return (self.sticky,)
+
+    def cuModuleGetFunction(self, module: int, name: bytes) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        mod = self.modules.get(module)
+        if mod is None:
+            return 400, None
+        if name.decode() not in mod.kernels:
+            return 500, None
+        handle = self._id()
+        self.functions[handle] = (mod, name.decode())
+        return 0, handle
+
+    def cuModuleGetGlobal(self, module: int, name: bytes) -> tuple[int, Any, Any]:
+        if code := self._need():
+            return code, None, None
+        mod = self.modules.get(module)
+        if mod is None or name != b"aio_ctl":
+            return 500, None, None
+        return 0, mod.global_addr, 8
+
+    def cuFuncGetParamInfo(self, func: int, index: int) -> tuple[int, Any, Any]:
+        mod, name = self.functions[func]
+        types = mod.kernels[name]
+        if index >= len(types):
+            return 1, None, None
+        offsets, _ = c_param_layout(types)
+        size = 8 if types[index].endswith("*") else _C_SIZES[types[index]]
+        return 0, offsets[index], size
+
+    def param_size(self, func: int) -> int:
+        mod, name = self.functions[func]
+        return c_param_layout(mod.kernels[name])[1]
+
+    def cuLaunchKernel(
+        self,
+        f: int,
+        gx: int,
+        gy: int,
+        gz: int,
+        bx: int,
+        by: int,
+        bz: int,
+        shared: int,
+        stream: int,
+        kernel_params: Any,
+        extra: int,
+    ) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        if f not in self.functions or stream not in self.streams:
+            return (400,)
+        if not (1 <= gx < 2**31 and gy == gz == 1 and 1 <= bx <= 1024 and by == bz == 1):
+            return (1,)
+        if kernel_params is not None:
+            return (1,)  # the runtime always uses the parameter buffer
+        expected = self.param_size(f)
+        entries: list[int] = []
+        if extra:
+            array = (ctypes.c_void_p * 5).from_address(extra)
+            entries = [int(v or 0) for v in array]
+            if entries[0] != 1 or entries[2] != 2 or entries[4] != 0:
+                return (1,)
+            size = ctypes.c_size_t.from_address(entries[3]).value
+            if size != expected:
+                return (1,)  # the driver wants the exact parameter size
+            params = ctypes.string_at(entries[1], size)  # copied during the call
+        else:
+            if expected:
+                return (1,)
+            params = b""
+        mod, name = self.functions[f]
+        self.launches.append(
+            {"name": name, "grid": gx, "block": bx, "params": params, "extra": entries}
+        )
+        self._enqueue(self.streams[stream], ["kernel", mod, name, params])
+        return (0,)
