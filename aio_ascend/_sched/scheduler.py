@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -484,12 +485,14 @@ class Scheduler:
         runtime = self.bound()
         self._submitter.stop()
         self._poller.stop()
+        # The poller goes first (it never waits on the device for long): once it is gone,
+        # nothing done to the streams below can be reported as a completion (a stream
+        # destroyed by force may read complete, or fail every query).
+        await self._join(self._poller.thread)
         if forced or self.faults.first is not None:
-            # Unblock threads stuck in runtime calls (full queues, hung kernels) first.
+            # Unblock a submitter stuck in a runtime call (a full queue, a hung stream).
             self._destroy_lanes()
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
-        while self._threads_alive() and time.monotonic() < deadline:  # noqa: ASYNC110
-            await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
+        await self._join(self._submitter.thread)
         # What is left never completed. Once the streams are gone nothing on the device can
         # touch its memory: fail the tasks and release everything.
         self._destroy_lanes()
@@ -529,8 +532,11 @@ class Scheduler:
         for waiter in waiters:
             self.adapter.wake(waiter)
 
-    def _threads_alive(self) -> bool:
-        return self._submitter.thread.is_alive() or self._poller.thread.is_alive()
+    @staticmethod
+    async def _join(thread: threading.Thread) -> None:
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        while thread.is_alive() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
 
     def _destroy_lanes(self) -> None:
         runtime = self.bound()
