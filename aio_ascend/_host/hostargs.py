@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .._runtime.abi import MAX_PLACEHOLDERS, PLACEHOLDER_INFO_SIZE, UINT32_MAX
+
 BytesLike = bytes | bytearray | memoryview
 
 __all__ = [
@@ -31,10 +33,11 @@ __all__ = [
 
 #: default cap on ``nbytes`` (the runtime's args-handle path caps at 64 KiB as well)
 DEFAULT_MAX_NBYTES = 64 * 1024
-#: default cap on the number of placeholders (ACL allows at most 128 parameters)
-DEFAULT_MAX_PLACEHOLDERS = 128
-_ARGS_SIZE_LIMIT = 2**32 - 1
-_PLACEHOLDER_ENTRY = struct.Struct("<II")
+#: default cap on the number of placeholders: the runtime's (one per pointer parameter)
+DEFAULT_MAX_PLACEHOLDERS = MAX_PLACEHOLDERS
+_ARGS_SIZE_LIMIT = UINT32_MAX
+_PLACEHOLDER_ENTRY = struct.Struct("<II")  # aclrtPlaceHolderInfo
+assert _PLACEHOLDER_ENTRY.size == PLACEHOLDER_INFO_SIZE
 
 
 class SupportsDevicePointer(Protocol):
@@ -148,8 +151,11 @@ class HostArgs:
             raise ValueError(f"max_nbytes={max_nbytes} must be in 8..{_ARGS_SIZE_LIMIT}")
         if isinstance(max_placeholders, bool) or not isinstance(max_placeholders, int):
             raise TypeError("max_placeholders must be an int")
-        if max_placeholders < 0:
-            raise ValueError(f"max_placeholders={max_placeholders} must be >= 0")
+        if not 0 <= max_placeholders <= MAX_PLACEHOLDERS:
+            raise ValueError(
+                f"max_placeholders={max_placeholders} must be in 0..{MAX_PLACEHOLDERS} "
+                "(the runtime's placeholder limit)"
+            )
         self._max_nbytes = max_nbytes
         self._max_placeholders = max_placeholders
         # (offset, bytes) of each argument in the argument area

@@ -313,7 +313,7 @@ def test_hostargs_caps_against_the_reference(max_nbytes: Any, max_placeholders: 
         problems.append((ValueError, "max_nbytes"))
     if isinstance(max_placeholders, bool) or not isinstance(max_placeholders, int):
         problems.append((TypeError, "max_placeholders"))
-    elif max_placeholders < 0:
+    elif not 0 <= max_placeholders <= 128:  # the runtime's placeholder limit
         problems.append((ValueError, "max_placeholders"))
     if not problems:
         aa.HostArgs(max_nbytes=max_nbytes, max_placeholders=max_placeholders)
