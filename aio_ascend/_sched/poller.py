@@ -78,6 +78,8 @@ class Poller:
         #: work of a broken context, never observed complete: released at close
         self.orphans: list[Request] = []
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: a batch was recorded (the submitter thread calls it)
+        self.add: Callable[[Batch], None] = self._inbox.put
         self._on_exit: Callable[[], None] | None = None
         self._outstanding: dict[int, deque[Batch]] = {}  # by stream handle
         self._pending = 0  # batches in _outstanding
@@ -89,9 +91,6 @@ class Poller:
 
     # --- any thread ------------------------------------------------------------------------
 
-    def add(self, batch: Batch) -> None:
-        """A batch was recorded (submitter thread)."""
-        self._inbox.put(batch)
 
     def stop(self, *, then: Callable[[], None] | None = None) -> None:
         """Ask the thread to exit after its current round (and to call ``then`` on its way)."""

@@ -139,7 +139,16 @@ class KernelContext:
     :ivar name: the kernel's name
     """
 
-    __slots__ = ("_busy", "_fault", "_hung", "_memory", "args", "args_addr", "blocks", "name")
+    __slots__ = (
+        "_memory",
+        "args",
+        "args_addr",
+        "blocks",
+        "busy_seconds",
+        "is_hung",
+        "name",
+        "raised_fault",
+    )
 
     def __init__(
         self, memory: DeviceMemory, name: str, blocks: int, args: bytes, args_addr: int
@@ -149,9 +158,12 @@ class KernelContext:
         self.blocks = blocks
         self.args = args
         self.args_addr = args_addr
-        self._busy = 0.0
-        self._hung = False
-        self._fault: DeviceFault | None = None
+        #: device time charged so far with :meth:`busy` (read by the executor afterwards)
+        self.busy_seconds = 0.0
+        #: whether the body called :meth:`hang`
+        self.is_hung = False
+        #: the first fault the body raised (:meth:`fault`, a bad access), if any
+        self.raised_fault: DeviceFault | None = None
 
     # --- decoding the args buffer ----------------------------------------------------------
 
@@ -186,7 +198,7 @@ class KernelContext:
         try:
             data, offset = self._memory.resolve(addr, nbytes, f"kernel {self.name!r} access")
         except DeviceFault as fault:
-            self._fault = self._fault or fault
+            self.raised_fault = self.raised_fault or fault
             raise
         return data[offset : offset + nbytes].view(dt)
 
@@ -201,7 +213,7 @@ class KernelContext:
         fault = DeviceFault(
             int(code) or _AICORE_EXCEPTION, message or f"kernel {self.name!r} faulted"
         )
-        self._fault = self._fault or fault
+        self.raised_fault = self.raised_fault or fault
         raise fault
 
     def busy(self, seconds: float) -> None:
@@ -210,26 +222,11 @@ class KernelContext:
         Other streams keep running meanwhile; later work on this stream waits.
         """
         if seconds > 0:
-            self._busy += float(seconds)
-
-    @property
-    def busy_seconds(self) -> float:
-        """Device time charged so far with :meth:`busy` (read by the executor afterwards)."""
-        return self._busy
-
-    @property
-    def is_hung(self) -> bool:
-        """Whether the body called :meth:`hang`."""
-        return self._hung
-
-    @property
-    def raised_fault(self) -> DeviceFault | None:
-        """The first fault the body raised (:meth:`fault`, a bad access), if any."""
-        return self._fault
+            self.busy_seconds += float(seconds)
 
     def hang(self) -> None:
         """Never finish: the stream stays occupied until it is force-destroyed or closed."""
-        self._hung = True
+        self.is_hung = True
 
 
 def describe_exception(name: str, exc: BaseException) -> str:
