@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
-from .work import Delivery
+from .task import resolve_task
+from .work import Delivery, Outcome
 
 __all__ = ["MAX_RESOLVED_PER_TURN", "MAX_WAKES_PER_TURN", "DeliveryQueue"]
 
@@ -21,20 +23,24 @@ MAX_WAKES_PER_TURN = 128
 class DeliveryQueue:
     """Delivered completions not yet resolved.
 
-    :param resolve: applies one delivery; returns how many coroutines it woke
+    Resolving one finishes its task (unless the watchdog did already) and frees its stream
+    slot (unless the device is still running timed-out work), handing the slot to the oldest
+    admission waiter.
+
+    :param wake: wakes an admission waiter (the loop adapter's ``wake``)
     :param call_soon: schedules a callback on a later loop turn
-    :param on_empty: called when a drain has emptied the queue
+    :param settled: called after each drain with how many requests it settled
     """
 
     def __init__(
         self,
-        resolve: Callable[[Delivery], int],
+        wake: Callable[[Any], None],
         call_soon: Callable[[Callable[[], None]], None],
-        on_empty: Callable[[], None],
+        settled: Callable[[int], None],
     ) -> None:
-        self._resolve = resolve
+        self._wake = wake
         self._call_soon = call_soon
-        self._on_empty = on_empty
+        self._settled = settled
         self._queue: deque[Delivery] = deque()
         self._drain_scheduled = False
 
@@ -51,16 +57,32 @@ class DeliveryQueue:
         """Resolve up to one turn's budget; schedule the next turn if any is left."""
         self._drain_scheduled = False
         completed = self._queue
-        resolve = self._resolve
+        popleft = completed.popleft
+        wake = self._wake
         limit = MAX_RESOLVED_PER_TURN if budget else len(completed)
         wake_limit = MAX_WAKES_PER_TURN if budget else len(completed) * 2 + 1
-        wakes = 0
+        wakes = settled = 0
+        # One loop, no call per item but the task's own: this runs for every request
+        # (bench "loop lag ... while issuing": p99 +1 ms with a method call per item).
         for _ in range(min(len(completed), limit)):
-            wakes += resolve(completed.popleft())
+            request, error, outcome = popleft()
+            if outcome is not Outcome.FINISHED_LATE:
+                wakes += resolve_task(request.task, error)
+                if not request.settled:
+                    request.settled = True
+                    settled += 1
+            if outcome is not Outcome.TIMED_OUT:
+                admission = request.lane.admission
+                if admission.queue:
+                    waiter = admission.leave()
+                    if waiter is not None:
+                        wake(waiter)
+                        wakes += 1
+                else:
+                    admission.in_flight -= 1  # Admission.leave with nobody queued
             if wakes >= wake_limit:
                 break
         if completed and not self._drain_scheduled:
             self._drain_scheduled = True
             self._call_soon(self.drain)
-        elif not completed:
-            self._on_empty()
+        self._settled(settled)

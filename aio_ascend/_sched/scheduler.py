@@ -41,7 +41,6 @@ from .work import (
     Delivery,
     EventRecord,
     Launch,
-    Outcome,
     RecordEvent,
     Request,
     WaitEvent,
@@ -104,7 +103,7 @@ class Scheduler:
             lambda handle: self.bound().destroy_event(handle),
         )
         self._batch_events = BatchEvents(runtime)
-        self._delivery = DeliveryQueue(self._resolve, adapter.call_soon, self._on_delivered)
+        self._delivery = DeliveryQueue(adapter.wake, adapter.call_soon, self._on_settled)
         self._counters = Counters()  # the loop side's own
         self.lanes: list[Lane] = []
         self._modules: list[int] = []
@@ -399,23 +398,9 @@ class Scheduler:
         if deliveries and self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
             counters.wakeups += 1
 
-    def _resolve(self, delivery: Delivery) -> int:
-        request, error, outcome = delivery
-        wakes = 0
-        if outcome is not Outcome.FINISHED_LATE:
-            wakes += resolve_task(request.task, error)
-            if not request.settled:
-                request.settled = True
-                self.unsettled -= 1
-        if outcome is not Outcome.TIMED_OUT:
-            admission = request.lane.admission
-            if admission.queue:
-                wakes += self._release_slot(request.lane)
-            else:
-                admission.in_flight -= 1  # Admission.leave with nobody queued, inlined (hot)
-        return wakes
-
-    def _on_delivered(self) -> None:
+    def _on_settled(self, count: int) -> None:
+        # After each drain: `count` requests no longer count towards aclose()'s wait.
+        self.unsettled -= count
         if self.unsettled == 0 and self._idle_waiters:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:

@@ -25,6 +25,7 @@ from aio_ascend._sched.faults import FaultState, as_device_fault, classify_refus
 from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.lifetimes import Allocation, Lifetimes
 from aio_ascend._sched.scheduler import flush_now
+from aio_ascend._sched.task import Task
 from aio_ascend._sched.watchdog import expire
 from aio_ascend._sched.work import Batch, Outcome, Request
 
@@ -99,8 +100,11 @@ def test_flush_now(pending: int, flush_at: int, now: bool) -> None:
 
 
 class _Loop:
+    """call_soon into a list of turns; waiters are lists that record their wake-up."""
+
     def __init__(self) -> None:
         self.scheduled: deque[Callable[[], None]] = deque()
+        self.woken: list[object] = []
 
     def call_soon(self, fn: Callable[[], None]) -> None:
         self.scheduled.append(fn)
@@ -109,9 +113,30 @@ class _Loop:
         for _ in range(len(self.scheduled)):
             self.scheduled.popleft()()
 
+    def wake(self, waiter: object) -> None:
+        self.woken.append(waiter)
+
+
+class _Adapter:
+    def __init__(self, loop: _Loop) -> None:
+        self.wake = loop.wake
+
+
+def _deliveries(
+    loop: _Loop, count: int, awaiters: int, outcome: Outcome = Outcome.FINISHED
+) -> tuple[Lane, list[Any]]:
+    lane = Lane(1, 10**6)
+    lane.admission.in_flight = count
+    out = []
+    for i in range(count):
+        task = Task(_Adapter(loop), lambda: None, "launch")  # type: ignore[arg-type]
+        task._waiters = [f"t{i}w{k}" for k in range(awaiters)]
+        out.append((_Req(lane, task, None, ()), None, outcome))
+    return lane, out
+
 
 @pytest.mark.parametrize(
-    ("count", "wakes_each", "turns"),
+    ("count", "awaiters", "turns"),
     [
         (10, 1, 1),
         (MAX_WAKES_PER_TURN, 1, 1),
@@ -121,36 +146,60 @@ class _Loop:
         (3000, 0, 3),  # nobody woken: only the loose cap on resolutions applies (1024 a turn)
     ],
 )
-def test_deliveries_are_resolved_in_bounded_chunks(count: int, wakes_each: int, turns: int) -> None:
+def test_deliveries_are_resolved_in_bounded_chunks(count: int, awaiters: int, turns: int) -> None:
     loop = _Loop()
-    resolved: list[object] = []
-    emptied: list[int] = []
-
-    def resolve(delivery: Any) -> int:
-        resolved.append(delivery)
-        return wakes_each
-
-    queue = DeliveryQueue(resolve, loop.call_soon, lambda: emptied.append(len(resolved)))
-    queue.deliver([(i, None, Outcome.FINISHED) for i in range(count)])  # type: ignore[misc]
+    settled: list[int] = []
+    queue = DeliveryQueue(loop.wake, loop.call_soon, settled.append)
+    lane, deliveries = _deliveries(loop, count, awaiters)
+    queue.deliver(deliveries)
     seen = 1
     while loop.scheduled:
         loop.run_turn()
         seen += 1
     assert seen == turns
-    assert [d[0] for d in resolved] == list(range(count))  # type: ignore[index]
-    assert emptied and emptied[-1] == count
+    assert sum(settled) == count and lane.admission.in_flight == 0
+    assert all(request.task.done() for request, _, _ in deliveries)
+    assert len(loop.woken) == count * awaiters
+    assert loop.woken[:2] == (["t0w0", "t0w1"] if awaiters == 2 else loop.woken[:2])
 
 
 def test_a_delivery_while_a_drain_is_due_waits_for_that_drain() -> None:
     loop = _Loop()
-    resolved: list[object] = []
-    queue = DeliveryQueue(lambda d: resolved.append(d) or 1, loop.call_soon, lambda: None)
-    queue.deliver([(i, None, Outcome.FINISHED) for i in range(MAX_WAKES_PER_TURN + 5)])  # type: ignore[misc]
-    assert len(resolved) == MAX_WAKES_PER_TURN
-    queue.deliver([("late", None, Outcome.FINISHED)])  # type: ignore[list-item]
-    assert len(resolved) == MAX_WAKES_PER_TURN  # not resolved out of turn
+    queue = DeliveryQueue(loop.wake, loop.call_soon, lambda count: None)
+    _, first = _deliveries(loop, MAX_WAKES_PER_TURN + 5, 1)
+    queue.deliver(first)
+    assert len(loop.woken) == MAX_WAKES_PER_TURN
+    _, late = _deliveries(loop, 1, 1)
+    queue.deliver(late)
+    assert len(loop.woken) == MAX_WAKES_PER_TURN  # not resolved out of turn
     loop.run_turn()
-    assert len(resolved) == MAX_WAKES_PER_TURN + 6 and len(queue) == 0
+    assert len(loop.woken) == MAX_WAKES_PER_TURN + 6 and len(queue) == 0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "resolved", "slot_freed", "settled"),
+    [
+        (Outcome.FINISHED, True, True, 1),
+        (Outcome.TIMED_OUT, True, False, 1),  # the device may still run it: keep the slot
+        (Outcome.FINISHED_LATE, False, True, 0),  # the watchdog resolved it already
+    ],
+)
+def test_outcomes(outcome: Outcome, resolved: bool, slot_freed: bool, settled: int) -> None:
+    loop = _Loop()
+    counts: list[int] = []
+    lane, deliveries = _deliveries(loop, 1, 0, outcome)
+    DeliveryQueue(loop.wake, loop.call_soon, counts.append).deliver(deliveries)
+    assert deliveries[0][0].task.done() is resolved
+    assert lane.admission.in_flight == (0 if slot_freed else 1)
+    assert counts == [settled]
+
+
+def test_a_freed_slot_goes_to_the_oldest_admission_waiter() -> None:
+    loop = _Loop()
+    lane, deliveries = _deliveries(loop, 1, 0)
+    lane.admission.enqueue("admit-me")
+    DeliveryQueue(loop.wake, loop.call_soon, lambda count: None).deliver(deliveries)
+    assert loop.woken == ["admit-me"] and lane.admission.in_flight == 1
 
 
 # --- watchdog -----------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def test_no_import_cycles() -> None:
         stack.append(node)
         for target in sorted(graph[node]):
             if state.get(target) == 1:
-                cycles.append([*stack[stack.index(target):], target])
+                cycles.append([*stack[stack.index(target) :], target])
             elif target not in state:
                 visit(target)
         stack.pop()
