@@ -22,6 +22,7 @@ from typing import Final
 from .._errors import AclCode, InvalidParamError
 
 __all__ = [
+    "ACL_STREAM_CAPACITY",
     "ACL_CONTINUE_ON_FAILURE",
     "ACL_ERROR_INVALID_PARAM",
     "ACL_ERROR_REPEAT_INITIALIZE",
@@ -126,6 +127,10 @@ MAX_NUM_BLOCKS: Final = 65535
 MAX_PLACEHOLDERS: Final = 128
 #: ``sizeof(aclrtPlaceHolderInfo)``: two uint32 (addrOffset, dataOffset).
 PLACEHOLDER_INFO_SIZE: Final = 8
+#: runtime queue entries one stream holds before a submitting call blocks: maxTaskNumPerStream,
+#: 2013 on A2/A3 (2042 on Atlas training, 2014 on 950; acl-runtime.md §8). Every launch, copy,
+#: event record or wait takes one entry; the lowest of the published values is used.
+ACL_STREAM_CAPACITY: Final = 2013
 
 _PLACEHOLDER_INFO = struct.Struct("<II")
 assert _PLACEHOLDER_INFO.size == PLACEHOLDER_INFO_SIZE

@@ -39,6 +39,9 @@ class Runtime(Protocol):
     name: str
     #: the device this runtime is bound to
     device_id: int
+    #: queue entries one stream holds before a submitting call blocks (each launch, copy,
+    #: event record or wait takes one); the scheduler never lets a stream reach it
+    stream_capacity: int
 
     # --- context and lifecycle -------------------------------------------------------------
 

@@ -1,7 +1,14 @@
-"""Per-stream admission: at most ``limit`` requests in flight, further callers queue FIFO.
+"""Per-stream admission: a bound on requests in flight and on runtime queue entries.
 
-Pure bookkeeping: this module never wakes anybody itself. Each method returns the waiter the
-caller must wake (or ``None``), so the decisions are testable without a loop or threads.
+Two budgets apply to each stream: at most ``limit`` requests in flight (the user's
+``max_in_flight``), and at most ``entry_budget`` runtime queue entries (the backend's stream
+capacity), so that a submitting call can never block on a full queue. Every request takes one
+entry of its own and may take one more for the completion event recorded after its batch: a
+request reserves :data:`ENTRIES_PER_REQUEST` when admitted, and the entry it turns out not to
+need (it does not close a batch) is refunded when the batch is formed.
+
+Callers that do not fit wait in FIFO order. Pure bookkeeping: nothing here wakes anybody; each
+method returns the waiters the caller must wake, so the decisions are testable without a loop.
 """
 
 from __future__ import annotations
@@ -9,11 +16,14 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-__all__ = ["Admission", "Ticket"]
+__all__ = ["ENTRIES_PER_REQUEST", "Admission", "Ticket"]
+
+#: entries a request reserves: its own, and its share of a batch completion event at most
+ENTRIES_PER_REQUEST = 2
 
 
 class Ticket:
-    """One caller waiting for a slot; ``granted`` once a slot was handed to it."""
+    """One caller waiting for admission; ``granted`` once a slot was handed to it."""
 
     __slots__ = ("granted", "waiter")
 
@@ -23,65 +33,95 @@ class Ticket:
 
 
 class Admission:
-    """The in-flight count of one stream and the queue of callers waiting for a slot."""
+    """The in-flight requests and runtime queue entries of one stream, and its waiters.
 
-    __slots__ = ("in_flight", "limit", "queue")
+    :ivar in_flight: requests admitted and not yet finished on the device
+    :ivar entries: runtime queue entries they hold (reserved or in the queue)
+    """
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("entries", "entry_budget", "in_flight", "limit", "queue")
+
+    def __init__(self, limit: int, entry_budget: int) -> None:
+        if entry_budget < ENTRIES_PER_REQUEST:
+            raise ValueError(f"entry_budget={entry_budget}: at least {ENTRIES_PER_REQUEST}")
         self.limit = limit
+        self.entry_budget = entry_budget
         self.in_flight = 0
+        self.entries = 0
         self.queue: deque[Ticket] = deque()
 
+    def fits(self) -> bool:
+        """Whether one more request fits both budgets now."""
+        return (
+            self.in_flight < self.limit
+            and self.entries + ENTRIES_PER_REQUEST <= self.entry_budget
+        )
+
     def try_enter(self) -> bool:
-        """Take a slot at once if one is free and nobody is queued ahead (FIFO fairness)."""
-        if self.in_flight < self.limit and not self.queue:
-            self.in_flight += 1
-            return True
-        return False
+        """Admit at once if the request fits and nobody is queued ahead (FIFO fairness)."""
+        if self.queue or not self.fits():
+            return False
+        self.in_flight += 1
+        self.entries += ENTRIES_PER_REQUEST
+        return True
 
     def enqueue(self, waiter: Any) -> Ticket:
-        """Queue a caller; it holds a slot once its ticket is granted."""
+        """Queue a caller; it is admitted once its ticket is granted."""
         ticket = Ticket(waiter)
         self.queue.append(ticket)
         return ticket
 
-    def withdraw(self, ticket: Ticket) -> Any:
-        """A queued caller gives up (cancelled). Returns a waiter to wake, if any.
+    def withdraw(self, ticket: Ticket) -> list[Any]:
+        """A queued caller gives up (cancelled): the waiters to wake.
 
-        A ticket granted in the meantime holds a slot: it passes on to the next in line.
+        A ticket granted in the meantime holds its admission: it passes on to those in line.
         """
         if ticket.granted:
-            return self.leave()
+            return self.release(ENTRIES_PER_REQUEST)
         self.queue.remove(ticket)
-        return None
+        return []
 
-    def leave(self) -> Any:
-        """A request of this stream finished: its slot goes to the oldest queued caller.
-
-        Returns that caller's waiter (to wake), or ``None`` if the slot became free.
-        """
-        queue = self.queue
-        while queue:
-            ticket = queue.popleft()
-            if not ticket.granted:
-                ticket.granted = True
-                return ticket.waiter
+    def release(self, entries: int) -> list[Any]:
+        """A request finished (or was never built) and gives back ``entries``: whom to wake."""
         self.in_flight -= 1
-        return None
+        self.entries -= entries
+        return self.grant() if self.queue else []
+
+    def refund(self, entries: int) -> list[Any]:
+        """Reserved entries that turned out unneeded (batch formed): whom to wake."""
+        self.entries -= entries
+        return self.grant() if self.queue else []
+
+    def grant(self) -> list[Any]:
+        """Admit queued callers, oldest first, while they fit: their waiters."""
+        woken = []
+        queue = self.queue
+        while queue and self.fits():
+            ticket = queue.popleft()
+            ticket.granted = True
+            self.in_flight += 1
+            self.entries += ENTRIES_PER_REQUEST
+            woken.append(ticket.waiter)
+        return woken
 
     def grant_all(self) -> list[Any]:
-        """On close: every queued caller gets a slot (to re-check the state and raise)."""
+        """On close: every queued caller is admitted (to re-check the state and raise)."""
         woken = []
         while self.queue:
             ticket = self.queue.popleft()
             ticket.granted = True
             self.in_flight += 1
+            self.entries += ENTRIES_PER_REQUEST
             woken.append(ticket.waiter)
         return woken
 
     def reset(self) -> None:
         """The stream is gone (destroyed by force): nothing of it is in flight any more."""
         self.in_flight = 0
+        self.entries = 0
 
     def __repr__(self) -> str:
-        return f"<Admission {self.in_flight}/{self.limit} queued={len(self.queue)}>"
+        return (
+            f"<Admission {self.in_flight}/{self.limit} entries {self.entries}/"
+            f"{self.entry_budget} queued={len(self.queue)}>"
+        )

@@ -23,9 +23,9 @@ MAX_WAKES_PER_TURN = 128
 class DeliveryQueue:
     """Delivered completions not yet resolved.
 
-    Resolving one finishes its task (unless the watchdog did already) and frees its stream
-    slot (unless the device is still running timed-out work), handing the slot to the oldest
-    admission waiter.
+    Resolving one finishes its task (unless the watchdog did already) and gives back its
+    admission (unless the device is still running timed-out work), admitting the oldest
+    waiters that then fit.
 
     :param wake: wakes an admission waiter (the loop adapter's ``wake``)
     :param call_soon: schedules a callback on a later loop turn
@@ -74,12 +74,12 @@ class DeliveryQueue:
             if outcome is not Outcome.TIMED_OUT:
                 admission = request.lane.admission
                 if admission.queue:
-                    waiter = admission.leave()
-                    if waiter is not None:
+                    for waiter in admission.release(request.entries):
                         wake(waiter)
                         wakes += 1
-                else:
-                    admission.in_flight -= 1  # Admission.leave with nobody queued
+                else:  # Admission.release with nobody queued, inlined
+                    admission.in_flight -= 1
+                    admission.entries -= request.entries
             if wakes >= wake_limit:
                 break
         if completed and not self._drain_scheduled:

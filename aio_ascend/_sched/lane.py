@@ -16,16 +16,16 @@ class Lane:
     """One runtime stream as the scheduler sees it.
 
     :ivar handle: the runtime stream
-    :ivar admission: the stream's in-flight bound and admission queue
+    :ivar admission: the stream's bounds (requests, runtime queue entries) and its waiters
     :ivar closed: no new request is admitted
     :ivar last: the latest task queued on it (``synchronize`` waits for it)
     """
 
     __slots__ = ("admission", "closed", "handle", "last")
 
-    def __init__(self, handle: int, max_in_flight: int) -> None:
+    def __init__(self, handle: int, max_in_flight: int, entry_budget: int) -> None:
         self.handle = handle
-        self.admission = Admission(max_in_flight)
+        self.admission = Admission(max_in_flight, entry_budget)
         self.closed = False
         self.last: Task | None = None
 

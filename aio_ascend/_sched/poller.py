@@ -47,6 +47,8 @@ class Poller:
     """The thread ``aio_ascend-poll-<device>`` and the outstanding batches only it touches.
 
     :param post: hands deliveries to the loop (non-blocking; counts a wake-up when it did)
+    :param inbox: where the submitter puts recorded batches
+    :param expire_waiting: the watchdog's look at hops the submitter has not taken yet
     """
 
     def __init__(
@@ -58,6 +60,8 @@ class Poller:
         lifetimes: Lifetimes,
         batch_events: BatchEvents,
         post: Callable[[list[Delivery], Counters], None],
+        inbox: queue.SimpleQueue[Any],
+        expire_waiting: Callable[[float], tuple[int, list[Delivery]]],
         mode: CompletionMode,
         task_timeout: float,
         poll_min_interval: float = 5e-6,
@@ -77,9 +81,8 @@ class Poller:
         self.counters = Counters()
         #: work of a broken context, never observed complete: released at close
         self.orphans: list[Request] = []
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        #: a batch was recorded (the submitter thread calls it)
-        self.add: Callable[[Batch], None] = self._inbox.put
+        self._inbox = inbox  # recorded batches, from the submitter
+        self._expire_waiting = expire_waiting
         self._on_exit: Callable[[], None] | None = None
         self._outstanding: dict[int, deque[Batch]] = {}  # by stream handle
         self._pending = 0  # batches in _outstanding
@@ -167,8 +170,9 @@ class Poller:
         if now >= self._next_deadline_check:
             self._next_deadline_check = now + WATCHDOG_PERIOD_S
             expired, deliveries = expire(self._outstanding.values(), now, self._task_timeout)
-            self.counters.timeouts += expired
-            self._post(deliveries, self.counters)
+            never_started, more = self._expire_waiting(now)
+            self.counters.timeouts += expired + never_started
+            self._post(deliveries + more, self.counters)
         if block:
             return True
         # Nothing finished: wait (GIL released) for the interval or for new work.

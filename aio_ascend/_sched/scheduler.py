@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from .._host.pool import HostBufferPool
 from .._launch_config import LaunchConfig
 from .._runtime import Runtime
 from .._runtime.abi import ACL_STOP_ON_FAILURE
+from .admission import ENTRIES_PER_REQUEST
+from .batching import Hop, form_batches
 from .binding import ContextBinding
 from .counters import Counters, total
 from .delivery import DeliveryQueue
@@ -110,22 +113,16 @@ class Scheduler:
         self._pending: list[Request] = []
         self._flush_scheduled = False
         self._flush_at = min(batch_cap, FLUSH_AT)
+        self._batch_cap = batch_cap
+        self._task_timeout = task_timeout
+        self._hop_lock = threading.Lock()
         #: a full batch went out inside a call: the next admission yields to the loop once
         self.yield_due = False
         self.unsettled = 0  # admitted requests aclose() still waits for
         self.peak_in_flight = 0
         self._idle_waiters: list[Any] = []
         self._close_waiters: list[Any] = []
-        self._poller = Poller(
-            runtime=runtime,
-            device_id=self.device_id,
-            faults=self.faults,
-            lifetimes=self.lifetimes,
-            batch_events=self._batch_events,
-            post=self._post,
-            mode=completion,
-            task_timeout=task_timeout,
-        )
+        batches: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._submitter = Submitter(
             runtime=runtime,
             device_id=self.device_id,
@@ -133,9 +130,20 @@ class Scheduler:
             lifetimes=self.lifetimes,
             batch_events=self._batch_events,
             post=self._post,
-            to_poller=self._poller.add,
+            to_poller=batches.put,
             task_timeout=task_timeout,
-            batch_cap=batch_cap,
+        )
+        self._poller = Poller(
+            runtime=runtime,
+            device_id=self.device_id,
+            faults=self.faults,
+            lifetimes=self.lifetimes,
+            batch_events=self._batch_events,
+            post=self._post,
+            inbox=batches,
+            expire_waiting=self._submitter.expire_waiting,
+            mode=completion,
+            task_timeout=task_timeout,
         )
         self._submitter.thread.start()
         self._poller.thread.start()
@@ -179,7 +187,7 @@ class Scheduler:
         except BaseException:
             runtime.destroy_stream_force(handle)
             raise
-        lane = Lane(handle, max_in_flight)
+        lane = Lane(handle, max_in_flight, self.runtime.stream_capacity)
         self.lanes.append(lane)
         return lane
 
@@ -208,9 +216,14 @@ class Scheduler:
             return False
         admission = lane.admission
         # Admission.try_enter, inlined: the launch hot path (bench "(c) scheduler" row: ~0.1 us)
-        if admission.in_flight >= admission.limit or admission.queue:
+        if (
+            admission.in_flight >= admission.limit
+            or admission.entries + ENTRIES_PER_REQUEST > admission.entry_budget
+            or admission.queue
+        ):
             return False
         admission.in_flight += 1
+        admission.entries += ENTRIES_PER_REQUEST
         if admission.in_flight > self.peak_in_flight:
             self.peak_in_flight = admission.in_flight
         self.unsettled += 1
@@ -251,8 +264,7 @@ class Scheduler:
         try:
             await adapter.wait(ticket.waiter)
         except BaseException:
-            waiter = admission.withdraw(ticket)
-            if waiter is not None:
+            for waiter in admission.withdraw(ticket):
                 adapter.wake(waiter)
             raise
         if (
@@ -272,13 +284,10 @@ class Scheduler:
         self.unsettled -= 1
         self._release_slot(lane)
 
-    def _release_slot(self, lane: Lane) -> int:
-        # The slot passes to the oldest waiter, if any: 1 if one was woken.
-        waiter = lane.admission.leave()
-        if waiter is None:
-            return 0
-        self.adapter.wake(waiter)
-        return 1
+    def _release_slot(self, lane: Lane, entries: int = ENTRIES_PER_REQUEST) -> None:
+        # A request of `lane` is done with its admission: waiters that now fit are admitted.
+        for waiter in lane.admission.release(entries):
+            self.adapter.wake(waiter)
 
     # --- requests (loop thread, after admission) -------------------------------------------
 
@@ -388,7 +397,12 @@ class Scheduler:
         """Hand the pending requests to the submitter in one hop."""
         if self._pending:
             pending, self._pending = self._pending, []
-            self._submitter.submit(pending)
+            for lane, entries in form_batches(pending, self._batch_cap).items():
+                for waiter in lane.admission.refund(entries):
+                    self.adapter.wake(waiter)
+            # The watchdog's clock starts now, within a loop tick of admission.
+            deadline = time.monotonic() + self._task_timeout
+            self._submitter.submit(Hop(pending, deadline, self._hop_lock))
         self.user_events.recycle()
 
     # --- completions (loop thread) ---------------------------------------------------------
@@ -481,7 +495,7 @@ class Scheduler:
                 for request in pending:
                     request.settled = True
                     self.unsettled -= 1
-                    self._release_slot(request.lane)
+                    self._release_slot(request.lane, request.entries)
                     resolve_task(request.task, ClosedError("dropped by aclose(cancel=True)"))
             else:
                 self.flush()

@@ -1,7 +1,9 @@
 """The submitter thread: hands each loop tick's requests to the runtime in one hop.
 
-For every stream in the hop it submits the requests in call order, then records one
-completion event per batch (at most ``batch_cap`` requests) and passes the batch to the poller.
+It submits the hop's requests in call order and records a completion event after each request
+that closes a batch (see :mod:`.batching`), passing the batch to the poller. A hop it reaches
+only after its deadline is never submitted. Since admission keeps every stream below its queue
+capacity, no submitting call waits on the device.
 It is the only thread that makes runtime calls which can wait on the device.
 """
 
@@ -10,12 +12,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import InternalError, RuntimeAPIError, derived_error
+from .._errors import InternalError, RuntimeAPIError, TaskTimeoutError, derived_error
 from .._runtime import Runtime
 from .._runtime.threads import GIL_SLICE_S, yield_gil
+from .batching import Hop
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, classify_refusal
@@ -46,7 +50,6 @@ class Submitter:
         post: Callable[[list[Delivery], Counters], None],
         to_poller: Callable[[Batch], None],
         task_timeout: float,
-        batch_cap: int,
     ) -> None:
         self._runtime = runtime
         self._faults = faults
@@ -55,71 +58,114 @@ class Submitter:
         self._post = post
         self._to_poller = to_poller
         self._task_timeout = task_timeout
-        self._batch_cap = batch_cap
         self.counters = Counters()
         #: submitted work whose completion can never be observed (its batch event could not be
         #: recorded): its resources are released at close, after the streams are destroyed
         self.orphans: list[Request] = []
         self._probe_event: int | None = None  # never recorded: see _context_is_healthy
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        #: hops handed over and not yet taken, oldest first (read by the watchdog)
+        self.waiting: deque[Hop] = deque()
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
 
     # --- any thread ------------------------------------------------------------------------
 
-    def submit(self, requests: list[Request]) -> None:
+    def submit(self, hop: Hop) -> None:
         """Hand one tick's requests over (loop thread, non-blocking)."""
-        self._inbox.put(requests)
+        self.waiting.append(hop)
+        self._inbox.put(hop)
 
     def stop(self) -> None:
         """Ask the thread to exit once it has finished the hop it is in."""
         self._inbox.put(_STOP)
 
     def unsubmitted(self) -> list[Request]:
-        """Requests still queued for the thread (call only after it has exited)."""
+        """Requests of hops nobody took (call only after the thread has exited)."""
         out: list[Request] = []
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return out
-            if isinstance(item, list):
-                out.extend(item)
+            if isinstance(item, Hop) and item.take():
+                out.extend(item.requests)
+
+    def expire_waiting(self, now: float) -> tuple[int, list[Delivery]]:
+        """The watchdog (poller thread): fail the hops still waiting past their deadline.
+
+        Their requests never reach the runtime; what they held is released at once.
+        """
+        expired = 0
+        deliveries: list[Delivery] = []
+        for hop in list(self.waiting):
+            if hop.deadline > now:
+                break
+            if hop.expire():
+                expired += 1
+                deliveries.extend(self._never_started(hop))
+        return expired, deliveries
+
+    def _never_started(self, hop: Hop) -> list[Delivery]:
+        self._lifetimes.release(hop.requests)
+        return [
+            (
+                req,
+                TaskTimeoutError(
+                    f"{req.kind} was not submitted within task_timeout={self._task_timeout:g}s "
+                    "(it never reached the device)"
+                ),
+                Outcome.FINISHED,
+            )
+            for req in hop.requests
+        ]
 
     # --- the thread ------------------------------------------------------------------------
 
     def _main(self) -> None:
         self._runtime.set_current_context()
         get = self._inbox.get
+        waiting = self.waiting
         while True:
             # No reference to past work may survive in this frame while it blocks: it would
             # keep finished requests (and through their tasks the public objects) alive.
             item = get()
             if item is _STOP:
                 return
+            while waiting and waiting[0] is not item:
+                waiting.popleft()  # expired by the watchdog
+            if waiting:
+                waiting.popleft()
+            if not item.take():
+                del item
+                continue
             try:
-                self._hop(item)
+                if time.monotonic() >= item.deadline:
+                    self.counters.timeouts += 1
+                    self._post(self._never_started(item), self.counters)
+                else:
+                    self._hop(item)
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
                 failures: list[Delivery] = [
                     (req, InternalError(f"submitter failed: {exc!r}"), Outcome.FINISHED)
-                    for req in item
+                    for req in item.requests
                 ]
                 self._post(failures, self.counters)
                 del failures
             del item
 
-    def _hop(self, requests: list[Request]) -> None:
+    def _hop(self, hop: Hop) -> None:
         runtime = self._runtime
         launch = runtime.launch_kernel_with_host_args
         counters = self.counters
         faults = self._faults
-        cap = self._batch_cap
+        deadline = hop.deadline
         open_batches: dict[Lane, list[Request]] = {}
         broken: dict[Lane, BaseException] = {}
         failures: list[Delivery] = []
         slice_end = time.perf_counter() + GIL_SLICE_S
-        for index, req in enumerate(requests):
+        for index, req in enumerate(hop.requests):
             if index & 31 == 31 and time.perf_counter() > slice_end:
                 yield_gil()
                 slice_end = time.perf_counter() + GIL_SLICE_S
@@ -157,17 +203,19 @@ class Submitter:
                 req.on_refused(error)
                 self._lifetimes.release((req,))
                 failures.append((req, error, Outcome.FINISHED))
-                continue
-            batch = open_batches.get(lane)
-            if batch is None:
-                batch = open_batches[lane] = []
-            batch.append(req)
-            if len(batch) >= cap:
-                self._close_batch(lane, batch, failures)
-                open_batches[lane] = []
-        for lane, batch in open_batches.items():
+            else:
+                batch = open_batches.get(lane)
+                if batch is None:
+                    open_batches[lane] = [req]
+                else:
+                    batch.append(req)
+            if req.closes_batch:
+                batch = open_batches.pop(lane, None)
+                if batch:
+                    self._close_batch(lane, batch, deadline, failures)
+        for lane, batch in open_batches.items():  # only if batches were not marked
             if batch:
-                self._close_batch(lane, batch, failures)
+                self._close_batch(lane, batch, deadline, failures)
         self._post(failures, counters)
 
     def _classify(self, exc: BaseException) -> BaseException:
@@ -183,7 +231,9 @@ class Submitter:
             return False
         return True
 
-    def _close_batch(self, lane: Lane, requests: list[Request], failures: list[Delivery]) -> None:
+    def _close_batch(
+        self, lane: Lane, requests: list[Request], deadline: float, failures: list[Delivery]
+    ) -> None:
         try:
             event = self._events.take()
             self._runtime.record_event(event, lane.handle)
@@ -194,4 +244,4 @@ class Submitter:
             failures.extend((req, error, Outcome.FINISHED) for req in requests)
             return
         self.counters.batches += 1
-        self._to_poller(Batch(lane, requests, event, time.monotonic() + self._task_timeout))
+        self._to_poller(Batch(lane, requests, event, deadline))

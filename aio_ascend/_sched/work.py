@@ -53,7 +53,7 @@ class Outcome(enum.Enum):
 class Request(ABC):
     """One operation on one stream. Subclasses implement :meth:`submit`."""
 
-    __slots__ = ("buffers", "host", "lane", "settled", "task")
+    __slots__ = ("buffers", "closes_batch", "entries", "host", "lane", "settled", "task")
     kind = "request"
     #: whether it counts as a launch, a copy or neither in ``Device.stats()``
     is_launch = False
@@ -74,6 +74,10 @@ class Request(ABC):
         self.buffers = buffers
         # set once the request no longer counts towards aclose()'s wait (released or timed out)
         self.settled = False
+        # runtime queue entries it holds (admission.ENTRIES_PER_REQUEST until its batch is
+        # formed), and whether the batch's completion event is recorded after it
+        self.entries = 2
+        self.closes_batch = False
 
     @abstractmethod
     def submit(self, runtime: Runtime, stream: int) -> None:
@@ -115,6 +119,8 @@ class Launch(Request):
         self.host = host
         self.buffers = buffers
         self.settled = False
+        self.entries = 2
+        self.closes_batch = False
         self.func = func
         self.blocks = blocks
         self.cfg = cfg

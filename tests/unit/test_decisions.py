@@ -18,7 +18,8 @@ from aio_ascend._errors import (
     InvalidParamError,
     TaskTimeoutError,
 )
-from aio_ascend._sched.admission import Admission
+from aio_ascend._sched.admission import ENTRIES_PER_REQUEST, Admission
+from aio_ascend._sched.batching import Hop, form_batches
 from aio_ascend._sched.counters import Counters, total
 from aio_ascend._sched.delivery import MAX_WAKES_PER_TURN, DeliveryQueue
 from aio_ascend._sched.faults import FaultState, as_device_fault, classify_refusal, fail_batches
@@ -33,48 +34,71 @@ from aio_ascend._sched.work import Batch, Outcome, Request
 
 
 @pytest.mark.parametrize(
-    ("limit", "in_flight", "queued", "admitted"),
+    ("limit", "budget", "in_flight", "entries", "queued", "admitted"),
     [
-        (1, 0, 0, True),
-        (1, 1, 0, False),
-        (4, 3, 0, True),
-        (4, 2, 1, False),  # a free slot, but someone is queued ahead: FIFO
-        (4, 4, 0, False),
+        (1, 100, 0, 0, 0, True),
+        (1, 100, 1, 2, 0, False),  # request bound reached
+        (4, 100, 3, 6, 0, True),
+        (4, 100, 2, 4, 1, False),  # room, but someone is queued ahead: FIFO
+        (4, 100, 4, 8, 0, False),
+        (100, 10, 4, 8, 0, True),  # 8 + 2 entries fit a budget of 10 ...
+        (100, 10, 4, 9, 0, False),  # ... 9 + 2 do not: the runtime queue would fill
+        (100, 2, 0, 0, 0, True),
     ],
 )
-def test_try_enter(limit: int, in_flight: int, queued: int, admitted: bool) -> None:
-    admission = Admission(limit)
-    admission.in_flight = in_flight
+def test_try_enter(
+    limit: int, budget: int, in_flight: int, entries: int, queued: int, admitted: bool
+) -> None:
+    admission = Admission(limit, budget)
+    admission.in_flight, admission.entries = in_flight, entries
     for i in range(queued):
         admission.enqueue(f"w{i}")
     assert admission.try_enter() is admitted
     assert admission.in_flight == in_flight + int(admitted)
+    assert admission.entries == entries + ENTRIES_PER_REQUEST * int(admitted)
 
 
-def test_a_freed_slot_passes_to_the_oldest_waiter_in_order() -> None:
-    admission = Admission(1)
+def test_an_entry_budget_below_one_request_is_refused() -> None:
+    with pytest.raises(ValueError, match="entry_budget"):
+        Admission(4, 1)
+
+
+def test_a_finished_request_admits_the_oldest_waiters_in_order() -> None:
+    admission = Admission(1, 100)
     assert admission.try_enter()
     tickets = [admission.enqueue(name) for name in ("a", "b", "c")]
-    assert [admission.leave() for _ in range(3)] == ["a", "b", "c"]
+    assert [admission.release(2) for _ in range(3)] == [["a"], ["b"], ["c"]]
     assert all(ticket.granted for ticket in tickets)
-    assert admission.in_flight == 1  # each slot passed on, never freed in between
-    assert admission.leave() is None
-    assert admission.in_flight == 0
+    assert (admission.in_flight, admission.entries) == (1, 2)
+    assert admission.release(2) == []
+    assert (admission.in_flight, admission.entries) == (0, 0)
 
 
-def test_a_cancelled_waiter_leaves_the_queue_or_passes_its_granted_slot_on() -> None:
-    admission = Admission(1)
+def test_refunded_entries_admit_waiters_that_now_fit() -> None:
+    admission = Admission(100, 6)
+    for _ in range(3):
+        assert admission.try_enter()
+    admission.enqueue("x")
+    admission.enqueue("y")
+    assert admission.refund(1) == []  # 5 entries held: one more needs 2
+    assert admission.refund(2) == ["x"]  # 3 held + 2 = 5 <= 6; y would need 7
+    assert (admission.in_flight, admission.entries) == (4, 5)
+    assert admission.release(1) == ["y"]
+
+
+def test_a_cancelled_waiter_leaves_the_queue_or_passes_its_admission_on() -> None:
+    admission = Admission(1, 100)
     admission.try_enter()
     first, second = admission.enqueue("a"), admission.enqueue("b")
-    assert admission.withdraw(first) is None  # not granted yet: just leaves
+    assert admission.withdraw(first) == []  # not granted yet: just leaves
     assert list(admission.queue) == [second]
-    assert admission.leave() == "b"  # b got the slot ...
-    assert admission.withdraw(second) is None  # ... and gave it up: it is free again
-    assert admission.in_flight == 0
+    assert admission.release(2) == ["b"]  # b got in ...
+    assert admission.withdraw(second) == []  # ... and gave it up: nothing held any more
+    assert (admission.in_flight, admission.entries) == (0, 0)
 
 
-def test_grant_all_on_close_hands_every_waiter_a_slot() -> None:
-    admission = Admission(2)
+def test_grant_all_on_close_hands_every_waiter_an_admission() -> None:
+    admission = Admission(2, 100)
     admission.try_enter()
     admission.try_enter()
     for name in "xyz":
@@ -82,7 +106,39 @@ def test_grant_all_on_close_hands_every_waiter_a_slot() -> None:
     assert admission.grant_all() == ["x", "y", "z"]
     assert admission.in_flight == 5 and not admission.queue
     admission.reset()
-    assert admission.in_flight == 0
+    assert (admission.in_flight, admission.entries) == (0, 0)
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lanes", "cap", "closing", "refunds"),
+    [
+        ("a", 8, [0], {}),
+        ("aaa", 8, [2], {"a": 2}),
+        ("aaaaa", 2, [1, 3, 4], {"a": 2}),
+        ("abab", 8, [2, 3], {"a": 1, "b": 1}),
+        ("aabbbab", 2, [1, 3, 5, 6], {"a": 1, "b": 2}),
+    ],
+)
+def test_form_batches(lanes: str, cap: int, closing: list[int], refunds: dict[str, int]) -> None:
+    by_name = {name: Lane(i + 1, 100, 100) for i, name in enumerate(sorted(set(lanes)))}
+    requests = [_Req(by_name[name], None, None, ()) for name in lanes]  # type: ignore[arg-type]
+    got = form_batches(requests, cap)
+    assert [i for i, r in enumerate(requests) if r.closes_batch] == closing
+    assert {name: got[lane] for name, lane in by_name.items() if lane in got} == refunds
+    # entries held: one each, plus one per batch event
+    assert sum(r.entries for r in requests) == len(requests) + len(closing)
+
+
+def test_a_hop_is_either_taken_or_expired() -> None:
+    import threading
+
+    lock = threading.Lock()
+    taken, expired = Hop([], 1.0, lock), Hop([], 1.0, lock)
+    assert taken.take() and not taken.expire()
+    assert expired.expire() and not expired.take()
 
 
 # --- flushing -----------------------------------------------------------------------------
@@ -125,8 +181,9 @@ class _Adapter:
 def _deliveries(
     loop: _Loop, count: int, awaiters: int, outcome: Outcome = Outcome.FINISHED
 ) -> tuple[Lane, list[Any]]:
-    lane = Lane(1, 10**6)
+    lane = Lane(1, 10**6, 10**7)
     lane.admission.in_flight = count
+    lane.admission.entries = 2 * count
     out = []
     for i in range(count):
         task = Task(_Adapter(loop), lambda: None, "launch")  # type: ignore[arg-type]
@@ -157,7 +214,7 @@ def test_deliveries_are_resolved_in_bounded_chunks(count: int, awaiters: int, tu
         loop.run_turn()
         seen += 1
     assert seen == turns
-    assert sum(settled) == count and lane.admission.in_flight == 0
+    assert sum(settled) == count and lane.admission.in_flight == lane.admission.entries == 0
     assert all(request.task.done() for request, _, _ in deliveries)
     assert len(loop.woken) == count * awaiters
     assert loop.woken[:2] == (["t0w0", "t0w1"] if awaiters == 2 else loop.woken[:2])
@@ -200,6 +257,7 @@ def test_a_freed_slot_goes_to_the_oldest_admission_waiter() -> None:
     lane.admission.enqueue("admit-me")
     DeliveryQueue(loop.wake, loop.call_soon, lambda count: None).deliver(deliveries)
     assert loop.woken == ["admit-me"] and lane.admission.in_flight == 1
+    assert lane.admission.entries == ENTRIES_PER_REQUEST
 
 
 # --- watchdog -----------------------------------------------------------------------------
@@ -229,7 +287,7 @@ def _batch(lane: Lane, deadline: float, size: int = 2) -> Batch:
 def test_watchdog_expires_batches_past_their_deadline(
     deadlines: list[float], now: float, expired: int
 ) -> None:
-    lane = Lane(1, 8)
+    lane = Lane(1, 8, 100)
     batches = [_batch(lane, d) for d in deadlines]
     count, deliveries = expire([batches], now, task_timeout=3.0)
     assert count == expired
@@ -278,7 +336,7 @@ def test_only_the_first_fault_is_the_device_fault() -> None:
 
 
 def test_fail_batches_gives_the_first_fault_to_one_request_only() -> None:
-    lane = Lane(1, 8)
+    lane = Lane(1, 8, 100)
     batches = [_batch(lane, 9.0, size=3), _batch(lane, 9.0, size=2)]
     fault = as_device_fault(ContextNullError("context gone", code=107002))
     deliveries = fail_batches(batches, fault, fault)

@@ -31,6 +31,7 @@ from ..abi import (
     ACL_MEM_MALLOC_HUGE_FIRST,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_HOST_TO_DEVICE,
+    ACL_STREAM_CAPACITY,
     INT32_MAX,
     MAX_NUM_BLOCKS,
     MAX_PLACEHOLDERS,
@@ -169,8 +170,15 @@ class AclRuntime:
 
     name = "acl"
 
-    def __init__(self, library: AclLibrary, device_id: int, context: int) -> None:
+    def __init__(
+        self,
+        library: AclLibrary,
+        device_id: int,
+        context: int,
+        stream_capacity: int = ACL_STREAM_CAPACITY,
+    ) -> None:
         self.device_id = device_id
+        self.stream_capacity = stream_capacity
         self.library_path = library.path
         self._library = library
         self._fn: dict[str, Any] = library.functions
@@ -578,9 +586,15 @@ def _check_launch(
 
 
 def open_acl_runtime(
-    device_id: int, *, library_path: str | os.PathLike[str] | None = None
+    device_id: int,
+    *,
+    library_path: str | os.PathLike[str] | None = None,
+    stream_capacity: int = ACL_STREAM_CAPACITY,
 ) -> AclRuntime:
     """Open ``device_id`` through ``libascendcl.so`` and bind its new context to this thread.
+
+    :param stream_capacity: runtime queue entries per stream (the SoC's maxTaskNumPerStream;
+        default the lowest published value, 2013)
 
     ``aclInit`` (once per process), ``aclrtSetDevice``, ``aclrtCreateContext``.
     :raises BackendUnavailableError: the library cannot be loaded (the message lists every
@@ -588,6 +602,7 @@ def open_acl_runtime(
         initialised ACL.
     """
     device_id = _in_range("device_id", device_id, 0, INT32_MAX)
+    stream_capacity = _in_range("stream_capacity", stream_capacity, 2, INT32_MAX)
     library = load_library(library_path)
     library.ensure_initialised()
     fn = library.functions
@@ -603,7 +618,7 @@ def open_acl_runtime(
         raise
     if not context.value:
         raise InternalError("aclrtCreateContext returned a NULL context", func="aclrtCreateContext")
-    return AclRuntime(library, device_id, context.value)
+    return AclRuntime(library, device_id, context.value, stream_capacity)
 
 
 def _after_fork_in_child() -> None:

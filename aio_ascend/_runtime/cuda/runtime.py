@@ -121,6 +121,9 @@ class CudaRuntime(CudaCore):
     """One NVIDIA GPU through ``cuda.bindings.driver``. Create with :func:`open_cuda_runtime`."""
 
     name = "cuda"
+    #: CUDA documents no limit; its launch queue blocks the host at about a thousand pending
+    #: launches per stream, so the scheduler stays below that
+    stream_capacity = 1024
 
     # --- streams -----------------------------------------------------------------------
 

@@ -204,6 +204,7 @@ class DeviceExecutor:
         self.device_id = device_id
         self.time_model = bool(time_model)
         self.max_queue_depth = max_queue_depth
+        self.stream_capacity = max_queue_depth
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
