@@ -32,12 +32,12 @@ def _completion_mode(completion: object) -> CompletionMode:
         raise ValueError(f"completion={completion!r}: expected 'poll' or 'block'") from None
 
 
-def _check_task_timeout(task_timeout: object) -> float:
-    if isinstance(task_timeout, bool) or not isinstance(task_timeout, int | float):
-        raise TypeError("task_timeout must be a number of seconds")
-    if not (task_timeout > 0 and math.isfinite(task_timeout)):
-        raise ValueError(f"task_timeout={task_timeout!r} must be a finite number > 0")
-    return float(task_timeout)
+def _check_seconds(name: str, seconds: object) -> float:
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {type(seconds).__name__}")
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"{name}={seconds!r} must be a finite number > 0")
+    return float(seconds)
 
 
 class Device:
@@ -63,9 +63,11 @@ class Device:
         task_timeout: float = 600.0,
         debug: bool = False,
         batch_cap: int = 512,
+        close_timeout: float = 5.0,
     ) -> None:
         mode = _completion_mode(completion)
-        timeout = _check_task_timeout(task_timeout)
+        timeout = _check_seconds("task_timeout", task_timeout)
+        self.close_timeout = _check_seconds("close_timeout", close_timeout)
         self.backend: str = runtime.name
         self.device_id: int = runtime.device_id
         self.completion = completion
@@ -172,7 +174,13 @@ class Device:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        if exc_type is None:
+            await self.aclose()
+        else:
+            # Left by an exception or a cancellation (Ctrl-C, a server shutting down): drop
+            # what was not submitted and force the rest after close_timeout, never waiting
+            # for task_timeout.
+            await self.aclose(cancel=True, timeout=self.close_timeout)
 
     def __repr__(self) -> str:
         scheduler = self._scheduler
@@ -230,7 +238,7 @@ class _DeviceOpener:
         tb: TracebackType | None,
     ) -> None:
         if self._device is not None:
-            await self._device.aclose()
+            await self._device.__aexit__(exc_type, exc, tb)
 
 
 def open_device(
@@ -241,6 +249,7 @@ def open_device(
     task_timeout: float = 600.0,
     debug: bool = False,
     batch_cap: int = 512,
+    close_timeout: float = 5.0,
     runtime_options: Mapping[str, Any] | None = None,
 ) -> _DeviceOpener:
     """Open device ``device_id`` on ``backend``: ``async with open_device(0) as dev: ...``.
@@ -252,6 +261,9 @@ def open_device(
     :param task_timeout: seconds after which an unfinished task fails with ``TaskTimeoutError``
     :param debug: poison released host buffers and check guard bytes (finds lifetime bugs)
     :param batch_cap: most requests of one stream in one batch (one completion event each)
+    :param close_timeout: seconds a device block left by an exception or a cancellation
+        waits for submitted work before it destroys the streams by force (unsubmitted work
+        is dropped at once)
     :param runtime_options: keyword options for the backend (sim: ``time_model=True``, ...)
     """
     if backend != "auto":
@@ -261,6 +273,7 @@ def open_device(
         "task_timeout": task_timeout,
         "debug": debug,
         "batch_cap": batch_cap,
+        "close_timeout": close_timeout,
         "runtime_options": dict(runtime_options or {}),
     }
     return _DeviceOpener(kwargs, device_id, backend)

@@ -53,8 +53,7 @@ class Admission:
     def fits(self) -> bool:
         """Whether one more request fits both budgets now."""
         return (
-            self.in_flight < self.limit
-            and self.entries + ENTRIES_PER_REQUEST <= self.entry_budget
+            self.in_flight < self.limit and self.entries + ENTRIES_PER_REQUEST <= self.entry_budget
         )
 
     def try_enter(self) -> bool:

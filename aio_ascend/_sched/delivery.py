@@ -44,6 +44,14 @@ class DeliveryQueue:
         self._queue: deque[Delivery] = deque()
         self._drain_scheduled = False
 
+    def rebind(
+        self, wake: Callable[[Any], None], call_soon: Callable[[Callable[[], None]], None]
+    ) -> None:
+        """Deliver into another loop from now on (the first one has finished)."""
+        self._wake = wake
+        self._call_soon = call_soon
+        self._drain_scheduled = False
+
     def __len__(self) -> int:
         return len(self._queue)
 

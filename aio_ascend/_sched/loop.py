@@ -37,6 +37,10 @@ class LoopAdapter(ABC):
         """Whether the caller runs in this loop (on its thread)."""
 
     @abstractmethod
+    def is_closed(self) -> bool:
+        """Whether the loop has finished (no callback will ever run on it again)."""
+
+    @abstractmethod
     def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
         """Run ``fn(*args)`` on a later loop iteration (caller is on the loop thread)."""
 
@@ -71,6 +75,9 @@ class _AsyncioAdapter(LoopAdapter):
 
     def is_current(self) -> bool:
         return _running_loop() is self.loop
+
+    def is_closed(self) -> bool:
+        return self.loop.is_closed()
 
     def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
         self.loop.call_soon(fn, *args)
@@ -116,6 +123,13 @@ class _TrioAdapter(LoopAdapter):
     def is_current(self) -> bool:
         return self._current_token() is self.token
 
+    def is_closed(self) -> bool:
+        try:
+            self.token.run_sync_soon(_nothing)
+        except self._trio.RunFinishedError:
+            return True
+        return False
+
     def call_soon(self, fn: Callable[..., object], *args: Any) -> None:
         self.token.run_sync_soon(fn, *args)
 
@@ -137,6 +151,10 @@ class _TrioAdapter(LoopAdapter):
 
     async def checkpoint(self) -> None:
         await self._trio.lowlevel.checkpoint()
+
+
+def _nothing() -> None:
+    pass
 
 
 def current_loop_adapter() -> LoopAdapter:

@@ -94,7 +94,6 @@ class Poller:
 
     # --- any thread ------------------------------------------------------------------------
 
-
     def stop(self, *, then: Callable[[], None] | None = None) -> None:
         """Ask the thread to exit after its current round (and to call ``then`` on its way)."""
         self._on_exit = then

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import queue
 import threading
 import time
@@ -34,7 +35,7 @@ from .events import BatchEvents, UserEvents
 from .faults import FaultState
 from .lane import Lane
 from .lifetimes import Allocation, Lifetimes
-from .loop import LoopAdapter
+from .loop import LoopAdapter, current_loop_adapter
 from .poller import CompletionMode, Poller
 from .submitter import Submitter
 from .task import Task, resolve_task
@@ -51,10 +52,13 @@ from .work import (
 
 __all__ = ["DeviceState", "Scheduler", "flush_now"]
 
+log = logging.getLogger("aio_ascend")
+
 #: pending requests that make a batch go out at once instead of at the end of the tick
 FLUSH_AT = 256
-#: how long aclose() waits for the threads to exit before it gives up on them
-JOIN_TIMEOUT_S = 10.0
+#: how long aclose() waits for its threads to exit (after forcing the streams, if it had to)
+#: before it abandons a thread stuck in a runtime call
+JOIN_TIMEOUT_S = 2.0
 
 
 class DeviceState(enum.Enum):
@@ -116,6 +120,8 @@ class Scheduler:
         self._batch_cap = batch_cap
         self._task_timeout = task_timeout
         self._hop_lock = threading.Lock()
+        self._post_lock = threading.Lock()
+        self._undelivered: list[Delivery] = []
         #: a full batch went out inside a call: the next admission yields to the loop once
         self.yield_due = False
         self.unsettled = 0  # admitted requests aclose() still waits for
@@ -408,9 +414,30 @@ class Scheduler:
     # --- completions (loop thread) ---------------------------------------------------------
 
     def _post(self, deliveries: list[Delivery], counters: Counters) -> None:
-        # Library threads: one non-blocking hop into the loop for a round's deliveries.
-        if deliveries and self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
-            counters.wakeups += 1
+        # Library threads: one non-blocking hop into the loop for a round's deliveries. If the
+        # loop has finished they wait for aclose() from another loop (see _adopt_loop).
+        if not deliveries:
+            return
+        with self._post_lock:
+            if self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
+                counters.wakeups += 1
+            else:
+                self._undelivered.extend(deliveries)
+
+    def _adopt_loop(self) -> None:
+        # aclose() from another loop, the opening one having finished: continue on this one.
+        adapter = current_loop_adapter()
+        with self._post_lock:
+            self.adapter = adapter
+            self._loop_now = adapter.current
+            self._loop_identity = adapter.identity
+            self._delivery.rebind(adapter.wake, adapter.call_soon)
+            undelivered, self._undelivered = self._undelivered, []
+        log.info(
+            "device %d: closing from another event loop (the first one finished)", self.device_id
+        )
+        if undelivered:
+            self._delivery.deliver(undelivered)
 
     def _on_settled(self, count: int) -> None:
         # After each drain: `count` requests no longer count towards aclose()'s wait.
@@ -480,7 +507,19 @@ class Scheduler:
         cancel: bool,
         timeout: float | None,  # noqa: ASYNC109 - bounds the work
     ) -> None:
-        """Finish or drop outstanding work, stop the threads, release everything (shielded)."""
+        """Finish or drop outstanding work, stop the threads, release everything (shielded).
+
+        From another event loop: allowed once the opening loop has finished (the device
+        continues on this one); while that loop still runs, RuntimeError and nothing changes.
+        """
+        if not self.adapter.is_current():
+            if not self.adapter.is_closed():
+                raise RuntimeError(
+                    "aclose() was called from another event loop (or thread) while the loop "
+                    "that opened the device is still running: close it from that loop"
+                )
+            if self.state is not DeviceState.CLOSED:
+                self._adopt_loop()
         if self.state is not DeviceState.OPEN:
             if self.state is DeviceState.CLOSING:  # another caller is closing: wait for it
                 waiter = self.adapter.new_waiter()
@@ -513,14 +552,17 @@ class Scheduler:
         runtime = self.bound()
         self._submitter.stop()
         self._poller.stop()
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
         # The poller goes first (it never waits on the device for long): once it is gone,
         # nothing done to the streams below can be reported as a completion (a stream
         # destroyed by force may read complete, or fail every query).
-        await self._join(self._poller.thread)
-        if forced or self.faults.first is not None:
-            # Unblock a submitter stuck in a runtime call (a full queue, a hung stream).
+        await self._join(self._poller.thread, deadline)
+        if forced or self.faults.first is not None or self._poller.thread.is_alive():
+            # Unblock a thread stuck in a runtime call (a full queue, a hung stream).
             self._destroy_lanes()
-        await self._join(self._submitter.thread)
+        await self._join(self._submitter.thread, deadline)
+        await self._join(self._poller.thread, deadline)
+        stuck = [t.name for t in (self._submitter.thread, self._poller.thread) if t.is_alive()]
         # What is left never completed. Once the streams are gone nothing on the device can
         # touch its memory: fail the tasks and release everything.
         self._destroy_lanes()
@@ -529,19 +571,42 @@ class Scheduler:
         self._pending = []
         for batch in self._poller.leftover_batches():
             leftovers.extend(batch.requests)
-        self.lifetimes.release(leftovers)
+        if stuck:
+            leftovers.extend(self._submitter.in_progress())
+        else:
+            self.lifetimes.release(leftovers)
         for request in leftovers:
             resolve_task(
                 request.task,
                 TaskTimeoutError(f"{request.kind} did not finish before aclose() gave up")
-                if forced
+                if forced or stuck
                 else ClosedError(f"{request.kind} was dropped when the device closed"),
             )
+        self._delivery.drain(budget=False)  # completions delivered but not yet resolved
+        self.unsettled = 0
+        if stuck:
+            # Returning on time wins over freeing: whatever the stuck call may still touch
+            # (host buffers, events, the runtime itself) is leaked, never freed under it.
+            log.error(
+                "device %d: %s still inside a runtime call %.0f s after aclose() forced the "
+                "streams; abandoning it and leaking the device's buffers, events and runtime "
+                "instead of freeing them under it",
+                self.device_id,
+                " and ".join(stuck),
+                JOIN_TIMEOUT_S,
+            )
+        else:
+            self._release_everything(runtime)
+        self.state = DeviceState.CLOSED
+        waiters, self._close_waiters = self._close_waiters, []
+        for waiter in waiters:
+            self.adapter.wake(waiter)
+
+    def _release_everything(self, runtime: Runtime) -> None:
+        # After the threads have exited and the streams are gone: nothing can touch these.
         self.lifetimes.release(self._submitter.orphans + self._poller.orphans)
         self._submitter.orphans.clear()
         self._poller.orphans.clear()
-        self._delivery.drain(budget=False)  # completions delivered but not yet resolved
-        self.unsettled = 0
         for handle in self._batch_events.created + self.user_events.take_all():
             with contextlib.suppress(Exception):
                 runtime.destroy_event(handle)
@@ -554,15 +619,10 @@ class Scheduler:
                 runtime.unload_binary(module)
         self._modules.clear()
         self.pool.close()
-        self.state = DeviceState.CLOSED
         runtime.close()
-        waiters, self._close_waiters = self._close_waiters, []
-        for waiter in waiters:
-            self.adapter.wake(waiter)
 
     @staticmethod
-    async def _join(thread: threading.Thread) -> None:
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
+    async def _join(thread: threading.Thread, deadline: float) -> None:
         while thread.is_alive() and time.monotonic() < deadline:  # noqa: ASYNC110
             await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
 

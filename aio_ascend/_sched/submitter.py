@@ -66,6 +66,7 @@ class Submitter:
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: hops handed over and not yet taken, oldest first (read by the watchdog)
         self.waiting: deque[Hop] = deque()
+        self._current: Hop | None = None  # the hop being submitted
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
@@ -91,6 +92,11 @@ class Submitter:
                 return out
             if isinstance(item, Hop) and item.take():
                 out.extend(item.requests)
+
+    def in_progress(self) -> list[Request]:
+        """The requests of the hop the thread is inside (for a close that abandons it)."""
+        hop = self._current
+        return list(hop.requests) if hop is not None else []
 
     def expire_waiting(self, now: float) -> tuple[int, list[Delivery]]:
         """The watchdog (poller thread): fail the hops still waiting past their deadline.
@@ -145,7 +151,9 @@ class Submitter:
                     self.counters.timeouts += 1
                     self._post(self._never_started(item), self.counters)
                 else:
+                    self._current = item
                     self._hop(item)
+                    self._current = None
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
                 failures: list[Delivery] = [
                     (req, InternalError(f"submitter failed: {exc!r}"), Outcome.FINISHED)
