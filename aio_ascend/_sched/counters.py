@@ -13,7 +13,7 @@ __all__ = ["Counters", "total"]
 class Counters:
     """The counters one thread writes."""
 
-    __slots__ = ("batches", "copies", "launches", "timeouts", "wakeups")
+    __slots__ = ("batches", "copies", "launches", "sync_timeouts", "timeouts", "wakeups")
 
     def __init__(self) -> None:
         self.launches = 0
@@ -21,6 +21,7 @@ class Counters:
         self.batches = 0
         self.wakeups = 0
         self.timeouts = 0
+        self.sync_timeouts = 0  # timed-out event syncs of block mode's waiter
 
 
 def total(*parts: Counters) -> dict[str, int]:

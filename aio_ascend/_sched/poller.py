@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import EventSyncTimeoutError, InternalError, RuntimeAPIError
+from .._errors import InternalError
 from .._runtime import Runtime
 from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
 from .._runtime.threads import GIL_SLICE_S, reduce_timer_slack, yield_gil
@@ -27,9 +27,11 @@ from .lifetimes import Lifetimes
 from .watchdog import expire
 from .work import Batch, Delivery, Outcome, Request
 
-__all__ = ["CompletionMode", "Poller"]
+__all__ = ["POKE", "CompletionMode", "Poller"]
 
 _STOP = object()
+#: put into the poller's inbox to make it look now (block mode's waiter does)
+POKE = object()
 #: requests completed per poll round at most (bounds the poller's time holding the GIL)
 ROUND_BUDGET = 1024
 #: how often the watchdog looks at deadlines (it works in seconds)
@@ -49,6 +51,7 @@ class Poller:
     :param post: hands deliveries to the loop (non-blocking; counts a wake-up when it did)
     :param inbox: where the submitter puts recorded batches
     :param expire_waiting: the watchdog's look at hops the submitter has not taken yet
+    :param watch: block mode: told the oldest outstanding batch event after every round
     """
 
     def __init__(
@@ -62,22 +65,20 @@ class Poller:
         post: Callable[[list[Delivery], Counters], None],
         inbox: queue.SimpleQueue[Any],
         expire_waiting: Callable[[float], tuple[int, list[Delivery]]],
-        mode: CompletionMode,
+        watch: Callable[[int | None], None] | None,
         task_timeout: float,
         poll_min_interval: float = 5e-6,
         poll_max_interval: float = 1e-3,
-        block_slice_ms: int = 5,
     ) -> None:
         self._runtime = runtime
         self._faults = faults
         self._lifetimes = lifetimes
         self._events = batch_events
         self._post = post
-        self._mode = mode
+        self._watch = watch
         self._task_timeout = task_timeout
         self._min_interval = poll_min_interval
         self._max_interval = poll_max_interval
-        self._block_slice_ms = block_slice_ms
         self.counters = Counters()
         #: work of a broken context, never observed complete: released at close
         self.orphans: list[Request] = []
@@ -133,6 +134,8 @@ class Poller:
         """File a batch from the inbox; False on the stop sentinel."""
         if item is _STOP:
             return False
+        if item is POKE:
+            return True
         assert isinstance(item, Batch)
         self._outstanding.setdefault(item.lane.handle, deque()).append(item)
         self._pending += 1
@@ -148,9 +151,6 @@ class Poller:
                 break
             if not self._file(item):
                 return False
-        block = self._mode is CompletionMode.BLOCK
-        if block:
-            self._block_on_oldest()
         started = time.perf_counter()
         try:
             done = self._collect_completed()
@@ -161,6 +161,8 @@ class Poller:
         if done:
             self._pending -= len(done)
             self._complete(done)
+            if self._watch is not None:
+                self._watch_oldest()
             self._interval = self._min_interval
             if time.perf_counter() - started > GIL_SLICE_S:
                 yield_gil()  # a big round: let the loop take the GIL before the next
@@ -172,8 +174,8 @@ class Poller:
             never_started, more = self._expire_waiting(now)
             self.counters.timeouts += expired + never_started
             self._post(deliveries + more, self.counters)
-        if block:
-            return True
+        if self._watch is not None:
+            self._watch_oldest()
         # Nothing finished: wait (GIL released) for the interval or for new work.
         try:
             item = inbox.get(timeout=self._interval)
@@ -183,15 +185,12 @@ class Poller:
         self._interval = self._min_interval
         return self._file(item)
 
-    def _block_on_oldest(self) -> None:
+    def _watch_oldest(self) -> None:
+        # Block mode: the waiter sleeps on the batch with the earliest deadline.
         heads = [batches[0] for batches in self._outstanding.values() if batches]
-        if not heads:
-            return
-        oldest = min(heads, key=lambda batch: batch.deadline)
-        try:
-            self._runtime.synchronize_event(oldest.event, self._block_slice_ms)
-        except (EventSyncTimeoutError, RuntimeAPIError):
-            pass  # a timeout is the slice ending; a fault is picked up by the query round
+        oldest = min(heads, key=lambda batch: batch.deadline) if heads else None
+        assert self._watch is not None
+        self._watch(oldest.event if oldest is not None else None)
 
     def _collect_completed(self) -> list[Batch]:
         query = self._runtime.query_event_status

@@ -36,9 +36,10 @@ from .faults import FaultState
 from .lane import Lane
 from .lifetimes import Allocation, Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
-from .poller import CompletionMode, Poller
+from .poller import POKE, CompletionMode, Poller
 from .submitter import Submitter
 from .task import Task, resolve_task
+from .waiter import Waiter
 from .work import (
     CopyToDevice,
     CopyToHost,
@@ -139,6 +140,11 @@ class Scheduler:
             to_poller=batches.put,
             task_timeout=task_timeout,
         )
+        self._waiter: Waiter | None = None
+        if completion is CompletionMode.BLOCK:
+            self._waiter = Waiter(
+                runtime=runtime, device_id=self.device_id, poke=lambda: batches.put(POKE)
+            )
         self._poller = Poller(
             runtime=runtime,
             device_id=self.device_id,
@@ -148,11 +154,16 @@ class Scheduler:
             post=self._post,
             inbox=batches,
             expire_waiting=self._submitter.expire_waiting,
-            mode=completion,
+            watch=None if self._waiter is None else self._waiter.watch,
             task_timeout=task_timeout,
+            # block mode: the waiter catches the oldest work at once, so the others can be
+            # polled less often (idle CPU) without one long task delaying them
+            poll_max_interval=1e-3 if self._waiter is None else 4e-3,
         )
         self._submitter.thread.start()
         self._poller.thread.start()
+        if self._waiter is not None:
+            self._waiter.thread.start()
 
     # --- state checks ----------------------------------------------------------------------
 
@@ -479,7 +490,10 @@ class Scheduler:
 
     def stats(self) -> dict[str, int]:
         """The device's counters (see ``Device.stats``)."""
-        counters = total(self._counters, self._submitter.counters, self._poller.counters)
+        parts = [self._counters, self._submitter.counters, self._poller.counters]
+        if self._waiter is not None:
+            parts.append(self._waiter.counters)
+        counters = total(*parts)
         pool = self.pool.stats()
         return {
             "launches": counters["launches"],
@@ -489,6 +503,7 @@ class Scheduler:
             "in_flight": sum(lane.admission.in_flight for lane in self.lanes),
             "peak_in_flight": self.peak_in_flight,
             "timeouts": counters["timeouts"],
+            "sync_timeouts": counters["sync_timeouts"],
             "streams": len(self.lanes),
             "device_buffers": self.lifetimes.live_count,
             "host_buffers_in_use": pool["in_use"],
@@ -552,6 +567,8 @@ class Scheduler:
         runtime = self.bound()
         self._submitter.stop()
         self._poller.stop()
+        if self._waiter is not None:
+            self._waiter.stop()
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         # The poller goes first (it never waits on the device for long): once it is gone,
         # nothing done to the streams below can be reported as a completion (a stream
@@ -560,9 +577,12 @@ class Scheduler:
         if forced or self.faults.first is not None or self._poller.thread.is_alive():
             # Unblock a thread stuck in a runtime call (a full queue, a hung stream).
             self._destroy_lanes()
-        await self._join(self._submitter.thread, deadline)
-        await self._join(self._poller.thread, deadline)
-        stuck = [t.name for t in (self._submitter.thread, self._poller.thread) if t.is_alive()]
+        threads = [self._submitter.thread, self._poller.thread]
+        if self._waiter is not None:
+            threads.append(self._waiter.thread)
+        for thread in threads:
+            await self._join(thread, deadline)
+        stuck = [thread.name for thread in threads if thread.is_alive()]
         # What is left never completed. Once the streams are gone nothing on the device can
         # touch its memory: fail the tasks and release everything.
         self._destroy_lanes()
@@ -646,11 +666,15 @@ class Scheduler:
             return
         self.state = DeviceState.CLOSED
         self.abandoned = True
+        if self._waiter is not None:
+            self._waiter.stop()
         self._submitter.stop()
         self._poller.stop(then=self._close_after_threads)
 
     def _close_after_threads(self) -> None:
-        # The poller thread, exiting after abandon(): wait for the submitter, then close.
+        # The poller thread, exiting after abandon(): wait for the others, then close.
         self._submitter.thread.join(JOIN_TIMEOUT_S)
+        if self._waiter is not None:
+            self._waiter.thread.join(JOIN_TIMEOUT_S)
         with contextlib.suppress(Exception):
             self.runtime.close()

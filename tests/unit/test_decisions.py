@@ -27,6 +27,7 @@ from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.lifetimes import Allocation, Lifetimes
 from aio_ascend._sched.scheduler import flush_now
 from aio_ascend._sched.task import Task
+from aio_ascend._sched.waiter import FIRST_SLICE_MS, MAX_SLICE_MS, next_slice
 from aio_ascend._sched.watchdog import expire
 from aio_ascend._sched.work import Batch, Outcome, Request
 
@@ -409,4 +410,28 @@ def test_counters_sum_over_their_writers() -> None:
         "batches": 2,
         "wakeups": 3,
         "timeouts": 1,
+        "sync_timeouts": 0,
     }
+
+
+@pytest.mark.parametrize(
+    ("slice_ms", "timed_out", "after"),
+    [(5, True, 10), (640, True, 1000), (1000, True, 1000), (1000, False, 5), (5, False, 5)],
+)
+def test_block_mode_slices_grow_while_the_work_runs(
+    slice_ms: int, timed_out: bool, after: int
+) -> None:
+    assert next_slice(slice_ms, timed_out) == after
+
+
+def test_a_long_kernel_costs_block_mode_at_most_a_few_sync_timeouts_a_second() -> None:
+    # 10 s of one unfinished kernel: the slices add up to 10 s in few steps.
+    slices, elapsed, timeouts = [], 0, 0
+    current = FIRST_SLICE_MS
+    while elapsed < 10_000:
+        slices.append(current)
+        elapsed += current
+        timeouts += 1
+        current = next_slice(current, True)
+    assert timeouts <= 8 + 10  # the ramp to MAX_SLICE_MS, then one a second
+    assert max(slices) == MAX_SLICE_MS

@@ -1,0 +1,83 @@
+"""Block mode's waiter thread: sleeps in the runtime on the oldest batch event, then pokes
+the poller, so that the oldest work is seen complete at once without polling for it.
+
+The poller keeps polling every stream as in poll mode, so a long task on one stream never
+delays the completions of the others. The waiter's timeout slice grows while the same work
+stays unfinished (5 ms doubling to 1 s): on CANN each timed-out
+``aclrtSynchronizeEventWithTimeout`` logs two ERROR lines, so a long kernel costs at most two
+such lines a second, not two hundred.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from .._errors import EventSyncTimeoutError
+from .._runtime import Runtime
+from .counters import Counters
+
+__all__ = ["FIRST_SLICE_MS", "MAX_SLICE_MS", "Waiter", "next_slice"]
+
+FIRST_SLICE_MS = 5
+MAX_SLICE_MS = 1000
+#: how long an idle waiter sleeps before it looks again (it is also woken on new work)
+_IDLE_S = 0.5
+
+
+def next_slice(slice_ms: int, timed_out: bool) -> int:
+    """The next timeout slice: doubled after a timeout (up to MAX_SLICE_MS), else the first."""
+    return min(slice_ms * 2, MAX_SLICE_MS) if timed_out else FIRST_SLICE_MS
+
+
+class Waiter:
+    """The thread ``aio_ascend-wait-<device>``.
+
+    :param poke: tells the poller to look now (non-blocking)
+    """
+
+    def __init__(self, *, runtime: Runtime, device_id: int, poke: Callable[[], None]) -> None:
+        self._runtime = runtime
+        self._poke = poke
+        self.counters = Counters()
+        self._target: int | None = None  # the event to sleep on, set by the poller
+        self._changed = threading.Event()
+        self._stop = False
+        self.thread = threading.Thread(
+            target=self._main, name=f"aio_ascend-wait-{device_id}", daemon=True
+        )
+
+    def watch(self, event: int | None) -> None:
+        """The poller's oldest outstanding batch event (``None``: nothing outstanding)."""
+        if event != self._target:
+            self._target = event
+            self._changed.set()
+
+    def stop(self) -> None:
+        """Ask the thread to exit (after the slice it is sleeping in, at most MAX_SLICE_MS)."""
+        self._stop = True
+        self._changed.set()
+
+    def _main(self) -> None:
+        self._runtime.set_current_context()
+        slice_ms = FIRST_SLICE_MS
+        while not self._stop:
+            event = self._target
+            if event is None:
+                self._changed.wait(_IDLE_S)
+                self._changed.clear()
+                continue
+            self._changed.clear()
+            try:
+                self._runtime.synchronize_event(event, slice_ms)
+            except EventSyncTimeoutError:
+                self.counters.sync_timeouts += 1
+                slice_ms = next_slice(slice_ms, True)
+                continue
+            except Exception:
+                pass
+            slice_ms = next_slice(slice_ms, False)
+            self._poke()
+            if self._target == event:
+                # Not moved on yet: wait for the poller's next look (or a short while).
+                self._changed.wait(0.001)
