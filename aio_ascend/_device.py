@@ -28,7 +28,7 @@ MAX_IN_FLIGHT = 2000
 def _completion_mode(completion: object) -> CompletionMode:
     try:
         return CompletionMode(completion)
-    except ValueError:
+    except (ValueError, TypeError):
         raise ValueError(f"completion={completion!r}: expected 'poll' or 'block'") from None
 
 
@@ -38,6 +38,14 @@ def _check_seconds(name: str, seconds: object) -> float:
     if not (seconds > 0 and math.isfinite(seconds)):
         raise ValueError(f"{name}={seconds!r} must be a finite number > 0")
     return float(seconds)
+
+
+def _check_batch_cap(batch_cap: object) -> int:
+    if isinstance(batch_cap, bool) or not isinstance(batch_cap, int):
+        raise TypeError(f"batch_cap must be an int, got {type(batch_cap).__name__}")
+    if not 1 <= batch_cap <= MAX_IN_FLIGHT:
+        raise ValueError(f"batch_cap={batch_cap} is out of range 1..{MAX_IN_FLIGHT}")
+    return batch_cap
 
 
 class Device:
@@ -67,6 +75,7 @@ class Device:
     ) -> None:
         mode = _completion_mode(completion)
         timeout = _check_seconds("task_timeout", task_timeout)
+        batch_cap = _check_batch_cap(batch_cap)
         self.close_timeout = _check_seconds("close_timeout", close_timeout)
         self.backend: str = runtime.name
         self.device_id: int = runtime.device_id
@@ -268,6 +277,17 @@ def open_device(
     """
     if backend != "auto":
         choose_backend(backend)  # validate the name early, with a clear error
+    # Every option is checked here, in the call, not when the device is opened.
+    _completion_mode(completion)
+    _check_seconds("task_timeout", task_timeout)
+    _check_seconds("close_timeout", close_timeout)
+    _check_batch_cap(batch_cap)
+    if not isinstance(debug, bool):
+        raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
+    if runtime_options is not None and not isinstance(runtime_options, Mapping):
+        raise TypeError(
+            f"runtime_options must be a mapping, got {type(runtime_options).__name__}"
+        )
     kwargs = {
         "completion": completion,
         "task_timeout": task_timeout,

@@ -33,7 +33,7 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
 
         built = build_double()
         os.environ.setdefault(ENV_BUILTINS, str(built.builtins))
-        options = {"library_path": str(built.library)}
+        options = {"library_path": str(built.library), **kwargs.pop("runtime_options", {})}
         return aa.open_device(device_id, backend="acl", runtime_options=options, **kwargs)
     return aa.open_device(device_id, backend=backend, **kwargs)
 

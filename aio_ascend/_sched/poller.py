@@ -36,6 +36,8 @@ POKE = object()
 ROUND_BUDGET = 1024
 #: how often the watchdog looks at deadlines (it works in seconds)
 WATCHDOG_PERIOD_S = 0.01
+#: how often an idle poller (no batch outstanding) looks at hops waiting for the submitter
+IDLE_WATCHDOG_S = 0.05
 
 
 class CompletionMode(enum.Enum):
@@ -101,16 +103,18 @@ class Poller:
         self._inbox.put(_STOP)
 
     def leftover_batches(self) -> list[Batch]:
-        """Batches never seen complete (call only after the thread has exited)."""
+        """Batches never seen complete (after the thread exited, or was abandoned)."""
         leftovers = [batch for batches in self._outstanding.values() for batch in batches]
         self._outstanding.clear()
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return leftovers
+                break
             if isinstance(item, Batch):
                 leftovers.append(item)
+        self._inbox.put(_STOP)  # taken out too; an abandoned thread still needs it
+        return leftovers
 
     # --- the thread ------------------------------------------------------------------------
 
@@ -123,12 +127,23 @@ class Poller:
 
     def _loop(self) -> None:
         while True:
-            # Block for new work only when nothing is outstanding; no reference to past work
-            # is held in this frame meanwhile (see Submitter._main).
-            if not self._pending and not self._file(self._inbox.get()):
+            # Wait for new work only when nothing is outstanding; no reference to past work
+            # is held in this frame meanwhile (see Submitter._main). The watchdog still looks
+            # at the hops waiting for the submitter now and then.
+            if not self._pending and not self._idle_wait():
                 return
             if not self._round():
                 return
+
+    def _idle_wait(self) -> bool:
+        try:
+            item = self._inbox.get(timeout=IDLE_WATCHDOG_S)
+        except queue.Empty:
+            never_started, deliveries = self._expire_waiting(time.monotonic())
+            self.counters.timeouts += never_started
+            self._post(deliveries, self.counters)
+            return True
+        return self._file(item)
 
     def _file(self, item: object) -> bool:
         """File a batch from the inbox; False on the stop sentinel."""

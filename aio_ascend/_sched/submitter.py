@@ -83,15 +83,17 @@ class Submitter:
         self._inbox.put(_STOP)
 
     def unsubmitted(self) -> list[Request]:
-        """Requests of hops nobody took (call only after the thread has exited)."""
+        """Requests of hops nobody took (after the thread exited, or was abandoned)."""
         out: list[Request] = []
         while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return out
+                break
             if isinstance(item, Hop) and item.take():
                 out.extend(item.requests)
+        self.stop()  # the stop request was taken out too; an abandoned thread still needs it
+        return out
 
     def in_progress(self) -> list[Request]:
         """The requests of the hop the thread is inside (for a close that abandons it)."""

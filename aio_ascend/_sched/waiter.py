@@ -3,7 +3,7 @@ the poller, so that the oldest work is seen complete at once without polling for
 
 The poller keeps polling every stream as in poll mode, so a long task on one stream never
 delays the completions of the others. The waiter's timeout slice grows while the same work
-stays unfinished (5 ms doubling to 1 s): on CANN each timed-out
+stays unfinished (50 ms doubling to 1 s): on CANN each timed-out
 ``aclrtSynchronizeEventWithTimeout`` logs two ERROR lines, so a long kernel costs at most two
 such lines a second, not two hundred.
 """
@@ -19,7 +19,7 @@ from .counters import Counters
 
 __all__ = ["FIRST_SLICE_MS", "MAX_SLICE_MS", "Waiter", "next_slice"]
 
-FIRST_SLICE_MS = 5
+FIRST_SLICE_MS = 50
 MAX_SLICE_MS = 1000
 #: how long an idle waiter sleeps before it looks again (it is also woken on new work)
 _IDLE_S = 0.5
@@ -75,7 +75,7 @@ class Waiter:
                 slice_ms = next_slice(slice_ms, True)
                 continue
             except Exception:
-                pass
+                pass  # a fault, or the event went away: the poller's next query tells
             slice_ms = next_slice(slice_ms, False)
             self._poke()
             if self._target == event:

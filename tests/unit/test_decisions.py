@@ -416,7 +416,7 @@ def test_counters_sum_over_their_writers() -> None:
 
 @pytest.mark.parametrize(
     ("slice_ms", "timed_out", "after"),
-    [(5, True, 10), (640, True, 1000), (1000, True, 1000), (1000, False, 5), (5, False, 5)],
+    [(50, True, 100), (800, True, 1000), (1000, True, 1000), (1000, False, 50), (50, False, 50)],
 )
 def test_block_mode_slices_grow_while_the_work_runs(
     slice_ms: int, timed_out: bool, after: int
@@ -433,5 +433,5 @@ def test_a_long_kernel_costs_block_mode_at_most_a_few_sync_timeouts_a_second() -
         elapsed += current
         timeouts += 1
         current = next_slice(current, True)
-    assert timeouts <= 8 + 10  # the ramp to MAX_SLICE_MS, then one a second
+    assert timeouts <= 5 + 10  # the ramp to MAX_SLICE_MS, then one a second
     assert max(slices) == MAX_SLICE_MS

@@ -1,0 +1,289 @@
+"""Every wait bounded, and one stream never blocks another (regressions of a new user's tries).
+
+Each test runs on the sim and the acl C double, on asyncio, uvloop and trio (``open_dev``).
+Time bounds here are liveness bounds: at least 10x the expected time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from helpers import OpenDevice, assert_runtime_clean, live_resources
+
+import aio_ascend as aa
+
+pytestmark = pytest.mark.anyio
+
+
+async def _round_trips(dev: Any, stream: aa.Stream, count: int) -> list[float]:
+    noop = dev.function("noop")
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        with anyio.fail_after(2):  # expected well under 5 ms
+            await (await stream.launch(noop, 1))
+        times.append(time.perf_counter() - t0)
+    return sorted(times)
+
+
+async def test_a_saturated_hung_stream_never_stalls_another(open_dev: OpenDevice) -> None:
+    # v0.1: 1,024 one-per-tick requests behind a hung kernel made ~2,047 runtime queue
+    # entries; the submitter blocked inside a launch on the full stream and every other
+    # stream stopped (a noop on another stream was still pending after 8 s).
+    async with open_dev(task_timeout=60) as dev:
+        a, b = dev.stream(), dev.stream()
+        capacity = dev.runtime.stream_capacity
+        await a.launch(dev.function("hang"), 1)
+        admitted = 0
+
+        async def fill() -> None:
+            nonlocal admitted
+            noop = dev.function("noop")
+            for _ in range(1500):
+                await a.launch(noop, 1)
+                admitted += 1
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fill)
+            with anyio.fail_after(20):  # until the filler waits in admission
+                last = -1
+                while admitted != last:
+                    last = admitted
+                    await anyio.sleep(0.2)
+            # each request takes an entry, each batch one more: the stream stops below capacity
+            assert admitted < 1500
+            assert a._lane.admission.entries <= capacity
+            assert a.in_flight == admitted + 1
+            times = await _round_trips(dev, b, 50)
+            tg.cancel_scope.cancel()
+        print(
+            f"[figures] saturated neighbour: admitted={admitted} round trip p50="
+            f"{times[25] * 1e3:.3f} ms max={times[-1] * 1e3:.3f} ms"
+        )
+        with anyio.fail_after(10):
+            await dev.aclose(cancel=True, timeout=0.2)
+    assert_runtime_clean(dev)
+
+
+async def test_a_hop_that_waits_past_its_deadline_is_never_submitted(
+    open_dev: OpenDevice, device_backend: str
+) -> None:
+    # The runtime believes a stream holds more than it does (a mismatch the library cannot
+    # see): the submitter blocks in a launch; the requests queued behind it fail with
+    # TaskTimeoutError by the watchdog and never reach the runtime afterwards.
+    async with open_dev(task_timeout=0.5) as dev:
+        if device_backend == "acl":
+            from doubles.acl_double import double_control
+
+            double_control().set_max_depth(4)
+        else:
+            dev.runtime.max_queue_depth = 4
+        dev.runtime.stream_capacity = 1000
+        a, b = dev.stream(), dev.stream()
+        noop = dev.function("noop")
+        await a.launch(dev.function("hang"), 1)
+        for _ in range(8):  # the 4th entry fills the runtime's queue: the submitter blocks
+            await a.launch(noop, 1)
+        await anyio.sleep(0.05)
+        late = await b.launch(noop, 1)
+        t0 = time.perf_counter()
+        with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError, match="not submitted"):
+            await late
+        assert time.perf_counter() - t0 < 5
+        with anyio.fail_after(10):
+            await dev.aclose(timeout=0.1)
+        if device_backend == "acl":
+            double_control().set_max_depth(2013)
+    assert dev.stats()["timeouts"] >= 1
+    assert_runtime_clean(dev)
+
+
+async def test_a_cancelled_device_block_with_a_hung_kernel_exits_within_close_timeout(
+    open_dev: OpenDevice,
+) -> None:
+    # v0.1: the shielded aclose() in __aexit__ waited for task_timeout (600 s by default).
+    t0 = time.perf_counter()
+    with anyio.move_on_after(0.2) as scope:
+        async with open_dev(close_timeout=0.3) as dev:
+            s = dev.stream()
+            hung = await s.launch(dev.function("hang"), 1)
+            await anyio.sleep(10)
+    elapsed = time.perf_counter() - t0
+    print(f"[figures] cancelled device block with a hung kernel left after {elapsed:.3f} s")
+    assert scope.cancelled_caught
+    assert elapsed < 5  # 0.2 + close_timeout 0.3 + forcing: expected ~0.6 s
+    assert isinstance(hung.exception(), aa.TaskTimeoutError)
+    assert_runtime_clean(dev)
+
+
+async def test_an_exception_in_the_device_block_drops_unsubmitted_work(
+    open_dev: OpenDevice,
+) -> None:
+    tasks: list[aa.Task] = []
+
+    async def body() -> None:
+        async with open_dev(close_timeout=0.3) as dev:
+            s = dev.stream()
+            await s.launch(dev.function("hang"), 1)
+            tasks.append(await s.launch(dev.function("noop"), 1))  # pending: dropped
+            opened.append(dev)
+            raise KeyError("boom")
+
+    opened: list[Any] = []
+    with anyio.fail_after(10), pytest.raises(KeyError):
+        await body()
+    (noop_task,), (dev,) = tasks, opened
+    assert isinstance(noop_task.exception(), aa.ClosedError | aa.TaskTimeoutError)
+    assert_runtime_clean(dev)
+
+
+def test_close_timeout_is_validated() -> None:
+    for bad, kind in (
+        (0, ValueError),
+        (-1.0, ValueError),
+        (float("inf"), ValueError),
+        ("5", TypeError),
+        (True, TypeError),
+    ):
+        with pytest.raises(kind, match="close_timeout"):
+            aa.open_device(0, backend="sim", close_timeout=bad)  # type: ignore[arg-type]
+
+
+async def test_block_mode_one_long_kernel_does_not_slow_another_stream(
+    open_dev: OpenDevice,
+) -> None:
+    # v0.1: a 3 s kernel on one stream took another stream's noop round trip from p50
+    # 0.25 ms to 10.3 ms in block mode (a 5 ms sync slice on the oldest event).
+    async with open_dev(completion="block") as dev:
+        slow, fast = dev.stream(), dev.stream()
+        long_task = await slow.launch(dev.function("sleep"), 1, aa.HostArgs().u32(1_500_000))
+        await anyio.sleep(0.05)
+        t0 = time.perf_counter()
+        times = await _round_trips(dev, fast, 100)
+        assert not long_task.done()
+        await long_task
+        elapsed = time.perf_counter() - t0
+        sync_timeouts = dev.stats()["sync_timeouts"]
+    p50 = times[len(times) // 2]
+    print(
+        f"[figures] block mode neighbour round trip p50={p50 * 1e3:.3f} ms "
+        f"p99={times[98] * 1e3:.3f} ms; sync timeouts {sync_timeouts} in {elapsed:.2f} s"
+    )
+    assert p50 < 0.005  # poll mode: ~0.3 ms; v0.1 block mode: 10 ms
+    assert sync_timeouts <= 5 + elapsed  # the ramp (50 ms doubling), then ~1 a second
+
+
+async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A runtime call that never returns (the submitter inside a launch): aclose() still
+    # returns within its bound, logs an ERROR, and frees nothing the call may still touch.
+    release = threading.Event()
+    dev = await open_dev()
+    runtime = dev.runtime
+    real_launch = runtime.launch_kernel_with_host_args
+
+    def stuck_launch(*args: Any) -> None:
+        release.wait(30)
+        real_launch(*args)
+
+    runtime.launch_kernel_with_host_args = stuck_launch
+    try:
+        s = dev.stream()
+        task = await s.launch(dev.function("noop"), 1)
+        await anyio.sleep(0.05)
+        t0 = time.perf_counter()
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
+            await dev.aclose(timeout=0.1)
+        elapsed = time.perf_counter() - t0
+        assert elapsed < 10  # timeout 0.1 + the 2 s join bound
+        assert isinstance(task.exception(), aa.TaskTimeoutError)
+        assert any("leaking" in r.getMessage() for r in caplog.records), caplog.records
+        live = live_resources(dev)
+        assert live["host_allocations"] > 0  # leaked, not freed under the stuck call
+    finally:
+        release.set()
+    for thread in threading.enumerate():
+        if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll")):
+            thread.join(10)
+    runtime.close()  # what the library leaked on purpose
+
+
+def test_aclose_from_another_asyncio_loop_after_the_first_finished() -> None:
+    # v0.1: RuntimeError "attached to a different loop", the device stuck in "closing" with
+    # its threads alive.
+    import asyncio
+
+    async def open_and_launch() -> tuple[Any, Any]:
+        dev = await aa.open_device(0, backend="sim")
+        s = dev.stream()
+        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(300_000))
+        return dev, task
+
+    dev, task = asyncio.run(open_and_launch())
+
+    async def close() -> None:
+        with anyio.fail_after(10):
+            await dev.aclose()
+
+    asyncio.run(close())
+    assert task.done() and task.exception() is None  # it finished; the result was kept
+    assert_runtime_clean(dev)
+
+
+def test_aclose_from_another_trio_run_after_the_first_finished() -> None:
+    import trio
+
+    async def open_and_launch() -> tuple[Any, Any]:
+        dev = await aa.open_device(0, backend="sim")
+        s = dev.stream()
+        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(300_000))
+        return dev, task
+
+    dev, task = trio.run(open_and_launch)
+
+    async def close() -> None:
+        with trio.fail_after(10):
+            await dev.aclose()
+
+    trio.run(close)
+    assert task.done()
+    assert_runtime_clean(dev)
+
+
+def test_aclose_from_another_loop_while_the_first_runs_is_refused_and_changes_nothing() -> None:
+    import asyncio
+
+    opened: dict[str, Any] = {}
+    ready, done = threading.Event(), threading.Event()
+
+    async def owner() -> None:
+        dev = await aa.open_device(0, backend="sim")
+        opened["dev"] = dev
+        ready.set()
+        await asyncio.get_running_loop().run_in_executor(None, done.wait)
+        await dev.aclose()
+
+    thread = threading.Thread(target=asyncio.run, args=(owner(),))
+    thread.start()
+    assert ready.wait(10)
+    dev = opened["dev"]
+
+    async def intruder() -> None:
+        with pytest.raises(RuntimeError, match="still running"):
+            await dev.aclose()
+
+    try:
+        asyncio.run(intruder())
+        assert "open" in repr(dev)
+    finally:
+        done.set()
+        thread.join(10)
+    assert "closed" in repr(dev)
