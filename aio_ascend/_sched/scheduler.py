@@ -123,6 +123,7 @@ class Scheduler:
         self._hop_lock = threading.Lock()
         self._post_lock = threading.Lock()
         self._undelivered: list[Delivery] = []
+        self._forcing = False
         #: a full batch went out inside a call: the next admission yields to the loop once
         self.yield_due = False
         self.unsettled = 0  # admitted requests aclose() still waits for
@@ -430,7 +431,9 @@ class Scheduler:
         if not deliveries:
             return
         with self._post_lock:
-            if self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
+            if self._forcing:
+                self._undelivered.extend(deliveries)  # sorted out by _shutdown
+            elif self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
                 counters.wakeups += 1
             else:
                 self._undelivered.extend(deliveries)
@@ -575,7 +578,11 @@ class Scheduler:
         # destroyed by force may read complete, or fail every query).
         await self._join(self._poller.thread, deadline)
         if forced or self.faults.first is not None or self._poller.thread.is_alive():
-            # Unblock a thread stuck in a runtime call (a full queue, a hung stream).
+            # Unblock a thread stuck in a runtime call (a full queue, a hung stream). What
+            # the threads report from now on is about streams destroyed under them: held
+            # back, so that a refusal of a destroyed stream never stands for the outcome.
+            with self._post_lock:
+                self._forcing = forced
             self._destroy_lanes()
         threads = [self._submitter.thread, self._poller.thread]
         if self._waiter is not None:
@@ -602,6 +609,14 @@ class Scheduler:
                 if forced or stuck
                 else ClosedError(f"{request.kind} was dropped when the device closed"),
             )
+        with self._post_lock:
+            held, self._undelivered = self._undelivered, []
+        for request, error, _ in held:
+            if error is not None:
+                timeout = TaskTimeoutError(f"{request.kind} did not finish before aclose() gave up")
+                timeout.__cause__ = error
+                error = timeout
+            resolve_task(request.task, error)
         self._delivery.drain(budget=False)  # completions delivered but not yet resolved
         self.unsettled = 0
         if stuck:
