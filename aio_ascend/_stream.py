@@ -34,6 +34,26 @@ def _check_blocks(blocks: object) -> int:
     return blocks
 
 
+def _source_bytes(src: object) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """``src`` of ``copy_to_device`` as a 1-D contiguous byte array, checked in the call.
+
+    A strided source is copied into a contiguous one here (that copy is what is sent);
+    object arrays and what is not an array or bytes-like are refused.
+    """
+    if isinstance(src, np.ndarray):
+        array = src
+    else:
+        try:
+            array = np.asarray(memoryview(src))  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"copy_to_device src must be an ndarray or bytes-like, got {type(src).__name__}"
+            ) from None
+    if array.dtype.hasobject:
+        raise TypeError(f"copy_to_device src: an array of {array.dtype} has no device bytes")
+    return np.ascontiguousarray(array.view(np.ndarray)).reshape(-1).view(np.uint8)
+
+
 class Stream:
     """A device stream: work submitted to it runs in submission order.
 
@@ -123,15 +143,8 @@ class Stream:
         until the task completes: do not modify it until then.
         """
         dst_buf = self._buffer(dst, "copy_to_device dst")
-        if isinstance(src, np.ndarray):
-            count = src.nbytes
-        else:
-            try:
-                count = memoryview(src).nbytes
-            except TypeError:
-                raise TypeError(
-                    f"copy_to_device src must be an ndarray or bytes-like, got {type(src).__name__}"
-                ) from None
+        source = _source_bytes(src)
+        count = source.nbytes
         if count == 0:
             raise ValueError("copy_to_device: src is empty")
         if count > dst_buf.nbytes:
@@ -140,7 +153,7 @@ class Stream:
             )
         await self._admit()
         task = Task(self._scheduler.adapter, self._ref, "copy_to_device")
-        return self._scheduler.copy_to_device(self._lane, task, dst_buf, src, count)
+        return self._scheduler.copy_to_device(self._lane, task, dst_buf, source, count)
 
     async def copy_to_host(self, dst: np.ndarray[Any, Any], src: DeviceBuffer) -> Task:
         """Copy ``dst.nbytes`` bytes of ``src`` into the writable, C-contiguous array ``dst``.
@@ -150,6 +163,8 @@ class Stream:
         src_buf = self._buffer(src, "copy_to_host src")
         if not isinstance(dst, np.ndarray):
             raise TypeError(f"copy_to_host dst must be an ndarray, got {type(dst).__name__}")
+        if dst.dtype.hasobject:
+            raise TypeError(f"copy_to_host dst: an array of {dst.dtype} cannot hold device data")
         if not dst.flags.c_contiguous or not dst.flags.writeable:
             raise ValueError("copy_to_host dst must be a writable, C-contiguous ndarray")
         count = dst.nbytes
@@ -161,7 +176,9 @@ class Stream:
             )
         await self._admit()
         task = Task(self._scheduler.adapter, self._ref, "copy_to_host")
-        return self._scheduler.copy_to_host(self._lane, task, dst, src_buf, count)
+        # the same memory as a plain 1-D byte array (np.matrix and other subclasses included)
+        dst_bytes = dst.view(np.ndarray).reshape(-1).view(np.uint8)
+        return self._scheduler.copy_to_host(self._lane, task, dst_bytes, src_buf, count)
 
     async def record_event(self, *, timing: bool = False) -> Event:
         """Record an :class:`Event` after the work queued so far on this stream."""

@@ -203,9 +203,9 @@ class HostArgs:
             address = value
         elif value is None:
             address = 0
-        elif isinstance(value, int) and not isinstance(value, bool):
-            address = value
-        elif hasattr(value, "ptr") and not isinstance(value, bool):
+        elif isinstance(value, int | np.integer) and not isinstance(value, bool):
+            address = int(value)
+        elif hasattr(value, "ptr") and not isinstance(value, bool | np.bool_):
             address = value.ptr
             if not isinstance(address, int):
                 raise TypeError(f"HostArgs.ptr: {type(value).__name__}.ptr is not an int")
@@ -223,8 +223,12 @@ class HostArgs:
         packer, low, high = _INT_PACKERS[kind]
         if type(value) is int:
             number = value
-        elif isinstance(value, float):
-            raise TypeError(f"HostArgs.{kind} takes an integer, got float {value!r}")
+        elif isinstance(value, float | bool | np.bool_):
+            # one rule for every setter: numpy scalars of the right kind are accepted, a bool
+            # only where bool is the declared type (HostArgs.bool)
+            raise TypeError(
+                f"HostArgs.{kind} takes an integer, got {type(value).__name__} {value!r}"
+            )
         else:
             try:
                 number = operator.index(value)  # type: ignore[arg-type]

@@ -227,7 +227,8 @@ class Poller:
             outcome = Outcome.FINISHED_LATE if batch.timed_out else Outcome.FINISHED
             for req in batch.requests:
                 error: BaseException | None = None
-                if req.needs_completion:
+                # A timed-out task has failed already: its copy never lands in user memory.
+                if req.needs_completion and not batch.timed_out:
                     try:
                         req.on_complete()
                     except BaseException as exc:

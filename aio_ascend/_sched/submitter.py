@@ -16,7 +16,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import InternalError, RuntimeAPIError, TaskTimeoutError, derived_error
+from .._errors import (
+    AscendError,
+    InternalError,
+    RuntimeAPIError,
+    TaskTimeoutError,
+    derived_error,
+)
 from .._runtime import Runtime
 from .._runtime.threads import GIL_SLICE_S, yield_gil
 from .batching import Hop
@@ -207,8 +213,11 @@ class Submitter:
                         req.submit(runtime, lane.handle)
                         if req.is_copy:
                             counters.copies += 1
-                except BaseException as exc:
-                    error = broken[lane] = self._classify(exc)
+                except AscendError as exc:  # the runtime refused: the rest of the stream's hop
+                    error = broken[lane] = self._classify(exc)  # fails with it as cause
+                except Exception as exc:  # a bug of ours: fails this request only
+                    error = InternalError(f"submitting {req.kind} failed: {exc!r}")
+                    error.__cause__ = exc
             if error is not None:
                 req.on_refused(error)
                 self._lifetimes.release((req,))
