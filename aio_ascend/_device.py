@@ -9,6 +9,7 @@ from collections.abc import Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._buffer import DeviceBuffer
+from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._module import Function, Module
 from ._runtime import Runtime, choose_backend, open_runtime
 from ._sched.loop import current_loop_adapter
@@ -38,6 +39,14 @@ def _check_seconds(name: str, seconds: object) -> float:
     if not (seconds > 0 and math.isfinite(seconds)):
         raise ValueError(f"{name}={seconds!r} must be a finite number > 0")
     return float(seconds)
+
+
+def _check_pool_bytes(nbytes: object) -> int:
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
+        raise TypeError(f"pinned_pool_bytes must be an int, got {type(nbytes).__name__}")
+    if nbytes < 0:
+        raise ValueError(f"pinned_pool_bytes={nbytes} must be >= 0")
+    return nbytes
 
 
 def _check_batch_cap(batch_cap: object) -> int:
@@ -72,8 +81,10 @@ class Device:
         debug: bool = False,
         batch_cap: int = 512,
         close_timeout: float = 5.0,
+        pinned_pool_bytes: int = DEFAULT_RETAINED_BYTES,
     ) -> None:
         mode = _completion_mode(completion)
+        _check_pool_bytes(pinned_pool_bytes)
         timeout = _check_seconds("task_timeout", task_timeout)
         batch_cap = _check_batch_cap(batch_cap)
         self.close_timeout = _check_seconds("close_timeout", close_timeout)
@@ -88,6 +99,7 @@ class Device:
             task_timeout=timeout,
             debug=debug,
             batch_cap=batch_cap,
+            pinned_pool_bytes=pinned_pool_bytes,
         )
         self._builtin: Module | None = None
         # Collected without aclose(): stop the threads and close the runtime (never at exit:
@@ -259,6 +271,7 @@ def open_device(
     debug: bool = False,
     batch_cap: int = 512,
     close_timeout: float = 5.0,
+    pinned_pool_bytes: int = DEFAULT_RETAINED_BYTES,
     runtime_options: Mapping[str, Any] | None = None,
 ) -> _DeviceOpener:
     """Open device ``device_id`` on ``backend``: ``async with open_device(0) as dev: ...``.
@@ -273,6 +286,8 @@ def open_device(
     :param close_timeout: seconds a device block left by an exception or a cancellation
         waits for submitted work before it destroys the streams by force (unsubmitted work
         is dropped at once)
+    :param pinned_pool_bytes: free pinned staging memory kept for reuse; what a burst of big
+        copies allocated beyond it is given back when they finish
     :param runtime_options: keyword options for the backend (sim: ``time_model=True``, ...)
     """
     if backend != "auto":
@@ -282,6 +297,7 @@ def open_device(
     _check_seconds("task_timeout", task_timeout)
     _check_seconds("close_timeout", close_timeout)
     _check_batch_cap(batch_cap)
+    _check_pool_bytes(pinned_pool_bytes)
     if not isinstance(debug, bool):
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if runtime_options is not None and not isinstance(runtime_options, Mapping):
@@ -294,6 +310,7 @@ def open_device(
         "debug": debug,
         "batch_cap": batch_cap,
         "close_timeout": close_timeout,
+        "pinned_pool_bytes": pinned_pool_bytes,
         "runtime_options": dict(runtime_options or {}),
     }
     return _DeviceOpener(kwargs, device_id, backend)

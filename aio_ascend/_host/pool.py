@@ -18,12 +18,14 @@ from collections.abc import Callable
 from .._errors import InternalError
 from .._runtime.hostmem import host_view
 
-__all__ = ["HostBuffer", "HostBufferPool"]
+__all__ = ["DEFAULT_RETAINED_BYTES", "HostBuffer", "HostBufferPool"]
 
 _MIN_CLASS = 64
 _SLAB_BYTES = 64 * 1024  # small size classes are allocated this many bytes at a time
 _SLAB_MAX_CLASS = 4096
 _GUARD = 64
+#: free pinned bytes a pool keeps for reuse by default (DESIGN: pinned_pool_bytes)
+DEFAULT_RETAINED_BYTES = 256 << 20
 GUARD_BYTE = 0xA5
 POISON_BYTE = 0xDB
 
@@ -67,6 +69,8 @@ class HostBufferPool:
     :param free_host: free an address returned by ``malloc_host``
     :param debug: guard bytes + poison on release + canary checks on reuse
     :param max_cached_class: buffers of a larger size class are freed on release, not cached
+    :param retained_bytes: free buffers of their own allocation are kept up to this many bytes
+        in all; one released beyond it is freed (so a burst of big copies is given back)
     """
 
     def __init__(
@@ -75,8 +79,16 @@ class HostBufferPool:
         free_host: Callable[[int], None],
         *,
         debug: bool = False,
-        max_cached_class: int = 64 * 1024 * 1024,
+        max_cached_class: int = 1 << 62,
+        retained_bytes: int = DEFAULT_RETAINED_BYTES,
     ) -> None:
+        if isinstance(retained_bytes, bool) or not isinstance(retained_bytes, int):
+            raise TypeError(f"retained_bytes must be an int, got {type(retained_bytes).__name__}")
+        if retained_bytes < 0:
+            raise ValueError(f"retained_bytes={retained_bytes} must be >= 0")
+        self._retained_bytes = retained_bytes
+        self._held_bytes = 0  # pinned bytes allocated and not freed (slabs included)
+        self._free_own_bytes = 0  # cached free buffers that have an allocation of their own
         self._malloc_host = malloc_host
         self._free_host = free_host
         self._debug = debug
@@ -116,8 +128,12 @@ class HostBufferPool:
             buf = None
         if buf is None:
             buf = self._allocate(capacity)
-        elif self._debug:
-            self._check(buf, poisoned=True)
+        else:
+            if buf.alloc:
+                with self._lock:
+                    self._free_own_bytes -= capacity
+            if self._debug:
+                self._check(buf, poisoned=True)
         buf.in_use = True
         return buf
 
@@ -129,11 +145,24 @@ class HostBufferPool:
         if self._debug:
             self._check(buf, poisoned=False)
             buf.view[:] = bytes([POISON_BYTE]) * buf.capacity
-        if self._closed or buf.capacity > self._max_cached_class:
+        if buf.alloc:  # an allocation of its own: cached within the retained budget
+            with self._lock:
+                keep = (
+                    not self._closed
+                    and buf.capacity <= self._max_cached_class
+                    and self._free_own_bytes + buf.capacity <= self._retained_bytes
+                )
+                if keep:
+                    self._free_own_bytes += buf.capacity
+                else:
+                    self._discarded += 1
+                    self._held_bytes -= self._stride(buf.capacity)
+            if not keep:
+                self._free_host(buf.alloc)
+                return
+        if self._closed:
             with self._lock:
                 self._discarded += 1
-            if buf.alloc:
-                self._free_host(buf.alloc)
         else:
             bucket = self._free.get(buf.capacity)
             if bucket is None:
@@ -163,6 +192,7 @@ class HostBufferPool:
             buffers.append(buf)
         with self._lock:
             self._allocations += 1
+            self._held_bytes += stride * count
             self._owned += count
             if count > 1:
                 self._slabs.append(alloc)
@@ -170,6 +200,9 @@ class HostBufferPool:
             if spare:
                 self._free.setdefault(capacity, []).extend(spare)
         return buffers[0]
+
+    def _stride(self, capacity: int) -> int:
+        return capacity + (2 * _GUARD if self._debug else 0)
 
     def _check(self, buf: HostBuffer, *, poisoned: bool) -> None:
         before = host_view(buf.base, _GUARD)
@@ -193,15 +226,20 @@ class HostBufferPool:
                 host_view(buf.addr + buf.capacity, _GUARD)[:] = self._guard
 
     def stats(self) -> dict[str, int]:
-        """``in_use``, ``free``, ``high_water``, ``allocations`` and canary ``violations``."""
+        """``in_use``, ``free`` (buffers), ``high_water`` (buffers owned), ``allocations``,
+        canary ``violations``, ``bytes`` (pinned bytes held) and ``free_bytes`` (of free
+        buffers)."""
         with self._lock:
             return {
                 "in_use": self._in_use(),
                 "free": sum(len(bucket) for bucket in self._free.values()),
-                # the pool never shrinks: its peak is every buffer it still owns
                 "high_water": self._owned - self._discarded,
                 "allocations": self._allocations,
                 "violations": self._violations,
+                "bytes": self._held_bytes,
+                "free_bytes": sum(
+                    capacity * len(bucket) for capacity, bucket in self._free.items()
+                ),
             }
 
     def close(self) -> int:
@@ -219,6 +257,9 @@ class HostBufferPool:
             buf.view.release()
             if buf.alloc:
                 self._free_host(buf.alloc)
+        with self._lock:
+            self._free_own_bytes = 0
+            self._held_bytes = 0
         # A slab goes with every buffer in it, leaked ones included (reported below).
         for alloc in slabs:
             self._free_host(alloc)

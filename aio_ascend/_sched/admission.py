@@ -23,13 +23,15 @@ ENTRIES_PER_REQUEST = 2
 
 
 class Ticket:
-    """One caller waiting for admission; ``granted`` once a slot was handed to it."""
+    """One caller waiting for admission: ``granted`` once admitted, ``refused`` when the
+    stream or device closed first (it then holds nothing)."""
 
-    __slots__ = ("granted", "waiter")
+    __slots__ = ("granted", "refused", "waiter")
 
     def __init__(self, waiter: Any) -> None:
         self.waiter = waiter
         self.granted = False
+        self.refused = False
 
 
 class Admission:
@@ -77,7 +79,8 @@ class Admission:
         """
         if ticket.granted:
             return self.release(ENTRIES_PER_REQUEST)
-        self.queue.remove(ticket)
+        if not ticket.refused:
+            self.queue.remove(ticket)
         return []
 
     def release(self, entries: int) -> list[Any]:
@@ -103,14 +106,12 @@ class Admission:
             woken.append(ticket.waiter)
         return woken
 
-    def grant_all(self) -> list[Any]:
-        """On close: every queued caller is admitted (to re-check the state and raise)."""
+    def refuse_all(self) -> list[Any]:
+        """On close: every queued caller is turned away (it holds nothing): their waiters."""
         woken = []
         while self.queue:
             ticket = self.queue.popleft()
-            ticket.granted = True
-            self.in_flight += 1
-            self.entries += ENTRIES_PER_REQUEST
+            ticket.refused = True
             woken.append(ticket.waiter)
         return woken
 

@@ -57,6 +57,8 @@ log = logging.getLogger("aio_ascend")
 
 #: pending requests that make a batch go out at once instead of at the end of the tick
 FLUSH_AT = 256
+#: copies up to this size get their staging buffer on the loop; bigger ones in the submitter
+STAGE_ON_LOOP_BYTES = 1 << 20
 #: how long aclose() waits for its threads to exit (after forcing the streams, if it had to)
 #: before it abandons a thread stuck in a runtime call
 JOIN_TIMEOUT_S = 2.0
@@ -90,6 +92,7 @@ class Scheduler:
         task_timeout: float,
         debug: bool,
         batch_cap: int,
+        pinned_pool_bytes: int,
     ) -> None:
         self.adapter = adapter
         self._loop_now = adapter.current
@@ -102,7 +105,10 @@ class Scheduler:
         self._binding = binding = ContextBinding(runtime)
         binding.bound()
         self.pool = HostBufferPool(
-            binding.wrap(runtime.malloc_host), binding.wrap(runtime.free_host), debug=debug
+            binding.wrap(runtime.malloc_host),
+            binding.wrap(runtime.free_host),
+            debug=debug,
+            retained_bytes=pinned_pool_bytes,
         )
         self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool)
         self.faults = FaultState()
@@ -138,6 +144,7 @@ class Scheduler:
             lifetimes=self.lifetimes,
             batch_events=self._batch_events,
             post=self._post,
+            stage=self.pool.acquire,
             to_poller=batches.put,
             task_timeout=task_timeout,
         )
@@ -285,6 +292,9 @@ class Scheduler:
             for waiter in admission.withdraw(ticket):
                 adapter.wake(waiter)
             raise
+        if ticket.refused:  # closed while waiting: nothing is held
+            self.check_usable()
+            raise ClosedError("the stream was closed while waiting for admission")
         if (
             self.state is not DeviceState.OPEN
             or self.faults.first is not None
@@ -292,8 +302,6 @@ class Scheduler:
             or lane.closed
         ):
             self._release_slot(lane)
-            if lane.closed and self.state is DeviceState.OPEN:
-                raise ClosedError("the stream was closed while waiting for admission")
             self.check_usable()
             raise ClosedError("the stream was closed while waiting for admission")
 
@@ -385,8 +393,10 @@ class Scheduler:
         return self._enqueue(WaitEvent(lane, task, event))
 
     def _stage(self, lane: Lane, count: int, allocation: Allocation) -> Any:
+        # A big staging buffer is taken by the submitter thread instead: allocating (and
+        # first touching) hundreds of MiB of pinned memory must not stall the loop.
         try:
-            host = self.pool.acquire(count)
+            host = self.pool.acquire(count) if count <= STAGE_ON_LOOP_BYTES else None
             self.lifetimes.retain((allocation,))
         except BaseException:
             self.unadmit(lane)
@@ -478,10 +488,10 @@ class Scheduler:
         """Drain ``lane``, refuse new work on it and destroy its runtime stream. Idempotent."""
         if lane.closed:
             return
-        await self.drain_lane(lane)
-        lane.closed = True
-        for waiter in lane.admission.grant_all():
+        lane.closed = True  # no new admission from here on
+        for waiter in lane.admission.refuse_all():
             self.adapter.wake(waiter)
+        await self.drain_lane(lane)
         if lane not in self.lanes or self.state is not DeviceState.OPEN:
             return
         if self.faults.first is not None or lane.admission.in_flight:
@@ -514,6 +524,8 @@ class Scheduler:
             "host_buffers_high_water": pool["high_water"],
             "host_buffer_allocations": pool["allocations"],
             "host_buffer_violations": pool["violations"],
+            "host_pool_bytes": pool["bytes"],
+            "host_pool_free_bytes": pool["free_bytes"],
             "faulted": int(self.faults.first is not None),
         }
 
@@ -557,7 +569,7 @@ class Scheduler:
             else:
                 self.flush()
             for lane in self.lanes:
-                for waiter in lane.admission.grant_all():
+                for waiter in lane.admission.refuse_all():
                     self.adapter.wake(waiter)
             forced = False
             if self.unsettled:

@@ -23,6 +23,7 @@ from .._errors import (
     TaskTimeoutError,
     derived_error,
 )
+from .._host.pool import HostBuffer
 from .._runtime import Runtime
 from .._runtime.threads import GIL_SLICE_S, yield_gil
 from .batching import Hop
@@ -42,6 +43,7 @@ class Submitter:
     """The thread ``aio_ascend-submit-<device>`` and what only it touches.
 
     :param post: hands deliveries to the loop (non-blocking; counts a wake-up when it did)
+    :param stage: a pooled staging buffer for a big copy (the loop leaves those to us)
     :param to_poller: passes a recorded batch to the poller
     """
 
@@ -54,6 +56,7 @@ class Submitter:
         lifetimes: Lifetimes,
         batch_events: BatchEvents,
         post: Callable[[list[Delivery], Counters], None],
+        stage: Callable[[int], HostBuffer],
         to_poller: Callable[[Batch], None],
         task_timeout: float,
     ) -> None:
@@ -62,6 +65,7 @@ class Submitter:
         self._lifetimes = lifetimes
         self._events = batch_events
         self._post = post
+        self._stage = stage
         self._to_poller = to_poller
         self._task_timeout = task_timeout
         self.counters = Counters()
@@ -210,6 +214,8 @@ class Submitter:
                         )
                         counters.launches += 1
                     else:
+                        if req.host is None and req.is_copy:  # a big copy: staged here
+                            req.host = self._stage(req.count)  # type: ignore[attr-defined]
                         req.submit(runtime, lane.handle)
                         if req.is_copy:
                             counters.copies += 1

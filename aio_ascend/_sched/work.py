@@ -153,7 +153,7 @@ class _Copy(Request):
         self,
         lane: Lane,
         task: Task,
-        host: HostBuffer,
+        host: HostBuffer | None,
         dst: Any,
         src: Any,
         count: int,
@@ -175,7 +175,7 @@ class CopyToDevice(_Copy):
     kind = "copy_to_device"
 
     def __init__(
-        self, lane: Lane, task: Task, host: HostBuffer, dst: Allocation, src: Any, count: int
+        self, lane: Lane, task: Task, host: HostBuffer | None, dst: Allocation, src: Any, count: int
     ) -> None:
         super().__init__(lane, task, host, dst, src, count, dst)
 
@@ -204,7 +204,7 @@ class CopyToHost(_Copy):
         self,
         lane: Lane,
         task: Task,
-        host: HostBuffer,
+        host: HostBuffer | None,
         dst: np.ndarray[Any, Any],
         src: Allocation,
         count: int,

@@ -98,14 +98,15 @@ def test_a_cancelled_waiter_leaves_the_queue_or_passes_its_admission_on() -> Non
     assert (admission.in_flight, admission.entries) == (0, 0)
 
 
-def test_grant_all_on_close_hands_every_waiter_an_admission() -> None:
+def test_refuse_all_on_close_turns_every_waiter_away_holding_nothing() -> None:
     admission = Admission(2, 100)
     admission.try_enter()
     admission.try_enter()
-    for name in "xyz":
-        admission.enqueue(name)
-    assert admission.grant_all() == ["x", "y", "z"]
-    assert admission.in_flight == 5 and not admission.queue
+    tickets = [admission.enqueue(name) for name in "xyz"]
+    assert admission.refuse_all() == ["x", "y", "z"]
+    assert (admission.in_flight, admission.entries) == (2, 4) and not admission.queue
+    assert all(t.refused and not t.granted for t in tickets)
+    assert admission.withdraw(tickets[0]) == []  # cancelled after being refused: no-op
     admission.reset()
     assert (admission.in_flight, admission.entries) == (0, 0)
 
