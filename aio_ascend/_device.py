@@ -127,6 +127,7 @@ class Device:
             raise ValueError(f"malloc(nbytes={nbytes}): nbytes must be > 0")
         scheduler = self._scheduler
         scheduler.check_open()
+        scheduler.reap_buffers()
         ptr = scheduler.bound().malloc(nbytes)
         buffer = DeviceBuffer(scheduler.lifetimes, ptr, nbytes)
         scheduler.lifetimes.track(buffer)

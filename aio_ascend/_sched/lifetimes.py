@@ -3,13 +3,16 @@
 Device allocations count the queued requests that use them; ``free()`` on one still in use is
 deferred to the moment the last of those requests completes (a deterministic
 ``record_stream``). Host buffers go back to the pool only when the request's completion has
-been observed. The decisions (:meth:`Lifetimes.request_free`, :meth:`Lifetimes.unuse`) return
-what to free; :meth:`Lifetimes.release` carries them out.
+been observed. An allocation dropped without ``free()`` is freed once collected
+(:meth:`Lifetimes.reap`). The decisions (:meth:`Lifetimes.request_free`,
+:meth:`Lifetimes.unuse`) return what to free; :meth:`Lifetimes.release` carries them out.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -60,7 +63,10 @@ class Lifetimes:
         self._free_device = free_device
         self._pool = pool
         self._lock = threading.Lock()
-        self._live: set[Allocation] = set()
+        # ptr -> a weak reference to the live allocation (a dropped one is collected)
+        self._live: dict[int, weakref.ref[Allocation]] = {}
+        self._sizes: dict[weakref.ref[Allocation], tuple[int, int]] = {}
+        self._dropped: deque[tuple[int, int]] = deque()  # (ptr, nbytes) collected, not freed
         self._closed = False
 
     @property
@@ -70,8 +76,32 @@ class Lifetimes:
 
     def track(self, allocation: Allocation) -> None:
         """Start tracking a fresh allocation."""
+        ref = weakref.ref(allocation, self._collected)
         with self._lock:
-            self._live.add(allocation)
+            self._live[allocation.ptr] = ref
+            self._sizes[ref] = (allocation.ptr, allocation.nbytes)
+
+    def _collected(self, ref: weakref.ref[Allocation]) -> None:
+        # Garbage collection, any thread: dropped without free() (queued work holds its
+        # allocations, so none is in use). Freed by reap() on the loop thread, which binds
+        # the device context: a collection may run on another device's thread.
+        with self._lock:
+            site = self._sizes.pop(ref, None)
+            if site is None or self._live.get(site[0]) is not ref:
+                return
+            del self._live[site[0]]
+            if not self._closed:
+                self._dropped.append(site)
+
+    def reap(self) -> list[tuple[int, int]]:
+        """Allocations collected without ``free()`` since the last call: freed now, returned
+        as ``(ptr, nbytes)`` for the caller to report (loop thread)."""
+        dropped = []
+        while self._dropped:
+            site = self._dropped.popleft()
+            self._free_device(site[0])
+            dropped.append(site)
+        return dropped
 
     def retain(self, allocations: Iterable[Allocation]) -> None:
         """A queued request uses ``allocations`` until it is released."""
@@ -123,15 +153,22 @@ class Lifetimes:
         """On close: every allocation still alive, marked released; their pointers to free."""
         with self._lock:
             self._closed = True
-            live, self._live = self._live, set()
-            for allocation in live:
+            live, self._live = self._live, {}
+            self._sizes.clear()
+            dropped = [ptr for ptr, _ in self._dropped]
+            self._dropped.clear()
+        for ref in live.values():
+            allocation = ref()
+            if allocation is not None:
                 allocation.free_requested = allocation.released = True
-        return [allocation.ptr for allocation in live]
+        return list(live) + dropped
 
     def _retire(self, allocation: Allocation) -> bool:
         # (lock held) The allocation is done: True if it still had to be freed.
         if allocation.released or self._closed:
             return False
         allocation.released = True
-        self._live.discard(allocation)
+        ref = self._live.pop(allocation.ptr, None)
+        if ref is not None:
+            self._sizes.pop(ref, None)
         return True

@@ -14,6 +14,7 @@ import logging
 import queue
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -432,6 +433,19 @@ class Scheduler:
             deadline = time.monotonic() + self._task_timeout
             self._submitter.submit(Hop(pending, deadline, self._hop_lock))
         self.user_events.recycle()
+        self.reap_buffers()
+
+    def reap_buffers(self) -> None:
+        """Free the device buffers collected without ``free()``, with a ResourceWarning."""
+        for ptr, nbytes in self.lifetimes.reap():
+            message = (
+                f"a DeviceBuffer ({nbytes} bytes at {ptr:#x}) of device {self.device_id} was "
+                "garbage-collected without free(); it has been freed now"
+            )
+            try:
+                warnings.warn(message, ResourceWarning, stacklevel=2)
+            except Warning:  # warnings turned into errors: a loop callback must not raise
+                log.warning(message)
 
     # --- completions (loop thread) ---------------------------------------------------------
 
