@@ -302,9 +302,7 @@ def open_device(
     if not isinstance(debug, bool):
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if runtime_options is not None and not isinstance(runtime_options, Mapping):
-        raise TypeError(
-            f"runtime_options must be a mapping, got {type(runtime_options).__name__}"
-        )
+        raise TypeError(f"runtime_options must be a mapping, got {type(runtime_options).__name__}")
     kwargs = {
         "completion": completion,
         "task_timeout": task_timeout,

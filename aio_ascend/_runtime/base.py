@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Runtime"]
 
+
 @runtime_checkable
 class Runtime(Protocol):
     """One backend bound to one device; the ACL functions the scheduler uses.
@@ -140,6 +141,12 @@ class Runtime(Protocol):
         ``timeout_ms`` is -1 or > 0 (0 raises ``InvalidParamError``); raises
         ``EventSyncTimeoutError`` (507047) on timeout, the fault's error if the device faulted.
         """
+        ...
+
+    def fault_site(self) -> tuple[int, int] | None:
+        """Which task faulted the device, if the backend knows: ``(stream, index)``, the index
+        counting from 0 every task submitted to that stream (launches, copies, event records
+        and waits) in submission order; ``None`` before a fault or when it cannot tell."""
         ...
 
     def stream_wait_event(self, stream: int, event: int) -> None:

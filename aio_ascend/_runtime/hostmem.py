@@ -15,4 +15,3 @@ def host_view(addr: int, size: int) -> memoryview:
     if addr <= 0 or size <= 0:
         raise ValueError(f"invalid host range addr={addr:#x} size={size}")
     return memoryview((ctypes.c_ubyte * size).from_address(addr)).cast("B")
-

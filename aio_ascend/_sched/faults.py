@@ -65,19 +65,32 @@ def classify_refusal(
 
 
 def fail_batches(
-    batches: Iterable[Batch], fault: BaseException, first: BaseException
+    batches: Iterable[Batch],
+    fault: BaseException,
+    first: BaseException,
+    site: tuple[int, int] | None = None,
 ) -> list[Delivery]:
-    """Deliveries failing every request of ``batches`` after ``fault`` broke the context.
+    """Deliveries for every request of ``batches`` after ``fault`` broke the context.
 
-    The first request gets ``first`` itself when ``fault`` is the device's first fault (nobody
-    else was given it yet); everybody else gets a DeviceFaultError caused by ``first``.
+    With a fault report ``site`` (stream handle, task index): the request at that position
+    gets the device's first fault, the ones before it on that stream completed (no error),
+    everybody else gets a DeviceFaultError caused by the first fault. Without one: the first
+    request gets the first fault when ``fault`` is it (nobody else was given it yet).
     """
     deliveries: list[Delivery] = []
     given_first = first is not fault
     for batch in batches:
         for request in batch.requests:
-            if not given_first:
-                error: BaseException = first
+            error: BaseException | None
+            if site is not None and request.lane.handle == site[0]:
+                if request.position < site[1]:
+                    error = None  # done before the fault, on a FIFO stream
+                elif request.position == site[1]:
+                    error = first
+                else:
+                    error = derived_error(first, "device faulted")
+            elif site is None and not given_first:
+                error = first
                 given_first = True
             else:
                 error = derived_error(first, "device faulted")

@@ -21,13 +21,16 @@ class Lane:
     :ivar last: the latest task queued on it (``synchronize`` waits for it)
     """
 
-    __slots__ = ("admission", "closed", "handle", "last")
+    __slots__ = ("admission", "closed", "handle", "last", "submitted")
 
     def __init__(self, handle: int, max_in_flight: int, entry_budget: int) -> None:
         self.handle = handle
         self.admission = Admission(max_in_flight, entry_budget)
         self.closed = False
         self.last: Task | None = None
+        #: runtime tasks submitted to the stream so far (the submitter thread's count): the
+        #: position a fault report names
+        self.submitted = 0
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"

@@ -249,4 +249,15 @@ class Poller:
         self._pending = 0
         for batch in batches:
             self.orphans.extend(batch.requests)
-        self._post(fail_batches(batches, fault, first), self.counters)
+        try:
+            site = self._runtime.fault_site()
+        except Exception:
+            site = None
+        deliveries = fail_batches(batches, fault, first, site)
+        for index, (req, error, outcome) in enumerate(deliveries):
+            if error is None and req.needs_completion:  # finished before the fault
+                try:
+                    req.on_complete()
+                except BaseException as exc:
+                    deliveries[index] = (req, InternalError(f"completing failed: {exc!r}"), outcome)
+        self._post(deliveries, self.counters)

@@ -224,6 +224,9 @@ class Submitter:
                 except Exception as exc:  # a bug of ours: fails this request only
                     error = InternalError(f"submitting {req.kind} failed: {exc!r}")
                     error.__cause__ = exc
+                else:
+                    req.position = lane.submitted
+                    lane.submitted += 1
             if error is not None:
                 req.on_refused(error)
                 self._lifetimes.release((req,))
@@ -268,5 +271,6 @@ class Submitter:
             self.orphans.extend(requests)
             failures.extend((req, error, Outcome.FINISHED) for req in requests)
             return
+        lane.submitted += 1  # the event record is a task of the stream too
         self.counters.batches += 1
         self._to_poller(Batch(lane, requests, event, deadline))

@@ -53,7 +53,16 @@ class Outcome(enum.Enum):
 class Request(ABC):
     """One operation on one stream. Subclasses implement :meth:`submit`."""
 
-    __slots__ = ("buffers", "closes_batch", "entries", "host", "lane", "settled", "task")
+    __slots__ = (
+        "buffers",
+        "closes_batch",
+        "entries",
+        "host",
+        "lane",
+        "position",
+        "settled",
+        "task",
+    )
     kind = "request"
     #: whether it counts as a launch, a copy or neither in ``Device.stats()``
     is_launch = False
@@ -78,6 +87,7 @@ class Request(ABC):
         # formed), and whether the batch's completion event is recorded after it
         self.entries = 2
         self.closes_batch = False
+        self.position = -1  # its index among the stream's runtime tasks, once submitted
 
     @abstractmethod
     def submit(self, runtime: Runtime, stream: int) -> None:
@@ -121,6 +131,7 @@ class Launch(Request):
         self.settled = False
         self.entries = 2
         self.closes_batch = False
+        self.position = -1
         self.func = func
         self.blocks = blocks
         self.cfg = cfg

@@ -104,11 +104,16 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"auto picks: {chosen}")
     print(f"  why: {_indent(reason, 7)}")
     override = os.environ.get(ENV_BACKEND)
-    print(f"  {ENV_BACKEND}={override}" if override else
-          f"  set {ENV_BACKEND}=sim|acl|cuda to override 'auto'")
+    print(
+        f"  {ENV_BACKEND}={override}"
+        if override
+        else f"  set {ENV_BACKEND}=sim|acl|cuda to override 'auto'"
+    )
     print("versions:")
-    print(f"  {'python':<12} {platform.python_version()} ({platform.python_implementation()}, "
-          f"{sys.executable})")
+    print(
+        f"  {'python':<12} {platform.python_version()} ({platform.python_implementation()}, "
+        f"{sys.executable})"
+    )
     print(f"  {'aio_ascend':<12} {__version__}")
     for dist, note in [
         ("numpy", ""),
@@ -167,19 +172,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
             result.spans,
             tracks=result.tracks,
             process_name="aio-ascend demo (sim)",
-            metadata={"command": "demo", "requests": cfg.requests, "stages": list(STAGES),
-                      "phases": ["queued", "submitted/executing", "completed->resumed"]},
+            metadata={
+                "command": "demo",
+                "requests": cfg.requests,
+                "stages": list(STAGES),
+                "phases": ["queued", "submitted/executing", "completed->resumed"],
+            },
         )
-        print(f"  trace        {args.trace}  ({slices} slices on {len(result.tracks)} stream "
-              f"tracks; open in {PERFETTO})")
+        print(
+            f"  trace        {args.trace}  ({slices} slices on {len(result.tracks)} stream "
+            f"tracks; open in {PERFETTO})"
+        )
     if args.plot:
         lat = result.latencies_us
         plot_latencies(
             args.plot,
             {"request (h2d -> compute -> d2h)": lat},
-            title=(f"aio-ascend demo: request latency, {result.completed} requests, "
-                   f"{3 * cfg.streams} streams, {min(cfg.concurrency, cfg.requests)} in flight, "
-                   f"loop={cfg.loop}"),
+            title=(
+                f"aio-ascend demo: request latency, {result.completed} requests, "
+                f"{3 * cfg.streams} streams, {min(cfg.concurrency, cfg.requests)} in flight, "
+                f"loop={cfg.loop}"
+            ),
         )
         print(f"  plot         {args.plot}")
     return 0 if result.ok else 1
@@ -209,8 +222,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .trace import spans_from_tuples, write_trace
 
     if args.backend != "sim":
-        print(f"{PROG} bench: --backend {args.backend} is not supported yet; only 'sim' is "
-              "(the side-by-side runs drive the simulator's runtime directly)", file=sys.stderr)
+        print(
+            f"{PROG} bench: --backend {args.backend} is not supported yet; only 'sim' is "
+            "(the side-by-side runs drive the simulator's runtime directly)",
+            file=sys.stderr,
+        )
         return 2
     if args.plot and not _have_matplotlib():
         return _no_matplotlib()
@@ -223,8 +239,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         only = [key.strip() for key in args.only.split(",") if key.strip()]
         unknown = [key for key in only if key not in known]
         if unknown or not only:
-            print(f"{PROG} bench: unknown step(s) {', '.join(unknown) or '(none given)'}; "
-                  f"choose from: {', '.join(known)}", file=sys.stderr)
+            print(
+                f"{PROG} bench: unknown step(s) {', '.join(unknown) or '(none given)'}; "
+                f"choose from: {', '.join(known)}",
+                file=sys.stderr,
+            )
             return 2
     cfg = BenchConfig(
         scale=args.scale,
@@ -243,31 +262,43 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"json: {args.json}")
     if args.trace:
         spans = spans_from_tuples(cfg.spans)
-        slices = write_trace(args.trace, spans, process_name="aio-ascend bench (sim)",
-                             metadata={"command": "bench", "config": results.get("config", {})})
+        slices = write_trace(
+            args.trace,
+            spans,
+            process_name="aio-ascend bench (sim)",
+            metadata={"command": "bench", "config": results.get("config", {})},
+        )
         if spans:
             print(f"trace: {args.trace}  ({slices} slices; open in {PERFETTO})")
         else:
-            print(f"trace: {args.trace}  (empty: none of the steps run recorded spans; "
-                  "the wake_poll / wake_block steps do)", file=sys.stderr)
+            print(
+                f"trace: {args.trace}  (empty: none of the steps run recorded spans; "
+                "the wake_poll / wake_block steps do)",
+                file=sys.stderr,
+            )
     if args.plot:
         # Two different measurements carry latency samples: a whole launch + await
         # (naive, unbatched, poll, block) and device completion -> coroutine resumed (wake_*).
         series = {
-            (f"{key}: completion->resume" if key.startswith("wake") else f"{key}: launch+await"):
-                value["latencies_us"]
+            (
+                f"{key}: completion->resume" if key.startswith("wake") else f"{key}: launch+await"
+            ): value["latencies_us"]
             for key, value in results.items()
             if isinstance(value, dict) and value.get("latencies_us")
         }
         if series:
             plot_latencies(
-                args.plot, series,
+                args.plot,
+                series,
                 title=f"aio-ascend bench latencies (scale {cfg.scale}, loop={cfg.loop})",
             )
             print(f"plot: {args.plot}")
         else:
-            print(f"{PROG} bench: --plot: none of the steps run recorded latency samples "
-                  "(wake_poll, wake_block and wake_churn do); no plot written", file=sys.stderr)
+            print(
+                f"{PROG} bench: --plot: none of the steps run recorded latency samples "
+                "(wake_poll, wake_block and wake_churn do); no plot written",
+                file=sys.stderr,
+            )
             status = 1
     if args.strict:
         missed = [name for name, x in results.get("ratios", {}).items() if not x["met"]]
@@ -298,20 +329,44 @@ def build_parser() -> argparse.ArgumentParser:
         "copy, axpy+scale compute, device->host copy), chained by record_event/wait_event; "
         "every result is checked against numpy.",
     )
-    demo.add_argument("--requests", type=_positive_int, default=2000, metavar="N",
-                      help="requests to run (default 2000)")
-    demo.add_argument("--streams", type=_positive_int, default=1, metavar="S",
-                      help="streams per stage; the pipeline uses 3*S streams (default 1)")
-    demo.add_argument("--concurrency", type=_positive_int, default=16, metavar="C",
-                      help="requests in flight at once (default 16)")
-    demo.add_argument("--size", type=_positive_int, default=16_384, metavar="N",
-                      help="float32 elements per vector (default 16384)")
+    demo.add_argument(
+        "--requests",
+        type=_positive_int,
+        default=2000,
+        metavar="N",
+        help="requests to run (default 2000)",
+    )
+    demo.add_argument(
+        "--streams",
+        type=_positive_int,
+        default=1,
+        metavar="S",
+        help="streams per stage; the pipeline uses 3*S streams (default 1)",
+    )
+    demo.add_argument(
+        "--concurrency",
+        type=_positive_int,
+        default=16,
+        metavar="C",
+        help="requests in flight at once (default 16)",
+    )
+    demo.add_argument(
+        "--size",
+        type=_positive_int,
+        default=16_384,
+        metavar="N",
+        help="float32 elements per vector (default 16384)",
+    )
     demo.add_argument("--loop", choices=["asyncio", "uvloop", "trio"], default="asyncio")
     demo.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    demo.add_argument("--trace", metavar="PATH",
-                      help=f"write a Chrome/Perfetto trace JSON ({PERFETTO})")
-    demo.add_argument("--plot", metavar="PATH", help="write a latency histogram PNG "
-                      "(needs matplotlib: the 'plot' extra)")
+    demo.add_argument(
+        "--trace", metavar="PATH", help=f"write a Chrome/Perfetto trace JSON ({PERFETTO})"
+    )
+    demo.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a latency histogram PNG (needs matplotlib: the 'plot' extra)",
+    )
     demo.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     demo.set_defaults(func=cmd_demo)
 
@@ -319,27 +374,44 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="side-by-side benchmarks: raw runtime loop, naive to_thread, the scheduler",
     )
-    bench.add_argument("--scale", type=_positive_float, default=1.0, metavar="F",
-                       help="size multiplier (default 1.0, well under a minute)")
-    bench.add_argument("--only", metavar="a,b,c",
-                       help="comma-separated steps: packing, raw, naive, unbatched, poll, "
-                       "block, bare_wakes, wake_poll, wake_block, wake_churn, loop_lag, "
-                       "idle_poll, idle_block")
-    bench.add_argument("--launchers", type=_positive_int, default=256, metavar="N",
-                       help="concurrent launching coroutines (default 256)")
+    bench.add_argument(
+        "--scale",
+        type=_positive_float,
+        default=1.0,
+        metavar="F",
+        help="size multiplier (default 1.0, well under a minute)",
+    )
+    bench.add_argument(
+        "--only",
+        metavar="a,b,c",
+        help="comma-separated steps: packing, raw, naive, unbatched, poll, "
+        "block, bare_wakes, wake_poll, wake_block, wake_churn, loop_lag, "
+        "idle_poll, idle_block",
+    )
+    bench.add_argument(
+        "--launchers",
+        type=_positive_int,
+        default=256,
+        metavar="N",
+        help="concurrent launching coroutines (default 256)",
+    )
     bench.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
-    bench.add_argument("--backend", default="sim",
-                       help="only 'sim' is supported for now")
+    bench.add_argument("--backend", default="sim", help="only 'sim' is supported for now")
     bench.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
-    bench.add_argument("--no-latencies", action="store_true",
-                       help="leave the raw latency lists out of --json")
-    bench.add_argument("--trace", metavar="PATH",
-                       help=f"write a Chrome/Perfetto trace JSON of the recorded spans "
-                       f"({PERFETTO})")
-    bench.add_argument("--plot", metavar="PATH",
-                       help="write a wake-latency histogram PNG (needs matplotlib)")
-    bench.add_argument("--strict", action="store_true",
-                       help="exit 1 when a target ratio is not met")
+    bench.add_argument(
+        "--no-latencies", action="store_true", help="leave the raw latency lists out of --json"
+    )
+    bench.add_argument(
+        "--trace",
+        metavar="PATH",
+        help=f"write a Chrome/Perfetto trace JSON of the recorded spans ({PERFETTO})",
+    )
+    bench.add_argument(
+        "--plot", metavar="PATH", help="write a wake-latency histogram PNG (needs matplotlib)"
+    )
+    bench.add_argument(
+        "--strict", action="store_true", help="exit 1 when a target ratio is not met"
+    )
     bench.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     bench.set_defaults(func=cmd_bench)
     return parser

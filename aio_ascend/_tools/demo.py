@@ -35,8 +35,17 @@ from .. import Device, HostArgs, Stream, open_device
 from .progress import Progress
 from .trace import Span, percentile
 
-__all__ = ["STAGES", "DemoConfig", "DemoResult", "format_demo", "make_inputs", "percentile",
-           "run_demo", "run_pipeline", "track_names"]
+__all__ = [
+    "STAGES",
+    "DemoConfig",
+    "DemoResult",
+    "format_demo",
+    "make_inputs",
+    "percentile",
+    "run_demo",
+    "run_pipeline",
+    "track_names",
+]
 
 STAGES = ("h2d", "compute", "d2h")
 LOOPS = ("asyncio", "uvloop", "trio")
@@ -226,8 +235,7 @@ async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
             if len(errors) < 5:
                 bad = int(np.argmax(~np.isclose(slot.out, expected, rtol=1e-5, atol=1e-6)))
                 errors.append(
-                    f"request {i}: element {bad} is {slot.out[bad]!r}, numpy says "
-                    f"{expected[bad]!r}"
+                    f"request {i}: element {bad} is {slot.out[bad]!r}, numpy says {expected[bad]!r}"
                 )
         if mark is not None:
             stages = ((t_in, t_c, r_in), (t_c, t_out, r_c), (t_out, t_issued, r_out))
@@ -278,8 +286,9 @@ def run_demo(cfg: DemoConfig) -> DemoResult:
     if cfg.loop == "trio":
         result: DemoResult = anyio.run(run_pipeline, cfg, backend="trio")
     elif cfg.loop == "uvloop":
-        result = anyio.run(run_pipeline, cfg, backend="asyncio",
-                           backend_options={"use_uvloop": True})
+        result = anyio.run(
+            run_pipeline, cfg, backend="asyncio", backend_options={"use_uvloop": True}
+        )
     else:
         result = anyio.run(run_pipeline, cfg, backend="asyncio")
     return result

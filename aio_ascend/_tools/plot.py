@@ -17,7 +17,6 @@ class PlotUnavailableError(ImportError):
     """matplotlib is not installed (``pip install 'aio_ascend[plot]'``)."""
 
 
-
 def plot_latencies(
     path: str | os.PathLike[str],
     series: Mapping[str, Sequence[float]],
@@ -66,9 +65,13 @@ def plot_latencies(
         for index, (name, values) in enumerate(data.items()):
             color = colors[index % len(colors)]
             p50, p99 = percentile(values, 50), percentile(values, 99)
-            ax.hist(values, bins=bins, alpha=0.55, color=color,
-                    label=f"{name}: n={len(values)}, p50 {p50:,.3g} {unit}, "
-                          f"p99 {p99:,.3g} {unit}")
+            ax.hist(
+                values,
+                bins=bins,
+                alpha=0.55,
+                color=color,
+                label=f"{name}: n={len(values)}, p50 {p50:,.3g} {unit}, p99 {p99:,.3g} {unit}",
+            )
             ax.axvline(p50, color=color, linestyle="--", linewidth=1.2)
             ax.axvline(p99, color=color, linestyle=":", linewidth=1.6)
         if log:
@@ -82,11 +85,20 @@ def plot_latencies(
         ax.grid(True, which="major", alpha=0.3)
         ax.margins(y=0.15)
         handles, labels = ax.get_legend_handles_labels()
-        handles += [Line2D([], [], color="grey", linestyle="--"),
-                    Line2D([], [], color="grey", linestyle=":")]
+        handles += [
+            Line2D([], [], color="grey", linestyle="--"),
+            Line2D([], [], color="grey", linestyle=":"),
+        ]
         labels += ["p50", "p99"]
-        ax.legend(handles, labels, fontsize="small", loc="upper center",
-                  bbox_to_anchor=(0.5, -0.13), ncol=1, frameon=False)
+        ax.legend(
+            handles,
+            labels,
+            fontsize="small",
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.13),
+            ncol=1,
+            frameon=False,
+        )
         fig.tight_layout()
         fig.savefig(path, format="png")
     finally:

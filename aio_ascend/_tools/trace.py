@@ -110,8 +110,7 @@ def build_trace(
         by_track[span.track].append(span)
 
     events: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": _PID, "tid": 0,
-         "args": {"name": process_name}},
+        {"ph": "M", "name": "process_name", "pid": _PID, "tid": 0, "args": {"name": process_name}},
     ]
     slices: list[dict[str, Any]] = []
     for track_index, name in enumerate(order):
@@ -122,12 +121,16 @@ def build_trace(
             tid = (track_index + 1) * LANE_STRIDE + lane
             label = name if lane == 0 else f"{name} +{lane}"
             events.append(
-                {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid,
-                 "args": {"name": label}}
+                {"ph": "M", "name": "thread_name", "pid": _PID, "tid": tid, "args": {"name": label}}
             )
             events.append(
-                {"ph": "M", "name": "thread_sort_index", "pid": _PID, "tid": tid,
-                 "args": {"sort_index": tid}}
+                {
+                    "ph": "M",
+                    "name": "thread_sort_index",
+                    "pid": _PID,
+                    "tid": tid,
+                    "args": {"sort_index": tid},
+                }
             )
         for i, span in enumerate(members):
             start = span.start

@@ -377,6 +377,10 @@ class AclRuntime:
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
 
+    def fault_site(self) -> tuple[int, int] | None:
+        """See the protocol."""
+        return None  # the runtime's exception info can tell (the Ascend issue); not bound yet
+
     def stream_wait_event(self, stream: int, event: int) -> None:
         try:
             self._fn["aclrtStreamWaitEvent"](_ptr("stream", stream), _ptr("event", event))

@@ -277,6 +277,10 @@ class CudaRuntime(CudaCore):
             self._set_error(message)
             raise EventSyncTimeoutError(message, code=ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, func=func)
 
+    def fault_site(self) -> tuple[int, int] | None:
+        """See the protocol."""
+        return None  # CUDA reports a sticky error per context, not which kernel raised it
+
     def stream_wait_event(self, stream: int, event: int) -> None:
         func = "cuStreamWaitEvent"
         self._enter_live(func)

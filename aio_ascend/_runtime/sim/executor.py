@@ -221,6 +221,8 @@ class DeviceExecutor:
         self._pageable: set[PageableCopy] = set()
 
         self._fault: tuple[int, str] | None = None
+        #: (stream, index of the task in submission order) that faulted the device
+        self.faulted_task: tuple[int, int] | None = None
         self._closed = False
         self._paused = False
         self._pause_ack = False
@@ -470,6 +472,7 @@ class DeviceExecutor:
                     queue.popleft()
                     if self._run_kernel(s, task):
                         if self._fault is not None:
+                            self._note_fault_site(s)
                             return True, records_done, None
                         progressed = True
                         if s.hung:
@@ -493,6 +496,7 @@ class DeviceExecutor:
                     queue.popleft()
                     self._run_copy(task)
                     if self._fault is not None:
+                        self._note_fault_site(s)
                         return True, records_done, None
                 s.completed += 1
                 progressed = True
@@ -577,6 +581,12 @@ class DeviceExecutor:
         else:
             device = self._memory.view(src, count, "memcpy source")
             ctypes.memmove(dst, device.ctypes.data, count)
+
+    def _note_fault_site(self, s: SimStream) -> None:
+        # The task that faulted is the one after the `completed` finished ones (FIFO).
+        with self._cond:
+            if self.faulted_task is None:
+                self.faulted_task = (s.handle, s.completed)
 
     def _set_fault(self, code: int, message: str) -> None:
         with self._cond:

@@ -364,6 +364,10 @@ class SimRuntime(DeviceExecutor):
             with self._cond:
                 self._sync_locks.discard(wake)
 
+    def fault_site(self) -> tuple[int, int] | None:
+        """See the protocol."""
+        return self.faulted_task
+
     def stream_wait_event(self, stream: int, event: int) -> None:
         """``aclrtStreamWaitEvent``: later work on ``stream`` waits for the event's recording
         as of this call; a never-recorded event does not wait."""
