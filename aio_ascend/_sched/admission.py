@@ -20,6 +20,7 @@ __all__ = ["ENTRIES_PER_REQUEST", "Admission", "Ticket"]
 
 #: entries a request reserves: its own, and its share of a batch completion event at most
 ENTRIES_PER_REQUEST = 2
+_NOBODY: list[Any] = []  # returned for "wake nobody" (never appended to)
 
 
 class Ticket:
@@ -87,7 +88,7 @@ class Admission:
         """A request finished (or was never built) and gives back ``entries``: whom to wake."""
         self.in_flight -= 1
         self.entries -= entries
-        return self.grant() if self.queue else []
+        return self.grant() if self.queue else _NOBODY
 
     def refund(self, entries: int) -> list[Any]:
         """Reserved entries that turned out unneeded (batch formed): whom to wake."""
@@ -98,7 +99,12 @@ class Admission:
         """Admit queued callers, oldest first, while they fit: their waiters."""
         woken = []
         queue = self.queue
-        while queue and self.fits():
+        # (fits(), inline: a saturated stream comes here for every finished request)
+        while (
+            queue
+            and self.in_flight < self.limit
+            and self.entries + ENTRIES_PER_REQUEST <= self.entry_budget
+        ):
             ticket = queue.popleft()
             ticket.granted = True
             self.in_flight += 1

@@ -54,13 +54,14 @@ class UserEvents:
     def __init__(self, create: Callable[[int], int], destroy: Callable[[int], None]) -> None:
         self._create = create
         self._destroy = destroy
-        self._dead: deque[tuple[int, int]] = deque()  # appended by finalizers, any thread
+        #: (handle, flags) of collected Events, appended by finalizers (any thread)
+        self.retired: deque[tuple[int, int]] = deque()
         self._spare: dict[int, list[int]] = {}
         self.alive: set[int] = set()  # every handle created and not destroyed
 
     def take(self, flags: int) -> int:
         """An event with ``flags``: a recycled one if any (loop thread)."""
-        if self._dead:
+        if self.retired:
             self.recycle()
         spares = self._spare.get(flags)
         if spares:
@@ -72,11 +73,11 @@ class UserEvents:
     def retire(self, handle: int, flags: int) -> None:
         """The public Event of ``handle`` was collected: every request that used it completed,
         so it can be recorded again (a ``weakref.finalize`` callback, any thread)."""
-        self._dead.append((handle, flags))
+        self.retired.append((handle, flags))
 
     def recycle(self) -> None:
         """Keep a bounded number of retired handles per flag set, destroy the rest (loop)."""
-        dead = self._dead
+        dead = self.retired
         while dead:
             handle, flags = dead.popleft()
             spares = self._spare.setdefault(flags, [])
@@ -90,6 +91,6 @@ class UserEvents:
         """On close: every handle still alive (referenced, spare or retired), now forgotten."""
         handles = list(self.alive)
         self.alive.clear()
-        self._dead.clear()
+        self.retired.clear()
         self._spare.clear()
         return handles

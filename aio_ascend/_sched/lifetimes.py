@@ -66,7 +66,8 @@ class Lifetimes:
         # ptr -> a weak reference to the live allocation (a dropped one is collected)
         self._live: dict[int, weakref.ref[Allocation]] = {}
         self._sizes: dict[weakref.ref[Allocation], tuple[int, int]] = {}
-        self._dropped: deque[tuple[int, int]] = deque()  # (ptr, nbytes) collected, not freed
+        #: (ptr, nbytes) of allocations collected without free(), not freed yet (see reap)
+        self.dropped: deque[tuple[int, int]] = deque()
         self._closed = False
 
     @property
@@ -91,14 +92,14 @@ class Lifetimes:
                 return
             del self._live[site[0]]
             if not self._closed:
-                self._dropped.append(site)
+                self.dropped.append(site)
 
     def reap(self) -> list[tuple[int, int]]:
         """Allocations collected without ``free()`` since the last call: freed now, returned
         as ``(ptr, nbytes)`` for the caller to report (loop thread)."""
         dropped = []
-        while self._dropped:
-            site = self._dropped.popleft()
+        while self.dropped:
+            site = self.dropped.popleft()
             self._free_device(site[0])
             dropped.append(site)
         return dropped
@@ -155,8 +156,8 @@ class Lifetimes:
             self._closed = True
             live, self._live = self._live, {}
             self._sizes.clear()
-            dropped = [ptr for ptr, _ in self._dropped]
-            self._dropped.clear()
+            dropped = [ptr for ptr, _ in self.dropped]
+            self.dropped.clear()
         for ref in live.values():
             allocation = ref()
             if allocation is not None:

@@ -127,7 +127,6 @@ class Scheduler:
         self._flush_at = min(batch_cap, FLUSH_AT)
         self._batch_cap = batch_cap
         self._task_timeout = task_timeout
-        self._hop_lock = threading.Lock()
         self._post_lock = threading.Lock()
         self._undelivered: list[Delivery] = []
         self._forcing = False
@@ -431,9 +430,11 @@ class Scheduler:
                     self.adapter.wake(waiter)
             # The watchdog's clock starts now, within a loop tick of admission.
             deadline = time.monotonic() + self._task_timeout
-            self._submitter.submit(Hop(pending, deadline, self._hop_lock))
-        self.user_events.recycle()
-        self.reap_buffers()
+            self._submitter.submit(Hop(pending, deadline))
+        if self.user_events.retired:
+            self.user_events.recycle()
+        if self.lifetimes.dropped:
+            self.reap_buffers()
 
     def reap_buffers(self) -> None:
         """Free the device buffers collected without ``free()``, with a ResourceWarning."""
