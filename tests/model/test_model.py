@@ -281,6 +281,9 @@ class DeviceMachine(RuleBasedStateMachine):
 
         bm = BModel(self.call(malloc), nbytes)
         self.bmodels.append(bm)
+        healthy = [sm for sm in self.smodels if self.allowed(sm) == {None}]
+        if healthy:  # give it known contents (so that later reads can be checked)
+            self.copy_to_device(self.smodels.index(healthy[0]), len(self.bmodels) - 1, 1, nbytes)
 
     @precondition(_has_b)
     @rule(bm=IDX)
@@ -346,6 +349,52 @@ class DeviceMachine(RuleBasedStateMachine):
                 bad = np.flatnonzero(dst[known] != bm.data[:n][known])
                 type(self).figures.checked_bytes += int(known.sum())
                 assert bad.size == 0, f"copy_to_host: {bad.size} bytes differ from the model"
+        else:
+            assert (dst == CANARY).all(), "a failed copy_to_host wrote the user's array"
+            self.canaries.append(dst)
+
+    @precondition(_has_sb)
+    @rule(sm=IDX, bm=IDX, seed=st.integers(0, 2**16))
+    def round_trip(self, sm: Any, bm: Any, seed: int) -> None:
+        """copy_to_device then copy_to_host on one stream, pipelined: stream order holds."""
+        sm, bm = self._s(sm), self._b(bm)
+        if not sm.usable():
+            return
+        src = _floats(seed, bm.nbytes)
+        dst = np.full(bm.nbytes, CANARY, np.uint8)
+        allowed = self.allowed(sm)
+
+        async def go() -> tuple[BaseException | None, BaseException | None]:
+            results: list[BaseException | None] = []
+            with anyio.fail_after(BOUND):
+                try:
+                    up = await sm.stream.copy_to_device(bm.buf, src)
+                    down = await sm.stream.copy_to_host(dst, bm.buf)
+                except aa.DeviceFaultError as exc:
+                    if not (self.faulted or self.fault_pending):
+                        raise AssertionError("round trip refused on a healthy device") from exc
+                    self.faulted = True
+                    return exc, exc
+                for task in (up, down):
+                    try:
+                        await task
+                        results.append(None)
+                    except (aa.TaskTimeoutError, aa.DeviceFaultError) as exc:
+                        results.append(exc)
+            return results[0], results[1]
+
+        up_exc, down_exc = self.call(go)
+        self.check_outcome("round trip up", up_exc, allowed)
+        self.check_outcome("round trip down", down_exc, allowed)
+        if up_exc is None:
+            bm.data[:] = src
+            bm.known[:] = True
+        else:
+            bm.tainted = True
+        if down_exc is None:
+            if up_exc is None:
+                np.testing.assert_array_equal(dst, src)
+                type(self).figures.checked_bytes += dst.size
         else:
             assert (dst == CANARY).all(), "a failed copy_to_host wrote the user's array"
             self.canaries.append(dst)
