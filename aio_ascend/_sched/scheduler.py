@@ -267,14 +267,14 @@ class Scheduler:
             await self.adapter.checkpoint()
         # (check_usable's conditions inline: every launch of a saturated stream comes here;
         # bench "(c) scheduler" row, ~0.1 us a call)
+        if lane.closed:  # before the device's state: the caller's own object is closed
+            raise ClosedError("the stream is closed")
         if (
             self.state is not DeviceState.OPEN
             or self.faults.first is not None
             or self._loop_now() is not self._loop_identity
         ):
             self.check_usable()
-        if lane.closed:
-            raise ClosedError("the stream is closed")
         admission = lane.admission
         if not admission.try_enter():
             await self._wait_for_slot(lane)

@@ -279,3 +279,16 @@ async def test_big_copies_keep_the_loop_responsive(open_dev: OpenDevice) -> None
         assert out[0] == 3 and out[-1] == 3
     print(f"[figures] loop lag during 64 MiB round trips: max {max(lags) * 1e3:.1f} ms")
     assert max(lags) < 0.5  # v0.1: up to 2.5 s; expected a few ms (liveness bound)
+
+
+async def test_a_closed_stream_says_closed_even_on_a_faulted_device(open_dev: OpenDevice) -> None:
+    # Found by the model test: the sticky fault used to win over the stream's own state.
+    async with open_dev() as dev:
+        s = dev.stream()
+        with pytest.raises(aa.DeviceFaultError):
+            await (await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015)))
+        await s.aclose()
+        with pytest.raises(aa.ClosedError, match="stream is closed"):
+            await s.launch(dev.function("noop"), 1)
+        with pytest.raises(aa.DeviceFaultError):
+            await dev.stream().launch(dev.function("noop"), 1)
