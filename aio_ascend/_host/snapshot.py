@@ -10,19 +10,14 @@ from __future__ import annotations
 from .hostargs import PackedArgs
 from .pool import HostBuffer, HostBufferPool
 
-__all__ = ["placeholder_table_offset", "snapshot_args"]
-
-
-def placeholder_table_offset(nbytes: int) -> int:
-    """Where the placeholder table starts after an argument image of ``nbytes``."""
-    return (nbytes + 7) & ~7
+__all__ = ["snapshot_args"]
 
 
 def snapshot_args(pool: HostBufferPool, packed: PackedArgs) -> tuple[HostBuffer, int]:
     """A pooled buffer holding ``packed``'s image and placeholder table, and the table's offset."""
     nbytes = packed.nbytes
     count = packed.placeholder_count
-    table_offset = (nbytes + 7) & ~7  # placeholder_table_offset, inlined: the launch hot path
+    table_offset = (nbytes + 7) & ~7  # the table starts at the next 8-byte boundary
     host = pool.acquire(table_offset + 8 * count)
     view = host.view
     view[:nbytes] = packed.image

@@ -61,11 +61,7 @@ class Admission:
 
     def try_enter(self) -> bool:
         """Admit at once if the request fits and nobody is queued ahead (FIFO fairness)."""
-        if (
-            self.queue
-            or self.in_flight >= self.limit
-            or self.entries + ENTRIES_PER_REQUEST > self.entry_budget
-        ):
+        if self.queue or not self.fits():
             return False
         self.in_flight += 1
         self.entries += ENTRIES_PER_REQUEST
@@ -114,12 +110,7 @@ class Admission:
         """Admit queued callers, oldest first, while they fit: their waiters."""
         woken = []
         queue = self.queue
-        # (fits(), inline: a saturated stream comes here for every finished request)
-        while (
-            queue
-            and self.in_flight < self.limit
-            and self.entries + ENTRIES_PER_REQUEST <= self.entry_budget
-        ):
+        while queue and self.fits():
             ticket = queue.popleft()
             ticket.granted = True
             self.in_flight += 1

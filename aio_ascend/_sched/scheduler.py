@@ -23,7 +23,7 @@ import numpy as np
 
 from .._errors import ClosedError, TaskTimeoutError, derived_error
 from .._host.hostargs import PackedArgs
-from .._host.pool import HostBufferPool
+from .._host.pool import HostBuffer, HostBufferPool
 from .._launch_config import LaunchConfig
 from .._runtime import Runtime
 from .._runtime.abi import ACL_STOP_ON_FAILURE
@@ -265,10 +265,10 @@ class Scheduler:
             # loop run (this bounds loop lag at a few ms however fast the caller launches).
             self.yield_due = False
             await self.adapter.checkpoint()
-        # (check_usable's conditions inline: every launch of a saturated stream comes here;
-        # bench "(c) scheduler" row, ~0.1 us a call)
         if lane.closed:  # before the device's state: the caller's own object is closed
             raise ClosedError("the stream is closed")
+        # (check_usable's conditions inline: every launch of a saturated stream comes here;
+        # bench "(c) scheduler" row, ~0.1 us a call)
         if (
             self.state is not DeviceState.OPEN
             or self.faults.first is not None
@@ -392,7 +392,7 @@ class Scheduler:
         """Queue an admitted wait for ``event`` on ``lane``."""
         return self._enqueue(WaitEvent(lane, task, event))
 
-    def _stage(self, lane: Lane, count: int, allocation: Allocation) -> Any:
+    def _stage(self, lane: Lane, count: int, allocation: Allocation) -> HostBuffer | None:
         # A big staging buffer is taken by the submitter thread instead: allocating (and
         # first touching) hundreds of MiB of pinned memory must not stall the loop.
         try:
