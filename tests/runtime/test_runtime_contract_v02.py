@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_runtime_contract import SYNC_MS, Dev, backend, dev, rt  # noqa: F401 - fixtures
+import test_runtime_contract as contract
+from test_runtime_contract import SYNC_MS, Dev
 
 from aio_ascend._errors import InvalidParamError
 from aio_ascend._host.hostargs import HostArgs
@@ -16,6 +17,11 @@ from aio_ascend._runtime import Runtime
 from aio_ascend._runtime.abi import ACL_MEMCPY_DEVICE_TO_DEVICE
 
 D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
+
+# the main contract suite's fixtures, on every backend
+backend = contract.backend
+rt = contract.rt
+dev = contract.dev
 
 
 def test_a_device_to_device_copy_moves_bytes_at_offsets(dev: Dev) -> None:
