@@ -42,11 +42,13 @@ from .submitter import Submitter
 from .task import Task, resolve_task
 from .waiter import Waiter
 from .work import (
+    CopyDevice,
     CopyToDevice,
     CopyToHost,
     Delivery,
     EventRecord,
     Launch,
+    Memset,
     RecordEvent,
     Request,
     WaitEvent,
@@ -202,11 +204,19 @@ class Scheduler:
 
     # --- resources -------------------------------------------------------------------------
 
-    def open_lane(self, max_in_flight: int) -> Lane:
-        """A new runtime stream in stop-on-failure mode."""
+    def open_lane(
+        self, max_in_flight: int, *, priority: int | None = None, external: int | None = None
+    ) -> Lane:
+        """A new runtime stream in stop-on-failure mode, or (``external``) a stream handle
+        someone else created: scheduled alike, but its failure mode is left as it is and it is
+        never destroyed here."""
         self.check_usable()
+        if external is not None:
+            lane = Lane(external, max_in_flight, self.runtime.stream_capacity, external=True)
+            self.lanes.append(lane)
+            return lane
         runtime = self.bound()
-        handle = runtime.create_stream()
+        handle = runtime.create_stream(priority)
         try:
             runtime.set_stream_failure_mode(handle, ACL_STOP_ON_FAILURE)
         except BaseException:
@@ -364,17 +374,45 @@ class Scheduler:
             self._schedule_flush()
         return task
 
-    def copy_to_device(self, lane: Lane, task: Task, dst: Allocation, src: Any, count: int) -> Task:
+    def copy_to_device(
+        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, src: Any, count: int
+    ) -> Task:
         """Queue an admitted host-to-device copy (staged just before submission)."""
-        host = self._stage(lane, count, dst)
-        return self._enqueue(CopyToDevice(lane, task, host, dst, src, count))
+        host = self._stage(lane, count, (root,))
+        return self._enqueue(CopyToDevice(lane, task, host, dst, root, src, count))
 
     def copy_to_host(
-        self, lane: Lane, task: Task, dst: np.ndarray[Any, Any], src: Allocation, count: int
+        self,
+        lane: Lane,
+        task: Task,
+        dst: np.ndarray[Any, Any],
+        src: Allocation,
+        root: Allocation,
+        count: int,
     ) -> Task:
         """Queue an admitted device-to-host copy (``dst`` filled before the task resolves)."""
-        host = self._stage(lane, count, src)
-        return self._enqueue(CopyToHost(lane, task, host, dst, src, count))
+        host = self._stage(lane, count, (root,))
+        return self._enqueue(CopyToHost(lane, task, host, dst, src, root, count))
+
+    def copy_device(
+        self,
+        lane: Lane,
+        task: Task,
+        dst: Allocation,
+        src: Allocation,
+        roots: tuple[Allocation, Allocation],
+        count: int,
+    ) -> Task:
+        """Queue an admitted device-to-device copy."""
+        self._stage(lane, 0, roots)
+        return self._enqueue(CopyDevice(lane, task, None, dst, src, count, roots))
+
+    def memset(
+        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int
+    ) -> Task:
+        """Queue an admitted memset."""
+        self._stage(lane, 0, (root,))
+        return self._enqueue(Memset(lane, task, dst, root, value, count))
 
     def record_event(
         self, lane: Lane, task: Task, make_event: Callable[[int], EventRecord], flags: int
@@ -392,12 +430,15 @@ class Scheduler:
         """Queue an admitted wait for ``event`` on ``lane``."""
         return self._enqueue(WaitEvent(lane, task, event))
 
-    def _stage(self, lane: Lane, count: int, allocation: Allocation) -> HostBuffer | None:
-        # A big staging buffer is taken by the submitter thread instead: allocating (and
-        # first touching) hundreds of MiB of pinned memory must not stall the loop.
+    def _stage(
+        self, lane: Lane, count: int, allocations: tuple[Allocation, ...]
+    ) -> HostBuffer | None:
+        # A staging buffer of `count` bytes (none for 0), and `allocations` retained. A big
+        # one is taken by the submitter thread instead: allocating (and first touching)
+        # hundreds of MiB of pinned memory must not stall the loop.
         try:
-            host = self.pool.acquire(count) if count <= STAGE_ON_LOOP_BYTES else None
-            self.lifetimes.retain((allocation,))
+            host = self.pool.acquire(count) if 0 < count <= STAGE_ON_LOOP_BYTES else None
+            self.lifetimes.retain(allocations)
         except BaseException:
             self.unadmit(lane)
             raise
@@ -512,7 +553,8 @@ class Scheduler:
         if self.faults.first is not None or lane.admission.in_flight:
             return  # its work can no longer be observed normally: aclose destroys it by force
         self.lanes.remove(lane)
-        self.bound().destroy_stream(lane.handle)
+        if not lane.external:
+            self.bound().destroy_stream(lane.handle)
 
     # --- stats -----------------------------------------------------------------------------
 
@@ -693,6 +735,8 @@ class Scheduler:
         for lane in self.lanes:
             lane.closed = True
             lane.admission.reset()
+            if lane.external:  # its owner's to destroy
+                continue
             with contextlib.suppress(Exception):
                 runtime.destroy_stream_force(lane.handle)
         self.lanes.clear()

@@ -214,7 +214,7 @@ class Submitter:
                         )
                         counters.launches += 1
                     else:
-                        if req.host is None and req.is_copy:  # a big copy: staged here
+                        if req.host is None and req.staged:  # a big copy: staged here
                             req.host = self._stage(req.count)  # type: ignore[attr-defined]
                         req.submit(runtime, lane.handle)
                         if req.is_copy:

@@ -16,6 +16,7 @@ EXPORTED = {
     "HostArgs",
     "InternalError",
     "LaunchConfig",
+    "LaunchConfigDict",
     "Module",
     "RuntimeAPIError",
     "Stream",
