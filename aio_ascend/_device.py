@@ -16,6 +16,7 @@ from ._runtime import Runtime, choose_backend, open_runtime
 from ._sched.loop import current_loop_adapter
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
+from ._sched.unseen import raise_failures
 from ._stream import Stream
 
 if TYPE_CHECKING:
@@ -242,11 +243,16 @@ class Device:
         return self._scheduler.stats()
 
     async def synchronize(self) -> None:
-        """Wait until everything queued on every stream has finished; raise the device fault."""
+        """Wait until everything queued on every stream has finished; then raise, as
+        :meth:`Stream.synchronize` does, the unretrieved failures of every stream's tasks and
+        the device's fault."""
         scheduler = self._scheduler
         for lane in list(scheduler.lanes):
             await scheduler.drain_lane(lane)
-        scheduler.raise_fault()
+        errors = scheduler.failures.take()
+        if scheduler.faults.first is not None:
+            errors.append(scheduler.fault_error())
+        raise_failures(errors, "tasks of this device")
 
     async def aclose(
         self,

@@ -18,6 +18,7 @@ from ._module import Function
 from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.scheduler import Scheduler
 from ._sched.task import Task
+from ._sched.unseen import raise_failures
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -177,7 +178,7 @@ class Stream:
         lane = self._lane
         if not scheduler.try_admit(lane):
             await scheduler.admit(lane)
-        task = Task(scheduler.adapter, self._ref, "launch")
+        task = Task(scheduler.adapter, self._ref, "launch", scheduler.failures)
         return scheduler.launch(lane, task, fn.handle, blocks, cfg, packed, buffers)
 
     def _check_function(self, fn: object) -> None:
@@ -202,7 +203,7 @@ class Stream:
         if count > room:
             raise ValueError(f"copy_to_device: src has {count} bytes, dst buffer only {room}")
         await self._admit()
-        task = Task(scheduler.adapter, self._ref, "copy_to_device")
+        task = Task(scheduler.adapter, self._ref, "copy_to_device", scheduler.failures)
         return scheduler.copy_to_device(self._lane, task, dst_buf, root, source, count)
 
     async def copy_to_host(self, dst: np.ndarray[Any, Any], src: DeviceBuffer) -> Task:
@@ -219,7 +220,7 @@ class Stream:
         if count > room:
             raise ValueError(f"copy_to_host: dst has {count} bytes, src buffer only {room}")
         await self._admit()
-        task = Task(scheduler.adapter, self._ref, "copy_to_host")
+        task = Task(scheduler.adapter, self._ref, "copy_to_host", scheduler.failures)
         return scheduler.copy_to_host(self._lane, task, dst_bytes, src_buf, root, count)
 
     async def copy_device(
@@ -241,7 +242,7 @@ class Stream:
                 "that undefined); copy through a temporary buffer"
             )
         await self._admit()
-        task = Task(scheduler.adapter, self._ref, "copy_device")
+        task = Task(scheduler.adapter, self._ref, "copy_device", scheduler.failures)
         return scheduler.copy_device(
             self._lane, task, dst_buf, src_buf, (dst_root, src_root), count
         )
@@ -257,7 +258,7 @@ class Stream:
         scheduler.check_open()
         dst_buf, root, count = byte_range(dst, scheduler.lifetimes, "memset dst", nbytes)
         await self._admit()
-        task = Task(scheduler.adapter, self._ref, "memset")
+        task = Task(scheduler.adapter, self._ref, "memset", scheduler.failures)
         return scheduler.memset(self._lane, task, dst_buf, root, int(value), count)
 
     # --- one await: queue and wait for completion ---------------------------------------
@@ -314,7 +315,7 @@ class Stream:
             raise TypeError("timing must be a bool")
         await self._admit()
         scheduler = self._scheduler
-        task = Task(scheduler.adapter, self._ref, "record_event")
+        task = Task(scheduler.adapter, self._ref, "record_event", scheduler.failures)
 
         def make_event(handle: int) -> Event:
             return Event(self.device, scheduler, self, handle, timing, task)
@@ -330,7 +331,7 @@ class Stream:
         if event.device is not self.device:
             raise ValueError("wait_event(): the event belongs to a different device")
         await self._admit()
-        task = Task(self._scheduler.adapter, self._ref, "wait_event")
+        task = Task(self._scheduler.adapter, self._ref, "wait_event", self._scheduler.failures)
         return self._scheduler.wait_event(self._lane, task, event)
 
     async def _admit(self) -> None:
@@ -340,17 +341,17 @@ class Stream:
     async def synchronize(self) -> None:
         """Wait until everything queued on this stream so far has finished.
 
-        Raises the device's fault if it has one; failures of individual tasks are reported by
-        their own ``Task``.
+        Then raises what nobody has seen yet: the failures of this stream's earlier tasks
+        whose errors were never retrieved (one as itself, several as an ``ExceptionGroup``;
+        each only once, and ``ClosedError`` from a cancelling close does not count), and the
+        device's fault if it has one (every time).
         """
-        last = self._lane.last
-        if last is not None and not last.done():
-            try:
-                await last
-            except BaseException as exc:
-                if not isinstance(exc, Exception):
-                    raise
-        self._scheduler.raise_fault()
+        scheduler = self._scheduler
+        await scheduler.drain_lane(self._lane)
+        errors = scheduler.failures.take(self._ref)
+        if scheduler.faults.first is not None:
+            errors.append(scheduler.fault_error())
+        raise_failures(errors, "tasks of this stream")
 
     async def aclose(self) -> None:
         """Wait for this stream's work, then destroy it. Idempotent."""

@@ -40,6 +40,7 @@ from .loop import LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .submitter import Submitter
 from .task import Task, resolve_task
+from .unseen import FailureLog
 from .waiter import Waiter
 from .work import (
     CopyDevice,
@@ -115,6 +116,8 @@ class Scheduler:
         )
         self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool)
         self.faults = FaultState()
+        #: failed tasks whose errors nobody retrieved yet
+        self.failures = FailureLog(self.device_id, self.faults)
         self.user_events = UserEvents(
             lambda flags: self.bound().create_event(flags),
             lambda handle: self.bound().destroy_event(handle),
@@ -198,9 +201,14 @@ class Scheduler:
 
     def raise_fault(self) -> None:
         """Raise the device's fault (as caused by the first fault), if it has one."""
+        if self.faults.first is not None:
+            raise self.fault_error()
+
+    def fault_error(self) -> BaseException:
+        """The error for work refused because the device has faulted (caused by the fault)."""
         fault = self.faults.first
-        if fault is not None:
-            raise derived_error(fault, "the device has faulted; close and reopen it")
+        assert fault is not None
+        return derived_error(fault, "the device has faulted; close and reopen it")
 
     # --- resources -------------------------------------------------------------------------
 
@@ -216,7 +224,7 @@ class Scheduler:
             self.lanes.append(lane)
             return lane
         runtime = self.bound()
-        handle = runtime.create_stream(priority)
+        handle = runtime.create_stream() if priority is None else runtime.create_stream(priority)
         try:
             runtime.set_stream_failure_mode(handle, ACL_STOP_ON_FAILURE)
         except BaseException:
@@ -633,6 +641,14 @@ class Scheduler:
                 with anyio.move_on_after(timeout) as scope:
                     await self._wait_idle()
                 forced = scope.cancelled_caught or self.unsettled > 0
+                if forced:
+                    log.warning(
+                        "device %d: %d task(s) still unfinished after aclose(timeout=%s); "
+                        "destroying the streams by force",
+                        self.device_id,
+                        self.unsettled,
+                        timeout,
+                    )
             await self._shutdown(forced=forced)
 
     async def _shutdown(self, *, forced: bool) -> None:
@@ -701,6 +717,7 @@ class Scheduler:
             )
         else:
             self._release_everything(runtime)
+        self.failures.report_at_close()
         self.state = DeviceState.CLOSED
         waiters, self._close_waiters = self._close_waiters, []
         for waiter in waiters:
@@ -752,6 +769,7 @@ class Scheduler:
             return
         self.state = DeviceState.CLOSED
         self.abandoned = True
+        self.failures.report_at_close()
         if self._waiter is not None:
             self._waiter.stop()
         self._submitter.stop()
