@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 import weakref
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
 __all__ = ["Device", "DeviceBuffer", "Function", "Module", "open_device"]
+
+log = logging.getLogger("aio_ascend")
 
 #: the most requests one stream may have in flight (below the runtime's ~2013-entry queue)
 MAX_IN_FLIGHT = 2000
@@ -326,7 +329,9 @@ class _DeviceOpener:
     async def _open(self) -> Device:
         options = dict(self._kwargs)
         runtime_options = options.pop("runtime_options", None) or {}
-        runtime = open_runtime(self._backend, self._device_id, **runtime_options)
+        name, why = choose_backend(self._backend)
+        log.info("device %d: backend %s (%s)", self._device_id, name, why)
+        runtime = open_runtime(name, self._device_id, **runtime_options)
         try:
             return Device(runtime, **options)
         except BaseException:

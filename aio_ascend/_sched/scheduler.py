@@ -545,8 +545,7 @@ class Scheduler:
         """Wait until the work queued on ``lane`` so far has finished (errors not raised)."""
         last = lane.last
         if last is not None and not last.done():
-            with contextlib.suppress(Exception):
-                await last
+            await last.wait_finished()
 
     async def close_lane(self, lane: Lane) -> None:
         """Drain ``lane``, refuse new work on it and destroy its runtime stream. Idempotent."""

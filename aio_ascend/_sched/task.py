@@ -102,27 +102,33 @@ class Task:
 
     async def wait(self) -> None:
         """The same as ``await task``."""
-        if not self._done:
-            adapter = self._adapter
-            if not adapter.is_current():
-                raise RuntimeError("this Task belongs to a device opened in a different event loop")
-            waiter = adapter.new_waiter()
-            if self._waiters is None:
-                self._waiters = [waiter]
-            else:
-                self._waiters.append(waiter)
-            try:
-                await adapter.wait(waiter)
-            finally:
-                if not self._done and self._waiters is not None:
-                    try:
-                        self._waiters.remove(waiter)
-                    except ValueError:
-                        pass
+        await self.wait_finished()
         if self._exc is not None:
             if self._unseen is not None:
                 self._retrieved()
             raise self._exc
+
+    async def wait_finished(self) -> None:
+        """Wait until the task is done, successfully or not, without raising its error (a
+        failure stays unretrieved: see the class docstring)."""
+        if self._done:
+            return
+        adapter = self._adapter
+        if not adapter.is_current():
+            raise RuntimeError("this Task belongs to a device opened in a different event loop")
+        waiter = adapter.new_waiter()
+        if self._waiters is None:
+            self._waiters = [waiter]
+        else:
+            self._waiters.append(waiter)
+        try:
+            await adapter.wait(waiter)
+        finally:
+            if not self._done and self._waiters is not None:
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
 
     def _resolve(self, exc: BaseException | None) -> int:
         # Loop thread only, through resolve_task. Returns how many waiters it woke.
