@@ -32,7 +32,9 @@ async def test_a_timed_out_copy_to_host_never_writes_user_memory(open_dev: OpenD
         task = await s.copy_to_host(out, buf)
         with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError):
             await task
-        await s.synchronize()  # the device really finishes the copy now
+        # the device really finishes the copy now; the sleep, never awaited, timed out too
+        with pytest.raises(aa.TaskTimeoutError):
+            await s.synchronize()
         await anyio.sleep(0.1)
         assert not out.any(), "a failed copy wrote into the user's array"
 
