@@ -184,6 +184,7 @@ def step_tests(
     xml = out / "gpu-tests.xml"
     cmd = [sys.executable, "-m", "pytest", "tests/runtime/test_cuda_backend.py",
            "tests/runtime/test_runtime_contract.py", "tests/runtime/test_runtime_contract_v02.py",
+           "tests/scheduler/test_everyday_api.py",
            "-k", "cuda", "-q", "-rfEs",
            f"--junitxml={xml}", "-p", "no:cacheprovider"]
     if "pytest_asyncio" in missing or "pytest_timeout" in missing:

@@ -63,7 +63,11 @@ def live_resources(dev: aa.Device) -> dict[str, int]:
             "binaries": counts["binaries"],
         }
     if dev.backend == "cuda":
-        driver = dev.runtime._d  # the fake driver (tests open cuda only over it)
+        driver = dev.runtime._d
+        if not hasattr(driver, "device"):  # a real GPU: only the fake driver counts objects
+            import pytest
+
+            pytest.skip("live resources are only counted on the fake CUDA driver")
         return {
             "device_allocations": len(driver.device),
             "host_allocations": len(driver.host),

@@ -1,8 +1,9 @@
 """The v0.2 everyday API (DESIGN "v0.2 additions"): one await, views, device copies, memset,
 wrapped memory, external and prioritised streams, ``dev.info``.
 
-Each test runs on the sim, the acl C double and the cuda backend over its fake driver, on
-asyncio, uvloop and trio; the few that need the sim's controls say so.
+Each test runs on the sim, the acl C double and the cuda backend over its fake driver (and on
+a real GPU where one is present: ``cuda``, marked ``gpu``), on asyncio, uvloop and trio; the
+few that need the sim's controls say so.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from backends import backend_params, gpu_skip_reason
 from helpers import assert_runtime_clean, live_resources, open_backend
 
 import aio_ascend as aa
@@ -23,14 +25,16 @@ import aio_ascend as aa
 pytestmark = pytest.mark.anyio
 
 F32 = np.float32
-API_BACKENDS = ("sim", "acl", "cuda-fake")
+API_BACKENDS = ("sim", "acl", "cuda-fake", "cuda")
 
 
-@pytest.fixture(params=API_BACKENDS)
+@pytest.fixture(params=backend_params(list(API_BACKENDS)))
 def api_backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name != "sim" and request.node.get_closest_marker("sim_only") is not None:
         pytest.skip("needs the sim's test controls")
+    if name == "cuda" and (reason := gpu_skip_reason()):
+        pytest.skip(reason)
     return name
 
 
