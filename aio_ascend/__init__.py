@@ -28,8 +28,7 @@ from ._launch_config import LaunchConfig as LaunchConfig
 from ._runtime import available_backends as available_backends
 from ._sched.task import Task as Task
 from ._stream import Stream as Stream
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 __all__ = (
     "AscendError",
