@@ -488,7 +488,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Awaitable Huawei Ascend (CANN/ACL) kernel launches: diagnostics, a "
         "pipeline demo and side-by-side benchmarks on the embedded simulator.",
         epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--version",
