@@ -5,7 +5,8 @@
    from the command.
 2. The docstrings are reST-flavoured (``:param x:`` fields, parsed by mkdocstrings'
    ``sphinx`` style) and name other objects with roles: ``:class:`Task```. Markdown has no
-   roles, so :func:`on_page_content` renders each as the plain code span it wraps.
+   roles, so :func:`on_page_content` renders each as the plain code span it wraps (and
+   drops the second colon of reST's ``Example::`` before a code block).
 3. The site builds with ``--strict``: every warning fails it. A docstring warning listed in
    :data:`KNOWN` is about code the docs do not own (the public facades are changed on another
    branch); it is logged as INFO, marked, instead of failing the build. Fix the docstring,
@@ -38,17 +39,14 @@ _HELP = re.compile(r"<!-- aio-ascend help:\s*([a-z]*)\s*-->")
 
 
 def _help_text(command: str) -> str:
-    import argparse
-
-    from aio_ascend._tools.cli import build_parser
+    from aio_ascend._tools.cli import build_parser, subcommands
 
     columns = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = "96"  # argparse wraps to the terminal; pages get a fixed width
     try:
         parser = build_parser()
         if command:
-            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-            parser = sub.choices[command]
+            parser = subcommands(parser)[command]
         return parser.format_help().rstrip()
     finally:
         if columns is None:
@@ -62,9 +60,14 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
     return _HELP.sub(lambda m: f"```text\n{_help_text(m.group(1))}\n```", markdown)
 
 
+#: reST's ``text::`` before a literal block (Markdown renders the block, keeps the ``::``)
+_LITERAL = re.compile(r'::</p>(\s*<div class="highlight">)')
+
+
 def on_page_content(html: str, **kwargs: Any) -> str:
-    """``:class:`Task``` in a docstring reads as ``Task`` (a code span)."""
-    return _ROLE.sub("<code>", html)
+    """``:class:`Task``` in a docstring reads as ``Task`` (a code span), and reST's
+    ``Example::`` before a code block as ``Example:``."""
+    return _LITERAL.sub(r":</p>\1", _ROLE.sub("<code>", html))
 
 
 class _KnownDocstringWarnings(logging.Filter):

@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import __version__
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main", "subcommands"]
 
 PROG = "aio-ascend"
 PERFETTO = "https://ui.perfetto.dev"
@@ -629,6 +629,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser of each subcommand of ``parser`` (:func:`build_parser`), by name."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public way to list them
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(action.choices)
+    return {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,7 +5,6 @@ formats by extension, progress without a terminal, help texts, ``bench --backend
 
 from __future__ import annotations
 
-import argparse
 import io
 import re
 from pathlib import Path
@@ -203,16 +202,9 @@ def test_bench_progress_in_a_pipe_has_no_carriage_returns(
 # --- help -----------------------------------------------------------------------------------------
 
 
-def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    raise AssertionError("no subcommands")
-
-
 def test_every_command_and_option_is_described() -> None:
     parser = cli.build_parser()
-    commands = _subparsers(parser)
+    commands = cli.subcommands(parser)
     assert set(commands) == {"info", "demo", "bench"}
     for name, sub in commands.items():
         assert sub.description, f"{name} has no description"
@@ -221,7 +213,7 @@ def test_every_command_and_option_is_described() -> None:
 
 
 def test_bench_help_names_every_step_and_what_the_plot_is() -> None:
-    bench_parser = _subparsers(cli.build_parser())["bench"]
+    bench_parser = cli.subcommands(cli.build_parser())["bench"]
     helps = {a.dest: a.help or "" for a in bench_parser._actions}
     for key, _, _ in bench.STEPS:
         assert key in helps["only"]
