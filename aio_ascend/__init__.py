@@ -31,11 +31,10 @@ from ._launch_config import LaunchConfigDict as LaunchConfigDict
 from ._runtime import available_backends as available_backends
 from ._sched.task import Task as Task
 from ._stream import Stream as Stream
+from ._version import __version__ as __version__
 
 if TYPE_CHECKING:  # imported lazily at run time (see __getattr__), visible to type checkers
     from . import sim as sim
-
-__version__ = "0.1.0"
 
 __all__ = (
     "AscendError",

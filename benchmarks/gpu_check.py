@@ -294,17 +294,13 @@ def step_seam(env: dict[str, str]) -> dict[str, Any]:
 # --- the benchmark (runs in a child process) --------------------------------------------------
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else 0.0
-
-
 def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
     """The floor: noop launches straight through cuda-bindings, no aio_ascend in the loop."""
     from cuda.bindings import driver as d
 
     from aio_ascend._runtime.cuda.kernels import KERNEL_SOURCE
     from aio_ascend._runtime.cuda.nvrtc import compile_cuda_source
+    from aio_ascend._tools.trace import percentile
 
     def ok(result: Any) -> Any:
         if int(result[0]):
@@ -349,8 +345,8 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
     return {
         "launches_per_s": n / wall,
         "cpu_us_per_launch": cpu / n * 1e6,
-        "single_launch_p50_us": _pct(single, 50) * 1e6,
-        "single_launch_p99_us": _pct(single, 99) * 1e6,
+        "single_launch_p50_us": percentile(single, 50) * 1e6,
+        "single_launch_p99_us": percentile(single, 99) * 1e6,
         "n": n,
     }
 
