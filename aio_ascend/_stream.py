@@ -152,7 +152,8 @@ class Stream:
         ``args`` is snapshotted: the builder may be reused as soon as this returns. Every
         ``DeviceBuffer`` it points to stays alive until the task completes.
 
-        :raises TypeError, ValueError: bad arguments (before anything reaches the runtime)
+        :raises TypeError: bad argument types (before anything reaches the runtime)
+        :raises ValueError: bad argument values (before anything reaches the runtime)
         :raises ClosedError: the stream or device is closed
         :raises DeviceFaultError: the device has faulted (cause: the first fault)
         """

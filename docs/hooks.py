@@ -21,14 +21,7 @@ import re
 from typing import Any
 
 #: (file, text the warning contains): fix the docstring, then remove the entry
-KNOWN: tuple[tuple[str, str], ...] = (
-    # `:raises TypeError, ValueError:` names two exceptions in one field, which the sphinx
-    # docstring parser cannot read: one `:raises X:` field per exception
-    (
-        "aio_ascend/_stream.py",
-        "Failed to parse exception directive from ':raises TypeError, ValueError:",
-    ),
-)
+KNOWN: tuple[tuple[str, str], ...] = ()
 
 #: a reST role around a code span, as Markdown renders it: ``:class:<code>Task</code>``
 _ROLE = re.compile(r":(?:class|meth|func|attr|data|mod|exc|obj|const):<code>~?")
