@@ -203,8 +203,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("trio", "optional: --loop trio"),
         ("uvloop", "optional: --loop uvloop"),
         ("matplotlib", "optional extra 'plot': --plot"),
+        ("fastapi", "optional extra 'server'"),
         ("uvicorn", "optional extra 'server'"),
         ("httpx", "optional extra 'server'"),
+        ("ray", "optional extra 'ray'"),
     ]:
         found = _version(dist)
         if found is not None:

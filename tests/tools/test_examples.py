@@ -1,9 +1,10 @@
-"""Every example runs on the sim backend, with small sizes (their ``main([...])`` in-process)."""
+"""Every example runs on the sim backend, with small sizes (their ``main([...])`` in-process).
+
+The serving examples (FastAPI, Ray Serve) are tested in ``test_serving.py``."""
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -28,11 +29,6 @@ def _load(name: str) -> ModuleType:
     return module
 
 
-@pytest.fixture(scope="module")
-def server() -> ModuleType:
-    return _load("inference_server")
-
-
 def test_script(capsys: pytest.CaptureFixture[str]) -> None:
     assert _load("script").main(["--n", "4096"]) == 0
     out = capsys.readouterr().out
@@ -46,76 +42,6 @@ def test_pipeline(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0, out
     assert "50/50 results match numpy" in out
     assert "6 streams" in out
-
-
-def test_server_load_direct(server: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
-    """No optional dependency: the load test calls the ASGI app directly."""
-    code = server.main(["--load", "30", "--concurrency", "6", "--mode", "direct"])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "30/30 responses match numpy" in out
-    assert "p50" in out and "p99" in out
-
-
-def test_server_load_httpx_asgi_transport(
-    server: ModuleType, capsys: pytest.CaptureFixture[str]
-) -> None:
-    pytest.importorskip("httpx", reason="the 'server' extra is not installed")
-    assert server.main(["--load", "20", "--concurrency", "4", "--mode", "httpx"]) == 0
-    assert "20/20 responses match numpy" in capsys.readouterr().out
-
-
-def test_server_load_uvicorn_loopback(
-    server: ModuleType, capsys: pytest.CaptureFixture[str]
-) -> None:
-    pytest.importorskip("uvicorn", reason="the 'server' extra is not installed")
-    pytest.importorskip("httpx", reason="the 'server' extra is not installed")
-    assert server.main(["--load", "20", "--concurrency", "4", "--mode", "uvicorn"]) == 0
-    out = capsys.readouterr().out
-    assert "20/20 responses match numpy" in out
-    assert "http://127.0.0.1:" in out
-
-
-def test_server_routes_and_errors(server: ModuleType) -> None:
-    async def scenario() -> dict[str, Any]:
-        app = server.InferenceApp(streams=2)
-        call = server.asgi_call
-        results: dict[str, Any] = {}
-        # without the lifespan the device is not open: a clear 503, never a crash
-        results["no_lifespan"] = await call(app, "POST", "/infer", b"{}")
-        async with server.run_lifespan(app):
-            x = np.ones((3, server.D_IN), np.float32)
-            status, body = await call(
-                app, "POST", "/infer", json.dumps({"inputs": x.tolist()}).encode()
-            )
-            results["ok"] = (status, json.loads(body), app.model.reference(x))
-            results["bad_json"] = await call(app, "POST", "/infer", b"not json")
-            results["bad_shape"] = await call(app, "POST", "/infer", b'{"inputs": [[1, 2]]}')
-            results["get_infer"] = await call(app, "GET", "/infer")
-            results["missing"] = await call(app, "GET", "/nope")
-            status, body = await call(app, "GET", "/healthz")
-            results["health"] = (status, json.loads(body))
-        assert app.device_model is None  # closed at shutdown
-        return results
-
-    r = anyio.run(scenario)
-    assert r["no_lifespan"][0] == 503
-    status, payload, expected = r["ok"]
-    assert status == 200
-    assert payload["batch"] == 3
-    np.testing.assert_allclose(np.asarray(payload["outputs"], np.float32), expected, rtol=1e-5)
-    assert r["bad_json"][0] == 400
-    assert r["bad_shape"][0] == 400 and b"rows of 64 floats" in r["bad_shape"][1]
-    assert r["get_infer"][0] == 405
-    assert r["missing"][0] == 404
-    health_status, health = r["health"]
-    assert health_status == 200 and health["backend"] == "sim"
-    assert health["stats"]["launches"] == 4
-
-
-def test_server_refuses_non_loopback_hosts(server: ModuleType) -> None:
-    with pytest.raises(SystemExit):
-        server.main(["--serve", "--host", "0.0.0.0"])
 
 
 @pytest.mark.parametrize("external", [False, True], ids=["own-stream", "external-stream"])
