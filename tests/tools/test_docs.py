@@ -45,6 +45,7 @@ def test_the_guide_covers_the_concepts() -> None:
         "one-await-or-two",
         "backends",
         "scaling-out",
+        "serving",
     ):
         assert f"guide/{concept}.md" in guide
 
