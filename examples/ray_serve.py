@@ -131,7 +131,7 @@ class NPUReplica:
         max_batch_size=MAX_BATCH,  # rows, as batch_size_fn counts them
         batch_size_fn=_rows,
         batch_wait_timeout_s=0.005,
-        max_concurrent_batches=4,  # device runs in flight at once (the default: one)
+        max_concurrent_batches=4,  # device runs in flight at once: one per stream (default 1)
     )
     async def _infer_batch(self, xs: list[F32]) -> list[tuple[F32, int]]:
         """Requests that arrived together, stacked into one device run of <= MAX_BATCH rows."""
