@@ -75,6 +75,8 @@ class Request(ABC):
     is_copy = False
     #: whether :meth:`on_complete` has host-side work to do
     needs_completion = False
+    #: runtime tasks it queues on its stream (fault reports count them)
+    runtime_tasks = 1
     #: whether it goes through a pinned staging buffer (``host``; taken by the submitter
     #: thread if the loop left it None)
     staged = False
