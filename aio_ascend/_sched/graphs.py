@@ -176,7 +176,7 @@ class GraphBook:
         count: int,
     ) -> CopyDevice:
         self._lifetimes.retain(roots)
-        return CopyDevice(lane, task, None, dst, src, count, roots)
+        return CopyDevice(lane, task, dst, src, count, roots)
 
     def memset(
         self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int

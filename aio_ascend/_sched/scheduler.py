@@ -116,7 +116,9 @@ class Scheduler:
             retained_bytes=pinned_pool_bytes,
         )
         self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool)
-        self.graphs = GraphBook(self.pool, self.lifetimes, binding.wrap(runtime.destroy_graph))
+        self.graphs = GraphBook(
+            self.pool, self.lifetimes, lambda handle: binding.bound().destroy_graph(handle)
+        )
         self.faults = FaultState()
         #: failed tasks whose errors nobody retrieved yet
         self.failures = FailureLog(self.device_id, self.faults)
@@ -415,7 +417,7 @@ class Scheduler:
     ) -> Task:
         """Queue an admitted device-to-device copy."""
         self._stage(lane, 0, roots)
-        return self.enqueue(CopyDevice(lane, task, None, dst, src, count, roots))
+        return self.enqueue(CopyDevice(lane, task, dst, src, count, roots))
 
     def memset(
         self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int

@@ -140,11 +140,20 @@ def test_free_memory_shrinks_with_an_allocation(rt: Runtime) -> None:
 # --- graphs (stream capture and replay) --------------------------------------------------------
 
 
+@pytest.fixture
+def graph_dev(dev: Dev, backend: str) -> Dev:
+    """``dev`` on a backend whose runtime capture is bound (not yet acl's model-RI capture)."""
+    if backend == "acl":
+        pytest.skip("the acl backend does not bind model-RI capture yet (refused loudly)")
+    return dev
+
+
 def _axpy_args(x: int, y: int, a: float, n: int) -> HostArgs:
     return HostArgs().ptr(x).ptr(y).f32(a).u32(n)
 
 
-def test_captured_work_runs_only_when_replayed(dev: Dev) -> None:
+def test_captured_work_runs_only_when_replayed(graph_dev: Dev) -> None:
+    dev = graph_dev
     rt = dev.rt
     n = 32
     x = dev.upload(np.ones(n, np.float32))
@@ -165,7 +174,8 @@ def test_captured_work_runs_only_when_replayed(dev: Dev) -> None:
     rt.destroy_graph(graph)
 
 
-def test_a_captured_copy_reads_its_pinned_source_at_each_replay(dev: Dev) -> None:
+def test_a_captured_copy_reads_its_pinned_source_at_each_replay(graph_dev: Dev) -> None:
+    dev = graph_dev
     rt = dev.rt
     buf = rt.malloc(16)
     src = dev.pinned(bytes(range(16)))
@@ -182,7 +192,8 @@ def test_a_captured_copy_reads_its_pinned_source_at_each_replay(dev: Dev) -> Non
     rt.destroy_graph(graph)
 
 
-def test_a_capturing_stream_refuses_records_waits_and_syncs(dev: Dev) -> None:
+def test_a_capturing_stream_refuses_records_waits_and_syncs(graph_dev: Dev) -> None:
+    dev = graph_dev
     rt = dev.rt
     event = rt.create_event(ACL_EVENT_SYNC)
     rt.begin_capture(dev.stream)
@@ -202,7 +213,8 @@ def test_a_capturing_stream_refuses_records_waits_and_syncs(dev: Dev) -> None:
     rt.destroy_event(event)
 
 
-def test_a_destroyed_graph_cannot_be_replayed(dev: Dev) -> None:
+def test_a_destroyed_graph_cannot_be_replayed(graph_dev: Dev) -> None:
+    dev = graph_dev
     rt = dev.rt
     rt.begin_capture(dev.stream)
     dev.launch("noop", HostArgs())
