@@ -183,6 +183,36 @@ def test_bench_prints_the_table_and_writes_json(
     assert data["poll"]["launches_per_s"] > 0
 
 
+def test_bench_shapes_report_their_rows_ratios_and_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bench.json"
+    steps = "raw,handler,roundtrip,fanout,producer_lag,graph"
+    code = main(
+        ["bench", "--scale", "0.01", "--repeats", "2", "--only", steps, "-q", "--json", str(path)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(path.read_text())
+    assert set(steps.split(",")) <= set(data)
+    assert data["raw"]["cpu_us_spread"]["n"] == 2
+    spread = data["handler"]["cpu_us_spread"]
+    assert spread["min"] <= spread["median"] <= spread["max"]
+    assert data["graph"]["replay_loop_cpu_us_per_kernel"] > 0
+    assert {"cpu", "python", "aio_ascend", "date"} <= set(data["machine"])
+    ratios = data["ratios"]
+    for name in (
+        "host CPU per launch, request-handler shape / (a)",
+        "launch+await round trip / to_thread(noop), p50",
+        "256 handlers / one handler, launches/s",
+        "loop lag p99 (ms), one producer, 10k launches",
+        "graph replay / one by one, loop CPU per kernel",
+    ):
+        assert isinstance(ratios[name]["value"], float | int), name
+        assert name in out
+    assert "request-handler shape" in out
+
+
 def test_bench_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bench-trace.json"
     assert (
