@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from ._sched.lane import Lane
+    from ._sched.lifetimes import Lifetimes
     from ._sched.work import Request
 
 __all__ = ["Stream"]
@@ -115,6 +116,46 @@ def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.nd
     return np.empty(dims, dtype=kind)
 
 
+def _upload_args(
+    lifetimes: Lifetimes, dst: object, src: object
+) -> tuple[DeviceBuffer, DeviceBuffer, np.ndarray[Any, np.dtype[np.uint8]], int]:
+    """``copy_to_device``'s input, checked: (dst, its root, the source bytes, count)."""
+    dst_buf, root, room = byte_range(dst, lifetimes, "copy_to_device dst", None)
+    source = _source_bytes(src)
+    count = source.nbytes
+    if count == 0:
+        raise ValueError("copy_to_device: src is empty")
+    if count > room:
+        raise ValueError(f"copy_to_device: src has {count} bytes, dst buffer only {room}")
+    return dst_buf, root, source, count
+
+
+def _device_copy_args(
+    lifetimes: Lifetimes, dst: object, src: object, nbytes: object
+) -> tuple[DeviceBuffer, DeviceBuffer, tuple[DeviceBuffer, DeviceBuffer], int]:
+    """``copy_device``'s input, checked: (dst, src, their roots, count)."""
+    src_buf, src_root, count = byte_range(src, lifetimes, "copy_device src", nbytes)
+    dst_buf, dst_root, _ = byte_range(dst, lifetimes, "copy_device dst", count)
+    if src_buf.ptr < dst_buf.ptr + count and dst_buf.ptr < src_buf.ptr + count:
+        raise ValueError(
+            "copy_device: the source and destination ranges overlap (the runtimes leave that "
+            "undefined); copy through a temporary buffer"
+        )
+    return dst_buf, src_buf, (dst_root, src_root), count
+
+
+def _memset_args(
+    lifetimes: Lifetimes, dst: object, value: object, nbytes: object
+) -> tuple[DeviceBuffer, DeviceBuffer, int, int]:
+    """``memset``'s input, checked: (dst, its root, the byte value, count)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"memset value must be an int, got {type(value).__name__}")
+    if not 0 <= value <= 255:
+        raise ValueError(f"memset value={value} is not a byte (0..255)")
+    dst_buf, root, count = byte_range(dst, lifetimes, "memset dst", nbytes)
+    return dst_buf, root, int(value), count
+
+
 class GraphCapture:
     """What ``async with stream.capture() as capture:`` gives: record operations on it, then
     take ``capture.graph`` after the block (see :meth:`Stream.capture`).
@@ -178,13 +219,7 @@ class GraphCapture:
         copies those."""
         self._recording()
         scheduler = self._scheduler
-        dst_buf, root, room = byte_range(dst, scheduler.lifetimes, "copy_to_device dst", None)
-        source = _source_bytes(src)
-        count = source.nbytes
-        if count == 0:
-            raise ValueError("copy_to_device: src is empty")
-        if count > room:
-            raise ValueError(f"copy_to_device: src has {count} bytes, dst buffer only {room}")
+        dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
         self._ops.append(
             scheduler.graphs.copy_to_device(self._lane, self._task, dst_buf, root, source, count)
         )
@@ -192,28 +227,19 @@ class GraphCapture:
     def copy_device(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int | None = None) -> None:
         """Record a device-to-device copy (see :meth:`Stream.copy_device`)."""
         self._recording()
-        lifetimes = self._scheduler.lifetimes
-        src_buf, src_root, count = byte_range(src, lifetimes, "copy_device src", nbytes)
-        dst_buf, dst_root, _ = byte_range(dst, lifetimes, "copy_device dst", count)
-        if src_buf.ptr < dst_buf.ptr + count and dst_buf.ptr < src_buf.ptr + count:
-            raise ValueError("copy_device: the source and destination ranges overlap")
+        scheduler = self._scheduler
+        dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
         self._ops.append(
-            self._scheduler.graphs.copy_device(
-                self._lane, self._task, dst_buf, src_buf, (dst_root, src_root), count
-            )
+            scheduler.graphs.copy_device(self._lane, self._task, dst_buf, src_buf, roots, count)
         )
 
     def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> None:
         """Record a memset (see :meth:`Stream.memset`)."""
         self._recording()
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"memset value must be an int, got {type(value).__name__}")
-        if not 0 <= value <= 255:
-            raise ValueError(f"memset value={value} is not a byte (0..255)")
         scheduler = self._scheduler
-        dst_buf, root, count = byte_range(dst, scheduler.lifetimes, "memset dst", nbytes)
+        dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
         self._ops.append(
-            scheduler.graphs.memset(self._lane, self._task, dst_buf, root, int(value), count)
+            scheduler.graphs.memset(self._lane, self._task, dst_buf, root, byte, count)
         )
 
     async def __aenter__(self) -> GraphCapture:
@@ -335,17 +361,11 @@ class Stream:
         """Copy host data (an ndarray or bytes-like, C order) into ``dst`` on this stream.
 
         ``src`` is staged into a pinned buffer just before submission and kept referenced
-        until the task completes: do not modify it until then.
+        until then: do not modify it until the task completes.
         """
         scheduler = self._scheduler
         scheduler.check_open()
-        dst_buf, root, room = byte_range(dst, scheduler.lifetimes, "copy_to_device dst", None)
-        source = _source_bytes(src)
-        count = source.nbytes
-        if count == 0:
-            raise ValueError("copy_to_device: src is empty")
-        if count > room:
-            raise ValueError(f"copy_to_device: src has {count} bytes, dst buffer only {room}")
+        dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "copy_to_device", scheduler.failures)
         return scheduler.copy_to_device(self._lane, task, dst_buf, root, source, count)
@@ -377,33 +397,20 @@ class Stream:
         """
         scheduler = self._scheduler
         scheduler.check_open()
-        lifetimes = scheduler.lifetimes
-        src_buf, src_root, count = byte_range(src, lifetimes, "copy_device src", nbytes)
-        dst_buf, dst_root, _ = byte_range(dst, lifetimes, "copy_device dst", count)
-        if src_buf.ptr < dst_buf.ptr + count and dst_buf.ptr < src_buf.ptr + count:
-            raise ValueError(
-                "copy_device: the source and destination ranges overlap (the runtimes leave "
-                "that undefined); copy through a temporary buffer"
-            )
+        dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "copy_device", scheduler.failures)
-        return scheduler.copy_device(
-            self._lane, task, dst_buf, src_buf, (dst_root, src_root), count
-        )
+        return scheduler.copy_device(self._lane, task, dst_buf, src_buf, roots, count)
 
     async def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> Task:
         """Set ``nbytes`` bytes (default: all) of ``dst`` to the byte ``value`` (0..255) on this
         stream."""
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"memset value must be an int, got {type(value).__name__}")
-        if not 0 <= value <= 255:
-            raise ValueError(f"memset value={value} is not a byte (0..255)")
         scheduler = self._scheduler
         scheduler.check_open()
-        dst_buf, root, count = byte_range(dst, scheduler.lifetimes, "memset dst", nbytes)
+        dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "memset", scheduler.failures)
-        return scheduler.memset(self._lane, task, dst_buf, root, int(value), count)
+        return scheduler.memset(self._lane, task, dst_buf, root, byte, count)
 
     # --- one await: queue and wait for completion ---------------------------------------
 
