@@ -25,6 +25,7 @@ from ._errors import InternalError as InternalError
 from ._errors import RuntimeAPIError as RuntimeAPIError
 from ._errors import TaskTimeoutError as TaskTimeoutError
 from ._event import Event as Event
+from ._graph import Graph as Graph
 from ._host.hostargs import HostArgs as HostArgs
 from ._launch_config import LaunchConfig as LaunchConfig
 from ._launch_config import LaunchConfigDict as LaunchConfigDict
@@ -45,6 +46,7 @@ __all__ = (
     "DeviceFaultError",
     "Event",
     "Function",
+    "Graph",
     "HostArgs",
     "InternalError",
     "LaunchConfig",

@@ -11,19 +11,25 @@ import numpy as np
 import numpy.typing as npt
 
 from ._buffer import DeviceBuffer, allocations_of, byte_range
+from ._errors import ClosedError
 from ._event import Event, event_flags
+from ._graph import Graph
 from ._host.hostargs import HostArgs
 from ._launch_config import LaunchConfig, LaunchConfigDict
 from ._module import Function
 from ._runtime.abi import MAX_NUM_BLOCKS
+from ._sched.graphs import CaptureGraph, LaunchGraph
 from ._sched.scheduler import Scheduler
 from ._sched.task import Task
 from ._sched.unseen import raise_failures
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from types import TracebackType
 
     from ._sched.lane import Lane
+    from ._sched.lifetimes import Lifetimes
+    from ._sched.work import Request
 
 __all__ = ["Stream"]
 
@@ -110,6 +116,169 @@ def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.nd
     return np.empty(dims, dtype=kind)
 
 
+def _upload_args(
+    lifetimes: Lifetimes, dst: object, src: object
+) -> tuple[DeviceBuffer, DeviceBuffer, np.ndarray[Any, np.dtype[np.uint8]], int]:
+    """``copy_to_device``'s input, checked: (dst, its root, the source bytes, count)."""
+    dst_buf, root, room = byte_range(dst, lifetimes, "copy_to_device dst", None)
+    source = _source_bytes(src)
+    count = source.nbytes
+    if count == 0:
+        raise ValueError("copy_to_device: src is empty")
+    if count > room:
+        raise ValueError(f"copy_to_device: src has {count} bytes, dst buffer only {room}")
+    return dst_buf, root, source, count
+
+
+def _device_copy_args(
+    lifetimes: Lifetimes, dst: object, src: object, nbytes: object
+) -> tuple[DeviceBuffer, DeviceBuffer, tuple[DeviceBuffer, DeviceBuffer], int]:
+    """``copy_device``'s input, checked: (dst, src, their roots, count)."""
+    src_buf, src_root, count = byte_range(src, lifetimes, "copy_device src", nbytes)
+    dst_buf, dst_root, _ = byte_range(dst, lifetimes, "copy_device dst", count)
+    if src_buf.ptr < dst_buf.ptr + count and dst_buf.ptr < src_buf.ptr + count:
+        raise ValueError(
+            "copy_device: the source and destination ranges overlap (the runtimes leave that "
+            "undefined); copy through a temporary buffer"
+        )
+    return dst_buf, src_buf, (dst_root, src_root), count
+
+
+def _memset_args(
+    lifetimes: Lifetimes, dst: object, value: object, nbytes: object
+) -> tuple[DeviceBuffer, DeviceBuffer, int, int]:
+    """``memset``'s input, checked: (dst, its root, the byte value, count)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"memset value must be an int, got {type(value).__name__}")
+    if not 0 <= value <= 255:
+        raise ValueError(f"memset value={value} is not a byte (0..255)")
+    dst_buf, root, count = byte_range(dst, lifetimes, "memset dst", nbytes)
+    return dst_buf, root, int(value), count
+
+
+class GraphCapture:
+    """What ``async with stream.capture() as capture:`` gives: record operations on it, then
+    take ``capture.graph`` after the block (see :meth:`Stream.capture`).
+
+    Each call validates its input at once, as the stream's own methods do, and snapshots what
+    it reads from the host (the launch's args, the copy's source bytes); nothing reaches the
+    device until the block exits. Left by an exception, nothing is captured.
+    """
+
+    def __init__(
+        self,
+        stream: Stream,
+        scheduler: Scheduler,
+        lane: Lane,
+        admit: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._stream = stream
+        self._scheduler = scheduler
+        self._lane = lane
+        self._admit = admit
+        self._task = Task(scheduler.adapter, weakref.ref(stream), "capture", scheduler.failures)
+        self._ops: list[Request] = []
+        self._state = "new"
+        #: the captured graph, once the block has exited
+        self.graph: Graph | None = None
+
+    def _recording(self) -> None:
+        if self._state != "recording":
+            raise RuntimeError("record operations inside `async with stream.capture() as c:`")
+        self._scheduler.check_usable()
+
+    def launch(
+        self,
+        fn: Function,
+        blocks: int,
+        args: HostArgs | None = None,
+        *,
+        config: LaunchConfig | LaunchConfigDict | None = None,
+    ) -> None:
+        """Record a kernel launch (see :meth:`Stream.launch`); ``args`` is snapshotted now."""
+        self._recording()
+        if not isinstance(fn, Function):
+            raise TypeError(f"fn must be a Function, got {type(fn).__name__}")
+        if fn.device is not self._stream.device:
+            raise ValueError(f"{fn!r} belongs to a different device")
+        blocks = _check_blocks(blocks)
+        if args is not None and not isinstance(args, HostArgs):
+            raise TypeError(f"args must be a HostArgs or None, got {type(args).__name__}")
+        packed = _EMPTY_PACKED if args is None else args.pack()
+        cfg = None if config is None else LaunchConfig.coerce(config)
+        scheduler = self._scheduler
+        buffers = allocations_of(
+            packed.buffers, scheduler.lifetimes, "HostArgs.ptr", others_allowed=True
+        )
+        self._ops.append(
+            scheduler.graphs.launch(self._lane, self._task, fn.handle, blocks, cfg, packed, buffers)
+        )
+
+    def copy_to_device(self, dst: DeviceBuffer, src: Any) -> None:
+        """Record a host-to-device copy; the bytes of ``src`` are taken now, and every replay
+        copies those."""
+        self._recording()
+        scheduler = self._scheduler
+        dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
+        self._ops.append(
+            scheduler.graphs.copy_to_device(self._lane, self._task, dst_buf, root, source, count)
+        )
+
+    def copy_device(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int | None = None) -> None:
+        """Record a device-to-device copy (see :meth:`Stream.copy_device`)."""
+        self._recording()
+        scheduler = self._scheduler
+        dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
+        self._ops.append(
+            scheduler.graphs.copy_device(self._lane, self._task, dst_buf, src_buf, roots, count)
+        )
+
+    def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> None:
+        """Record a memset (see :meth:`Stream.memset`)."""
+        self._recording()
+        scheduler = self._scheduler
+        dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
+        self._ops.append(
+            scheduler.graphs.memset(self._lane, self._task, dst_buf, root, byte, count)
+        )
+
+    async def __aenter__(self) -> GraphCapture:
+        if self._state != "new":
+            raise RuntimeError("a GraphCapture is entered once")
+        self._state = "recording"
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._state = "done"
+        ops, self._ops = self._ops, []
+        graphs = self._scheduler.graphs
+        if exc_type is not None:
+            graphs.discard(ops)
+            return
+        if not ops:
+            raise ValueError("nothing was captured: record operations inside the block")
+        record = graphs.new(ops)
+        scheduler = self._scheduler
+        try:
+            await self._admit()
+        except BaseException:
+            record.registry.free(record)  # nothing was queued: released now
+            raise
+        scheduler.lifetimes.retain((record,))  # the capture request holds it until done
+        scheduler.enqueue(CaptureGraph(self._lane, self._task, record))
+        try:
+            await self._task
+        except BaseException:
+            record.registry.free(record)  # once the capture request is done with it
+            raise
+        self.graph = Graph(self._stream.device, record)
+
+
 class Stream:
     """A device stream: work submitted to it runs in submission order.
 
@@ -192,17 +361,11 @@ class Stream:
         """Copy host data (an ndarray or bytes-like, C order) into ``dst`` on this stream.
 
         ``src`` is staged into a pinned buffer just before submission and kept referenced
-        until the task completes: do not modify it until then.
+        until then: do not modify it until the task completes.
         """
         scheduler = self._scheduler
         scheduler.check_open()
-        dst_buf, root, room = byte_range(dst, scheduler.lifetimes, "copy_to_device dst", None)
-        source = _source_bytes(src)
-        count = source.nbytes
-        if count == 0:
-            raise ValueError("copy_to_device: src is empty")
-        if count > room:
-            raise ValueError(f"copy_to_device: src has {count} bytes, dst buffer only {room}")
+        dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "copy_to_device", scheduler.failures)
         return scheduler.copy_to_device(self._lane, task, dst_buf, root, source, count)
@@ -234,33 +397,20 @@ class Stream:
         """
         scheduler = self._scheduler
         scheduler.check_open()
-        lifetimes = scheduler.lifetimes
-        src_buf, src_root, count = byte_range(src, lifetimes, "copy_device src", nbytes)
-        dst_buf, dst_root, _ = byte_range(dst, lifetimes, "copy_device dst", count)
-        if src_buf.ptr < dst_buf.ptr + count and dst_buf.ptr < src_buf.ptr + count:
-            raise ValueError(
-                "copy_device: the source and destination ranges overlap (the runtimes leave "
-                "that undefined); copy through a temporary buffer"
-            )
+        dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "copy_device", scheduler.failures)
-        return scheduler.copy_device(
-            self._lane, task, dst_buf, src_buf, (dst_root, src_root), count
-        )
+        return scheduler.copy_device(self._lane, task, dst_buf, src_buf, roots, count)
 
     async def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> Task:
         """Set ``nbytes`` bytes (default: all) of ``dst`` to the byte ``value`` (0..255) on this
         stream."""
-        if isinstance(value, bool) or not isinstance(value, int | np.integer):
-            raise TypeError(f"memset value must be an int, got {type(value).__name__}")
-        if not 0 <= value <= 255:
-            raise ValueError(f"memset value={value} is not a byte (0..255)")
         scheduler = self._scheduler
         scheduler.check_open()
-        dst_buf, root, count = byte_range(dst, scheduler.lifetimes, "memset dst", nbytes)
+        dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "memset", scheduler.failures)
-        return scheduler.memset(self._lane, task, dst_buf, root, int(value), count)
+        return scheduler.memset(self._lane, task, dst_buf, root, byte, count)
 
     # --- one await: queue and wait for completion ---------------------------------------
 
@@ -309,6 +459,47 @@ class Stream:
             array = _new_array(src, dtype, shape)
         await (await self.copy_to_host(array, src))
         return array
+
+    # --- graphs ----------------------------------------------------------------------------
+
+    def capture(self) -> GraphCapture:
+        """Record device work once, to replay it with one runtime call per replay::
+
+            async with stream.capture() as capture:
+                capture.launch(fn, 8, args)      # recorded (args snapshotted now), not run
+                capture.memset(buf, 0)
+            graph = capture.graph                # after the block: an aa.Graph
+            await other.run_graph(graph)         # on any stream of the device
+
+        The capture runs on this stream (the runtime's stream capture) when the block exits,
+        after the work queued on it before; the block's exit waits for it. Launches,
+        host-to-device copies, device copies and memsets can be captured; copies to host,
+        events and waits cannot (download after the replay instead).
+        """
+        self._scheduler.check_usable()
+        if self._lane.closed:
+            raise ClosedError("the stream is closed")
+        return GraphCapture(self, self._scheduler, self._lane, self._admit)
+
+    async def launch_graph(self, graph: Graph) -> Task:
+        """Queue one replay of ``graph`` on this stream; return its :class:`Task` (one runtime
+        task; the graph stays alive until it is done)."""
+        if not isinstance(graph, Graph):
+            raise TypeError(f"launch_graph() takes a Graph, got {type(graph).__name__}")
+        if graph.device is not self.device:
+            raise ValueError("launch_graph(): the graph belongs to a different device")
+        if graph.closed:
+            raise ValueError(f"launch_graph(): {graph!r} is closed")
+        await self._admit()
+        scheduler = self._scheduler
+        record = graph.record
+        task = Task(scheduler.adapter, self._ref, "launch_graph", scheduler.failures)
+        scheduler.lifetimes.retain((record,))
+        return scheduler.enqueue(LaunchGraph(self._lane, task, record))
+
+    async def run_graph(self, graph: Graph) -> None:
+        """:meth:`launch_graph` and wait until the replay has finished."""
+        await (await self.launch_graph(graph))
 
     async def record_event(self, *, timing: bool = False) -> Event:
         """Record an :class:`Event` after the work queued so far on this stream."""

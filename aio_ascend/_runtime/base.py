@@ -225,6 +225,34 @@ class Runtime(Protocol):
         """
         ...
 
+    # --- graphs ----------------------------------------------------------------------------
+
+    def begin_capture(self, stream: int) -> None:
+        """Start capturing ``stream`` (acl: ``aclmdlRICaptureBegin``, thread-local mode; cuda:
+        ``cuStreamBeginCapture``, relaxed mode): launches, copies between pinned host and
+        device memory and memsets submitted to it from now on are recorded, not run. The
+        stream must be idle. Event records and waits, pageable copies and syncs on a
+        capturing stream raise (``InvalidParamError``)."""
+        ...
+
+    def end_capture(self, stream: int) -> int:
+        """Stop capturing ``stream``: the recorded work as a graph handle (acl:
+        ``aclmdlRICaptureEnd``; cuda: ``cuStreamEndCapture`` + ``cuGraphInstantiate``)."""
+        ...
+
+    def launch_graph(self, graph: int, stream: int) -> None:
+        """Queue one replay of ``graph`` on ``stream``: one runtime task (acl:
+        ``aclmdlRIExecuteAsync``; cuda: ``cuGraphLaunch``). A runtime may read a captured
+        launch's args at capture or at each replay, and a captured copy reads its pinned host
+        memory at each replay: the caller keeps both alive and unchanged while the graph
+        exists."""
+        ...
+
+    def destroy_graph(self, graph: int) -> None:
+        """Destroy ``graph`` (acl: ``aclmdlRIDestroy``): the caller makes sure no queued replay
+        still needs it."""
+        ...
+
     # --- kernels ---------------------------------------------------------------------------
 
     def load_binary(self, source: object) -> int:

@@ -37,6 +37,7 @@ class Allocation:
 
     __slots__ = (
         "__weakref__",
+        "disposer",
         "external",
         "free_requested",
         "nbytes",
@@ -64,6 +65,8 @@ class Allocation:
         self.released = False
         self.external = external
         self.owner = owner
+        #: what retiring it does instead of freeing device memory (a graph: destroy it)
+        self.disposer: Callable[[], None] | None = None
 
 
 class Holder(Protocol):
@@ -146,22 +149,28 @@ class Lifetimes:
     def free(self, allocation: Allocation) -> None:
         """Free ``allocation`` now, or once the queued work that uses it has completed."""
         if self.request_free(allocation):
+            self._dispose(allocation)
+
+    def _dispose(self, allocation: Allocation) -> None:
+        if allocation.disposer is not None:
+            allocation.disposer()
+        else:
             self._free_device(allocation.ptr)
 
-    def unuse(self, allocations: Iterable[Allocation]) -> list[int]:
-        """Requests using ``allocations`` are done: the pointers now due to be freed."""
+    def unuse(self, allocations: Iterable[Allocation]) -> list[Allocation]:
+        """Requests using ``allocations`` are done: the allocations now due to be freed."""
         due = []
         with self._lock:
             for allocation in allocations:
                 allocation.uses -= 1
                 if allocation.uses == 0 and allocation.free_requested and self._retire(allocation):
-                    due.append(allocation.ptr)
+                    due.append(allocation)
         return due
 
     def release(self, requests: Iterable[Holder]) -> None:
         """Give back what finished requests held (any library thread, once the device is done)."""
         release_host = self._pool.release
-        due: list[int] = []
+        due: list[Allocation] = []
         for request in requests:
             host = request.host
             if host is not None:
@@ -170,8 +179,8 @@ class Lifetimes:
             if request.buffers:
                 due.extend(self.unuse(request.buffers))
                 request.buffers = ()
-        for ptr in due:
-            self._free_device(ptr)
+        for allocation in due:
+            self._dispose(allocation)
 
     def take_all(self) -> list[int]:
         """On close: every allocation still alive, marked released; their pointers to free."""

@@ -34,6 +34,7 @@ from .counters import Counters, total
 from .delivery import DeliveryQueue
 from .events import BatchEvents, UserEvents
 from .faults import FaultState
+from .graphs import GraphBook
 from .lane import Lane
 from .lifetimes import Allocation, Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
@@ -115,6 +116,9 @@ class Scheduler:
             retained_bytes=pinned_pool_bytes,
         )
         self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool)
+        self.graphs = GraphBook(
+            self.pool, self.lifetimes, lambda handle: binding.bound().destroy_graph(handle)
+        )
         self.faults = FaultState()
         #: failed tasks whose errors nobody retrieved yet
         self.failures = FailureLog(self.device_id, self.faults)
@@ -387,7 +391,7 @@ class Scheduler:
     ) -> Task:
         """Queue an admitted host-to-device copy (staged just before submission)."""
         host = self._stage(lane, count, (root,))
-        return self._enqueue(CopyToDevice(lane, task, host, dst, root, src, count))
+        return self.enqueue(CopyToDevice(lane, task, host, dst, root, src, count))
 
     def copy_to_host(
         self,
@@ -400,7 +404,7 @@ class Scheduler:
     ) -> Task:
         """Queue an admitted device-to-host copy (``dst`` filled before the task resolves)."""
         host = self._stage(lane, count, (root,))
-        return self._enqueue(CopyToHost(lane, task, host, dst, src, root, count))
+        return self.enqueue(CopyToHost(lane, task, host, dst, src, root, count))
 
     def copy_device(
         self,
@@ -413,14 +417,14 @@ class Scheduler:
     ) -> Task:
         """Queue an admitted device-to-device copy."""
         self._stage(lane, 0, roots)
-        return self._enqueue(CopyDevice(lane, task, None, dst, src, count, roots))
+        return self.enqueue(CopyDevice(lane, task, dst, src, count, roots))
 
     def memset(
         self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int
     ) -> Task:
         """Queue an admitted memset."""
         self._stage(lane, 0, (root,))
-        return self._enqueue(Memset(lane, task, dst, root, value, count))
+        return self.enqueue(Memset(lane, task, dst, root, value, count))
 
     def record_event(
         self, lane: Lane, task: Task, make_event: Callable[[int], EventRecord], flags: int
@@ -431,12 +435,12 @@ class Scheduler:
         except BaseException:
             self.unadmit(lane)
             raise
-        self._enqueue(RecordEvent(lane, task, event))
+        self.enqueue(RecordEvent(lane, task, event))
         return event
 
     def wait_event(self, lane: Lane, task: Task, event: EventRecord) -> Task:
         """Queue an admitted wait for ``event`` on ``lane``."""
-        return self._enqueue(WaitEvent(lane, task, event))
+        return self.enqueue(WaitEvent(lane, task, event))
 
     def _stage(
         self, lane: Lane, count: int, allocations: tuple[Allocation, ...]
@@ -452,7 +456,8 @@ class Scheduler:
             raise
         return host
 
-    def _enqueue(self, request: Request) -> Task:
+    def enqueue(self, request: Request) -> Task:
+        """Queue an admitted request (the stream's latest task from now on)."""
         request.lane.last = request.task
         self._pending.append(request)
         self._schedule_flush()
@@ -583,6 +588,7 @@ class Scheduler:
             "sync_timeouts": counters["sync_timeouts"],
             "streams": len(self.lanes),
             "device_buffers": self.lifetimes.live_count,
+            "graphs": len(self.graphs),
             "host_buffers_in_use": pool["in_use"],
             "host_buffers_free": pool["free"],
             "host_buffers_high_water": pool["high_water"],
@@ -724,6 +730,7 @@ class Scheduler:
 
     def _release_everything(self, runtime: Runtime) -> None:
         # After the threads have exited and the streams are gone: nothing can touch these.
+        self.graphs.close_all()
         self.lifetimes.release(self._submitter.orphans + self._poller.orphans)
         self._submitter.orphans.clear()
         self._poller.orphans.clear()

@@ -230,7 +230,7 @@ class Submitter:
                     error.__cause__ = exc
                 else:
                     req.position = lane.submitted
-                    lane.submitted += 1
+                    lane.submitted += req.runtime_tasks
             if error is not None:
                 req.on_refused(error)
                 self._lifetimes.release((req,))

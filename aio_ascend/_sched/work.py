@@ -75,6 +75,8 @@ class Request(ABC):
     is_copy = False
     #: whether :meth:`on_complete` has host-side work to do
     needs_completion = False
+    #: runtime tasks it queues on its stream (fault reports count them)
+    runtime_tasks = 1
     #: whether it goes through a pinned staging buffer (``host``; taken by the submitter
     #: thread if the loop left it None)
     staged = False
@@ -165,7 +167,12 @@ class Launch(Request):
 
 class _Copy(Request):
     """A copy of ``count`` bytes (staged through the pinned buffer ``host`` if it has a host
-    side); it keeps ``allocations`` (the device memory's roots) in use."""
+    side); it keeps ``allocations`` (the device memory's roots) in use.
+
+    Device memory is held as ``(ptr, nbytes)``, not as the user's buffer objects, and a user
+    array only while it is needed: once a request is released, nothing of the user's is left
+    in it (a wrapped buffer's owner is let go as soon as the work is done).
+    """
 
     __slots__ = ("count", "dst", "src")
     is_copy = True
@@ -207,7 +214,7 @@ class CopyToDevice(_Copy):
         src: Any,
         count: int,
     ) -> None:
-        super().__init__(lane, task, host, dst, src, count, (root,))
+        super().__init__(lane, task, host, (dst.ptr, dst.nbytes), src, count, (root,))
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
@@ -215,9 +222,9 @@ class CopyToDevice(_Copy):
         # np.copyto releases the GIL for the bulk of a big copy (a memoryview slice
         # assignment holds it throughout: 110-140 ms per 256 MiB, a stall of the loop)
         np.copyto(np.frombuffer(host.view, np.uint8, self.count), self.src)
-        runtime.memcpy_async(
-            self.dst.ptr, self.dst.nbytes, host.addr, self.count, ACL_MEMCPY_HOST_TO_DEVICE, stream
-        )
+        self.src = None  # staged: the user's array is not needed any more
+        ptr, room = self.dst
+        runtime.memcpy_async(ptr, room, host.addr, self.count, ACL_MEMCPY_HOST_TO_DEVICE, stream)
 
 
 class CopyToHost(_Copy):
@@ -241,19 +248,20 @@ class CopyToHost(_Copy):
         root: Allocation,
         count: int,
     ) -> None:
-        super().__init__(lane, task, host, dst, src, count, (root,))
+        super().__init__(lane, task, host, dst, (src.ptr, src.nbytes), count, (root,))
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
         assert host is not None
         runtime.memcpy_async(
-            host.addr, host.capacity, self.src.ptr, self.count, ACL_MEMCPY_DEVICE_TO_HOST, stream
+            host.addr, host.capacity, self.src[0], self.count, ACL_MEMCPY_DEVICE_TO_HOST, stream
         )
 
     def on_complete(self) -> None:
         host = self.host
         assert host is not None
         np.copyto(self.dst, np.frombuffer(host.view, np.uint8, self.count))  # GIL released
+        self.dst = None
 
 
 class CopyDevice(_Copy):
@@ -262,15 +270,22 @@ class CopyDevice(_Copy):
     __slots__ = ()
     kind = "copy_device"
 
-    def submit(self, runtime: Runtime, stream: int) -> None:
-        runtime.memcpy_async(
-            self.dst.ptr,
-            self.dst.nbytes,
-            self.src.ptr,
-            self.count,
-            ACL_MEMCPY_DEVICE_TO_DEVICE,
-            stream,
+    def __init__(
+        self,
+        lane: Lane,
+        task: Task,
+        dst: Allocation,
+        src: Allocation,
+        count: int,
+        roots: tuple[Allocation, Allocation],
+    ) -> None:
+        super().__init__(
+            lane, task, None, (dst.ptr, dst.nbytes), (src.ptr, src.nbytes), count, roots
         )
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        (dst, room), (src, _) = self.dst, self.src
+        runtime.memcpy_async(dst, room, src, self.count, ACL_MEMCPY_DEVICE_TO_DEVICE, stream)
 
 
 class Memset(Request):
@@ -283,12 +298,13 @@ class Memset(Request):
         self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int
     ) -> None:
         super().__init__(lane, task, None, (root,))
-        self.dst = dst
+        self.dst = (dst.ptr, dst.nbytes)
         self.value = value
         self.count = count
 
     def submit(self, runtime: Runtime, stream: int) -> None:
-        runtime.memset_async(self.dst.ptr, self.dst.nbytes, self.value, self.count, stream)
+        ptr, room = self.dst
+        runtime.memset_async(ptr, room, self.value, self.count, stream)
 
 
 class EventRecord:

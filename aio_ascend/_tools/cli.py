@@ -389,6 +389,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         launchers=args.launchers,
         backend=args.backend,
         loop=args.loop,
+        repeats=args.repeats,
         progress=None if args.quiet else sys.stderr,
     )
     results = run_bench(cfg, only)
@@ -582,10 +583,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--only",
         metavar="a,b,c",
-        help="comma-separated steps: packing, raw, naive, unbatched, poll, "
-        "block, bare_wakes, wake_poll, wake_block, wake_churn, loop_lag, "
-        "idle_poll, idle_block (default: all; with --backend cuda: raw, naive, unbatched, "
-        "poll, block)",
+        help="comma-separated steps: packing, raw, naive, unbatched, poll, handler, "
+        "roundtrip, fanout, block, bare_wakes, wake_poll, wake_block, wake_churn, loop_lag, "
+        "producer_lag, graph, idle_poll, idle_block (default: all; with --backend cuda: raw, "
+        "naive, unbatched, poll, block)",
+    )
+    bench.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=3,
+        metavar="N",
+        help="repeats of the CPU-per-launch, fan-out and graph rows, reported with their "
+        "spread (default 3)",
     )
     bench.add_argument(
         "--launchers",

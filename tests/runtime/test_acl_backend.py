@@ -1318,3 +1318,17 @@ def test_a_closed_legacy_runtime_says_closed(legacy: AclRuntime) -> None:
     legacy.close()
     with pytest.raises(ClosedError):
         legacy.info()
+
+
+def test_graph_capture_is_refused_loudly_until_it_is_bound(rt: AclRuntime) -> None:
+    """Model-RI capture is not bound yet: every graph call says so, nothing is half done."""
+    stream = rt.create_stream()
+    for call in (
+        lambda: rt.begin_capture(stream),
+        lambda: rt.end_capture(stream),
+        lambda: rt.launch_graph(0x1234, stream),
+        lambda: rt.destroy_graph(0x1234),
+    ):
+        with pytest.raises(BackendUnavailableError, match="graph capture is not supported"):
+            call()
+    rt.destroy_stream(stream)

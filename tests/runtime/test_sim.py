@@ -557,13 +557,18 @@ def test_live_resources_accounting() -> None:
         "streams": 0,
         "events": 0,
         "binaries": 0,
+        "graphs": 0,
     }
     try:
         assert runtime.live_resources() == empty
         ptr, host = runtime.malloc(64), runtime.malloc_host(64)
         stream, event = runtime.create_stream(), runtime.create_event(0)
         binary = runtime.load_binary(None)
+        runtime.begin_capture(stream)
+        runtime.memset_async(ptr, 64, 0, 64, stream)
+        graph = runtime.end_capture(stream)
         assert runtime.live_resources() == dict.fromkeys(empty, 1)
+        runtime.destroy_graph(graph)
         runtime.free(ptr)
         runtime.free_host(host)
         runtime.destroy_stream(stream)

@@ -52,8 +52,9 @@ def _assert_valid_trace(trace: dict[str, Any]) -> list[dict[str, Any]]:
 # --- info ---------------------------------------------------------------------------------------
 
 
-def test_info_names_sim_and_why(capsys: pytest.CaptureFixture[str],
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_info_names_sim_and_why(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("AIO_ASCEND_BACKEND", raising=False)
     assert main(["info"]) == 0
     out = capsys.readouterr().out
@@ -64,8 +65,9 @@ def test_info_names_sim_and_why(capsys: pytest.CaptureFixture[str],
         assert name in out
 
 
-def test_info_reports_the_override(capsys: pytest.CaptureFixture[str],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_info_reports_the_override(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("AIO_ASCEND_BACKEND", "sim")
     assert main(["info"]) == 0
     out = capsys.readouterr().out
@@ -86,7 +88,10 @@ def test_usage_errors_return_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_python_dash_m() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "aio_ascend", "info"],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     assert "auto picks:" in proc.stdout
@@ -95,11 +100,25 @@ def test_python_dash_m() -> None:
 # --- demo ---------------------------------------------------------------------------------------
 
 
-def test_demo_verifies_and_writes_a_trace(tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_verifies_and_writes_a_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "demo.json"
-    code = main(["demo", "--requests", "40", "--streams", "2", "--concurrency", "8",
-                 "--size", "1024", "--trace", str(path)])
+    code = main(
+        [
+            "demo",
+            "--requests",
+            "40",
+            "--streams",
+            "2",
+            "--concurrency",
+            "8",
+            "--size",
+            "1024",
+            "--trace",
+            str(path),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured
     assert "40/40 results match numpy" in captured.out
@@ -130,8 +149,9 @@ def test_demo_other_loops(loop: str, capsys: pytest.CaptureFixture[str]) -> None
     assert "20/20 results match numpy" in capsys.readouterr().out
 
 
-def test_demo_wrong_result_exits_1(monkeypatch: pytest.MonkeyPatch,
-                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_wrong_result_exits_1(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     real = demo.make_inputs
 
     def wrong_expectations(cfg: demo.DemoConfig) -> Any:
@@ -147,8 +167,9 @@ def test_demo_wrong_result_exits_1(monkeypatch: pytest.MonkeyPatch,
 # --- bench --------------------------------------------------------------------------------------
 
 
-def test_bench_prints_the_table_and_writes_json(tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_prints_the_table_and_writes_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "bench.json"
     code = main(["bench", "--scale", "0.02", "--only", "packing,raw,poll", "--json", str(path)])
     out = capsys.readouterr().out
@@ -162,10 +183,41 @@ def test_bench_prints_the_table_and_writes_json(tmp_path: Path,
     assert data["poll"]["launches_per_s"] > 0
 
 
+def test_bench_shapes_report_their_rows_ratios_and_spread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bench.json"
+    steps = "raw,handler,roundtrip,fanout,producer_lag,graph"
+    code = main(
+        ["bench", "--scale", "0.01", "--repeats", "2", "--only", steps, "-q", "--json", str(path)]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(path.read_text())
+    assert set(steps.split(",")) <= set(data)
+    assert data["raw"]["cpu_us_spread"]["n"] == 2
+    spread = data["handler"]["cpu_us_spread"]
+    assert spread["min"] <= spread["median"] <= spread["max"]
+    assert data["graph"]["replay_loop_cpu_us_per_kernel"] > 0
+    assert {"cpu", "python", "aio_ascend", "date"} <= set(data["machine"])
+    ratios = data["ratios"]
+    for name in (
+        "host CPU per launch, request-handler shape / (a)",
+        "launch+await round trip / to_thread(noop), p50",
+        "256 handlers / one handler, launches/s",
+        "loop lag p99 (ms), one producer, 10k launches",
+        "graph replay / one by one, loop CPU per kernel",
+    ):
+        assert isinstance(ratios[name]["value"], float | int), name
+        assert name in out
+    assert "request-handler shape" in out
+
+
 def test_bench_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "bench-trace.json"
-    assert main(["bench", "--scale", "0.02", "--only", "wake_poll", "-q",
-                 "--trace", str(path)]) == 0
+    assert (
+        main(["bench", "--scale", "0.02", "--only", "wake_poll", "-q", "--trace", str(path)]) == 0
+    )
     trace = json.loads(path.read_text())
     slices = _assert_valid_trace(trace)
     assert slices
@@ -178,23 +230,26 @@ def test_bench_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
 def test_demo_and_bench_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("matplotlib")
     demo_png = tmp_path / "demo.png"
-    assert main(["demo", "--requests", "30", "--size", "256", "-q",
-                 "--plot", str(demo_png)]) == 0
+    assert main(["demo", "--requests", "30", "--size", "256", "-q", "--plot", str(demo_png)]) == 0
     assert demo_png.read_bytes().startswith(PNG_MAGIC)
     bench_png = tmp_path / "bench.png"
-    assert main(["bench", "--scale", "0.02", "--only", "wake_poll", "-q",
-                 "--plot", str(bench_png)]) == 0
+    assert (
+        main(["bench", "--scale", "0.02", "--only", "wake_poll", "-q", "--plot", str(bench_png)])
+        == 0
+    )
     assert bench_png.read_bytes().startswith(PNG_MAGIC)
     # steps without latency samples: said so, exit 1, nothing written
     none_png = tmp_path / "none.png"
-    assert main(["bench", "--scale", "0.02", "--only", "packing", "-q",
-                 "--plot", str(none_png)]) == 1
+    assert (
+        main(["bench", "--scale", "0.02", "--only", "packing", "-q", "--plot", str(none_png)]) == 1
+    )
     assert "no plot written" in capsys.readouterr().err
     assert not none_png.exists()
 
 
-def test_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_plot_without_matplotlib(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
     png = tmp_path / "x.png"
     assert main(["demo", "--requests", "5", "--plot", str(png)]) == 2
@@ -213,12 +268,15 @@ def test_trace_lanes_keep_groups_together_and_never_overlap() -> None:
 
     spans = [
         # two requests overlapping on one stream: the second spills into lane +1
-        span("s", "queued", 0.0, 1.0, 1), span("s", "run", 1.0, 3.0, 1),
-        span("s", "queued", 0.5, 2.0, 2), span("s", "run", 2.0, 4.0, 2),
+        span("s", "queued", 0.0, 1.0, 1),
+        span("s", "run", 1.0, 3.0, 1),
+        span("s", "queued", 0.5, 2.0, 2),
+        span("s", "run", 2.0, 4.0, 2),
         # a third starts after the first ended: back on lane 0
         span("s", "queued", 3.0, 3.5, 3),
         # ungrouped spans on a second track, serial: one lane
-        span("t", "x", 0.0, 1.0, None), span("t", "x", 1.0, 2.0, None),
+        span("t", "x", 0.0, 1.0, None),
+        span("t", "x", 1.0, 2.0, None),
     ]
     trace = build_trace(spans, tracks=["s", "t", "idle"])
     slices = _assert_valid_trace(trace)

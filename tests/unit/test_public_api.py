@@ -13,6 +13,7 @@ EXPORTED = {
     "DeviceFaultError",
     "Event",
     "Function",
+    "Graph",
     "HostArgs",
     "InternalError",
     "LaunchConfig",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-SNIPPET = '''
+SNIPPET = """
 import aio_ascend as aa
 
 async def main(s: aa.Stream, fn: aa.Function) -> None:
@@ -16,7 +16,7 @@ async def main(s: aa.Stream, fn: aa.Function) -> None:
     lib: aa.sim.KernelLibrary = aa.sim.KernelLibrary()
     reveal_type(lib)
     reveal_type(await s.download(aa.DeviceBuffer.__new__(aa.DeviceBuffer)))
-'''
+"""
 
 
 def test_config_keys_and_the_sim_module_are_typed(tmp_path: Path) -> None:

@@ -537,6 +537,28 @@ class AclRuntime:
             "library_path": self.library_path,
         }
 
+    # --- graphs ------------------------------------------------------------------------
+    # Model-RI capture (aclmdlRICaptureBegin/End, aclmdlRIExecuteAsync, aclmdlRIDestroy) is
+    # not bound yet: capturing on acl is refused, loudly, before anything reaches the runtime.
+
+    def _no_capture(self, func: str) -> NoReturn:
+        raise BackendUnavailableError(
+            f"{func}: graph capture is not supported by the acl backend yet (model-RI capture "
+            "is not bound); launch the operations one by one"
+        )
+
+    def begin_capture(self, stream: int) -> None:
+        self._no_capture("aclmdlRICaptureBegin")
+
+    def end_capture(self, stream: int) -> int:
+        self._no_capture("aclmdlRICaptureEnd")
+
+    def launch_graph(self, graph: int, stream: int) -> None:
+        self._no_capture("aclmdlRIExecuteAsync")
+
+    def destroy_graph(self, graph: int) -> None:
+        self._no_capture("aclmdlRIDestroy")
+
     # --- kernels -----------------------------------------------------------------------
 
     def load_binary(self, source: object) -> int:

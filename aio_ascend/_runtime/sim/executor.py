@@ -41,6 +41,8 @@ __all__ = [
     "DEFAULT_MAX_QUEUE_DEPTH",
     "EVENT_HANDLE",
     "FUNCTION_HANDLE",
+    "GRAPH",
+    "GRAPH_HANDLE",
     "KERNEL",
     "MEMSET",
     "PRIORITY_GREATEST",
@@ -55,6 +57,7 @@ __all__ = [
     "Recording",
     "SimBinary",
     "SimEvent",
+    "SimGraph",
     "SimStream",
     "TaskKind",
     "new_handle",
@@ -76,6 +79,7 @@ class TaskKind(IntEnum):
     WAIT = 2  # (WAIT, recording)
     COPY = 3  # (COPY, kind, dst, src, count, host array | None, host offset, waiter | None)
     MEMSET = 4  # (MEMSET, dst, value, count)
+    GRAPH = 5  # (GRAPH, SimGraph): a captured task list, run as one task
 
 
 # module-level aliases: the drain loop compares them for every task
@@ -84,6 +88,7 @@ RECORD: Final = TaskKind.RECORD
 WAIT: Final = TaskKind.WAIT
 COPY: Final = TaskKind.COPY
 MEMSET: Final = TaskKind.MEMSET
+GRAPH: Final = TaskKind.GRAPH
 
 #: stream priorities as ACL numbers them: 0 is the most urgent, 7 the least (the default)
 PRIORITY_GREATEST: Final = 0
@@ -107,6 +112,7 @@ def new_handle(kind: int) -> int:
 
 
 STREAM_HANDLE, EVENT_HANDLE, BINARY_HANDLE, FUNCTION_HANDLE = 0x5151, 0x5E5E, 0x5B5B, 0x5F5F
+GRAPH_HANDLE = 0x5A5A
 
 
 def release_all(locks: Iterable[threading.Lock]) -> None:
@@ -140,9 +146,20 @@ class SimEvent:
         self.current: Recording | None = None
 
 
+class SimGraph:
+    """A captured task list (``aclmdlRICaptureEnd``'s model); replayed as one task."""
+
+    __slots__ = ("handle", "tasks")
+
+    def __init__(self, handle: int, tasks: list[tuple[Any, ...]]) -> None:
+        self.handle = handle
+        self.tasks = tasks
+
+
 class SimStream:
     __slots__ = (
         "busy_until",
+        "capture",
         "completed",
         "destroyed",
         "failure_mode",
@@ -165,6 +182,8 @@ class SimStream:
         self.busy_until = 0.0  # perf_counter() time until which the stream is occupied
         self.destroyed = False
         self.failure_mode = ACL_CONTINUE_ON_FAILURE
+        #: while capturing: the tasks recorded instead of queued
+        self.capture: list[tuple[Any, ...]] | None = None
 
 
 class PageableCopy:
@@ -235,6 +254,7 @@ class DeviceExecutor:
         self._events: dict[int, SimEvent] = {}
         self._binaries: dict[int, SimBinary] = {}
         self._functions: dict[int, KernelSpec] = {}
+        self._graphs: dict[int, SimGraph] = {}
         self._pageable: set[PageableCopy] = set()
 
         self._fault: tuple[int, str] | None = None
@@ -398,6 +418,9 @@ class DeviceExecutor:
                 self._stream_waiters -= 1
 
     def _enqueue(self, s: SimStream, task: tuple[Any, ...], func: str) -> None:
+        if s.capture is not None:  # recorded, not run (the caller checked the kind)
+            s.capture.append(task)
+            return
         if s.submitted - s.completed >= self.max_queue_depth:
             self._wait_for_room(s, func)  # the real runtime blocks on a full task queue too
         with self._lock:
@@ -489,9 +512,9 @@ class DeviceExecutor:
                     if not task[1].done:
                         break
                     queue.popleft()
-                elif kind == KERNEL:
+                elif kind in (KERNEL, GRAPH):
                     queue.popleft()
-                    if self._run_kernel(s, task):
+                    if self._run_kernel(s, task) if kind == KERNEL else self._run_graph(s, task):
                         if self._fault is not None:
                             self._note_fault_site(s)
                             return True, records_done, None
@@ -598,6 +621,21 @@ class DeviceExecutor:
             self._set_fault(fault.code, fault.message)
             if waiter is not None:
                 waiter.fail(fault.code, fault.message)
+
+    def _run_graph(self, s: SimStream, task: tuple[Any, ...]) -> bool:
+        """Replay a captured task list in order, as one task (like ``_run_kernel``: True when
+        the stream stays occupied or the device faulted)."""
+        for inner in task[1].tasks:
+            kind = inner[0]
+            if kind == KERNEL:
+                self._run_kernel(s, inner)
+            elif kind == MEMSET:
+                self._run_memset(inner)
+            else:
+                self._run_copy(inner)
+            if self._fault is not None or s.hung:
+                return True
+        return s.occupied
 
     def _run_memset(self, task: tuple[Any, ...]) -> None:
         _, dst, value, count = task

@@ -65,6 +65,8 @@ from .executor import (
     DEFAULT_MAX_QUEUE_DEPTH,
     EVENT_HANDLE,
     FUNCTION_HANDLE,
+    GRAPH,
+    GRAPH_HANDLE,
     KERNEL,
     MEMSET,
     PRIORITY_GREATEST,
@@ -78,6 +80,7 @@ from .executor import (
     Recording,
     SimBinary,
     SimEvent,
+    SimGraph,
     SimStream,
     new_handle,
     release_all,
@@ -149,6 +152,7 @@ class SimRuntime(DeviceExecutor):
             self._events.clear()
             self._binaries.clear()
             self._functions.clear()
+            self._graphs.clear()
             self._pageable.clear()
             self._fault = None
             self._cond.notify_all()
@@ -173,6 +177,7 @@ class SimRuntime(DeviceExecutor):
             "streams": len(self._streams),
             "events": len(self._events),
             "binaries": len(self._binaries),
+            "graphs": len(self._graphs),
         }
 
     def live_resources(self) -> dict[str, int]:
@@ -293,6 +298,7 @@ class SimRuntime(DeviceExecutor):
         func = "aclrtSynchronizeStreamWithTimeout"
         self._check_live(func)
         s = self._stream(stream, func)
+        self._not_capturing(s, func)
         try:
             check_timeout(func, timeout_ms)
         except InvalidParamError as exc:
@@ -326,6 +332,7 @@ class SimRuntime(DeviceExecutor):
         self._check_live(func)
         ev = self._event(event, func)
         s = self._stream(stream, func)
+        self._not_capturing(s, func)
         rec = Recording(bool(ev.flags & ACL_EVENT_TIME_LINE))
         self._enqueue(s, (RECORD, rec), func)
         # Only now does the event refer to the new recording: a query racing with this call
@@ -400,6 +407,7 @@ class SimRuntime(DeviceExecutor):
         func = "aclrtStreamWaitEvent"
         self._check_live(func)
         s = self._stream(stream, func)
+        self._not_capturing(s, func)
         ev = self._event(event, func)
         rec = ev.current
         if rec is None or rec.done:
@@ -492,8 +500,13 @@ class SimRuntime(DeviceExecutor):
             host = self._host_side(dst, count, "dst", func)
         if kind == ACL_MEMCPY_DEVICE_TO_DEVICE or host is not None:
             array, offset = host if host is not None else (None, 0)
+            if s.capture is not None:
+                with self._lock:
+                    s.capture.append((COPY, kind, dst, src, count, array, offset, None))
+                return
             self._enqueue(s, (COPY, kind, dst, src, count, array, offset, None), func)
             return
+        self._not_capturing(s, func)  # a pageable copy cannot be captured (it runs in the call)
         # Pageable: the caller blocks until the stream reaches the copy, which the device thread
         # performs while the caller is still blocked (the memory is valid for that long).
         waiter = PageableCopy()
@@ -551,6 +564,54 @@ class SimRuntime(DeviceExecutor):
             "time_model": self.time_model,
             "stream_capacity": self.stream_capacity,
         }
+
+    # --- graphs (model-RI capture) --------------------------------------------------------
+
+    def _not_capturing(self, s: SimStream, func: str) -> None:
+        if s.capture is not None:
+            raise self._param(func, "the stream is capturing: the operation cannot be captured")
+
+    def begin_capture(self, stream: int) -> None:
+        """``aclmdlRICaptureBegin`` (thread-local mode): work submitted to ``stream`` from now
+        on is recorded, not run, until :meth:`end_capture`."""
+        func = "aclmdlRICaptureBegin"
+        self._check_live(func)
+        s = self._stream(stream, func)
+        with self._lock:
+            if s.capture is not None:
+                raise self._param(func, "the stream is already capturing")
+            s.capture = []
+
+    def end_capture(self, stream: int) -> int:
+        """``aclmdlRICaptureEnd``: the recorded work as a graph handle."""
+        func = "aclmdlRICaptureEnd"
+        self._check(func)
+        s = self._stream(stream, func)
+        with self._lock:
+            if s.capture is None:
+                raise self._param(func, "the stream is not capturing")
+            tasks, s.capture = s.capture, None
+            handle = new_handle(GRAPH_HANDLE)
+            self._graphs[handle] = SimGraph(handle, tasks)
+        return handle
+
+    def launch_graph(self, graph: int, stream: int) -> None:
+        """``aclmdlRIExecuteAsync``: queue one replay of ``graph`` on ``stream`` (one task)."""
+        func = "aclmdlRIExecuteAsync"
+        self._check_live(func)
+        s = self._stream(stream, func)
+        g = self._graphs.get(graph)
+        if g is None:
+            raise self._bad_handle(func, f"modelRI {_hex(graph)} is not a live graph")
+        self._not_capturing(s, func)
+        self._enqueue(s, (GRAPH, g), func)
+
+    def destroy_graph(self, graph: int) -> None:
+        """``aclmdlRIDestroy``: at once (queued replays keep the task list they hold)."""
+        func = "aclmdlRIDestroy"
+        self._check(func)
+        if self._graphs.pop(graph, None) is None:
+            raise self._bad_handle(func, f"modelRI {_hex(graph)} is not a live graph")
 
     # --- kernels ---------------------------------------------------------------------------
 
@@ -677,7 +738,7 @@ class SimRuntime(DeviceExecutor):
             )
         else:
             entries = None
-        if s.submitted - s.completed >= self.max_queue_depth:
+        if s.submitted - s.completed >= self.max_queue_depth and s.capture is None:
             self._wait_for_room(s, name)
         region = 0
         if entries is not None:
@@ -699,11 +760,14 @@ class SimRuntime(DeviceExecutor):
                 args_size,
                 region,
             )
-        else:  # pinned: read when the kernel executes
+        else:  # pinned: read when the kernel executes (at every replay, if captured)
             task = (KERNEL, spec, num_blocks, view, offset, args_size, region)
         with self._lock:
             if s.destroyed:
                 raise self._bad_handle(name, "the stream was destroyed")
+            if s.capture is not None:
+                s.capture.append(task)
+                return
             s.queue.append(task)
             s.submitted += 1
             self._work_seq += 1

@@ -1,0 +1,48 @@
+"""``Graph``: device work captured once on a stream and replayed with one runtime call."""
+
+from __future__ import annotations
+
+from ._sched.graphs import GraphRecord
+
+__all__ = ["Graph"]
+
+
+class Graph:
+    """Device work recorded once (``async with stream.capture() as capture:``) and replayed
+    with one runtime call: ``await stream.run_graph(graph)``, or ``task = await
+    stream.launch_graph(graph)``, on any stream of the device, as often as wanted.
+
+    Lifetimes: the graph keeps what its replays read until it is closed and its queued
+    replays have finished: the pinned copies of the captured launches' arguments and
+    placeholder data, the bytes of the captured host-to-device copies (every replay copies the
+    bytes given at capture time), and the device buffers the captured work uses (their
+    ``free()`` waits for the graph).
+
+    :ivar device: the device
+    :ivar operations: how many operations were captured
+    """
+
+    __slots__ = ("__weakref__", "_record", "device", "operations")
+
+    def __init__(self, device: object, record: GraphRecord) -> None:
+        self.device = device
+        self._record = record
+        self.operations = len(record.ops)
+
+    @property
+    def record(self) -> GraphRecord:
+        """The scheduler's record of the graph (for the stream that replays it)."""
+        return self._record
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called (queued replays may still be running)."""
+        return self._record.free_requested
+
+    def close(self) -> None:
+        """Destroy the graph now, or once its queued replays have finished. Idempotent."""
+        self._record.registry.free(self._record)
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"replays queued={self._record.uses}"
+        return f"<Graph {self.operations} operations {state}>"

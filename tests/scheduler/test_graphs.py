@@ -1,0 +1,187 @@
+"""Graphs: ``Stream.capture()`` records work once, ``run_graph``/``launch_graph`` replay it with
+one runtime call; what the replays read lives as long as the graph.
+
+On the backends that implement the runtime's capture (``GRAPH_BACKENDS``), on asyncio, uvloop
+and trio.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from helpers import assert_runtime_clean, open_backend
+
+import aio_ascend as aa
+
+pytestmark = pytest.mark.anyio
+
+F32 = np.float32
+GRAPH_BACKENDS = ("sim",)
+
+
+@pytest.fixture(params=GRAPH_BACKENDS)
+def open_graph_dev(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
+    name: str = request.param
+    if name != "sim" and request.node.get_closest_marker("sim_only") is not None:
+        pytest.skip("needs the sim's test controls")
+    return functools.partial(open_backend, name)
+
+
+def axpy(x: aa.DeviceBuffer, y: aa.DeviceBuffer, a: float, n: int) -> aa.HostArgs:
+    return aa.HostArgs().ptr(x).ptr(y).f32(a).u32(n)
+
+
+async def test_a_graph_runs_only_when_replayed_on_any_stream(
+    open_graph_dev: Callable[..., Any],
+) -> None:
+    async with open_graph_dev() as dev:
+        s, t = dev.stream(), dev.stream()
+        n = 64
+        x, y = dev.malloc(4 * n), dev.malloc(4 * n)
+        await s.upload(x, np.ones(n, F32))
+        await s.memset(y, 0)
+        fn = dev.function("axpy")
+        async with s.capture() as capture:
+            for _ in range(5):
+                capture.launch(fn, 2, axpy(x, y, 1.0, n))
+        graph = capture.graph
+        assert isinstance(graph, aa.Graph)
+        assert graph.operations == 5
+        assert (await s.download(y, F32)).tolist() == [0.0] * n  # captured, not run
+        await t.run_graph(graph)
+        assert (await t.download(y, F32)).tolist() == [5.0] * n
+        tasks = [await s.launch_graph(graph) for _ in range(3)]
+        await tasks[-1]
+        assert all(task.done() and task.exception() is None for task in tasks)
+        assert (await s.download(y, F32)).tolist() == [20.0] * n
+        graph.close()
+        assert dev.stats()["graphs"] == 0
+
+
+async def test_a_captured_upload_copies_the_bytes_given_at_capture(
+    open_graph_dev: Callable[..., Any],
+) -> None:
+    async with open_graph_dev() as dev:
+        s = dev.stream()
+        buf = dev.malloc(16)
+        data = np.arange(16, dtype=np.uint8)
+        async with s.capture() as capture:
+            capture.copy_to_device(buf, data)
+            capture.memset(buf[8:], 0xFF, 4)
+        data[:] = 0  # the graph copies what it was given
+        await s.memset(buf, 7)
+        await s.run_graph(capture.graph)
+        expected = list(range(16))
+        expected[8:12] = [0xFF] * 4
+        assert (await s.download(buf)).tolist() == expected
+        capture.graph.close()
+
+
+async def test_the_graph_keeps_its_buffers_until_closed_and_replayed(
+    open_graph_dev: Callable[..., Any],
+) -> None:
+    async with open_graph_dev() as dev:
+        s = dev.stream()
+        src, dst = dev.malloc(256), dev.malloc(256)
+        await s.memset(src, 3)
+        buffers = dev.stats()["device_buffers"]
+        async with s.capture() as capture:
+            capture.copy_device(dst, src)
+        graph = capture.graph
+        src.free()  # deferred: the graph uses it
+        assert dev.stats()["device_buffers"] == buffers
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(30_000))
+        replay = await s.launch_graph(graph)
+        graph.close()  # deferred: a replay is queued
+        assert graph.closed
+        assert dev.stats()["graphs"] == 1
+        with pytest.raises(ValueError, match="closed"):
+            await s.launch_graph(graph)
+        await replay
+        assert dev.stats()["graphs"] == 0
+        assert dev.stats()["device_buffers"] == buffers - 1
+        assert (await s.download(dst)).tolist() == [3] * 256
+
+
+async def test_an_exception_in_the_block_captures_nothing(
+    open_graph_dev: Callable[..., Any],
+) -> None:
+    async with open_graph_dev() as dev:
+        s = dev.stream()
+        buf = dev.malloc(4096)
+        in_use = dev.stats()["host_buffers_in_use"]
+        capture = s.capture()
+
+        async def record_then_fail() -> None:
+            async with capture:
+                capture.copy_to_device(buf, np.ones(4096, np.uint8))
+                capture.launch(dev.function("noop"), 1)
+                raise KeyError("user code failed")
+
+        with pytest.raises(KeyError):
+            await record_then_fail()
+        assert capture.graph is None
+        assert dev.stats()["host_buffers_in_use"] == in_use
+        assert dev.stats()["graphs"] == 0
+        buf.free()
+        assert dev.stats()["device_buffers"] == 0  # nothing kept it in use
+
+
+async def test_bad_captures_are_refused_in_the_call(open_graph_dev: Callable[..., Any]) -> None:
+    async with open_graph_dev() as other, open_graph_dev(device_id=1) as dev:
+        s = dev.stream()
+        buf = dev.malloc(64)
+        with pytest.raises(ValueError, match="nothing was captured"):
+            async with s.capture():
+                pass
+        capture = s.capture()
+        with pytest.raises(RuntimeError, match="inside"):
+            capture.memset(buf, 0)
+        async with capture:
+            with pytest.raises(TypeError):
+                capture.launch("noop", 1)  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="blocks"):
+                capture.launch(dev.function("noop"), 0)
+            with pytest.raises(ValueError, match="different device"):
+                capture.launch(other.function("noop"), 1)
+            with pytest.raises(ValueError, match="overlap"):
+                capture.copy_device(buf[10:40], buf[0:30])
+            with pytest.raises(ValueError, match="byte"):
+                capture.memset(buf, 300)
+            capture.memset(buf, 1)  # the capture is still usable
+        assert capture.graph is not None
+        assert capture.graph.operations == 1
+        with pytest.raises(TypeError):
+            await s.launch_graph("graph")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="different device"):
+            await other.stream().launch_graph(capture.graph)
+
+
+async def test_a_fault_in_a_replay_fails_the_replay(open_graph_dev: Callable[..., Any]) -> None:
+    async with open_graph_dev() as dev:
+        s = dev.stream()
+        async with s.capture() as capture:
+            capture.launch(dev.function("noop"), 1)
+            capture.launch(dev.function("fault"), 1, aa.HostArgs().u32(0))
+        with anyio.fail_after(10), pytest.raises(aa.DeviceFaultError):
+            await s.run_graph(capture.graph)
+        with pytest.raises(aa.DeviceFaultError):
+            await s.synchronize()
+
+
+async def test_graphs_left_open_are_released_at_close(open_graph_dev: Callable[..., Any]) -> None:
+    async with open_graph_dev() as dev:
+        s = dev.stream()
+        buf = dev.malloc(1 << 20)
+        for _ in range(3):
+            async with s.capture() as capture:
+                capture.copy_to_device(buf, np.ones(1 << 20, np.uint8))
+                capture.launch(dev.function("noop"), 1)
+            await s.launch_graph(capture.graph)
+        assert dev.stats()["graphs"] == 3
+    assert_runtime_clean(dev)
