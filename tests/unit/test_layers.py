@@ -20,7 +20,7 @@ PACKAGE = Path(aio_ascend.__file__).parent
 MAX_MODULE_LINES = 800
 
 L0, L1, L2, L3, L4, L5 = range(6)
-_FACADES = {"__init__", "_device", "_stream", "_event", "_module", "_buffer", "sim"}
+_FACADES = {"__init__", "_device", "_stream", "_event", "_graph", "_module", "_buffer", "sim"}
 
 
 def layer_of(module: str) -> int:

@@ -59,28 +59,24 @@ from ..abi import (
     check_timeout,
     param_error,
 )
+from .capture import CaptureAndFill
 from .executor import (
     BINARY_HANDLE,
     COPY,
     DEFAULT_MAX_QUEUE_DEPTH,
     EVENT_HANDLE,
     FUNCTION_HANDLE,
-    GRAPH,
-    GRAPH_HANDLE,
     KERNEL,
-    MEMSET,
     PRIORITY_GREATEST,
     PRIORITY_LEAST,
     RECORD,
     STREAM_HANDLE,
     WAIT,
     WAIT_SLICE_S,
-    DeviceExecutor,
     PageableCopy,
     Recording,
     SimBinary,
     SimEvent,
-    SimGraph,
     SimStream,
     new_handle,
     release_all,
@@ -94,7 +90,7 @@ _U64 = struct.Struct("<Q")
 _PLACEHOLDER = struct.Struct("<II")
 
 
-class SimRuntime(DeviceExecutor):
+class SimRuntime(CaptureAndFill):
     """The simulated ACL runtime for one device (see the module docstring).
 
     Open it with :func:`open_sim_runtime` (or ``open_runtime("sim", device_id)``).
@@ -530,26 +526,6 @@ class SimRuntime(DeviceExecutor):
                 raise self._fault_error(func)
             raise self._error(waiter.error[0], func, waiter.error[1])
 
-    def memset_async(self, ptr: int, dst_max: int, value: int, count: int, stream: int) -> None:
-        """``aclrtMemsetAsync``: queue setting ``count`` bytes at ``ptr`` to ``value``'s low byte.
-
-        The range is checked when the task executes (outside a live allocation: a device
-        fault), as for device-to-device copies.
-        """
-        func = "aclrtMemsetAsync"
-        self._check_live(func)
-        s = self._stream(stream, func)
-        for name, number in (("maxCount", dst_max), ("count", count), ("devPtr", ptr)):
-            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
-                raise self._param(func, f"{name}={number!r} is not a valid size or address")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self._param(func, f"value={value!r} is not an int")
-        if count > dst_max:
-            raise self._param(func, f"count={count} > maxCount={dst_max}")
-        if not is_device_address(ptr):
-            raise self._param(func, f"devPtr={_hex(ptr)} is not a device address")
-        self._enqueue(s, (MEMSET, ptr, value & 0xFF, count), func)
-
     def info(self) -> dict[str, object]:
         """The sim's facts: its version, memory (``aclrtGetMemInfo``), priority range."""
         self._check("aclrtGetMemInfo")
@@ -564,54 +540,6 @@ class SimRuntime(DeviceExecutor):
             "time_model": self.time_model,
             "stream_capacity": self.stream_capacity,
         }
-
-    # --- graphs (model-RI capture) --------------------------------------------------------
-
-    def _not_capturing(self, s: SimStream, func: str) -> None:
-        if s.capture is not None:
-            raise self._param(func, "the stream is capturing: the operation cannot be captured")
-
-    def begin_capture(self, stream: int) -> None:
-        """``aclmdlRICaptureBegin`` (thread-local mode): work submitted to ``stream`` from now
-        on is recorded, not run, until :meth:`end_capture`."""
-        func = "aclmdlRICaptureBegin"
-        self._check_live(func)
-        s = self._stream(stream, func)
-        with self._lock:
-            if s.capture is not None:
-                raise self._param(func, "the stream is already capturing")
-            s.capture = []
-
-    def end_capture(self, stream: int) -> int:
-        """``aclmdlRICaptureEnd``: the recorded work as a graph handle."""
-        func = "aclmdlRICaptureEnd"
-        self._check(func)
-        s = self._stream(stream, func)
-        with self._lock:
-            if s.capture is None:
-                raise self._param(func, "the stream is not capturing")
-            tasks, s.capture = s.capture, None
-            handle = new_handle(GRAPH_HANDLE)
-            self._graphs[handle] = SimGraph(handle, tasks)
-        return handle
-
-    def launch_graph(self, graph: int, stream: int) -> None:
-        """``aclmdlRIExecuteAsync``: queue one replay of ``graph`` on ``stream`` (one task)."""
-        func = "aclmdlRIExecuteAsync"
-        self._check_live(func)
-        s = self._stream(stream, func)
-        g = self._graphs.get(graph)
-        if g is None:
-            raise self._bad_handle(func, f"modelRI {_hex(graph)} is not a live graph")
-        self._not_capturing(s, func)
-        self._enqueue(s, (GRAPH, g), func)
-
-    def destroy_graph(self, graph: int) -> None:
-        """``aclmdlRIDestroy``: at once (queued replays keep the task list they hold)."""
-        func = "aclmdlRIDestroy"
-        self._check(func)
-        if self._graphs.pop(graph, None) is None:
-            raise self._bad_handle(func, f"modelRI {_hex(graph)} is not a live graph")
 
     # --- kernels ---------------------------------------------------------------------------
 
