@@ -25,8 +25,9 @@ from .._host.pool import HostBufferPool
 from .._host.snapshot import snapshot_args
 from .._runtime import open_runtime
 from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS
+from ..tracing import Tracer
 from .progress import Progress
-from .trace import percentile
+from .stats import percentile
 
 __all__ = ["BACKEND_STEPS", "STEPS", "BenchConfig", "format_table", "ratios", "run_bench"]
 
@@ -41,8 +42,9 @@ class BenchConfig:
     loop: str = "asyncio"  # or "uvloop"
     progress: TextIO | None = sys.stderr
     results: dict[str, Any] = field(default_factory=dict)
-    #: (stream, phase, start_s, end_s) spans for --trace, filled by the latency runs
-    spans: list[tuple[str, str, float, float]] = field(default_factory=list)
+    #: --trace: the wake-latency steps record extra probe rounds into it (aio_ascend.tracing),
+    #: after their measured rounds, so that tracing never skews a figure
+    tracer: Tracer | None = None
 
     def n(self, base: int) -> int:
         return max(100, int(base * self.scale))
@@ -317,10 +319,11 @@ def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[s
                     await task
                     resumed = time.perf_counter()
                     lat.append(resumed - stamps[-1])
-                    if not churn and len(cfg.spans) < 400:
-                        cfg.spans.append(
-                            (f"probe ({completion})", "completion->resume", stamps[-1], resumed)
-                        )
+                if cfg.tracer is not None and not churn:
+                    cfg.tracer.name_stream(probe, f"probe ({completion})")
+                    with cfg.tracer:
+                        for _ in range(TRACED_ROUNDS):
+                            await (await probe.launch(fn, 1))
                 stop.set()
             return {
                 "p50_us": percentile(lat, 50) * 1e6,
@@ -331,6 +334,10 @@ def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[s
 
     result: dict[str, float] = _run_async(cfg, main)
     return result
+
+
+#: probe rounds recorded per wake-latency step with --trace (not counted in its figures)
+TRACED_ROUNDS = 400
 
 
 # --- loop health ----------------------------------------------------------------------------
