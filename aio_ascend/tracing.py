@@ -1,6 +1,6 @@
 """Tracing your own program: every device's tasks as a Perfetto / Chrome trace.
 
-.. code-block:: python
+For example::
 
     from aio_ascend import tracing
 
@@ -120,6 +120,8 @@ class TaskRecord:
 
     :ivar device: the device number
     :ivar backend: the device's backend
+    :ivar process: the trace process it is shown in: ``"device 0 (sim)"``, with ``" #2"``...
+        for a device opened again while recording
     :ivar stream: the runtime stream handle
     :ivar stream_name: the stream's track name
     :ivar kind: the task's kind (``"launch"``, ``"copy_to_host"``, ...)
@@ -131,6 +133,7 @@ class TaskRecord:
 
     device: int
     backend: str
+    process: str
     stream: int
     stream_name: str
     kind: str
@@ -195,6 +198,8 @@ class Tracer:
         self._records: list[TaskRecord] = []
         self._requests: list[RequestScope] = []
         self._names: dict[tuple[int, int], str] = {}
+        self._processes: dict[Source, str] = {}
+        self._stream_numbers: dict[Source, dict[int, str]] = {}
         self._flow_of: dict[int, int] = {}
         self._flow_counter = itertools.count(1)
         self._keep: list[object] = []  # what flows were keyed by (ids stay unique)
@@ -315,8 +320,14 @@ class Tracer:
         self, pending: list[tuple[Task, Source, int, str, str | None, str | None]]
     ) -> list[TaskRecord]:
         records = []
-        numbers: dict[Source, dict[int, str]] = {}
+        processes = self._processes
+        numbers = self._stream_numbers
         for task, source, handle, kind, kernel, failed in pending:
+            process = processes.get(source)
+            if process is None:
+                process = f"device {source.device_id} ({source.backend})"
+                same = sum(1 for name in processes.values() if name.startswith(process))
+                process = processes[source] = process + (f" #{same + 1}" if same else "")
             name = self._names.get((source.device_id, handle))
             if name is None:
                 per_device = numbers.setdefault(source, {})
@@ -327,6 +338,7 @@ class Tracer:
                 TaskRecord(
                     device=source.device_id,
                     backend=source.backend,
+                    process=process,
                     stream=handle,
                     stream_name=name,
                     kind=kind,
@@ -402,14 +414,12 @@ def _build_trace(
         return round((t - origin) * 1e6, 3)
 
     events: list[dict[str, Any]] = []
-    pids: dict[tuple[int, str], int] = {}
+    pids: dict[str, int] = {}
     next_pid = _REQUESTS_PID + 1
     for r in records:
-        key = (r.device, r.backend)
-        if key not in pids:
-            pids[key] = next_pid
-            name = f"device {r.device} ({r.backend})"
-            events.append(_meta("process_name", next_pid, {"name": name}))
+        if r.process not in pids:
+            pids[r.process] = next_pid
+            events.append(_meta("process_name", next_pid, {"name": r.process}))
             events.append(_meta("process_sort_index", next_pid, {"sort_index": next_pid}))
             next_pid += 1
     if ended:
@@ -462,7 +472,7 @@ def _build_trace(
         chains.setdefault(flow, []).append((scope.start, outer))
 
     for r in records:
-        pid = pids[(r.device, r.backend)]
+        pid = pids[r.process]
         ident = f"0x{next(serial):x}"
         args: dict[str, Any] = {"kind": r.kind, "stream": f"{r.stream:#x}"}
         if r.kernel is not None:

@@ -80,7 +80,12 @@ def live_resources(dev: aa.Device) -> dict[str, int]:
 
 
 def assert_runtime_clean(dev: aa.Device) -> None:
-    """After ``aclose()``: the runtime reports nothing left allocated."""
+    """After ``aclose()``: the device and its runtime report nothing left allocated (the
+    plugin's ``aio_ascend.testing.assert_no_leaks``, plus the acl double's and the fake CUDA
+    driver's own counts)."""
+    from aio_ascend.testing import assert_no_leaks
+
+    assert_no_leaks(dev)
     live = live_resources(dev)
     assert all(count == 0 for count in live.values()), f"left behind after close: {live}"
 

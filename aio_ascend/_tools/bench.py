@@ -176,8 +176,11 @@ async def _launch_storm(dev: Device, total: int, launchers: int, streams: int = 
     return float(per * launchers)
 
 
-def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> dict[str, Any]:
-    """(c): ``launchers`` coroutines each launching ``noop`` through one Device."""
+def bench_scheduler(
+    cfg: BenchConfig, completion: str, batch_cap: int = 512, *, traced: bool = False
+) -> dict[str, Any]:
+    """(c): ``launchers`` coroutines each launching ``noop`` through one Device (``traced``:
+    with an :class:`aio_ascend.tracing.Tracer` recording the measured launches)."""
     n = cfg.n(50_000)
 
     async def main() -> dict[str, Any]:
@@ -187,8 +190,13 @@ def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> 
             await _launch_storm(dev, min(n, 5_000), cfg.launchers)  # warm-up: pools, events
             allocs0 = dev.stats()["host_buffer_allocations"]
             batches0, wakeups0 = dev.stats()["batches"], dev.stats()["wakeups"]
+            tracer = Tracer(max_tasks=n) if traced else None
             wall0, cpu0 = time.perf_counter(), time.process_time()
+            if tracer is not None:
+                tracer.start()
             done = await _launch_storm(dev, n, cfg.launchers)
+            if tracer is not None:
+                tracer.stop()  # (its records are built here: counted, as tracing's cost)
             wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
             stats = dev.stats()
             single = []
@@ -471,6 +479,7 @@ STEPS: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]] = [
     ("unbatched", "(b2) scheduler, batch_cap=1", lambda c: bench_scheduler(c, "poll", 1)),
     ("poll", "(c) scheduler, poll mode", lambda c: bench_scheduler(c, "poll")),
     ("block", "(c') scheduler, block mode", lambda c: bench_scheduler(c, "block")),
+    ("traced", "(c) with tracing on", lambda c: bench_scheduler(c, "poll", traced=True)),
     ("bare_wakes", "bare thread/loop wakes", bench_bare_wakes),
     ("wake_poll", "completion->resume, poll", lambda c: bench_wake_latency(c, "poll", False)),
     ("wake_block", "completion->resume, block", lambda c: bench_wake_latency(c, "block", False)),
@@ -483,7 +492,7 @@ STEPS: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]] = [
 
 #: the steps that run on ``BenchConfig.backend``; the others measure the sim (their kernels are
 #: sim user kernels or the sim's time model) or host-side work only
-BACKEND_STEPS = ("raw", "naive", "unbatched", "poll", "block")
+BACKEND_STEPS = ("raw", "naive", "unbatched", "poll", "block", "traced")
 
 
 def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]:
@@ -562,6 +571,7 @@ def format_table(r: dict[str, Any]) -> str:
         ("unbatched", "(b2) scheduler without batching (batch_cap=1)"),
         ("poll", "(c) scheduler, poll completion"),
         ("block", "(c') scheduler, block completion"),
+        ("traced", "(c) with aio_ascend.tracing recording"),
     ]:
         if key in r:
             x = r[key]
@@ -570,6 +580,9 @@ def format_table(r: dict[str, Any]) -> str:
                 f"{x['launches_per_s']:>10,.0f} launches/s  "
                 f"{x['cpu_us_per_launch']:6.1f} us CPU/launch",
             )
+    if "traced" in r and "poll" in r:
+        extra = r["traced"]["cpu_us_per_launch"] - r["poll"]["cpu_us_per_launch"]
+        row("  tracing's cost (CPU/launch, traced - (c))", f"{extra:+.1f} us")
     if any(key in r for key in ("naive", "poll", "block")):
         lines.append("latency of one launch + await at a time")
     for key, label in [
