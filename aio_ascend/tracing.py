@@ -44,11 +44,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from ._sched.hooks import HOOKS, Source
 from ._sched.task import Task
@@ -100,22 +99,28 @@ def request(name: object) -> Iterator[RequestScope]:
             tracer.add_request(scope)
 
 
+#: the C version where there is one (asyncio.current_task is written in Python on 3.11)
+_asyncio_current_task: Callable[[], object] = getattr(
+    sys.modules.get("_asyncio"), "current_task", asyncio.current_task
+)
+
+
 def _current_async_task() -> object | None:
     try:
-        return asyncio.current_task()
+        return _asyncio_current_task()
     except RuntimeError:  # no asyncio loop running in this thread
         pass
     trio = sys.modules.get("trio")
     if trio is not None:
         try:
-            return trio.lowlevel.current_task()  # type: ignore[no-any-return]
+            task: object = trio.lowlevel.current_task()
+            return task
         except RuntimeError:
             return None
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class TaskRecord:
+class TaskRecord(NamedTuple):
     """One recorded task (see ``Task`` for the timestamps: ``time.perf_counter()`` seconds).
 
     :ivar device: the device number
@@ -319,40 +324,56 @@ class Tracer:
     def _finish(
         self, pending: list[tuple[Task, Source, int, str, str | None, str | None]]
     ) -> list[TaskRecord]:
-        records = []
-        processes = self._processes
-        numbers = self._stream_numbers
+        records: list[TaskRecord] = []
+        append = records.append
+        tracks: dict[tuple[Source, int], tuple[str, str]] = {}  # (process, stream name)
+        flow_of = self._flow_of
         for task, source, handle, kind, kernel, failed in pending:
-            process = processes.get(source)
-            if process is None:
-                process = f"device {source.device_id} ({source.backend})"
-                same = sum(1 for name in processes.values() if name.startswith(process))
-                process = processes[source] = process + (f" #{same + 1}" if same else "")
-            name = self._names.get((source.device_id, handle))
-            if name is None:
-                per_device = numbers.setdefault(source, {})
-                name = per_device.setdefault(handle, f"stream {len(per_device) + 1}")
-            captured = (task.captured or {}).get(self)
-            scope = captured if isinstance(captured, RequestScope) else None
-            records.append(
+            track = tracks.get((source, handle))
+            if track is None:
+                track = tracks[(source, handle)] = self._track(source, handle)
+            captured = task.captured
+            key = None if captured is None else captured.get(self)
+            if key is None:
+                request = flow = None
+            else:
+                request = key.name if type(key) is RequestScope else None
+                flow = flow_of.get(id(key))
+                if flow is None:
+                    flow = self._flow(key)
+            append(
                 TaskRecord(
-                    device=source.device_id,
-                    backend=source.backend,
-                    process=process,
-                    stream=handle,
-                    stream_name=name,
-                    kind=kind,
-                    kernel=kernel,
-                    admitted=task.admitted_at,
-                    submitted=task.submitted_at,
-                    completed=task.completed_at,
-                    resumed=task.resumed_at,
-                    error=failed,
-                    request=None if scope is None else scope.name,
-                    flow=None if captured is None else self._flow(captured),
+                    source.device_id,
+                    source.backend,
+                    track[0],
+                    handle,
+                    track[1],
+                    kind,
+                    kernel,
+                    task.admitted_at,
+                    task.submitted_at,
+                    task.completed_at,
+                    task.resumed_at,
+                    failed,
+                    request,
+                    flow,
                 )
             )
         return records
+
+    def _track(self, source: Source, handle: int) -> tuple[str, str]:
+        """The process and track name of a stream of ``source``."""
+        processes = self._processes
+        process = processes.get(source)
+        if process is None:
+            process = f"device {source.device_id} ({source.backend})"
+            same = sum(1 for name in processes.values() if name.startswith(process))
+            process = processes[source] = process + (f" #{same + 1}" if same else "")
+        name = self._names.get((source.device_id, handle))
+        if name is None:
+            per_device = self._stream_numbers.setdefault(source, {})
+            name = per_device.setdefault(handle, f"stream {len(per_device) + 1}")
+        return process, name
 
     def _flow(self, key: object) -> int:
         number = self._flow_of.get(id(key))
