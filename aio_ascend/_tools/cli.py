@@ -576,9 +576,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         metavar="a,b,c",
         help="comma-separated steps: packing, raw, naive, unbatched, poll, "
-        "block, bare_wakes, wake_poll, wake_block, wake_churn, loop_lag, "
+        "block, traced, bare_wakes, wake_poll, wake_block, wake_churn, loop_lag, "
         "idle_poll, idle_block (default: all; with --backend cuda: raw, naive, unbatched, "
-        "poll, block)",
+        "poll, block, traced)",
     )
     bench.add_argument(
         "--launchers",
