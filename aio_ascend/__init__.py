@@ -36,7 +36,6 @@ from ._version import __version__ as __version__
 if TYPE_CHECKING:  # imported lazily at run time (see __getattr__), visible to type checkers
     from . import metrics as metrics
     from . import sim as sim
-    from . import testing as testing
     from . import tracing as tracing
 
 __all__ = (
@@ -64,8 +63,9 @@ __all__ = (
 
 
 #: submodules imported on first use: programs on real hardware never load the simulator, and
-#: nobody pays for tracing, metrics or the pytest plugin without using them
-_LAZY = frozenset({"sim", "tracing", "metrics", "testing"})
+#: nobody pays for tracing or metrics without using them (``aio_ascend.testing``, the pytest
+#: plugin, is a tool above the package: import it by name)
+_LAZY = frozenset({"sim", "tracing", "metrics"})
 
 
 def __getattr__(name: str) -> object:
