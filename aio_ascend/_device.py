@@ -128,6 +128,12 @@ class Device:
         return self._scheduler.runtime
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has finished (or the device was collected without it)."""
+        scheduler = self._scheduler
+        return scheduler.abandoned or scheduler.state is DeviceState.CLOSED
+
+    @property
     def fault(self) -> BaseException | None:
         """The first device fault, or ``None``."""
         return self._scheduler.faults.first
@@ -152,8 +158,11 @@ class Device:
         return Module(self, handle, source, self._get_function)
 
     def _get_function(self, module: int, name: str) -> int:
-        self._scheduler.check_open()
-        return self._scheduler.bound().get_function(module, name)
+        scheduler = self._scheduler
+        scheduler.check_open()
+        handle = scheduler.bound().get_function(module, name)
+        scheduler.source.kernels[handle] = name  # for traces and metrics
+        return handle
 
     def function(self, name: str) -> Function:
         """A built-in kernel of the backend (sim: vector_add, axpy, scale, matmul, ...)."""

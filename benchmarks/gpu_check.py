@@ -300,7 +300,7 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
 
     from aio_ascend._runtime.cuda.kernels import KERNEL_SOURCE
     from aio_ascend._runtime.cuda.nvrtc import compile_cuda_source
-    from aio_ascend._tools.trace import percentile
+    from aio_ascend._tools.stats import percentile
 
     def ok(result: Any) -> Any:
         if int(result[0]):

@@ -35,6 +35,7 @@ from .delivery import DeliveryQueue
 from .events import BatchEvents, UserEvents
 from .faults import FaultState
 from .graphs import GraphBook
+from .hooks import Source
 from .lane import Lane
 from .lifetimes import Allocation, Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
@@ -127,7 +128,11 @@ class Scheduler:
             lambda handle: self.bound().destroy_event(handle),
         )
         self._batch_events = BatchEvents(runtime)
-        self._delivery = DeliveryQueue(adapter.wake, adapter.call_soon, self._on_settled)
+        #: this device as observers (tracing, metrics) see it
+        self.source = Source(self.device_id, runtime.name)
+        self._delivery = DeliveryQueue(
+            adapter.wake, adapter.call_soon, self._on_settled, self.source
+        )
         self._counters = Counters()  # the loop side's own
         self.lanes: list[Lane] = []
         self._modules: list[int] = []

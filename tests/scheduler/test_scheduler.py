@@ -10,6 +10,7 @@ import pytest
 from helpers import OpenDevice, assert_runtime_clean, download, live_resources, tiling, upload
 
 import aio_ascend as aa
+from aio_ascend import testing
 from aio_ascend._errors import InvalidParamError
 
 pytestmark = pytest.mark.anyio
@@ -135,7 +136,6 @@ async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops(
 async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream(max_in_flight=8)
-        dev.runtime.pause()  # type: ignore[attr-defined]
         tasks: list[aa.Task] = []
 
         async def producer() -> None:
@@ -143,11 +143,11 @@ async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: Ope
                 tasks.append(await s.launch(dev.function("noop"), 1))
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(producer)
-            await anyio.wait_all_tasks_blocked()
-            assert len(tasks) == 8
-            assert s.in_flight == 8
-            dev.runtime.resume()  # type: ignore[attr-defined]
+            with testing.paused(dev):
+                tg.start_soon(producer)
+                await anyio.wait_all_tasks_blocked()
+                assert len(tasks) == 8
+                assert s.in_flight == 8
         for task in tasks:
             await task
         assert len(tasks) == 30
@@ -158,19 +158,18 @@ async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: Ope
 async def test_admission_is_first_come_first_served(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)
-        dev.runtime.pause()  # type: ignore[attr-defined]
         order: list[int] = []
-        await s.launch(dev.function("noop"), 1)
 
         async def waiter(i: int) -> None:
             await s.launch(dev.function("noop"), 1)
             order.append(i)
 
         async with anyio.create_task_group() as tg:
-            for i in range(5):
-                tg.start_soon(waiter, i)
-                await anyio.wait_all_tasks_blocked()
-            dev.runtime.resume()  # type: ignore[attr-defined]
+            with testing.paused(dev):
+                await s.launch(dev.function("noop"), 1)
+                for i in range(5):
+                    tg.start_soon(waiter, i)
+                    await anyio.wait_all_tasks_blocked()
         assert order == [0, 1, 2, 3, 4]
 
 
@@ -180,12 +179,11 @@ async def test_cancelling_a_launch_waiting_for_admission_means_it_never_happens(
 ) -> None:
     async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)
-        dev.runtime.pause()  # type: ignore[attr-defined]
-        first = await s.launch(dev.function("noop"), 1)
-        with anyio.move_on_after(0.05) as scope:
-            await s.launch(dev.function("noop"), 1)
-        assert scope.cancelled_caught
-        dev.runtime.resume()  # type: ignore[attr-defined]
+        with testing.paused(dev):
+            first = await s.launch(dev.function("noop"), 1)
+            with anyio.move_on_after(0.05) as scope:
+                await s.launch(dev.function("noop"), 1)
+            assert scope.cancelled_caught
         await first
         await s.synchronize()
         assert dev.stats()["launches"] == 1
@@ -417,6 +415,14 @@ async def test_two_devices_on_one_loop_keep_their_contexts_apart(
         from doubles.acl_double import double_control
 
         double_control().set_device_count(2)
+    try:
+        await _two_devices(open_dev)
+    finally:
+        if device_backend == "acl":
+            double_control().set_device_count(1)  # later tests (in any order) see one
+
+
+async def _two_devices(open_dev: OpenDevice) -> None:
     async with open_dev(0) as dev0, open_dev(1) as dev1:
         n = 16
         results = []
