@@ -33,7 +33,7 @@ from .errors import CUDA_ERROR_NOT_READY, CUDA_FAULT_CODES, CUDA_SUCCESS, cuda_e
 from .kernels import CONTROL_FAULT_OFFSET, CONTROL_RELEASE_OFFSET, CONTROL_SIZE
 from .launch import LaunchExtra
 from .nvrtc import compile_cuda_source
-from .staging import DEFAULT_STAGING_BYTES, StagingRing
+from .staging import DEFAULT_STAGING_BYTES, CaptureStaging, StagingRing
 
 __all__ = [
     "DEFAULT_BLOCK_DIM",
@@ -69,7 +69,7 @@ class CudaTls(threading.local):
 
 
 class CudaStream:
-    __slots__ = ("cu", "handle", "lock", "mode", "ring")
+    __slots__ = ("capture", "cu", "handle", "lock", "mode", "ring")
 
     def __init__(self, handle: int, cu: Any) -> None:
         self.handle = handle
@@ -77,6 +77,13 @@ class CudaStream:
         self.lock = threading.Lock()
         self.ring: StagingRing | None = None
         self.mode = ACL_STOP_ON_FAILURE
+        #: while the stream is capturing (:mod:`.graphs`): the capture's own staging memory
+        self.capture: CaptureStaging | None = None
+
+    @property
+    def capturing(self) -> bool:
+        """Whether a stream capture is open on the stream."""
+        return self.capture is not None
 
 
 class CudaEvent:
@@ -388,6 +395,7 @@ class CudaCore:
         self.release_hangs()
         pushed_result = attempt("cuCtxPushCurrent", self._ctx)
         pushed = pushed_result is not None and int(pushed_result[0]) == 0
+        self._close_graphs(attempt)
         if pushed and self._fault is None:
             self._drain_for_close(CLOSE_DRAIN_S)
         for s in list(self._streams.values()):
@@ -426,6 +434,11 @@ class CudaCore:
             # The context is unusable after a fault: destroy it, so the next open gets a new one.
             attempt("cuDevicePrimaryCtxReset", self._device)
         self.close_errors = tuple(errors)
+
+    def _close_graphs(self, attempt: Callable[..., Any]) -> None:
+        """Close's hook for :mod:`.graphs`: end open captures, destroy the graphs, and leave
+        their staging memory in ``_graveyard`` (``attempt(func, *args)`` calls the driver,
+        collecting errors). Nothing to do at this level."""
 
     def _drain_for_close(self, seconds: float) -> None:
         """Give queued work (released ``hang`` kernels included) a bounded time to finish, so

@@ -43,9 +43,10 @@ stored but a fault always halts the context (as stop-on-failure does); after a f
 that need the context (``malloc`` included) raise the fault, while cleanup calls succeed.
 
 Modules: :mod:`.core` (context, errors, polling, fences, memory, close), this module (streams,
-events, kernels, launches, ``open_cuda_runtime``), :mod:`.errors`, :mod:`.launch` (the
-``extra`` array and placeholder patches), :mod:`.staging` (the fenced ring), :mod:`.nvrtc`,
-:mod:`.driver` (lazy import and probe), :mod:`.kernels` (the built-in kernels' source).
+events, kernels, launches, ``open_cuda_runtime``), :mod:`.graphs` (stream capture and graph
+replay), :mod:`.errors`, :mod:`.launch` (the ``extra`` array and placeholder patches),
+:mod:`.staging` (the fenced ring, a capture's staging), :mod:`.nvrtc`, :mod:`.driver` (lazy
+import and probe), :mod:`.kernels` (the built-in kernels' source).
 """
 
 from __future__ import annotations
@@ -90,7 +91,6 @@ from .core import (
     CU_STREAM_NON_BLOCKING,
     DEFAULT_BLOCK_DIM,
     CudaBinary,
-    CudaCore,
     CudaEvent,
     CudaFunction,
     CudaStream,
@@ -107,6 +107,7 @@ from .errors import (
     cuda_error,
     cuda_error_name,
 )
+from .graphs import CudaGraphs
 from .kernels import BUILTIN_NAMES, CONTROL_SYMBOL, KERNEL_SOURCE, PARAM_SIZES
 from .launch import apply_patches, placeholder_patches
 from .nvrtc import compile_cuda_source
@@ -126,7 +127,7 @@ __all__ = [
 _LAUNCH = "cuLaunchKernel"
 
 
-class CudaRuntime(CudaCore):
+class CudaRuntime(CudaGraphs):
     """One NVIDIA GPU through ``cuda.bindings.driver``. Create with :func:`open_cuda_runtime`."""
 
     name = "cuda"
@@ -186,6 +187,7 @@ class CudaRuntime(CudaCore):
         func = "cuStreamDestroy"
         self._enter(func)
         s = self._stream(stream, func)
+        self._abort_capture(s)
         if self._fault is None:
             try:
                 self.poll(lambda: self._stream_idle(s, func), -1, func)
@@ -201,6 +203,7 @@ class CudaRuntime(CudaCore):
         func = "cuStreamDestroy"
         self._enter(func)
         s = self._stream(stream, func)
+        self._abort_capture(s)
         self.release_hangs()
         self._streams.pop(s.handle, None)
         self._release_stream(s, free_ring=False)
@@ -231,6 +234,7 @@ class CudaRuntime(CudaCore):
         func = "cuStreamSynchronize"
         self._enter_live(func)
         s = self._stream(stream, func)
+        self._not_capturing(s, func)
         try:
             timeout_ms = check_timeout(func, timeout_ms)
         except InvalidParamError as exc:
@@ -279,6 +283,7 @@ class CudaRuntime(CudaCore):
         s = self._streams.get(stream)
         if s is None:
             raise self._bad_handle(func, f"stream handle {stream!r} is not a live stream")
+        self._not_capturing(s, func)
         (err,) = self._cuEventRecord(ev.cu, s.cu)
         if int(err):
             self._raise(int(err), func)
@@ -321,6 +326,7 @@ class CudaRuntime(CudaCore):
         self._enter_live(func)
         s = self._stream(stream, func)
         ev = self._event(event, func)
+        self._not_capturing(s, func)
         (err,) = self._d.cuStreamWaitEvent(s.cu, ev.cu, 0)
         if int(err):
             self._raise(int(err), func)
@@ -358,6 +364,7 @@ class CudaRuntime(CudaCore):
             check_memcpy(func, dst, dst_max, src, count, kind)
         except InvalidParamError as exc:
             raise self._noted(exc) from None
+        self._check_capture_copy(s, dst, src, count, kind, func)
         host: int | None
         if kind == ACL_MEMCPY_HOST_TO_DEVICE:
             host, name = src, "cuMemcpyHtoDAsync"
@@ -620,8 +627,9 @@ class CudaRuntime(CudaCore):
             entries = check_placeholder_table(name, placeholders_addr, placeholder_count, args_size)
         except InvalidParamError as exc:
             raise self._noted(exc) from None
-        if entries:
-            self._launch_staged(f, num_blocks, block, s, args_addr, args_size, param_size, entries)
+        if entries:  # a capture stages in memory of its own: ring slots get reused
+            stage = self._launch_captured if s.capture is not None else self._launch_staged
+            stage(f, num_blocks, block, s, args_addr, args_size, param_size, entries)
             return
         extra = tls.extra.set(args_addr, param_size) if param_size else 0
         (err,) = self._cuLaunchKernel(f.cu, num_blocks, 1, 1, block, 1, 1, 0, s.cu, None, extra)
