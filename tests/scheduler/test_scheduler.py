@@ -448,3 +448,31 @@ async def test_dropped_user_events_are_recycled_not_leaked(open_dev: OpenDevice)
         assert len(handles) <= 3
         assert live_resources(dev)["events"] <= 6
     assert_runtime_clean(dev)
+
+
+async def test_awaiting_many_finished_tasks_lets_the_loop_run(open_dev: OpenDevice) -> None:
+    """A coroutine awaiting thousands of already finished tasks in a row (the "issue, then
+    await them in order" shape) does not hold the loop: it checkpoints now and then."""
+    async with open_dev() as dev:
+        s = dev.stream()
+        tasks = [await s.launch(dev.function("noop"), 1) for _ in range(1000)]
+        await s.synchronize()
+        assert all(task.done() for task in tasks)
+        ticks = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            await anyio.lowlevel.checkpoint()  # the ticker starts
+            before = ticks
+            for task in tasks:
+                await task
+            during = ticks - before
+            done = True
+        assert during >= 1000 // 256, f"the loop ran {during} times during 1000 awaits"
