@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import Function as Function
@@ -25,11 +27,14 @@ from ._errors import TaskTimeoutError as TaskTimeoutError
 from ._event import Event as Event
 from ._host.hostargs import HostArgs as HostArgs
 from ._launch_config import LaunchConfig as LaunchConfig
+from ._launch_config import LaunchConfigDict as LaunchConfigDict
 from ._runtime import available_backends as available_backends
 from ._sched.task import Task as Task
 from ._stream import Stream as Stream
+from ._version import __version__ as __version__
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:  # imported lazily at run time (see __getattr__), visible to type checkers
+    from . import sim as sim
 
 __all__ = (
     "AscendError",
@@ -43,6 +48,7 @@ __all__ = (
     "HostArgs",
     "InternalError",
     "LaunchConfig",
+    "LaunchConfigDict",
     "Module",
     "RuntimeAPIError",
     "Stream",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 import weakref
 from collections.abc import Generator, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ._buffer import DeviceBuffer
@@ -15,12 +17,15 @@ from ._runtime import Runtime, choose_backend, open_runtime
 from ._sched.loop import current_loop_adapter
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
+from ._sched.unseen import raise_failures
 from ._stream import Stream
 
 if TYPE_CHECKING:
     from types import TracebackType
 
 __all__ = ["Device", "DeviceBuffer", "Function", "Module", "open_device"]
+
+log = logging.getLogger("aio_ascend")
 
 #: the most requests one stream may have in flight (below the runtime's ~2013-entry queue)
 MAX_IN_FLIGHT = 2000
@@ -47,6 +52,14 @@ def _check_pool_bytes(nbytes: object) -> int:
     if nbytes < 0:
         raise ValueError(f"pinned_pool_bytes={nbytes} must be >= 0")
     return nbytes
+
+
+def _check_max_in_flight(max_in_flight: object) -> int:
+    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
+        raise TypeError("max_in_flight must be an int")
+    if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
+        raise ValueError(f"max_in_flight={max_in_flight} is out of range 1..{MAX_IN_FLIGHT}")
+    return max_in_flight
 
 
 def _check_batch_cap(batch_cap: object) -> int:
@@ -148,24 +161,101 @@ class Device:
             self._builtin = self.load_module(None)
         return self._builtin.function(name)
 
-    def stream(self, *, max_in_flight: int = 1024) -> Stream:
-        """A new stream (in stop-on-failure mode); also usable as ``async with``."""
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
-            raise TypeError("max_in_flight must be an int")
-        if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
-            raise ValueError(f"max_in_flight={max_in_flight} is out of range 1..{MAX_IN_FLIGHT}")
-        return Stream(self, self._scheduler, self._scheduler.open_lane(max_in_flight))
+    def wrap(self, ptr: int, nbytes: int, *, owner: object = None) -> DeviceBuffer:
+        """Device memory someone else owns (e.g. a torch_npu tensor's ``data_ptr()``), as a
+        ``DeviceBuffer`` usable wherever one is.
+
+        aio_ascend never frees it: ``free()`` only drops the wrapper. ``owner`` (the tensor)
+        is kept referenced by the wrapper, so that queued work never outlives the memory; it
+        is let go once the wrapper is freed (after the work queued on it completes) or
+        collected. The memory must stay valid for as long as work uses it.
+        """
+        for name, value in (("ptr", ptr), ("nbytes", nbytes)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"wrap({name}): expected an int, got {type(value).__name__}")
+        if ptr <= 0 or ptr >= 1 << 64:
+            raise ValueError(f"wrap(ptr={ptr:#x}): not a device address")
+        if nbytes <= 0 or ptr + nbytes > 1 << 64:
+            raise ValueError(f"wrap(nbytes={nbytes}): must be > 0 and stay in the address space")
+        scheduler = self._scheduler
+        scheduler.check_open()
+        return DeviceBuffer(scheduler.lifetimes, ptr, nbytes, external=True, owner=owner)
+
+    def stream(self, *, max_in_flight: int = 1024, priority: int | None = None) -> Stream:
+        """A new stream (in stop-on-failure mode); also usable as ``async with``.
+
+        :param max_in_flight: requests admitted at once (further calls wait, FIFO)
+        :param priority: lower = more urgent, within ``dev.info``'s
+            ``stream_priority_greatest``..``stream_priority_least``; ``None``: the default
+        """
+        _check_max_in_flight(max_in_flight)
+        if priority is not None:
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise TypeError(f"priority must be an int or None, got {type(priority).__name__}")
+            self._scheduler.check_open()
+            least, greatest = self._scheduler.bound().stream_priority_range()
+            if not greatest <= priority <= least:
+                raise ValueError(
+                    f"priority={priority} is out of this device's range {greatest} (most "
+                    f"urgent) .. {least} (least)"
+                )
+        lane = self._scheduler.open_lane(max_in_flight, priority=priority)
+        return Stream(self, self._scheduler, lane)
+
+    def external_stream(self, handle: int, *, max_in_flight: int = 1024) -> Stream:
+        """A runtime stream created elsewhere (e.g. torch_npu's current stream), scheduled like
+        any stream of this device.
+
+        It is never destroyed here (``aclose`` only stops using it) and its failure mode is
+        left as its owner set it. Its entry budget counts only the work queued through
+        aio_ascend: work its owner queues on it directly is outside it. On the sim, ``handle``
+        comes from ``dev.runtime.create_stream()``.
+        """
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise TypeError(
+                f"external_stream(handle): expected an int, got {type(handle).__name__}"
+            )
+        if handle <= 0:
+            raise ValueError(f"external_stream(handle={handle}): not a stream handle")
+        _check_max_in_flight(max_in_flight)
+        if any(lane.handle == handle for lane in self._scheduler.lanes):
+            raise ValueError(f"stream {handle:#x} is already open on this device")
+        lane = self._scheduler.open_lane(max_in_flight, external=handle)
+        return Stream(self, self._scheduler, lane)
+
+    @property
+    def info(self) -> Mapping[str, object]:
+        """What is known of the device: ``backend``, ``device_id``, ``runtime_version``,
+        ``memory_free``/``memory_total`` (bytes), ``stream_priority_least``/``_greatest``,
+        ``launch_path`` and ``stream_capacity``, plus what the backend adds (acl: ``soc_name``;
+        cuda: ``device_name``, ``compute_capability``). Read afresh on each access."""
+        scheduler = self._scheduler
+        scheduler.check_open()
+        runtime = scheduler.bound()
+        facts: dict[str, object] = {
+            "backend": self.backend,
+            "device_id": self.device_id,
+            "launch_path": getattr(runtime, "launch_path", "aclrtLaunchKernelWithHostArgs"),
+            "stream_capacity": runtime.stream_capacity,
+        }
+        facts.update(runtime.info())
+        return MappingProxyType(facts)
 
     def stats(self) -> Mapping[str, int]:
         """Counters: launches, copies, batches, wakeups, in_flight, peak_in_flight, and more."""
         return self._scheduler.stats()
 
     async def synchronize(self) -> None:
-        """Wait until everything queued on every stream has finished; raise the device fault."""
+        """Wait until everything queued on every stream has finished; then raise, as
+        :meth:`Stream.synchronize` does, the unretrieved failures of every stream's tasks and
+        the device's fault."""
         scheduler = self._scheduler
         for lane in list(scheduler.lanes):
             await scheduler.drain_lane(lane)
-        scheduler.raise_fault()
+        errors = scheduler.failures.take()
+        if scheduler.faults.first is not None:
+            errors.append(scheduler.fault_error())
+        raise_failures(errors, "tasks of this device")
 
     async def aclose(
         self,
@@ -239,7 +329,9 @@ class _DeviceOpener:
     async def _open(self) -> Device:
         options = dict(self._kwargs)
         runtime_options = options.pop("runtime_options", None) or {}
-        runtime = open_runtime(self._backend, self._device_id, **runtime_options)
+        name, why = choose_backend(self._backend)
+        log.info("device %d: backend %s (%s)", self._device_id, name, why)
+        runtime = open_runtime(name, self._device_id, **runtime_options)
         try:
             return Device(runtime, **options)
         except BaseException:

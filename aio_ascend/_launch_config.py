@@ -5,9 +5,15 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict
 
-__all__ = ["LAUNCH_ATTR_SIZE", "LAUNCH_CFG_SIZE", "LaunchAttrId", "LaunchConfig"]
+__all__ = [
+    "LAUNCH_ATTR_SIZE",
+    "LAUNCH_CFG_SIZE",
+    "LaunchAttrId",
+    "LaunchConfig",
+    "LaunchConfigDict",
+]
 
 #: ``sizeof(aclrtLaunchKernelAttr)``: uint32 id + 16-byte value union.
 LAUNCH_ATTR_SIZE = 20
@@ -54,6 +60,21 @@ def _check_choice(name: str, value: object, choices: dict[str, int]) -> int:
     if number not in choices.values():
         raise ValueError(f"LaunchConfig.{name}={value}: expected one of {sorted(choices.values())}")
     return number
+
+
+class LaunchConfigDict(TypedDict, total=False):
+    """The ``config=`` of ``Stream.launch``/``run`` as a dict: :class:`LaunchConfig`'s fields,
+    so that a type checker catches a misspelt key."""
+
+    schedule_mode: int | Literal["normal", "batch"] | None
+    timeout_s: int | None
+    timeout_us: int | None
+    block_dim_offset: int | None
+    engine_type: int | Literal["aic", "aiv"] | None
+    prefetch_disabled: bool | None
+    dump: bool | None
+    dyn_ubuf_size: int | None
+    block_dim: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +173,20 @@ class LaunchConfig:
         return out
 
     @classmethod
-    def coerce(cls, value: LaunchConfig | dict[str, object] | None) -> LaunchConfig | None:
+    def coerce(
+        cls, value: LaunchConfig | LaunchConfigDict | dict[str, object] | None
+    ) -> LaunchConfig | None:
         """Accept a ``LaunchConfig``, a dict of its fields, or ``None``."""
         if value is None or isinstance(value, LaunchConfig):
             return value
         if isinstance(value, dict):
-            return cls(**value)  # type: ignore[arg-type]
+            unknown = sorted(set(value) - set(LaunchConfigDict.__annotations__))
+            if unknown:
+                raise TypeError(
+                    f"config: unknown LaunchConfig field(s) {unknown}; expected some of "
+                    f"{sorted(LaunchConfigDict.__annotations__)}"
+                )
+            return cls(**value)
         raise TypeError(
             f"config must be a LaunchConfig, a dict or None, got {type(value).__name__}"
         )

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import math
+import operator
 import weakref
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
-from ._buffer import DeviceBuffer, allocations_of
+from ._buffer import DeviceBuffer, allocations_of, byte_range
 from ._event import Event, event_flags
 from ._host.hostargs import HostArgs
-from ._launch_config import LaunchConfig
+from ._launch_config import LaunchConfig, LaunchConfigDict
 from ._module import Function
 from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.scheduler import Scheduler
 from ._sched.task import Task
+from ._sched.unseen import raise_failures
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -54,6 +58,58 @@ def _source_bytes(src: object) -> np.ndarray[Any, np.dtype[np.uint8]]:
     return np.ascontiguousarray(array.view(np.ndarray)).reshape(-1).view(np.uint8)
 
 
+def _destination_bytes(dst: object) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """``dst`` of ``copy_to_host`` as the same memory in a 1-D byte array, checked."""
+    if not isinstance(dst, np.ndarray):
+        raise TypeError(f"copy_to_host dst must be an ndarray, got {type(dst).__name__}")
+    if dst.dtype.hasobject:
+        raise TypeError(f"copy_to_host dst: an array of {dst.dtype} cannot hold device data")
+    if not dst.flags.c_contiguous or not dst.flags.writeable:
+        raise ValueError("copy_to_host dst must be a writable, C-contiguous ndarray")
+    if dst.nbytes == 0:
+        raise ValueError("copy_to_host: dst is empty")
+    # (np.matrix and other subclasses included)
+    return dst.view(np.ndarray).reshape(-1).view(np.uint8)
+
+
+def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.ndarray[Any, Any]:
+    """The array ``download`` fills: checked against ``src`` before anything is queued."""
+    if not isinstance(src, DeviceBuffer):
+        raise TypeError(f"download src must be a DeviceBuffer, got {type(src).__name__}")
+    try:
+        kind = np.dtype(np.uint8 if dtype is None else dtype)
+    except TypeError as exc:
+        raise TypeError(f"download dtype={dtype!r}: {exc}") from None
+    if kind.hasobject or kind.itemsize == 0:
+        raise TypeError(f"download dtype={kind}: has no fixed-size device representation")
+    if shape is None:
+        if src.nbytes % kind.itemsize:
+            raise ValueError(
+                f"download: src has {src.nbytes} bytes, not a multiple of {kind}'s "
+                f"{kind.itemsize}-byte items; pass a shape"
+            )
+        dims: tuple[int, ...] = (src.nbytes // kind.itemsize,)
+    else:
+        try:
+            dims = (
+                (operator.index(shape),)  # type: ignore[arg-type]
+                if not isinstance(shape, tuple)
+                else tuple(operator.index(d) for d in shape)
+            )
+        except TypeError:
+            raise TypeError(
+                f"download shape must be an int or a tuple of ints, got {shape!r}"
+            ) from None
+        if any(d < 0 for d in dims):
+            raise ValueError(f"download shape={shape!r} has a negative dimension")
+    needed = math.prod(dims) * kind.itemsize
+    if needed > src.nbytes:
+        raise ValueError(
+            f"download: shape {dims} of {kind} needs {needed} bytes, src has {src.nbytes}"
+        )
+    return np.empty(dims, dtype=kind)
+
+
 class Stream:
     """A device stream: work submitted to it runs in submission order.
 
@@ -89,14 +145,15 @@ class Stream:
         blocks: int,
         args: HostArgs | None = None,
         *,
-        config: LaunchConfig | dict[str, Any] | None = None,
+        config: LaunchConfig | LaunchConfigDict | None = None,
     ) -> Task:
         """Queue kernel ``fn`` on ``blocks`` blocks with ``args``; return its :class:`Task`.
 
         ``args`` is snapshotted: the builder may be reused as soon as this returns. Every
         ``DeviceBuffer`` it points to stays alive until the task completes.
 
-        :raises TypeError, ValueError: bad arguments (before anything reaches the runtime)
+        :raises TypeError: bad argument types (before anything reaches the runtime)
+        :raises ValueError: bad argument values (before anything reaches the runtime)
         :raises ClosedError: the stream or device is closed
         :raises DeviceFaultError: the device has faulted (cause: the first fault)
         """
@@ -122,7 +179,7 @@ class Stream:
         lane = self._lane
         if not scheduler.try_admit(lane):
             await scheduler.admit(lane)
-        task = Task(scheduler.adapter, self._ref, "launch")
+        task = Task(scheduler.adapter, self._ref, "launch", scheduler.failures)
         return scheduler.launch(lane, task, fn.handle, blocks, cfg, packed, buffers)
 
     def _check_function(self, fn: object) -> None:
@@ -131,54 +188,127 @@ class Stream:
         if fn.device is not self.device:
             raise ValueError(f"{fn!r} belongs to a different device")
 
-    def _buffer(self, obj: object, field: str) -> DeviceBuffer:
-        self._scheduler.check_open()
-        (buffer,) = allocations_of((obj,), self._scheduler.lifetimes, field)
-        return buffer
-
     async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:
         """Copy host data (an ndarray or bytes-like, C order) into ``dst`` on this stream.
 
         ``src`` is staged into a pinned buffer just before submission and kept referenced
         until the task completes: do not modify it until then.
         """
-        dst_buf = self._buffer(dst, "copy_to_device dst")
+        scheduler = self._scheduler
+        scheduler.check_open()
+        dst_buf, root, room = byte_range(dst, scheduler.lifetimes, "copy_to_device dst", None)
         source = _source_bytes(src)
         count = source.nbytes
         if count == 0:
             raise ValueError("copy_to_device: src is empty")
-        if count > dst_buf.nbytes:
-            raise ValueError(
-                f"copy_to_device: src has {count} bytes, dst buffer only {dst_buf.nbytes}"
-            )
+        if count > room:
+            raise ValueError(f"copy_to_device: src has {count} bytes, dst buffer only {room}")
         await self._admit()
-        task = Task(self._scheduler.adapter, self._ref, "copy_to_device")
-        return self._scheduler.copy_to_device(self._lane, task, dst_buf, source, count)
+        task = Task(scheduler.adapter, self._ref, "copy_to_device", scheduler.failures)
+        return scheduler.copy_to_device(self._lane, task, dst_buf, root, source, count)
 
     async def copy_to_host(self, dst: np.ndarray[Any, Any], src: DeviceBuffer) -> Task:
         """Copy ``dst.nbytes`` bytes of ``src`` into the writable, C-contiguous array ``dst``.
 
-        ``dst`` is filled when the task completes (before ``await task`` returns).
+        ``dst`` is filled when the task completes (before ``await task`` returns); a task that
+        fails never writes it.
         """
-        src_buf = self._buffer(src, "copy_to_host src")
-        if not isinstance(dst, np.ndarray):
-            raise TypeError(f"copy_to_host dst must be an ndarray, got {type(dst).__name__}")
-        if dst.dtype.hasobject:
-            raise TypeError(f"copy_to_host dst: an array of {dst.dtype} cannot hold device data")
-        if not dst.flags.c_contiguous or not dst.flags.writeable:
-            raise ValueError("copy_to_host dst must be a writable, C-contiguous ndarray")
-        count = dst.nbytes
-        if count == 0:
-            raise ValueError("copy_to_host: dst is empty")
-        if count > src_buf.nbytes:
+        scheduler = self._scheduler
+        scheduler.check_open()
+        src_buf, root, room = byte_range(src, scheduler.lifetimes, "copy_to_host src", None)
+        dst_bytes = _destination_bytes(dst)
+        count = dst_bytes.nbytes
+        if count > room:
+            raise ValueError(f"copy_to_host: dst has {count} bytes, src buffer only {room}")
+        await self._admit()
+        task = Task(scheduler.adapter, self._ref, "copy_to_host", scheduler.failures)
+        return scheduler.copy_to_host(self._lane, task, dst_bytes, src_buf, root, count)
+
+    async def copy_device(
+        self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int | None = None
+    ) -> Task:
+        """Copy ``nbytes`` (default: all of ``src``) from ``src`` to ``dst``, both device memory
+        of this device, on this stream.
+
+        :raises ValueError: ``nbytes`` exceeds either buffer, or the two ranges overlap
+        """
+        scheduler = self._scheduler
+        scheduler.check_open()
+        lifetimes = scheduler.lifetimes
+        src_buf, src_root, count = byte_range(src, lifetimes, "copy_device src", nbytes)
+        dst_buf, dst_root, _ = byte_range(dst, lifetimes, "copy_device dst", count)
+        if src_buf.ptr < dst_buf.ptr + count and dst_buf.ptr < src_buf.ptr + count:
             raise ValueError(
-                f"copy_to_host: dst has {count} bytes, src buffer only {src_buf.nbytes}"
+                "copy_device: the source and destination ranges overlap (the runtimes leave "
+                "that undefined); copy through a temporary buffer"
             )
         await self._admit()
-        task = Task(self._scheduler.adapter, self._ref, "copy_to_host")
-        # the same memory as a plain 1-D byte array (np.matrix and other subclasses included)
-        dst_bytes = dst.view(np.ndarray).reshape(-1).view(np.uint8)
-        return self._scheduler.copy_to_host(self._lane, task, dst_bytes, src_buf, count)
+        task = Task(scheduler.adapter, self._ref, "copy_device", scheduler.failures)
+        return scheduler.copy_device(
+            self._lane, task, dst_buf, src_buf, (dst_root, src_root), count
+        )
+
+    async def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> Task:
+        """Set ``nbytes`` bytes (default: all) of ``dst`` to the byte ``value`` (0..255) on this
+        stream."""
+        if isinstance(value, bool) or not isinstance(value, int | np.integer):
+            raise TypeError(f"memset value must be an int, got {type(value).__name__}")
+        if not 0 <= value <= 255:
+            raise ValueError(f"memset value={value} is not a byte (0..255)")
+        scheduler = self._scheduler
+        scheduler.check_open()
+        dst_buf, root, count = byte_range(dst, scheduler.lifetimes, "memset dst", nbytes)
+        await self._admit()
+        task = Task(scheduler.adapter, self._ref, "memset", scheduler.failures)
+        return scheduler.memset(self._lane, task, dst_buf, root, int(value), count)
+
+    # --- one await: queue and wait for completion ---------------------------------------
+
+    async def run(
+        self,
+        fn: Function,
+        blocks: int,
+        args: HostArgs | None = None,
+        *,
+        config: LaunchConfig | LaunchConfigDict | None = None,
+    ) -> None:
+        """:meth:`launch` and wait until the kernel has finished.
+
+        Cancelled before the launch was admitted, nothing happens; after it, only the wait is
+        cancelled: the kernel still runs (see :class:`Task`).
+        """
+        await (await self.launch(fn, blocks, args, config=config))
+
+    async def upload(self, dst: DeviceBuffer, src: Any) -> None:
+        """:meth:`copy_to_device` and wait until the copy has finished."""
+        await (await self.copy_to_device(dst, src))
+
+    async def download(
+        self,
+        src: DeviceBuffer,
+        dtype: npt.DTypeLike | None = None,
+        shape: int | tuple[int, ...] | None = None,
+        *,
+        out: np.ndarray[Any, Any] | None = None,
+    ) -> np.ndarray[Any, Any]:
+        """Copy device memory into a new array (or into ``out``), wait, and return the array.
+
+        :param dtype: the new array's dtype (``None``: ``uint8``)
+        :param shape: its shape (``None``: 1-D, as many items as ``src`` holds; ``src``'s size
+            must then be a multiple of the item size). A shape needing fewer bytes than ``src``
+            has reads the start of ``src``.
+        :param out: an array to fill and return instead (then ``dtype`` and ``shape`` stay
+            ``None``)
+        :raises ValueError: the array needs more bytes than ``src`` has
+        """
+        if out is not None:
+            if dtype is not None or shape is not None:
+                raise ValueError("download(): pass either out= or dtype/shape, not both")
+            array = out
+        else:
+            array = _new_array(src, dtype, shape)
+        await (await self.copy_to_host(array, src))
+        return array
 
     async def record_event(self, *, timing: bool = False) -> Event:
         """Record an :class:`Event` after the work queued so far on this stream."""
@@ -186,7 +316,7 @@ class Stream:
             raise TypeError("timing must be a bool")
         await self._admit()
         scheduler = self._scheduler
-        task = Task(scheduler.adapter, self._ref, "record_event")
+        task = Task(scheduler.adapter, self._ref, "record_event", scheduler.failures)
 
         def make_event(handle: int) -> Event:
             return Event(self.device, scheduler, self, handle, timing, task)
@@ -202,7 +332,7 @@ class Stream:
         if event.device is not self.device:
             raise ValueError("wait_event(): the event belongs to a different device")
         await self._admit()
-        task = Task(self._scheduler.adapter, self._ref, "wait_event")
+        task = Task(self._scheduler.adapter, self._ref, "wait_event", self._scheduler.failures)
         return self._scheduler.wait_event(self._lane, task, event)
 
     async def _admit(self) -> None:
@@ -212,17 +342,17 @@ class Stream:
     async def synchronize(self) -> None:
         """Wait until everything queued on this stream so far has finished.
 
-        Raises the device's fault if it has one; failures of individual tasks are reported by
-        their own ``Task``.
+        Then raises what nobody has seen yet: the failures of this stream's earlier tasks
+        whose errors were never retrieved (one as itself, several as an ``ExceptionGroup``;
+        each only once, and ``ClosedError`` from a cancelling close does not count), and the
+        device's fault if it has one (every time).
         """
-        last = self._lane.last
-        if last is not None and not last.done():
-            try:
-                await last
-            except BaseException as exc:
-                if not isinstance(exc, Exception):
-                    raise
-        self._scheduler.raise_fault()
+        scheduler = self._scheduler
+        await scheduler.drain_lane(self._lane)
+        errors = scheduler.failures.take(self._ref)
+        if scheduler.faults.first is not None:
+            errors.append(scheduler.fault_error())
+        raise_failures(errors, "tasks of this stream")
 
     async def aclose(self) -> None:
         """Wait for this stream's work, then destroy it. Idempotent."""

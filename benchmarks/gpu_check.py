@@ -8,10 +8,14 @@ around the whole script still leaves the report of the steps done so far):
 2. wheels: the test packages the machine lacks, installed from a folder of wheels brought
    along (``--wheels``, default ``.whl`` or ``benchmarks/wheels``) with ``pip install
    --no-index --no-deps --target``; nothing is fetched;
-3. tests: ``tests/runtime/test_cuda_backend.py`` and the cuda parameters of
-   ``tests/runtime/test_runtime_contract.py`` with pytest: the runtime contract suite and the
-   scheduler smoke tests on the GPU (``cuda`` parameter, marked ``gpu``) and on the CPU fake;
-4. benchmark: noop launches through a plain cuda-bindings loop (the floor), the runtime's own
+3. seam: the v0.2 runtime calls once, directly: ``info()``, a stream at the greatest
+   priority, ``memset_async`` then a device-to-device copy read back, an out-of-range priority
+   refused;
+4. tests: ``tests/runtime/test_cuda_backend.py`` and the cuda parameters of
+   ``tests/runtime/test_runtime_contract.py`` and ``test_runtime_contract_v02.py`` with pytest:
+   the runtime contract suite and the scheduler smoke tests on the GPU (``cuda`` parameter,
+   marked ``gpu``) and on the CPU fake;
+5. benchmark: noop launches through a plain cuda-bindings loop (the floor), the runtime's own
    synchronous loop, a naive ``await to_thread(launch + sync)`` and the scheduler (unbatched,
    poll, block), side by side in one process, plus single launch-to-completion latency.
 
@@ -179,7 +183,9 @@ def step_tests(
         return {"skipped": f"cannot run the tests: missing {missing}"}
     xml = out / "gpu-tests.xml"
     cmd = [sys.executable, "-m", "pytest", "tests/runtime/test_cuda_backend.py",
-           "tests/runtime/test_runtime_contract.py", "-k", "cuda", "-q", "-rfEs",
+           "tests/runtime/test_runtime_contract.py", "tests/runtime/test_runtime_contract_v02.py",
+           "tests/scheduler/test_everyday_api.py",
+           "-k", "cuda and not trio", "-q", "-rfEs",
            f"--junitxml={xml}", "-p", "no:cacheprovider"]
     if "pytest_asyncio" in missing or "pytest_timeout" in missing:
         cmd += ["-c", str(_fallback_ini()), "--rootdir", str(ROOT)]
@@ -242,12 +248,50 @@ def step_bench(out: Path, env: dict[str, str], timeout: float, scale: float) -> 
     return results
 
 
+_SEAM = """
+import json
+from aio_ascend._errors import InvalidParamError
+from aio_ascend._runtime import open_runtime
+from aio_ascend._runtime.abi import ACL_MEMCPY_DEVICE_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST
+from aio_ascend._runtime.hostmem import host_view
+rt = open_runtime("cuda", 0)
+try:
+    out = {"info": rt.info()}
+    least, greatest = rt.stream_priority_range()
+    stream = rt.create_stream(greatest)
+    n = 1 << 20
+    a, b, host = rt.malloc(n), rt.malloc(n), rt.malloc_host(n)
+    rt.memset_async(a, n, 0x5A, n, stream)
+    rt.memset_async(a + 16, n - 16, 0xC3, 16, stream)
+    rt.memcpy_async(b, n, a, n, ACL_MEMCPY_DEVICE_TO_DEVICE, stream)
+    rt.memcpy_async(host, n, b, n, ACL_MEMCPY_DEVICE_TO_HOST, stream)
+    rt.synchronize_stream(stream, 10000)
+    expected = b"\\x5a" * 16 + b"\\xc3" * 16 + b"\\x5a" * (n - 32)
+    out["memset_d2d_ok"] = bytes(host_view(host, n)) == expected
+    try:
+        rt.create_stream(greatest - 1)
+        out["out_of_range_refused"] = False
+    except InvalidParamError:
+        out["out_of_range_refused"] = True
+    rt.destroy_stream(stream)
+finally:
+    rt.close()
+print(json.dumps(out, default=str))
+"""
+
+
+def step_seam(env: dict[str, str]) -> dict[str, Any]:
+    """The v0.2 seam calls once on the GPU (a child process, 60 s)."""
+    code, text = _run([sys.executable, "-c", _SEAM], 60, env=env)
+    try:
+        result: dict[str, Any] = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        result = {"error": text.strip()[-2000:] or f"exit {code}"}
+    result["exit"] = code
+    return result
+
+
 # --- the benchmark (runs in a child process) --------------------------------------------------
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))] if ordered else 0.0
 
 
 def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
@@ -256,6 +300,7 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
 
     from aio_ascend._runtime.cuda.kernels import KERNEL_SOURCE
     from aio_ascend._runtime.cuda.nvrtc import compile_cuda_source
+    from aio_ascend._tools.trace import percentile
 
     def ok(result: Any) -> Any:
         if int(result[0]):
@@ -300,8 +345,8 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
     return {
         "launches_per_s": n / wall,
         "cpu_us_per_launch": cpu / n * 1e6,
-        "single_launch_p50_us": _pct(single, 50) * 1e6,
-        "single_launch_p99_us": _pct(single, 99) * 1e6,
+        "single_launch_p50_us": percentile(single, 50) * 1e6,
+        "single_launch_p99_us": percentile(single, 99) * 1e6,
         "n": n,
     }
 
@@ -365,6 +410,15 @@ def format_report(data: dict[str, Any]) -> str:
     if wheels:
         lines.append(f"- wheels installed: {len(wheels.get('installed', []))}; "
                      f"still missing: {wheels.get('missing_after') or 'nothing'}")
+    seam = data.get("seam", {})
+    if seam:
+        lines += ["", "## Seam (info, priority stream, memset + D2D copy)", ""]
+        if "error" in seam:
+            lines.append(f"error: {str(seam['error'])[-300:]}")
+        else:
+            lines.append(f"- info: {seam.get('info')}")
+            lines.append(f"- memset + D2D copy read back: {seam.get('memset_d2d_ok')}; "
+                         f"out-of-range priority refused: {seam.get('out_of_range_refused')}")
     tests = data.get("tests", {})
     if tests:
         lines += ["", "## Tests (tests/runtime, cuda)", ""]
@@ -454,6 +508,14 @@ def main(argv: list[str] | None = None) -> int:
         if not report.data["environment"].get("probe", {}).get("ok"):
             print("the cuda backend is not available here: GPU tests will skip", flush=True)
             status = 2
+        if status != 2:
+            print("== seam", flush=True)
+            report.data["seam"] = step_seam(env)
+            report.save()
+            print(json.dumps(report.data["seam"], indent=2, default=str), flush=True)
+            seam = report.data["seam"]
+            if not (seam.get("memset_d2d_ok") and seam.get("out_of_range_refused")):
+                status = status or 1
         if not args.skip_tests:
             print("== tests", flush=True)
             report.data["tests"] = step_tests(

@@ -125,14 +125,34 @@ class DeviceModel:
         finished = False
         try:
             await s.copy_to_device(scratch.x, x)
-            await s.launch(self.matmul, 8, aa.HostArgs().ptr(scratch.x).ptr(w["w1"])
-                           .ptr(scratch.h).placeholder(struct.pack("<III", batch, HIDDEN, D_IN)))
-            await s.launch(self.vector_add, 8, aa.HostArgs().ptr(scratch.h).ptr(w["b1"])
-                           .ptr(scratch.h).u32(batch * HIDDEN))
-            await s.launch(self.matmul, 8, aa.HostArgs().ptr(scratch.h).ptr(w["w2"])
-                           .ptr(scratch.o).placeholder(struct.pack("<III", batch, D_OUT, HIDDEN)))
-            await s.launch(self.vector_add, 8, aa.HostArgs().ptr(scratch.o).ptr(w["b2"])
-                           .ptr(scratch.o).u32(batch * D_OUT))
+            await s.launch(
+                self.matmul,
+                8,
+                aa.HostArgs()
+                .ptr(scratch.x)
+                .ptr(w["w1"])
+                .ptr(scratch.h)
+                .placeholder(struct.pack("<III", batch, HIDDEN, D_IN)),
+            )
+            await s.launch(
+                self.vector_add,
+                8,
+                aa.HostArgs().ptr(scratch.h).ptr(w["b1"]).ptr(scratch.h).u32(batch * HIDDEN),
+            )
+            await s.launch(
+                self.matmul,
+                8,
+                aa.HostArgs()
+                .ptr(scratch.h)
+                .ptr(w["w2"])
+                .ptr(scratch.o)
+                .placeholder(struct.pack("<III", batch, D_OUT, HIDDEN)),
+            )
+            await s.launch(
+                self.vector_add,
+                8,
+                aa.HostArgs().ptr(scratch.o).ptr(w["b2"]).ptr(scratch.o).u32(batch * D_OUT),
+            )
             await (await s.copy_to_host(out, scratch.o))
             finished = True
         finally:
@@ -222,12 +242,16 @@ class InferenceApp:
         except HTTPError as exc:
             status, payload = exc.status, {"error": str(exc)}
         data = json.dumps(payload).encode()
-        await send({
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"),
-                        (b"content-length", str(len(data)).encode())],
-        })
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(data)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
     async def _route(self, method: str, path: str, body: bytes) -> dict[str, Any]:
@@ -249,8 +273,10 @@ class InferenceApp:
                 400, f'expected JSON {{"inputs": [[{D_IN} floats], ...]}}: {exc}'
             ) from None
         if x.ndim != 2 or x.shape[1] != D_IN or not 1 <= x.shape[0] <= MAX_BATCH:
-            raise HTTPError(400, f"inputs must be 1..{MAX_BATCH} rows of {D_IN} floats, "
-                                 f"got shape {list(x.shape)}")
+            raise HTTPError(
+                400,
+                f"inputs must be 1..{MAX_BATCH} rows of {D_IN} floats, got shape {list(x.shape)}",
+            )
         out, stream = await dm.infer(np.ascontiguousarray(x))
         return {"outputs": out.tolist(), "batch": int(x.shape[0]), "stream": stream}
 
@@ -291,12 +317,21 @@ async def asgi_call(
 ) -> tuple[int, bytes]:
     """One HTTP request straight into the ASGI app (no sockets, no dependencies)."""
     scope: Scope = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-        "method": method, "scheme": "http", "path": path, "raw_path": path.encode(),
-        "query_string": b"", "root_path": "",
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode())],
-        "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 80),
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 80),
     }
     delivered = False
     status = 0
@@ -325,6 +360,7 @@ async def client_for(asgi: InferenceApp, mode: str) -> AsyncIterator[tuple[Post,
     """``(post, get, where)`` for ``mode``: ``uvicorn``, ``httpx`` or ``direct``."""
     if mode == "direct":
         async with run_lifespan(asgi):
+
             async def post(path: str, body: bytes) -> tuple[int, bytes]:
                 return await asgi_call(asgi, "POST", path, body)
 
@@ -337,9 +373,12 @@ async def client_for(asgi: InferenceApp, mode: str) -> AsyncIterator[tuple[Post,
     import httpx
 
     if mode == "httpx":
-        async with run_lifespan(asgi), httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=asgi), base_url="http://127.0.0.1"
-        ) as client:
+        async with (
+            run_lifespan(asgi),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=asgi), base_url="http://127.0.0.1"
+            ) as client,
+        ):
             yield (*_httpx_calls(client), "httpx.ASGITransport (in-process, no socket)")
         return
 
@@ -372,8 +411,9 @@ async def client_for(asgi: InferenceApp, mode: str) -> AsyncIterator[tuple[Post,
 
 def _httpx_calls(client: Any) -> tuple[Post, Get]:
     async def post(path: str, body: bytes) -> tuple[int, bytes]:
-        response = await client.post(path, content=body,
-                                     headers={"content-type": "application/json"})
+        response = await client.post(
+            path, content=body, headers={"content-type": "application/json"}
+        )
         return int(response.status_code), bytes(response.content)
 
     async def get(path: str) -> tuple[int, bytes]:
@@ -417,15 +457,7 @@ class LoadReport:
 
     @property
     def ok(self) -> bool:
-        return (not self.wrong and not self.errors
-                and len(self.latencies_us) == self.requests)
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+        return not self.wrong and not self.errors and len(self.latencies_us) == self.requests
 
 
 async def run_load(
@@ -483,13 +515,14 @@ async def run_load(
 def format_report(r: LoadReport, concurrency: int) -> str:
     lat = r.latencies_us
     rate = len(lat) / r.wall_s if r.wall_s else float("nan")
+    p50, p99 = np.percentile(lat, [50, 99], method="nearest") if lat else (np.nan, np.nan)
     s = r.stats
     lines = [
         f"inference server load test: {r.requests} requests, concurrency {concurrency}, "
         f"via {r.where}",
         f"  verified    {len(lat) - r.wrong - len(r.errors)}/{r.requests} responses match numpy",
         f"  throughput  {rate:,.0f} requests/s ({r.wall_s:.2f} s)",
-        f"  latency     p50 {_pct(lat, 50) / 1e3:.2f} ms  p99 {_pct(lat, 99) / 1e3:.2f} ms",
+        f"  latency     p50 {p50 / 1e3:.2f} ms  p99 {p99 / 1e3:.2f} ms",
         f"  device      launches={s.get('launches')} copies={s.get('copies')} "
         f"batches={s.get('batches')} wakeups={s.get('wakeups')} "
         f"peak_in_flight={s.get('peak_in_flight')}",
@@ -502,9 +535,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="ASGI inference server on one shared device")
     parser.add_argument("--load", type=int, metavar="N", help="run a load test of N requests")
     parser.add_argument("--concurrency", type=int, default=16, metavar="C")
-    parser.add_argument("--mode", choices=["auto", "uvicorn", "httpx", "direct"],
-                        default="auto", help="how --load reaches the app (default: best "
-                        "installed of uvicorn, httpx, direct)")
+    parser.add_argument(
+        "--mode",
+        choices=["auto", "uvicorn", "httpx", "direct"],
+        default="auto",
+        help="how --load reaches the app (default: best installed of uvicorn, httpx, direct)",
+    )
     parser.add_argument("--serve", action="store_true", help="serve with uvicorn")
     parser.add_argument("--host", default="127.0.0.1", help="loopback only")
     parser.add_argument("--port", type=int, default=8000)
@@ -527,8 +563,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.load < 1 or args.concurrency < 1:
         parser.error("--load and --concurrency must be >= 1")
     if args.mode != "auto" and args.mode not in available_modes():
-        print(f"--mode {args.mode} needs the 'server' extra: pip install 'aio_ascend[server]'",
-              file=sys.stderr)
+        print(
+            f"--mode {args.mode} needs the 'server' extra: pip install 'aio_ascend[server]'",
+            file=sys.stderr,
+        )
         return 2
     report = anyio.run(lambda: run_load(args.load, args.concurrency, mode=args.mode))
     print(format_report(report, args.concurrency))

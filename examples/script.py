@@ -67,8 +67,10 @@ async def run(n: int) -> bool:
     expected = np.maximum(x + y, np.float32(0))
     ok = bool(np.array_equal(out, expected))
     print(f"backend=sim  n={n:,}  out[:4]={np.array2string(out[:4], precision=4)}")
-    print(f"relu(x + y) on the device: {elapsed * 1e3:.2f} ms for 2 copies in, 2 launches, "
-          f"1 copy out ({stats['launches']} launches, {stats['copies']} copies submitted)")
+    print(
+        f"relu(x + y) on the device: {elapsed * 1e3:.2f} ms for 2 copies in, 2 launches, "
+        f"1 copy out ({stats['launches']} launches, {stats['copies']} copies submitted)"
+    )
     print("matches numpy" if ok else "MISMATCH with numpy")
     return ok
 

@@ -23,7 +23,18 @@ DEVICE_BACKENDS = ("sim", "acl")
 
 
 def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
-    """``open_device(0, ...)`` on ``"sim"`` or on the ``"acl"`` backend over the C test double."""
+    """``open_device(0, ...)`` on ``"sim"``, on the ``"acl"`` backend over the C test double,
+    or on ``"cuda-fake"`` (the cuda backend over the CPU fake of the driver)."""
+    if backend == "cuda-fake":
+        from backends import fake_driver
+        from doubles.cuda_fake import fake_compile
+
+        options = {
+            "driver": fake_driver(),
+            "compiler": fake_compile,
+            **kwargs.pop("runtime_options", {}),
+        }
+        return aa.open_device(device_id, backend="cuda", runtime_options=options, **kwargs)
     if backend == "acl":
         import os
 
@@ -50,6 +61,19 @@ def live_resources(dev: aa.Device) -> dict[str, int]:
             "streams": counts["streams"],
             "events": counts["events"],
             "binaries": counts["binaries"],
+        }
+    if dev.backend == "cuda":
+        driver = dev.runtime._d
+        if not hasattr(driver, "device"):  # a real GPU: only the fake driver counts objects
+            import pytest
+
+            pytest.skip("live resources are only counted on the fake CUDA driver")
+        return {
+            "device_allocations": len(driver.device),
+            "host_allocations": len(driver.host),
+            "streams": len(driver.streams),
+            "events": len(driver.events),
+            "binaries": len(driver.modules),
         }
     live: dict[str, int] = dev.runtime.live_resources()  # type: ignore[attr-defined]
     return live

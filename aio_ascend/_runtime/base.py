@@ -68,8 +68,19 @@ class Runtime(Protocol):
 
     # --- streams ---------------------------------------------------------------------------
 
-    def create_stream(self) -> int:
-        """``aclrtCreateStream``: a new FIFO stream handle (never 0)."""
+    def create_stream(self, priority: int | None = None) -> int:
+        """``aclrtCreateStream``: a new FIFO stream handle (never 0).
+
+        ``priority`` (``None``: the runtime's default) is a number in the range of
+        :meth:`stream_priority_range`, lower = more urgent; acl sets it with
+        ``aclrtSetStreamAttribute(ACL_STREAM_ATTR_PRIORITY)``, cuda creates the stream with
+        ``cuStreamCreateWithPriority``. Out of range: ``InvalidParamError`` (107000).
+        """
+        ...
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        """``aclrtDeviceGetStreamPriorityRange``: ``(least, greatest)`` urgency; the greatest is
+        the lowest number (acl: ``(7, 0)``; cuda: e.g. ``(0, -5)``)."""
         ...
 
     def destroy_stream(self, stream: int) -> None:
@@ -195,6 +206,22 @@ class Runtime(Protocol):
         ``count > dst_max`` raises ``InvalidParamError``. A host side in pinned memory (from
         :meth:`malloc_host`) is accessed when the copy executes; any other host address is
         pageable, and the call then blocks until the stream reaches the copy and performs it.
+        """
+        ...
+
+    def memset_async(self, ptr: int, dst_max: int, value: int, count: int, stream: int) -> None:
+        """``aclrtMemsetAsync``: queue setting ``count`` bytes at device address ``ptr`` to the
+        byte ``value`` (0..255) on ``stream``. ``count > dst_max`` raises ``InvalidParamError``;
+        memory outside a live allocation faults the device when the task executes."""
+        ...
+
+    def info(self) -> dict[str, object]:
+        """What the backend can tell about its device and itself, as plain values.
+
+        Every backend gives ``runtime_version`` (str), ``memory_free`` and ``memory_total``
+        (bytes, ``aclrtGetMemInfo``), ``stream_priority_least`` and
+        ``stream_priority_greatest``; each may add keys of its own (acl: ``soc_name``,
+        ``cann_version``, core counts; cuda: ``device_name``, ``compute_capability``).
         """
         ...
 

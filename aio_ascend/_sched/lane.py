@@ -19,12 +19,16 @@ class Lane:
     :ivar admission: the stream's bounds (requests, runtime queue entries) and its waiters
     :ivar closed: no new request is admitted
     :ivar last: the latest task queued on it (``synchronize`` waits for it)
+    :ivar external: the runtime stream belongs to someone else (never destroyed here)
     """
 
-    __slots__ = ("admission", "closed", "handle", "last", "submitted")
+    __slots__ = ("admission", "closed", "external", "handle", "last", "submitted")
 
-    def __init__(self, handle: int, max_in_flight: int, entry_budget: int) -> None:
+    def __init__(
+        self, handle: int, max_in_flight: int, entry_budget: int, *, external: bool = False
+    ) -> None:
         self.handle = handle
+        self.external = external
         self.admission = Admission(max_in_flight, entry_budget)
         self.closed = False
         self.last: Task | None = None

@@ -30,17 +30,40 @@ class Allocation:
     :ivar free_requested: ``free()`` was called (the memory may still be in use)
     :ivar released: the memory has been given back to the runtime
     :ivar registry: the :class:`Lifetimes` of the device it belongs to
+    :ivar owner: for memory someone else owns (``external``): what keeps it alive, referenced
+        until the allocation is retired
+    :ivar external: the memory is never freed here; retiring it only drops ``owner``
     """
 
-    __slots__ = ("__weakref__", "free_requested", "nbytes", "ptr", "registry", "released", "uses")
+    __slots__ = (
+        "__weakref__",
+        "external",
+        "free_requested",
+        "nbytes",
+        "owner",
+        "ptr",
+        "registry",
+        "released",
+        "uses",
+    )
 
-    def __init__(self, registry: Lifetimes, ptr: int, nbytes: int) -> None:
+    def __init__(
+        self,
+        registry: Lifetimes,
+        ptr: int,
+        nbytes: int,
+        *,
+        external: bool = False,
+        owner: object = None,
+    ) -> None:
         self.registry = registry
         self.ptr = ptr
         self.nbytes = nbytes
         self.uses = 0
         self.free_requested = False
         self.released = False
+        self.external = external
+        self.owner = owner
 
 
 class Holder(Protocol):
@@ -166,7 +189,13 @@ class Lifetimes:
 
     def _retire(self, allocation: Allocation) -> bool:
         # (lock held) The allocation is done: True if it still had to be freed.
-        if allocation.released or self._closed:
+        if allocation.released:
+            return False
+        if allocation.external:  # someone else's memory: only let go of its owner
+            allocation.released = True
+            allocation.owner = None
+            return False
+        if self._closed:
             return False
         allocation.released = True
         ref = self._live.pop(allocation.ptr, None)

@@ -24,7 +24,7 @@ from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
 from .lifetimes import Lifetimes
-from .watchdog import expire
+from .watchdog import expire, log_expired
 from .work import Batch, Delivery, Outcome, Request
 
 __all__ = ["POKE", "CompletionMode", "Poller"]
@@ -79,6 +79,7 @@ class Poller:
         self._post = post
         self._watch = watch
         self._task_timeout = task_timeout
+        self._device_id = device_id
         self._min_interval = poll_min_interval
         self._max_interval = poll_max_interval
         self.counters = Counters()
@@ -141,6 +142,7 @@ class Poller:
         except queue.Empty:
             never_started, deliveries = self._expire_waiting(time.monotonic())
             self.counters.timeouts += never_started
+            log_expired(self._device_id, deliveries, self._task_timeout)
             self._post(deliveries, self.counters)
             return True
         return self._file(item)
@@ -188,6 +190,7 @@ class Poller:
             expired, deliveries = expire(self._outstanding.values(), now, self._task_timeout)
             never_started, more = self._expire_waiting(now)
             self.counters.timeouts += expired + never_started
+            log_expired(self._device_id, deliveries + more, self._task_timeout)
             self._post(deliveries + more, self.counters)
         if self._watch is not None:
             self._watch_oldest()

@@ -40,13 +40,16 @@ from .loop import LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .submitter import Submitter
 from .task import Task, resolve_task
+from .unseen import FailureLog
 from .waiter import Waiter
 from .work import (
+    CopyDevice,
     CopyToDevice,
     CopyToHost,
     Delivery,
     EventRecord,
     Launch,
+    Memset,
     RecordEvent,
     Request,
     WaitEvent,
@@ -113,6 +116,8 @@ class Scheduler:
         )
         self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool)
         self.faults = FaultState()
+        #: failed tasks whose errors nobody retrieved yet
+        self.failures = FailureLog(self.device_id, self.faults)
         self.user_events = UserEvents(
             lambda flags: self.bound().create_event(flags),
             lambda handle: self.bound().destroy_event(handle),
@@ -196,17 +201,30 @@ class Scheduler:
 
     def raise_fault(self) -> None:
         """Raise the device's fault (as caused by the first fault), if it has one."""
+        if self.faults.first is not None:
+            raise self.fault_error()
+
+    def fault_error(self) -> BaseException:
+        """The error for work refused because the device has faulted (caused by the fault)."""
         fault = self.faults.first
-        if fault is not None:
-            raise derived_error(fault, "the device has faulted; close and reopen it")
+        assert fault is not None
+        return derived_error(fault, "the device has faulted; close and reopen it")
 
     # --- resources -------------------------------------------------------------------------
 
-    def open_lane(self, max_in_flight: int) -> Lane:
-        """A new runtime stream in stop-on-failure mode."""
+    def open_lane(
+        self, max_in_flight: int, *, priority: int | None = None, external: int | None = None
+    ) -> Lane:
+        """A new runtime stream in stop-on-failure mode, or (``external``) a stream handle
+        someone else created: scheduled alike, but its failure mode is left as it is and it is
+        never destroyed here."""
         self.check_usable()
+        if external is not None:
+            lane = Lane(external, max_in_flight, self.runtime.stream_capacity, external=True)
+            self.lanes.append(lane)
+            return lane
         runtime = self.bound()
-        handle = runtime.create_stream()
+        handle = runtime.create_stream() if priority is None else runtime.create_stream(priority)
         try:
             runtime.set_stream_failure_mode(handle, ACL_STOP_ON_FAILURE)
         except BaseException:
@@ -364,17 +382,45 @@ class Scheduler:
             self._schedule_flush()
         return task
 
-    def copy_to_device(self, lane: Lane, task: Task, dst: Allocation, src: Any, count: int) -> Task:
+    def copy_to_device(
+        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, src: Any, count: int
+    ) -> Task:
         """Queue an admitted host-to-device copy (staged just before submission)."""
-        host = self._stage(lane, count, dst)
-        return self._enqueue(CopyToDevice(lane, task, host, dst, src, count))
+        host = self._stage(lane, count, (root,))
+        return self._enqueue(CopyToDevice(lane, task, host, dst, root, src, count))
 
     def copy_to_host(
-        self, lane: Lane, task: Task, dst: np.ndarray[Any, Any], src: Allocation, count: int
+        self,
+        lane: Lane,
+        task: Task,
+        dst: np.ndarray[Any, Any],
+        src: Allocation,
+        root: Allocation,
+        count: int,
     ) -> Task:
         """Queue an admitted device-to-host copy (``dst`` filled before the task resolves)."""
-        host = self._stage(lane, count, src)
-        return self._enqueue(CopyToHost(lane, task, host, dst, src, count))
+        host = self._stage(lane, count, (root,))
+        return self._enqueue(CopyToHost(lane, task, host, dst, src, root, count))
+
+    def copy_device(
+        self,
+        lane: Lane,
+        task: Task,
+        dst: Allocation,
+        src: Allocation,
+        roots: tuple[Allocation, Allocation],
+        count: int,
+    ) -> Task:
+        """Queue an admitted device-to-device copy."""
+        self._stage(lane, 0, roots)
+        return self._enqueue(CopyDevice(lane, task, None, dst, src, count, roots))
+
+    def memset(
+        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int
+    ) -> Task:
+        """Queue an admitted memset."""
+        self._stage(lane, 0, (root,))
+        return self._enqueue(Memset(lane, task, dst, root, value, count))
 
     def record_event(
         self, lane: Lane, task: Task, make_event: Callable[[int], EventRecord], flags: int
@@ -392,12 +438,15 @@ class Scheduler:
         """Queue an admitted wait for ``event`` on ``lane``."""
         return self._enqueue(WaitEvent(lane, task, event))
 
-    def _stage(self, lane: Lane, count: int, allocation: Allocation) -> HostBuffer | None:
-        # A big staging buffer is taken by the submitter thread instead: allocating (and
-        # first touching) hundreds of MiB of pinned memory must not stall the loop.
+    def _stage(
+        self, lane: Lane, count: int, allocations: tuple[Allocation, ...]
+    ) -> HostBuffer | None:
+        # A staging buffer of `count` bytes (none for 0), and `allocations` retained. A big
+        # one is taken by the submitter thread instead: allocating (and first touching)
+        # hundreds of MiB of pinned memory must not stall the loop.
         try:
-            host = self.pool.acquire(count) if count <= STAGE_ON_LOOP_BYTES else None
-            self.lifetimes.retain((allocation,))
+            host = self.pool.acquire(count) if 0 < count <= STAGE_ON_LOOP_BYTES else None
+            self.lifetimes.retain(allocations)
         except BaseException:
             self.unadmit(lane)
             raise
@@ -496,8 +545,7 @@ class Scheduler:
         """Wait until the work queued on ``lane`` so far has finished (errors not raised)."""
         last = lane.last
         if last is not None and not last.done():
-            with contextlib.suppress(Exception):
-                await last
+            await last.wait_finished()
 
     async def close_lane(self, lane: Lane) -> None:
         """Drain ``lane``, refuse new work on it and destroy its runtime stream. Idempotent."""
@@ -512,7 +560,8 @@ class Scheduler:
         if self.faults.first is not None or lane.admission.in_flight:
             return  # its work can no longer be observed normally: aclose destroys it by force
         self.lanes.remove(lane)
-        self.bound().destroy_stream(lane.handle)
+        if not lane.external:
+            self.bound().destroy_stream(lane.handle)
 
     # --- stats -----------------------------------------------------------------------------
 
@@ -591,6 +640,14 @@ class Scheduler:
                 with anyio.move_on_after(timeout) as scope:
                     await self._wait_idle()
                 forced = scope.cancelled_caught or self.unsettled > 0
+                if forced:
+                    log.warning(
+                        "device %d: %d task(s) still unfinished after aclose(timeout=%s); "
+                        "destroying the streams by force",
+                        self.device_id,
+                        self.unsettled,
+                        timeout,
+                    )
             await self._shutdown(forced=forced)
 
     async def _shutdown(self, *, forced: bool) -> None:
@@ -659,6 +716,7 @@ class Scheduler:
             )
         else:
             self._release_everything(runtime)
+        self.failures.report_at_close()
         self.state = DeviceState.CLOSED
         waiters, self._close_waiters = self._close_waiters, []
         for waiter in waiters:
@@ -693,6 +751,8 @@ class Scheduler:
         for lane in self.lanes:
             lane.closed = True
             lane.admission.reset()
+            if lane.external:  # its owner's to destroy
+                continue
             with contextlib.suppress(Exception):
                 runtime.destroy_stream_force(lane.handle)
         self.lanes.clear()
@@ -708,6 +768,7 @@ class Scheduler:
             return
         self.state = DeviceState.CLOSED
         self.abandoned = True
+        self.failures.report_at_close()
         if self._waiter is not None:
             self._waiter.stop()
         self._submitter.stop()

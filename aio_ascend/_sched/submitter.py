@@ -32,6 +32,7 @@ from .events import BatchEvents
 from .faults import FaultState, classify_refusal
 from .lane import Lane
 from .lifetimes import Lifetimes
+from .watchdog import log_expired
 from .work import Batch, Delivery, Launch, Outcome, Request
 
 __all__ = ["Submitter"]
@@ -68,6 +69,7 @@ class Submitter:
         self._stage = stage
         self._to_poller = to_poller
         self._task_timeout = task_timeout
+        self._device_id = device_id
         self.counters = Counters()
         #: submitted work whose completion can never be observed (its batch event could not be
         #: recorded): its resources are released at close, after the streams are destroyed
@@ -161,7 +163,9 @@ class Submitter:
             try:
                 if time.monotonic() >= item.deadline:
                     self.counters.timeouts += 1
-                    self._post(self._never_started(item), self.counters)
+                    expired = self._never_started(item)
+                    log_expired(self._device_id, expired, self._task_timeout)
+                    self._post(expired, self.counters)
                 else:
                     self._current = item
                     self._hop(item)
@@ -214,7 +218,7 @@ class Submitter:
                         )
                         counters.launches += 1
                     else:
-                        if req.host is None and req.is_copy:  # a big copy: staged here
+                        if req.host is None and req.staged:  # a big copy: staged here
                             req.host = self._stage(req.count)  # type: ignore[attr-defined]
                         req.submit(runtime, lane.handle)
                         if req.is_copy:

@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import Any, Protocol
 
 from .loop import LoopAdapter
 
-__all__ = ["Task", "resolve_task"]
+__all__ = ["FailureSink", "Task", "resolve_task"]
+
+
+class FailureSink(Protocol):
+    """Where a failed task's error waits until it is retrieved (``unseen.FailureLog``)."""
+
+    def note(self, task: Task, exc: BaseException, kind: str, stream_ref: Any) -> Any:
+        """``task`` failed: a record to hand back to :meth:`retrieved`, or None."""
+        ...
+
+    def retrieved(self, record: Any) -> None:
+        """The error of ``record`` has been seen."""
+        ...
 
 
 class Task:
@@ -21,14 +33,37 @@ class Task:
     recalled: it runs to the end, everything it uses stays alive until then, and other waiters
     and :meth:`done` are unaffected. Any number of coroutines may await the same task.
 
-    :ivar kind: ``"launch"``, ``"copy_to_device"``, ``"copy_to_host"``, ``"record_event"`` or
-        ``"wait_event"``
+    An error nobody retrieves (no ``await``, no :meth:`exception`, no ``synchronize()`` that
+    raised it) is logged at ERROR on the ``aio_ascend`` logger when the task is collected, or
+    when its device closes.
+
+    :ivar kind: ``"launch"``, ``"copy_to_device"``, ``"copy_to_host"``, ``"copy_device"``,
+        ``"memset"``, ``"record_event"`` or ``"wait_event"``
     """
 
-    __slots__ = ("__weakref__", "_adapter", "_done", "_exc", "_stream_ref", "_waiters", "kind")
+    __slots__ = (
+        "__weakref__",
+        "_adapter",
+        "_done",
+        "_exc",
+        "_failures",
+        "_stream_ref",
+        "_unseen",
+        "_waiters",
+        "kind",
+    )
 
-    def __init__(self, adapter: LoopAdapter, stream_ref: Callable[[], Any], kind: str) -> None:
+    def __init__(
+        self,
+        adapter: LoopAdapter,
+        stream_ref: Callable[[], Any],
+        kind: str,
+        failures: FailureSink | None = None,
+    ) -> None:
         self._adapter = adapter
+        # where a failure is noted until its error is retrieved (see unseen.py)
+        self._failures = failures
+        self._unseen: Any = None
         # a weak reference: the scheduler keeps tasks (a stream's latest) and must not keep
         # the public objects alive through them
         self._stream_ref = stream_ref
@@ -53,32 +88,47 @@ class Task:
         """
         if not self._done:
             raise RuntimeError("Task.exception(): the task is not done yet")
+        if self._unseen is not None:
+            self._retrieved()
         return self._exc
+
+    def _retrieved(self) -> None:
+        unseen, self._unseen = self._unseen, None
+        if unseen is not None and self._failures is not None:
+            self._failures.retrieved(unseen)
 
     def __await__(self) -> Generator[Any, None, None]:
         return self.wait().__await__()
 
     async def wait(self) -> None:
         """The same as ``await task``."""
-        if not self._done:
-            adapter = self._adapter
-            if not adapter.is_current():
-                raise RuntimeError("this Task belongs to a device opened in a different event loop")
-            waiter = adapter.new_waiter()
-            if self._waiters is None:
-                self._waiters = [waiter]
-            else:
-                self._waiters.append(waiter)
-            try:
-                await adapter.wait(waiter)
-            finally:
-                if not self._done and self._waiters is not None:
-                    try:
-                        self._waiters.remove(waiter)
-                    except ValueError:
-                        pass
+        await self.wait_finished()
         if self._exc is not None:
+            if self._unseen is not None:
+                self._retrieved()
             raise self._exc
+
+    async def wait_finished(self) -> None:
+        """Wait until the task is done, successfully or not, without raising its error (a
+        failure stays unretrieved: see the class docstring)."""
+        if self._done:
+            return
+        adapter = self._adapter
+        if not adapter.is_current():
+            raise RuntimeError("this Task belongs to a device opened in a different event loop")
+        waiter = adapter.new_waiter()
+        if self._waiters is None:
+            self._waiters = [waiter]
+        else:
+            self._waiters.append(waiter)
+        try:
+            await adapter.wait(waiter)
+        finally:
+            if not self._done and self._waiters is not None:
+                try:
+                    self._waiters.remove(waiter)
+                except ValueError:
+                    pass
 
     def _resolve(self, exc: BaseException | None) -> int:
         # Loop thread only, through resolve_task. Returns how many waiters it woke.
@@ -86,6 +136,8 @@ class Task:
             return 0
         self._done = True
         self._exc = exc
+        if exc is not None and self._failures is not None:
+            self._unseen = self._failures.note(self, exc, self.kind, self._stream_ref)
         waiters = self._waiters
         if not waiters:
             return 0

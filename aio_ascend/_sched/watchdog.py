@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Iterable, Sized
 from typing import TYPE_CHECKING
 
 from .._errors import TaskTimeoutError
@@ -11,7 +12,21 @@ from .work import Delivery, Outcome
 if TYPE_CHECKING:
     from .work import Batch
 
-__all__ = ["expire"]
+__all__ = ["expire", "log_expired"]
+
+log = logging.getLogger("aio_ascend")
+
+
+def log_expired(device_id: int, deliveries: Sized, task_timeout: float) -> None:
+    """Say that the watchdog failed tasks (a decision the user should hear of: WARNING)."""
+    if len(deliveries):
+        log.warning(
+            "device %d: the watchdog failed %d task(s) with TaskTimeoutError "
+            "(not finished within task_timeout=%gs)",
+            device_id,
+            len(deliveries),
+            task_timeout,
+        )
 
 
 def expire(

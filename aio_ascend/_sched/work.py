@@ -15,7 +15,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import derived_error
-from .._runtime.abi import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
+from .._runtime.abi import (
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+)
 
 if TYPE_CHECKING:
     from .._host.pool import HostBuffer
@@ -27,11 +31,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Batch",
+    "CopyDevice",
     "CopyToDevice",
     "CopyToHost",
     "Delivery",
     "EventRecord",
     "Launch",
+    "Memset",
     "Outcome",
     "RecordEvent",
     "Request",
@@ -69,6 +75,9 @@ class Request(ABC):
     is_copy = False
     #: whether :meth:`on_complete` has host-side work to do
     needs_completion = False
+    #: whether it goes through a pinned staging buffer (``host``; taken by the submitter
+    #: thread if the loop left it None)
+    staged = False
 
     def __init__(
         self,
@@ -155,7 +164,8 @@ class Launch(Request):
 
 
 class _Copy(Request):
-    """A copy of ``count`` bytes staged through the pinned buffer ``host``."""
+    """A copy of ``count`` bytes (staged through the pinned buffer ``host`` if it has a host
+    side); it keeps ``allocations`` (the device memory's roots) in use."""
 
     __slots__ = ("count", "dst", "src")
     is_copy = True
@@ -168,9 +178,9 @@ class _Copy(Request):
         dst: Any,
         src: Any,
         count: int,
-        allocation: Allocation,
+        allocations: tuple[Allocation, ...],
     ) -> None:
-        super().__init__(lane, task, host, (allocation,))
+        super().__init__(lane, task, host, allocations)
         self.dst = dst
         self.src = src
         self.count = count
@@ -179,16 +189,25 @@ class _Copy(Request):
 class CopyToDevice(_Copy):
     """Host -> device: the source is staged into a pinned buffer just before submission.
 
-    ``src`` is the source as a 1-D contiguous uint8 array (see ``Stream.copy_to_device``).
+    ``src`` is the source as a 1-D contiguous uint8 array (see ``Stream.copy_to_device``);
+    ``dst`` the device memory (a buffer or a view), ``root`` the allocation it belongs to.
     """
 
     __slots__ = ()
     kind = "copy_to_device"
+    staged = True
 
     def __init__(
-        self, lane: Lane, task: Task, host: HostBuffer | None, dst: Allocation, src: Any, count: int
+        self,
+        lane: Lane,
+        task: Task,
+        host: HostBuffer | None,
+        dst: Allocation,
+        root: Allocation,
+        src: Any,
+        count: int,
     ) -> None:
-        super().__init__(lane, task, host, dst, src, count, dst)
+        super().__init__(lane, task, host, dst, src, count, (root,))
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
@@ -209,6 +228,7 @@ class CopyToHost(_Copy):
 
     __slots__ = ()
     kind = "copy_to_host"
+    staged = True
     needs_completion = True
 
     def __init__(
@@ -218,9 +238,10 @@ class CopyToHost(_Copy):
         host: HostBuffer | None,
         dst: np.ndarray[Any, Any],
         src: Allocation,
+        root: Allocation,
         count: int,
     ) -> None:
-        super().__init__(lane, task, host, dst, src, count, src)
+        super().__init__(lane, task, host, dst, src, count, (root,))
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
@@ -233,6 +254,41 @@ class CopyToHost(_Copy):
         host = self.host
         assert host is not None
         np.copyto(self.dst, np.frombuffer(host.view, np.uint8, self.count))  # GIL released
+
+
+class CopyDevice(_Copy):
+    """Device -> device on the stream; ``roots`` are the allocations of ``dst`` and ``src``."""
+
+    __slots__ = ()
+    kind = "copy_device"
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        runtime.memcpy_async(
+            self.dst.ptr,
+            self.dst.nbytes,
+            self.src.ptr,
+            self.count,
+            ACL_MEMCPY_DEVICE_TO_DEVICE,
+            stream,
+        )
+
+
+class Memset(Request):
+    """Set ``count`` bytes of device memory to one byte value on the stream."""
+
+    __slots__ = ("count", "dst", "value")
+    kind = "memset"
+
+    def __init__(
+        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int
+    ) -> None:
+        super().__init__(lane, task, None, (root,))
+        self.dst = dst
+        self.value = value
+        self.count = count
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        runtime.memset_async(self.dst.ptr, self.dst.nbytes, self.value, self.count, stream)
 
 
 class EventRecord:

@@ -2,13 +2,20 @@
 
 ::
 
+    aio-ascend --version
     aio-ascend info                      # backends, what "auto" picks and why, versions
     aio-ascend demo [--requests N] [--streams S] [--loop asyncio|uvloop|trio]
                     [--trace PATH] [--plot PATH]
-    aio-ascend bench [--scale F] [--only a,b,c] [--json PATH] [--trace PATH] [--plot PATH]
+    aio-ascend bench [--scale F] [--only a,b,c] [--backend sim|cuda]
+                     [--json PATH] [--trace PATH] [--plot PATH]
 
-Exit status: 0 on success, 1 when a result was wrong (demo) or a target was missed
-(``bench --strict``), 2 for bad usage or a missing optional dependency.
+Output paths (``--trace``, ``--plot``, ``--json``) are checked before any work starts; the
+plot's format follows its extension (``.png``, ``.svg``, ``.pdf``).
+
+Exit status: 0 on success; 1 when a result was wrong (demo), a target was missed
+(``bench --strict``) or ``bench --plot`` had no samples to draw; 2 for bad usage (an output
+path that cannot be written included), a missing optional dependency or an output that could
+not be written after the work; 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ import json
 import math
 import os
 import platform
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["main"]
+from .. import __version__
+
+__all__ = ["build_parser", "main", "subcommands"]
 
 PROG = "aio-ascend"
 PERFETTO = "https://ui.perfetto.dev"
@@ -79,6 +89,59 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _output_problem(path: str, *, plot: bool = False) -> str | None:
+    """Why ``path`` cannot be written as an output file, or None when it looks writable.
+
+    Checked before the work starts, so a typo costs nothing: the path is not a directory, its
+    folder exists and is writable (and so is the file, if it exists); a plot's extension
+    names a format (:data:`.plot.PLOT_FORMATS`). Nothing is created.
+    """
+    if not path:
+        return "the path is empty"
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"the folder {folder} does not exist"
+    if os.path.exists(path):
+        if not os.access(path, os.W_OK):
+            return f"{path} is not writable"
+    elif not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable"
+    if plot:
+        from .plot import plot_format
+
+        try:
+            plot_format(path)
+        except ValueError as exc:
+            return str(exc)
+    return None
+
+
+def _check_outputs(command: str, outputs: Sequence[tuple[str, str | None]]) -> bool:
+    """Print why each given output (option, path) cannot be written; True when all can."""
+    ok = True
+    for option, path in outputs:
+        if path is None:
+            continue
+        problem = _output_problem(path, plot=option == "--plot")
+        if problem is not None:
+            print(f"{PROG} {command}: {option} {path}: {problem}", file=sys.stderr)
+            ok = False
+    return ok
+
+
+def _write_output(command: str, option: str, path: str, write: Callable[[], object]) -> bool:
+    """Run ``write``; on an OSError (a disk full, a folder removed meanwhile) say so, no
+    traceback. Returns whether it worked."""
+    try:
+        write()
+    except OSError as exc:
+        print(f"{PROG} {command}: {option} {path}: cannot write: {exc}", file=sys.stderr)
+        return False
+    return True
+
+
 def _indent(text: str, width: int) -> str:
     """Continuation lines of a multi-line message, indented to line up under the first."""
     return ("\n" + " " * width).join(line.strip() for line in text.strip().splitlines())
@@ -87,22 +150,41 @@ def _indent(text: str, width: int) -> str:
 # --- info -------------------------------------------------------------------------------------
 
 
+def _for_the_command_line(text: str) -> str:
+    """A backend's message as someone at the command line can act on it.
+
+    The acl backend suggests ``library_path=``, an ``open_device(runtime_options=...)`` option
+    that the command line cannot pass; here it becomes what the command does search.
+    """
+    return re.sub(
+        r"or pass library_path=\.?",
+        "or put the folder holding libascendcl.so on LD_LIBRARY_PATH.",
+        text,
+    )
+
+
 def cmd_info(args: argparse.Namespace) -> int:
-    from .. import __version__
+    from .. import AscendError
     from .._runtime import BACKENDS, ENV_BACKEND, available_backends, choose_backend, probe_backend
 
     print(f"{PROG} {__version__}")
     print("backends:")
+    reasons: dict[str, str] = {}
     for name in BACKENDS:
         ok, why = probe_backend(name)
-        print(f"  {name:<5} {'available' if ok else 'unavailable':<12} {_indent(why, 21)}")
+        reasons[name] = why
+        state = "available" if ok else "unavailable"
+        print(f"  {name:<5} {state:<12} {_indent(_for_the_command_line(why), 21)}")
     print(f"available: {', '.join(available_backends())}")
     try:
         chosen, reason = choose_backend("auto")
-    except ValueError as exc:
+    except (ValueError, AscendError) as exc:
         chosen, reason = "nothing", str(exc)
+    for name, why in reasons.items():  # each backend's reason is printed once, above
+        if why and why in reason:
+            reason = reason.replace(why, f"see {name} above")
     print(f"auto picks: {chosen}")
-    print(f"  why: {_indent(reason, 7)}")
+    print(f"  why: {_indent(_for_the_command_line(reason), 7)}")
     override = os.environ.get(ENV_BACKEND)
     print(
         f"  {ENV_BACKEND}={override}"
@@ -123,7 +205,6 @@ def cmd_info(args: argparse.Namespace) -> int:
         ("matplotlib", "optional extra 'plot': --plot"),
         ("uvicorn", "optional extra 'server'"),
         ("httpx", "optional extra 'server'"),
-        ("starlette", "optional extra 'server'"),
     ]:
         found = _version(dist)
         if found is not None:
@@ -144,11 +225,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from .plot import plot_latencies
     from .trace import write_trace
 
-    if args.plot and not _have_matplotlib():
-        return _no_matplotlib()
-    if args.loop in ("trio", "uvloop") and _version(args.loop) is None:
-        print(f"{PROG}: --loop {args.loop} needs the {args.loop} package", file=sys.stderr)
-        return 2
     cfg = DemoConfig(
         requests=args.requests,
         streams=args.streams,
@@ -164,41 +240,90 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"{PROG} demo: {exc}", file=sys.stderr)
         return 2
+    if not _check_outputs("demo", [("--trace", args.trace), ("--plot", args.plot)]):
+        return 2
+    if args.plot and not _have_matplotlib():
+        return _no_matplotlib()
+    if args.loop in ("trio", "uvloop") and _version(args.loop) is None:
+        print(f"{PROG}: --loop {args.loop} needs the {args.loop} package", file=sys.stderr)
+        return 2
     result = run_demo(cfg)
     print(format_demo(result))
+    status = 0 if result.ok else 1
     if args.trace:
-        slices = write_trace(
-            args.trace,
-            result.spans,
-            tracks=result.tracks,
-            process_name="aio-ascend demo (sim)",
-            metadata={
-                "command": "demo",
-                "requests": cfg.requests,
-                "stages": list(STAGES),
-                "phases": ["queued", "submitted/executing", "completed->resumed"],
-            },
-        )
-        print(
-            f"  trace        {args.trace}  ({slices} slices on {len(result.tracks)} stream "
-            f"tracks; open in {PERFETTO})"
-        )
+        slices = [0]
+
+        def trace() -> None:
+            slices[0] = write_trace(
+                args.trace,
+                result.spans,
+                tracks=result.tracks,
+                process_name="aio-ascend demo (sim)",
+                metadata={
+                    "command": "demo",
+                    "requests": cfg.requests,
+                    "stages": list(STAGES),
+                    "phases": ["queued", "submitted/executing", "completed->resumed"],
+                },
+            )
+
+        if _write_output("demo", "--trace", args.trace, trace):
+            print(
+                f"  trace        {args.trace}  ({slices[0]} slices on {len(result.tracks)} "
+                f"stream tracks; open in {PERFETTO})"
+            )
+        else:
+            status = 2
     if args.plot:
-        lat = result.latencies_us
-        plot_latencies(
-            args.plot,
-            {"request (h2d -> compute -> d2h)": lat},
-            title=(
-                f"aio-ascend demo: request latency, {result.completed} requests, "
-                f"{3 * cfg.streams} streams, {min(cfg.concurrency, cfg.requests)} in flight, "
-                f"loop={cfg.loop}"
-            ),
+        title = (
+            f"aio-ascend demo: {result.completed} requests, {3 * cfg.streams} streams, "
+            f"{min(cfg.concurrency, cfg.requests)} in flight, loop={cfg.loop}"
         )
-        print(f"  plot         {args.plot}")
-    return 0 if result.ok else 1
+        panels = {
+            "request latency (h2d copies -> compute -> d2h copy)": {"request": result.latencies_us}
+        }
+        if not result.latencies_us:
+            print(f"{PROG} demo: --plot: no request completed; no plot written", file=sys.stderr)
+            status = max(status, 1)
+        elif _write_output(
+            "demo", "--plot", args.plot, lambda: plot_latencies(args.plot, panels, title=title)
+        ):
+            print(f"  plot         {args.plot}")
+        else:
+            status = 2
+    return status
 
 
 # --- bench ------------------------------------------------------------------------------------
+
+#: the latency series of the bench plot: panel -> (step, series name)
+BENCH_PANELS: dict[str, list[tuple[str, str]]] = {
+    "one launch + await at a time (launch -> task done -> coroutine resumed)": [
+        ("naive", "(b) naive await to_thread(launch + sync)"),
+        ("unbatched", "(b2) scheduler, batch_cap=1"),
+        ("poll", "(c) scheduler, poll completion"),
+        ("block", "(c') scheduler, block completion"),
+    ],
+    "device completion -> awaiting coroutine resumed": [
+        ("wake_poll", "poll, idle"),
+        ("wake_block", "block, idle"),
+        ("wake_churn", "poll, 10k tasks churning"),
+    ],
+}
+
+#: bench backends: the sim, and cuda where it runs
+BENCH_BACKENDS = ("sim", "cuda")
+
+
+def _bench_backend(text: str) -> str:
+    if text in BENCH_BACKENDS:
+        return text
+    if text == "acl":
+        raise argparse.ArgumentTypeError(
+            "'acl' is not supported by the bench yet (its steps have not been run on Ascend "
+            "hardware); use 'sim', or 'cuda' on a machine with an NVIDIA GPU"
+        )
+    raise argparse.ArgumentTypeError(f"unknown backend {text!r}: choose 'sim' or 'cuda'")
 
 
 def _clean_json(value: Any, *, keep_latencies: bool) -> Any:
@@ -217,25 +342,11 @@ def _clean_json(value: Any, *, keep_latencies: bool) -> Any:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import STEPS, BenchConfig, format_table, run_bench
-    from .plot import plot_latencies
-    from .trace import spans_from_tuples, write_trace
+    from .bench import BACKEND_STEPS, STEPS, BenchConfig, format_table, run_bench
 
-    if args.backend != "sim":
-        print(
-            f"{PROG} bench: --backend {args.backend} is not supported yet; only 'sim' is "
-            "(the side-by-side runs drive the simulator's runtime directly)",
-            file=sys.stderr,
-        )
-        return 2
-    if args.plot and not _have_matplotlib():
-        return _no_matplotlib()
-    if args.loop == "uvloop" and _version("uvloop") is None:
-        print(f"{PROG}: --loop uvloop needs the uvloop package", file=sys.stderr)
-        return 2
     known = [key for key, _, _ in STEPS]
     only: list[str] | None = None
-    if args.only:
+    if args.only is not None:
         only = [key.strip() for key in args.only.split(",") if key.strip()]
         unknown = [key for key in only if key not in known]
         if unknown or not only:
@@ -244,6 +355,32 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 f"choose from: {', '.join(known)}",
                 file=sys.stderr,
             )
+            return 2
+    if args.backend != "sim":
+        sim_only = [key for key in only or [] if key not in BACKEND_STEPS]
+        if sim_only:
+            print(
+                f"{PROG} bench: step(s) {', '.join(sim_only)} measure the sim only; with "
+                f"--backend {args.backend} choose from: {', '.join(BACKEND_STEPS)}",
+                file=sys.stderr,
+            )
+            return 2
+        only = only or list(BACKEND_STEPS)
+    outputs = [("--json", args.json), ("--trace", args.trace), ("--plot", args.plot)]
+    if not _check_outputs("bench", outputs):
+        return 2
+    if args.plot and not _have_matplotlib():
+        return _no_matplotlib()
+    if args.loop == "uvloop" and _version("uvloop") is None:
+        print(f"{PROG}: --loop uvloop needs the uvloop package", file=sys.stderr)
+        return 2
+    if args.backend != "sim":
+        from .._runtime import probe_backend
+
+        ok, why = probe_backend(args.backend)
+        if not ok:
+            prefix = f"{PROG} bench: --backend {args.backend} cannot run here: "
+            print(prefix + _indent(_for_the_command_line(why), len(prefix)), file=sys.stderr)
             return 2
     cfg = BenchConfig(
         scale=args.scale,
@@ -256,59 +393,93 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(format_table(results))
     status = 0
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(_clean_json(results, keep_latencies=not args.no_latencies), fh, indent=2)
-            fh.write("\n")
-        print(f"json: {args.json}")
+        status = max(status, _bench_json(args, results))
     if args.trace:
-        spans = spans_from_tuples(cfg.spans)
-        slices = write_trace(
-            args.trace,
-            spans,
-            process_name="aio-ascend bench (sim)",
-            metadata={"command": "bench", "config": results.get("config", {})},
-        )
-        if spans:
-            print(f"trace: {args.trace}  ({slices} slices; open in {PERFETTO})")
-        else:
-            print(
-                f"trace: {args.trace}  (empty: none of the steps run recorded spans; "
-                "the wake_poll / wake_block steps do)",
-                file=sys.stderr,
-            )
+        status = max(status, _bench_trace(args, cfg, results))
     if args.plot:
-        # Two different measurements carry latency samples: a whole launch + await
-        # (naive, unbatched, poll, block) and device completion -> coroutine resumed (wake_*).
-        series = {
-            (
-                f"{key}: completion->resume" if key.startswith("wake") else f"{key}: launch+await"
-            ): value["latencies_us"]
-            for key, value in results.items()
-            if isinstance(value, dict) and value.get("latencies_us")
-        }
-        if series:
-            plot_latencies(
-                args.plot,
-                series,
-                title=f"aio-ascend bench latencies (scale {cfg.scale}, loop={cfg.loop})",
-            )
-            print(f"plot: {args.plot}")
-        else:
-            print(
-                f"{PROG} bench: --plot: none of the steps run recorded latency samples "
-                "(wake_poll, wake_block and wake_churn do); no plot written",
-                file=sys.stderr,
-            )
-            status = 1
+        status = max(status, _bench_plot(args, cfg, results))
     if args.strict:
         missed = [name for name, x in results.get("ratios", {}).items() if not x["met"]]
         if missed:
             print(f"targets not met: {', '.join(missed)}", file=sys.stderr)
-            status = 1
+            status = max(status, 1)
     return status
 
 
+def _bench_json(args: argparse.Namespace, results: dict[str, Any]) -> int:
+    def write() -> None:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(_clean_json(results, keep_latencies=not args.no_latencies), fh, indent=2)
+            fh.write("\n")
+
+    if not _write_output("bench", "--json", args.json, write):
+        return 2
+    print(f"json: {args.json}")
+    return 0
+
+
+def _bench_trace(args: argparse.Namespace, cfg: Any, results: dict[str, Any]) -> int:
+    from .trace import spans_from_tuples, write_trace
+
+    spans = spans_from_tuples(cfg.spans)
+    slices = [0]
+
+    def write() -> None:
+        slices[0] = write_trace(
+            args.trace,
+            spans,
+            process_name=f"aio-ascend bench ({cfg.backend})",
+            metadata={"command": "bench", "config": results.get("config", {})},
+        )
+
+    if not _write_output("bench", "--trace", args.trace, write):
+        return 2
+    if spans:
+        print(f"trace: {args.trace}  ({slices[0]} slices; open in {PERFETTO})")
+    else:
+        print(
+            f"trace: {args.trace}  (empty: none of the steps run recorded spans; "
+            "the wake_poll / wake_block steps do)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _bench_plot(args: argparse.Namespace, cfg: Any, results: dict[str, Any]) -> int:
+    from .plot import plot_latencies
+
+    panels = {
+        panel: {
+            name: results[key]["latencies_us"]
+            for key, name in series
+            if isinstance(results.get(key), dict) and results[key].get("latencies_us")
+        }
+        for panel, series in BENCH_PANELS.items()
+    }
+    panels = {panel: series for panel, series in panels.items() if series}
+    if not panels:
+        print(
+            f"{PROG} bench: --plot: none of the steps run recorded latency samples "
+            "(naive, unbatched, poll, block and the wake_* steps do); no plot written",
+            file=sys.stderr,
+        )
+        return 1
+    title = f"aio-ascend bench latencies: backend {cfg.backend}, scale {cfg.scale}, loop {cfg.loop}"
+    if not _write_output(
+        "bench", "--plot", args.plot, lambda: plot_latencies(args.plot, panels, title=title)
+    ):
+        return 2
+    print(f"plot: {args.plot}")
+    return 0
+
+
 # --- the parser -------------------------------------------------------------------------------
+
+_EPILOG = """\
+exit status: 0 success; 1 a result was wrong (demo), a target was missed (bench --strict) or
+bench --plot had no samples; 2 bad usage (an output path that cannot be written included),
+a missing optional dependency, or an output that could not be written; 130 interrupted.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,10 +487,22 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Awaitable Huawei Ascend (CANN/ACL) kernel launches: diagnostics, a "
         "pipeline demo and side-by-side benchmarks on the embedded simulator.",
+        epilog=_EPILOG,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"{PROG} {__version__}",
+        help="print the version and exit",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    info = sub.add_parser("info", help="backends, which one 'auto' picks and why, versions")
+    info = sub.add_parser(
+        "info",
+        help="backends, which one 'auto' picks and why, versions",
+        description="Which backends can run here and why not, what backend='auto' picks "
+        "and why, and the versions of Python, aio_ascend and its optional dependencies.",
+    )
     info.set_defaults(func=cmd_info)
 
     demo = sub.add_parser(
@@ -327,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a multi-stream copy/compute/copy pipeline on the sim backend",
         description="Many requests in flight through three streams per lane (host->device "
         "copy, axpy+scale compute, device->host copy), chained by record_event/wait_event; "
-        "every result is checked against numpy.",
+        "every result is checked against numpy. Exit status 1 when one is wrong.",
     )
     demo.add_argument(
         "--requests",
@@ -357,36 +540,50 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="float32 elements per vector (default 16384)",
     )
-    demo.add_argument("--loop", choices=["asyncio", "uvloop", "trio"], default="asyncio")
+    demo.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop", "trio"],
+        default="asyncio",
+        help="the event loop to run on (default asyncio; uvloop and trio need their package)",
+    )
     demo.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     demo.add_argument(
-        "--trace", metavar="PATH", help=f"write a Chrome/Perfetto trace JSON ({PERFETTO})"
+        "--trace",
+        metavar="PATH",
+        help=f"write a Chrome/Perfetto trace JSON of every request's phases ({PERFETTO})",
     )
     demo.add_argument(
         "--plot",
         metavar="PATH",
-        help="write a latency histogram PNG (needs matplotlib: the 'plot' extra)",
+        help="write the request latency as a CDF; the format follows the extension: .png, "
+        ".svg or .pdf (needs matplotlib: the 'plot' extra)",
     )
-    demo.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    demo.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     demo.set_defaults(func=cmd_demo)
 
     bench = sub.add_parser(
         "bench",
         help="side-by-side benchmarks: raw runtime loop, naive to_thread, the scheduler",
+        description="Measures, one after the other in one process, a raw synchronous runtime "
+        "loop (a), a naive 'await to_thread(launch + sync)' per launch (b) and the scheduler "
+        "(c), then completion-to-resume latency, event-loop lag with 10,000 launches "
+        "outstanding, idle CPU and argument packing, and prints the ratios against the "
+        "project's targets. The table goes to stdout, progress to stderr.",
     )
     bench.add_argument(
         "--scale",
         type=_positive_float,
         default=1.0,
         metavar="F",
-        help="size multiplier (default 1.0, well under a minute)",
+        help="size multiplier (default 1.0, about a minute on 2 cores)",
     )
     bench.add_argument(
         "--only",
         metavar="a,b,c",
         help="comma-separated steps: packing, raw, naive, unbatched, poll, "
         "block, bare_wakes, wake_poll, wake_block, wake_churn, loop_lag, "
-        "idle_poll, idle_block",
+        "idle_poll, idle_block (default: all; with --backend cuda: raw, naive, unbatched, "
+        "poll, block)",
     )
     bench.add_argument(
         "--launchers",
@@ -395,8 +592,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="concurrent launching coroutines (default 256)",
     )
-    bench.add_argument("--loop", choices=["asyncio", "uvloop"], default="asyncio")
-    bench.add_argument("--backend", default="sim", help="only 'sim' is supported for now")
+    bench.add_argument(
+        "--loop",
+        choices=["asyncio", "uvloop"],
+        default="asyncio",
+        help="the event loop to run on (default asyncio)",
+    )
+    bench.add_argument(
+        "--backend",
+        type=_bench_backend,
+        default="sim",
+        metavar="sim|cuda",
+        help="where the launch steps run (default sim); cuda needs an NVIDIA GPU and the "
+        "'cuda' extra, and runs the steps raw, naive, unbatched, poll and block only",
+    )
     bench.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     bench.add_argument(
         "--no-latencies", action="store_true", help="leave the raw latency lists out of --json"
@@ -404,17 +613,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--trace",
         metavar="PATH",
-        help=f"write a Chrome/Perfetto trace JSON of the recorded spans ({PERFETTO})",
+        help="write a Chrome/Perfetto trace JSON of the completion->resume spans the wake_poll "
+        f"and wake_block steps record ({PERFETTO})",
     )
     bench.add_argument(
-        "--plot", metavar="PATH", help="write a wake-latency histogram PNG (needs matplotlib)"
+        "--plot",
+        metavar="PATH",
+        help="write the latency CDFs (one launch + await; device completion -> coroutine "
+        "resumed); the format follows the extension: .png, .svg or .pdf (needs matplotlib: "
+        "the 'plot' extra)",
     )
     bench.add_argument(
         "--strict", action="store_true", help="exit 1 when a target ratio is not met"
     )
-    bench.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    bench.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parser of each subcommand of ``parser`` (:func:`build_parser`), by name."""
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public way to list them
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(action.choices)
+    return {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -422,7 +644,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, or a usage error (already printed)
+    except SystemExit as exc:  # --help, --version, or a usage error (already printed)
         code = exc.code
         return code if isinstance(code, int) else (0 if code is None else 2)
     try:

@@ -12,7 +12,8 @@ few *lanes* as needed: lane 0 keeps the track's own name (one per stream, always
 only when spans overlap do further lanes named ``"<track> +1"``, ``"<track> +2"``... appear
 just below it. The phases of one group (one request on one stream) stay together on one lane.
 
-:func:`percentile` here is the one nearest-rank percentile of the bench, the demo and the plots.
+:func:`percentile` here is the one percentile of the bench, the demo and the plots (numpy's
+nearest-rank method).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 __all__ = [
     "LANE_STRIDE",
@@ -172,10 +176,12 @@ def write_trace(
 # --- summary statistics -----------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (nearest rank on the sorted values); NaN when empty."""
-    if not values:
+def percentile(values: Sequence[float] | npt.NDArray[np.float64], q: float) -> float:
+    """The ``q``-th percentile (0..100) of ``values``, the nearest-rank sample; NaN when empty.
+
+    ``numpy.percentile(..., method="nearest")``: the sample at rank ``round(q / 100 * (n - 1))``
+    of the sorted values, ties to the even rank (as Python's ``round``).
+    """
+    if len(values) == 0:
         return float("nan")
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[index]
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="nearest"))

@@ -15,14 +15,33 @@
  *    refers to the recording current at the time of the call.
  *  - Synchronize*WithTimeout: ms, -1 = forever, 0 (or < -1) = 107000; 507046 / 507047 on timeout.
  *  - Faults: in stop-on-failure mode a device fault is sticky for the context: every query, sync,
- *    record, copy and launch in it returns the fault code until the context is destroyed or the
- *    device reset. In continue mode the faulting task is skipped and the next sync of its stream
+ *    record, copy, memset and launch in it returns the fault code until the context is destroyed
+ *    or the device reset (creation, cleanup and stream attributes keep working). In continue mode the faulting task is skipped and the next sync of its stream
  *    reports the code once.
  *  - Device memory lives in host memory but is handed out at high addresses (above 2**52) through
  *    a mapping table, so pointer truncation shows; kernels and copies translate every address and
  *    fault on anything outside a live allocation (use after free included).
  *  - aclrtMemcpyAsync: a host side inside aclrtMallocHost memory is read/written when the copy
  *    executes; any other host address is pageable and the call blocks until the copy is done.
+ *  - aclrtMemsetAsync: a stream task like a copy (FIFO with everything else on its stream). At the
+ *    call: count <= maxCount and [devPtr, devPtr+count) inside ONE live device allocation, else
+ *    107000; when it executes, memory freed meanwhile faults the device (507053). The low byte of
+ *    the int32 value is stored, as C memset does.
+ *  - Device memory capacity: DOUBLE_MEM_TOTAL (32 GiB) per device (double_set_mem_total changes
+ *    it). aclrtMalloc counts 64-byte-rounded sizes against it and fails with 207001 beyond it;
+ *    aclrtGetMemInfo(ACL_HBM_MEM) reports free = total - live bytes of the calling context's
+ *    device; ACL_DDR_MEM reports 0/0 (the modelled SoC has HBM only); other attrs: 107000.
+ *  - Stream attributes (aclrtSetStreamAttribute): FAILURE_MODE (1) sets the failure mode as
+ *    aclrtSetStreamFailureMode does; FLOAT_OVERFLOW_CHECK, USER_CUSTOM_TAG, CACHE_OP_INFO (2..4)
+ *    are accepted and ignored; PRIORITY (5) must be 0..7 (lower = more urgent, default 0) and is
+ *    stored on the stream (double_stream_priority), but the device thread does not schedule by
+ *    it; any other id: 107000. aclrtDeviceGetStreamPriorityRange gives (least 7, greatest 0).
+ *  - aclrtGetVersion gives 1.17.0 (ACL_MAJOR/MINOR/PATCH_VERSION of the CANN headers the ABI
+ *    facts were read from) and needs no aclInit; aclrtGetSocName gives DOUBLE_SOC_NAME after
+ *    aclInit, NULL before it.
+ *  - Built with -DACL_DOUBLE_LEGACY, the six functions above (aclrtSetStreamAttribute,
+ *    aclrtDeviceGetStreamPriorityRange, aclrtMemsetAsync, aclrtGetVersion, aclrtGetMemInfo,
+ *    aclrtGetSocName) are not exported: a stand-in for an older CANN release.
  *  - aclrtLaunchKernelWithHostArgs validates like CANN, writes devArgs + dataOffset into the
  *    CALLER's buffer at each addrOffset, then copies [0, argsSize) (the kernel reads the copy).
  *  - Every ACL call is logged with its raw arguments (uint64, signed values sign-extended) and
@@ -81,6 +100,14 @@ typedef enum { ACL_MEMCPY_HOST_TO_HOST = 0, ACL_MEMCPY_HOST_TO_DEVICE = 1,
 typedef enum { ACL_MEM_MALLOC_HUGE_FIRST = 0 } aclrtMemMallocPolicy;
 typedef enum { ACL_EVENT_RECORDED_STATUS_NOT_READY = 0, ACL_EVENT_RECORDED_STATUS_COMPLETE = 1 }
     aclrtEventRecordedStatus;
+typedef enum { ACL_STREAM_ATTR_FAILURE_MODE = 1, ACL_STREAM_ATTR_FLOAT_OVERFLOW_CHECK = 2,
+               ACL_STREAM_ATTR_USER_CUSTOM_TAG = 3, ACL_STREAM_ATTR_CACHE_OP_INFO = 4,
+               ACL_STREAM_ATTR_PRIORITY = 5 } aclrtStreamAttr;
+typedef union {
+    uint64_t failureMode; uint32_t overflowSwitch; uint32_t userCustomTag; uint32_t cacheOpInfoSwitch;
+    uint32_t streamPriority; uint32_t reserve[4];
+} aclrtStreamAttrValue;
+typedef enum { ACL_DDR_MEM = 0, ACL_HBM_MEM = 1 } aclrtMemAttr; /* the rest of the enum: 2..17 */
 
 _Static_assert(sizeof(aclrtPlaceHolderInfo) == 8, "aclrtPlaceHolderInfo");
 _Static_assert(sizeof(aclrtLaunchKernelAttrValue) == 16, "aclrtLaunchKernelAttrValue");
@@ -91,6 +118,8 @@ _Static_assert(offsetof(aclrtLaunchKernelCfg, numAttrs) == 8, "aclrtLaunchKernel
 _Static_assert(sizeof(aclrtTimeoutUs) == 8, "aclrtTimeoutUs");
 _Static_assert(sizeof(aclrtBinaryLoadOption) == 20, "aclrtBinaryLoadOption");
 _Static_assert(sizeof(aclrtBinaryLoadOptions) == 16, "aclrtBinaryLoadOptions");
+_Static_assert(sizeof(aclrtStreamAttrValue) == 16, "aclrtStreamAttrValue");
+_Static_assert(_Alignof(aclrtStreamAttrValue) == 8, "aclrtStreamAttrValue alignment");
 
 #define ACL_SUCCESS 0
 #define ACL_ERROR_INVALID_PARAM 100000
@@ -120,6 +149,13 @@ _Static_assert(sizeof(aclrtBinaryLoadOptions) == 16, "aclrtBinaryLoadOptions");
 #define DEV_BASE 0x0012340000000000ull  /* device memory: above 2**52 */
 #define ARGS_BASE 0x0012350000000000ull /* device args slots (one per launch, never reused) */
 #define MAX_DEVICES 8
+#define DOUBLE_MEM_TOTAL (32ull << 30) /* device memory per device: 32 GiB */
+#define DOUBLE_SOC_NAME "Ascend910B_double"
+#define DOUBLE_VERSION_MAJOR 1
+#define DOUBLE_VERSION_MINOR 17
+#define DOUBLE_VERSION_PATCH 0
+#define STREAM_PRIORITY_LEAST 7
+#define STREAM_PRIORITY_GREATEST 0
 
 /* ---- small helpers ------------------------------------------------------------------------ */
 
@@ -326,7 +362,7 @@ typedef struct ctx {
     struct ctx *next;
 } ctx_t;
 
-enum { T_KERNEL = 1, T_RECORD, T_WAIT, T_COPY };
+enum { T_KERNEL = 1, T_RECORD, T_WAIT, T_COPY, T_MEMSET };
 enum { KN_VECTOR_ADD, KN_AXPY, KN_SCALE, KN_MATMUL, KN_SLEEP, KN_FAULT, KN_HANG, KN_NOOP, KN_COUNT };
 static const char *const KERNEL_NAMES[KN_COUNT] = {
     "vector_add", "axpy", "scale", "matmul", "sleep", "fault", "hang", "noop"};
@@ -352,11 +388,13 @@ typedef struct task {
     /* wait */
     struct stream *wait_stream;
     uint64_t wait_seq;
-    /* copy */
+    /* copy (dst, count also for memset) */
     int copy_kind;
     int pageable;
     uint64_t dst, src;
     size_t count;
+    /* memset */
+    unsigned char fill;
 } task_t;
 
 typedef struct stream {
@@ -365,6 +403,7 @@ typedef struct stream {
     int alive;
     int aborted;
     uint64_t mode;
+    uint32_t priority; /* ACL_STREAM_ATTR_PRIORITY, 0 by default */
     aclError pending_err;
     task_t *head, *tail;
     size_t depth;
@@ -403,6 +442,8 @@ static __thread ctx_t *t_ctx;
 static dalloc_t *g_dallocs;
 static size_t g_ndallocs, g_dallocs_cap;
 static uint64_t g_next_dev = DEV_BASE;
+static uint64_t g_mem_total = DOUBLE_MEM_TOTAL;
+static uint64_t g_dev_used[MAX_DEVICES]; /* live device bytes (64-byte rounded) per device */
 static uint64_t g_next_args = ARGS_BASE;
 #define FREED_RING 4096
 static uint64_t g_freed_dev[FREED_RING];
@@ -469,10 +510,13 @@ static int ring_has(const uint64_t *ring, size_t n, uint64_t value) {
     return 0;
 }
 
+static size_t rounded64(size_t size) { return (size + 63) & ~(size_t)63; }
+
 static void free_all_device_memory(int device) {
     size_t j = 0;
     for (size_t i = 0; i < g_ndallocs; i++) {
         if (g_dallocs[i].device == device) {
+            g_dev_used[device] -= rounded64(g_dallocs[i].size);
             g_freed_dev[g_freed_dev_n++ % FREED_RING] = g_dallocs[i].dev;
             free(g_dallocs[i].host);
         } else {
@@ -845,6 +889,19 @@ static void run_copy(task_t *t, kres_t *r) {
     memmove(dst, src, t->count);
 }
 
+static void run_memset(task_t *t, kres_t *r) {
+    r->state = KS_DONE;
+    if (!t->count) return;
+    unsigned char *dst = dev_range(t->dst, t->count);
+    if (!dst) {
+        kfault(r, ACL_ERROR_RT_DEVICE_MEM_ERROR,
+               "memset: device memory 0x%llx..+%zu was freed before the memset executed",
+               (unsigned long long)t->dst, t->count);
+        return;
+    }
+    memset(dst, t->fill, t->count);
+}
+
 /* ---- the device thread --------------------------------------------------------------------- */
 
 /* Try to finish the head task of s. Returns 1 when it completed. */
@@ -862,6 +919,9 @@ static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
         return !t->wait_stream || t->wait_stream->completed >= t->wait_seq || t->wait_stream->aborted;
     case T_COPY:
         run_copy(t, &r);
+        break;
+    case T_MEMSET:
+        run_memset(t, &r);
         break;
     case T_KERNEL:
         if (t->started) {
@@ -1318,8 +1378,11 @@ EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy pol
     if (!c) LEAVE_UNLOCK(rc);
     if (!devPtr) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "devPtr is NULL"));
     if (size == 0) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "size must be > 0"));
-    if (size > ((size_t)1 << 36)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "cannot allocate %zu bytes", size));
-    size_t rounded = (size + 63) & ~(size_t)63;
+    uint64_t free_bytes = g_mem_total > g_dev_used[c->device] ? g_mem_total - g_dev_used[c->device] : 0;
+    if (size > free_bytes || rounded64(size) > free_bytes)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "cannot allocate %zu bytes: %llu of %llu bytes free", size,
+                          (unsigned long long)free_bytes, (unsigned long long)g_mem_total));
+    size_t rounded = rounded64(size);
     unsigned char *host = NULL;
     if (posix_memalign((void **)&host, 64, rounded)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "out of memory"));
     memset(host, 0, rounded);
@@ -1333,6 +1396,7 @@ EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy pol
     uint64_t dev = g_next_dev;
     g_next_dev += rounded + 4096; /* a guard gap: overruns hit unmapped addresses */
     g_dallocs[g_ndallocs++] = (dalloc_t){dev, size, host, c->device};
+    g_dev_used[c->device] += rounded;
     *devPtr = (void *)(uintptr_t)dev;
     LEAVE_UNLOCK(0);
 }
@@ -1346,6 +1410,7 @@ EXPORT aclError aclrtFree(void *devPtr) {
     uint64_t addr = (uint64_t)(uintptr_t)devPtr;
     for (size_t i = 0; i < g_ndallocs; i++) {
         if (g_dallocs[i].dev == addr) {
+            g_dev_used[g_dallocs[i].device] -= rounded64(g_dallocs[i].size);
             free(g_dallocs[i].host);
             g_dallocs[i] = g_dallocs[--g_ndallocs];
             g_freed_dev[g_freed_dev_n++ % FREED_RING] = addr;
@@ -1472,6 +1537,142 @@ EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, siz
     }
     LEAVE_UNLOCK(rc);
 }
+
+/* ---- stream attributes, memset, device information (absent from a -DACL_DOUBLE_LEGACY build) ---- */
+
+/* the last aclrtSetStreamAttribute, as it crossed the boundary */
+static struct {
+    int valid;
+    int attr;
+    int value_null;
+    unsigned char value[sizeof(aclrtStreamAttrValue)];
+} g_last_attr;
+
+#ifndef ACL_DOUBLE_LEGACY
+
+EXPORT aclError aclrtSetStreamAttribute(aclrtStream stream, aclrtStreamAttr stmAttrType, aclrtStreamAttrValue *value) {
+    ENTER("aclrtSetStreamAttribute", 3, P(stream), I(stmAttrType), P(value));
+    pthread_mutex_lock(&g_mu);
+    g_last_attr.valid = 1;
+    g_last_attr.attr = (int)stmAttrType;
+    g_last_attr.value_null = value == NULL;
+    if (value) memcpy(g_last_attr.value, value, sizeof g_last_attr.value);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (!value) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "value is NULL"));
+    switch (stmAttrType) {
+    case ACL_STREAM_ATTR_FAILURE_MODE:
+        if (value->failureMode > 1)
+            LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "failureMode %llu is not 0 or 1",
+                              (unsigned long long)value->failureMode));
+        s->mode = value->failureMode;
+        break;
+    case ACL_STREAM_ATTR_FLOAT_OVERFLOW_CHECK:
+    case ACL_STREAM_ATTR_USER_CUSTOM_TAG:
+    case ACL_STREAM_ATTR_CACHE_OP_INFO:
+        break; /* accepted, not modelled */
+    case ACL_STREAM_ATTR_PRIORITY:
+        if (value->streamPriority > STREAM_PRIORITY_LEAST)
+            LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "streamPriority %u is out of range %d..%d",
+                              value->streamPriority, STREAM_PRIORITY_GREATEST, STREAM_PRIORITY_LEAST));
+        s->priority = value->streamPriority;
+        break;
+    default:
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "unknown stream attribute %d", (int)stmAttrType));
+    }
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtDeviceGetStreamPriorityRange(int32_t *leastPriority, int32_t *greatestPriority) {
+    ENTER("aclrtDeviceGetStreamPriorityRange", 2, P(leastPriority), P(greatestPriority));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!leastPriority || !greatestPriority)
+        LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "leastPriority or greatestPriority is NULL"));
+    *leastPriority = STREAM_PRIORITY_LEAST;
+    *greatestPriority = STREAM_PRIORITY_GREATEST;
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT aclError aclrtMemsetAsync(void *devPtr, size_t maxCount, int32_t value, size_t count, aclrtStream stream) {
+    ENTER("aclrtMemsetAsync", 5, P(devPtr), Z(maxCount), I(value), Z(count), P(stream));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (!devPtr) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "devPtr is NULL"));
+    if (count > maxCount) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "count %zu > maxCount %zu", count, maxCount));
+    if (count && !dev_range(P(devPtr), count))
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "devPtr 0x%llx..+%zu is not inside one device allocation",
+                          (unsigned long long)P(devPtr), count));
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) abort();
+    t->kind = T_MEMSET;
+    t->dst = P(devPtr);
+    t->count = count;
+    t->fill = (unsigned char)value;
+    LEAVE_UNLOCK(enqueue(s, t));
+}
+
+EXPORT aclError aclrtGetVersion(int32_t *majorVersion, int32_t *minorVersion, int32_t *patchVersion) {
+    ENTER("aclrtGetVersion", 3, P(majorVersion), P(minorVersion), P(patchVersion));
+    if (!majorVersion || !minorVersion || !patchVersion)
+        LEAVE(fail(ACL_ERROR_INVALID_PARAM, "majorVersion, minorVersion or patchVersion is NULL"));
+    *majorVersion = DOUBLE_VERSION_MAJOR;
+    *minorVersion = DOUBLE_VERSION_MINOR;
+    *patchVersion = DOUBLE_VERSION_PATCH;
+    LEAVE(0);
+}
+
+EXPORT aclError aclrtGetMemInfo(aclrtMemAttr attr, size_t *free_, size_t *total) {
+    ENTER("aclrtGetMemInfo", 3, I(attr), P(free_), P(total));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!free_ || !total) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "free or total is NULL"));
+    switch (attr) {
+    case ACL_HBM_MEM: {
+        uint64_t used = g_dev_used[c->device];
+        *total = (size_t)g_mem_total;
+        *free_ = (size_t)(g_mem_total > used ? g_mem_total - used : 0);
+        break;
+    }
+    case ACL_DDR_MEM:
+        *free_ = *total = 0; /* the modelled SoC has no DDR device memory */
+        break;
+    default:
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "memory attribute %d is not modelled by the double "
+                          "(ACL_DDR_MEM 0 and ACL_HBM_MEM 1 are)", (int)attr));
+    }
+    LEAVE_UNLOCK(0);
+}
+
+EXPORT const char *aclrtGetSocName(void) {
+    uint64_t args_[1] = {0};
+    uint64_t log_index_ = log_call("aclrtGetSocName", args_, 0);
+    t_fn = "aclrtGetSocName";
+    pthread_mutex_lock(&g_mu);
+    int initialized = g_initialized;
+    pthread_mutex_unlock(&g_mu);
+    if (!initialized) {
+        log_ret(log_index_, ACL_ERROR_UNINITIALIZE);
+        fail(ACL_ERROR_UNINITIALIZE, "aclInit was not called");
+        return NULL;
+    }
+    log_ret(log_index_, 0);
+    return DOUBLE_SOC_NAME;
+}
+
+#endif /* ACL_DOUBLE_LEGACY */
 
 /* ---- kernels ---- */
 
@@ -1800,6 +2001,38 @@ EXPORT int double_last_load(char *path, size_t len, uint64_t *num_options) {
     int options_null = g_last_load_options_null;
     pthread_mutex_unlock(&g_mu);
     return options_null;
+}
+
+/* the attribute id of the last aclrtSetStreamAttribute (-1: none yet, -2: value was NULL), with
+   the 16 bytes of its value copied to out16 */
+EXPORT int double_last_stream_attr(unsigned char *out16) {
+    pthread_mutex_lock(&g_mu);
+    int result = g_last_attr.valid ? (g_last_attr.value_null ? -2 : g_last_attr.attr) : -1;
+    memcpy(out16, g_last_attr.value, sizeof g_last_attr.value);
+    pthread_mutex_unlock(&g_mu);
+    return result;
+}
+
+/* the priority stored on a live stream (0 unless set), -1 if the handle is not a live stream */
+EXPORT int64_t double_stream_priority(void *stream) {
+    pthread_mutex_lock(&g_mu);
+    int64_t result = live_is(stream, K_STREAM) ? (int64_t)((stream_t *)stream)->priority : -1;
+    pthread_mutex_unlock(&g_mu);
+    return result;
+}
+
+/* device memory per device (0: back to DOUBLE_MEM_TOTAL); live device bytes of `device` */
+EXPORT void double_set_mem_total(uint64_t bytes) {
+    pthread_mutex_lock(&g_mu);
+    g_mem_total = bytes ? bytes : DOUBLE_MEM_TOTAL;
+    pthread_mutex_unlock(&g_mu);
+}
+
+EXPORT uint64_t double_mem_used(int device) {
+    pthread_mutex_lock(&g_mu);
+    uint64_t used = device >= 0 && device < MAX_DEVICES ? g_dev_used[device] : 0;
+    pthread_mutex_unlock(&g_mu);
+    return used;
 }
 
 EXPORT void double_set_device_count(int n) {

@@ -4,7 +4,10 @@
 ``<dir>/lib64/libascendcl.so`` (so ``<dir>`` also works as ``ASCEND_HOME_PATH``) and writes a
 built-in kernel binary next to it; ``open_double_runtime()`` opens the real ``acl`` backend on
 it. ``DoubleControl`` wraps the double's ``double_*`` functions: the call log (every ACL call
-with its raw arguments), the last launch as it crossed the boundary, fault and error injection.
+with its raw arguments), the last launch and stream attribute as they crossed the boundary,
+fault and error injection, the device memory capacity. ``build_legacy_double()`` builds a second
+copy without the functions newer CANN releases added (``-DACL_DOUBLE_LEGACY``: no stream
+attributes, priority range, memset, version, memory info or SoC name).
 Without a C compiler every user is skipped with the reason.
 """
 
@@ -30,6 +33,7 @@ __all__ = [
     "Call",
     "DoubleControl",
     "build_double",
+    "build_legacy_double",
     "double_control",
     "open_double_runtime",
 ]
@@ -46,7 +50,7 @@ class Built:
     builtins: Path  # a kernel binary with the double's built-in kernels
 
 
-_built: Built | None = None
+_built: dict[str, Built] = {}
 _build_error: str | None = None
 _build_lock = threading.Lock()
 
@@ -60,21 +64,35 @@ def _compiler() -> str | None:
 
 def build_double() -> Built:
     """Compile the double (once per process); ``pytest.skip`` if there is no C compiler."""
-    global _built, _build_error
+    return _build("")
+
+
+def build_legacy_double() -> Built:
+    """A second copy of the double, built with ``-DACL_DOUBLE_LEGACY``: it lacks every function
+    of ``ffi.OPTIONAL_PROTOTYPES``, like an older CANN release. It is another library (its own
+    state, device thread and call log), used by the tests of the missing-symbol paths."""
+    return _build("-DACL_DOUBLE_LEGACY")
+
+
+def _build(define: str) -> Built:
+    global _build_error
     with _build_lock:
-        if _built is not None:
-            return _built
+        built = _built.get(define)
+        if built is not None:
+            return built
         if _build_error is not None:
             pytest.skip(_build_error)
         compiler = _compiler()
         if compiler is None:
             _build_error = "no C compiler (cc/gcc/clang) to build the acl test double"
             pytest.skip(_build_error)
-        home = Path(tempfile.mkdtemp(prefix="aio_ascend_acl_double_"))
+        prefix = "aio_ascend_acl_double_legacy_" if define else "aio_ascend_acl_double_"
+        home = Path(tempfile.mkdtemp(prefix=prefix))
         atexit.register(shutil.rmtree, home, True)
         library = home / "lib64" / "libascendcl.so"
         library.parent.mkdir()
-        command = [compiler, *CFLAGS, "-o", str(library), str(SOURCE)]
+        defines = [define] if define else []
+        command = [compiler, *CFLAGS, *defines, "-o", str(library), str(SOURCE)]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(
@@ -84,8 +102,8 @@ def build_double() -> Built:
         builtins.write_bytes(
             BUILTINS_MAGIC + b"\nvector_add axpy scale matmul sleep fault hang noop"
         )
-        _built = Built(home, library, builtins)
-        return _built
+        built = _built[define] = Built(home, library, builtins)
+        return built
 
 
 def open_double_runtime(device_id: int = 0) -> AclRuntime:
@@ -137,6 +155,10 @@ class DoubleControl:
             "double_live_counts": (None, [vp]),
             "double_event_generation": (u64, [vp]),
             "double_context_fault": (ctypes.c_int, [vp]),
+            "double_last_stream_attr": (ctypes.c_int, [vp]),
+            "double_stream_priority": (i64, [vp]),
+            "double_set_mem_total": (None, [u64]),
+            "double_mem_used": (u64, [ctypes.c_int]),
         }
         for name, (restype, argtypes) in sigs.items():
             function = getattr(lib, name)
@@ -218,6 +240,19 @@ class DoubleControl:
         null = self.lib.double_last_load(buf, len(buf), ctypes.byref(num))
         return buf.value.decode(), bool(null), num.value
 
+    # --- stream attributes ------------------------------------------------------------
+
+    def last_stream_attr(self) -> tuple[int, bytes] | None:
+        """(attribute id, the 16 value bytes) of the last ``aclrtSetStreamAttribute`` (id -2:
+        the value pointer was NULL); None before the first."""
+        raw = ctypes.create_string_buffer(16)
+        attr = int(self.lib.double_last_stream_attr(raw))
+        return None if attr == -1 else (attr, raw.raw)
+
+    def stream_priority(self, stream: int) -> int:
+        """The priority the double stored on ``stream`` (0 unless set); -1: not a live stream."""
+        return int(self.lib.double_stream_priority(stream))
+
     # --- state ------------------------------------------------------------------------
 
     def dev_base(self) -> int:
@@ -246,6 +281,14 @@ class DoubleControl:
 
     def set_max_depth(self, depth: int) -> None:
         self.lib.double_set_max_depth(depth)
+
+    def set_mem_total(self, total: int | None) -> None:
+        """Device memory per device (None: back to the default 32 GiB)."""
+        self.lib.double_set_mem_total(total or 0)
+
+    def mem_used(self, device: int = 0) -> int:
+        """Live device memory of ``device`` in bytes (each allocation rounded up to 64)."""
+        return int(self.lib.double_mem_used(device))
 
 
 _control: DoubleControl | None = None

@@ -56,6 +56,8 @@ def c_param_layout(types: list[str]) -> tuple[list[int], int]:
 _FAKE_ERROR_NAMES = {
     0: "CUDA_SUCCESS",
     1: "CUDA_ERROR_INVALID_VALUE",
+    2: "CUDA_ERROR_OUT_OF_MEMORY",
+    101: "CUDA_ERROR_INVALID_DEVICE",
     201: "CUDA_ERROR_INVALID_CONTEXT",
     400: "CUDA_ERROR_INVALID_HANDLE",
     500: "CUDA_ERROR_NOT_FOUND",
@@ -88,9 +90,11 @@ class _Recording:
 
 
 class _FakeStream:
-    def __init__(self) -> None:
+    def __init__(self, flags: int, priority: int) -> None:
         self.queue: deque[list[Any]] = deque()
         self.clock = 0.0
+        self.flags = flags
+        self.priority = priority
 
 
 class _FakeEvent:
@@ -123,6 +127,15 @@ class FakeDriver:
     anything else fault with CUDA_ERROR_ILLEGAL_ADDRESS. ``cuLaunchKernel`` accepts only the
     ``extra`` parameter-buffer form with the kernel's exact parameter size, and copies the
     parameters during the call (as the driver does).
+
+    Copies and memsets check their device ranges at the call (outside one live allocation:
+    CUDA_ERROR_INVALID_VALUE, as the driver answers) and again when they execute (freed
+    meanwhile: the context faults with CUDA_ERROR_ILLEGAL_ADDRESS), in stream order. The
+    device has ``total_memory`` bytes: ``cuMemAlloc`` beyond it answers
+    CUDA_ERROR_OUT_OF_MEMORY and ``cuMemGetInfo`` reports ``total - allocated`` as free (exact
+    sizes, no allocation granularity). Streams keep the flags and the priority they were
+    created with (clamped into ``priority_range`` as CUDA clamps); priorities do not change
+    the order in which the fake runs streams, as CUDA promises no order either.
     """
 
     CUresult = FakeResult
@@ -131,7 +144,21 @@ class FakeDriver:
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76,
     )
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        total_memory: int = 16 << 30,
+        priority_range: tuple[int, int] = (0, -5),
+        driver_version: int = 12040,
+        device_name: str = "Fake CUDA Device",
+        capability: tuple[int, int] = (9, 0),
+    ) -> None:
+        self.total_memory = total_memory
+        #: (least, greatest) as ``cuCtxGetStreamPriorityRange`` answers
+        self.priority_range = priority_range
+        self.driver_version = driver_version
+        self.device_name = device_name
+        self.capability = capability
         self.sticky = 0
         self.generation = 1
         self.refcount = 0
@@ -146,6 +173,7 @@ class FakeDriver:
         self.device: dict[int, tuple[Any, int]] = {}
         self.host: dict[int, tuple[Any, int]] = {}
         self.launches: list[dict[str, Any]] = []
+        self.memsets: list[dict[str, Any]] = []
         self.lock = threading.RLock()
 
     # --- helpers ------------------------------------------------------------------------
@@ -169,6 +197,11 @@ class FakeDriver:
         addr = (ctypes.addressof(raw) + align - 1) // align * align
         table[addr] = (raw, size)
         return addr
+
+    @property
+    def allocated(self) -> int:
+        """Bytes of device memory allocated (``cuMemAlloc`` sizes)."""
+        return sum(size for _, size in self.device.values())
 
     def in_device(self, addr: int, nbytes: int) -> bool:
         for start, (_, size) in self.device.items():
@@ -217,8 +250,18 @@ class FakeDriver:
         if kind == "wait":
             return bool(op[1].done)
         if kind == "copy":
-            _, dst, src, count = op
+            _, dst, src, count, device_side = op
+            if any(not self.in_device(addr, count) for addr in device_side):
+                self.sticky = 700  # freed before the copy ran
+                return True
             ctypes.memmove(dst, src, count)
+            return True
+        if kind == "memset":
+            _, dst, value, count = op
+            if count and not self.in_device(dst, count):
+                self.sticky = 700  # freed before the memset ran
+                return True
+            ctypes.memset(dst, value, count)
             return True
         module, name, params = op[1], op[2], op[3]
         try:
@@ -278,8 +321,27 @@ class FakeDriver:
     def cuDeviceGet(self, ordinal: int) -> tuple[int, int]:
         return (0, ordinal) if ordinal == 0 else (101, 0)
 
-    def cuDeviceGetAttribute(self, attr: int, dev: int) -> tuple[int, int]:
-        return 0, 9 if attr == 75 else 0
+    def cuDeviceGetAttribute(self, attr: int, dev: int) -> tuple[int, int | None]:
+        if dev != 0:
+            return 101, None  # CUDA_ERROR_INVALID_DEVICE
+        if attr == self.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+            return 0, self.capability[0]
+        if attr == self.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+            return 0, self.capability[1]
+        return 1, None  # an attribute the fake does not model
+
+    def cuDeviceGetName(self, length: int, dev: int) -> tuple[int, bytes | None]:
+        """As cuda-bindings answers: ``length`` bytes, the name NUL-terminated (cut to
+        ``length - 1`` characters) and the rest of the buffer blank."""
+        if dev != 0:
+            return 101, None
+        if length <= 0:
+            return 1, None
+        name = self.device_name.encode("ascii")[: length - 1] + b"\0"
+        return 0, name + b" " * (length - len(name))
+
+    def cuDriverGetVersion(self) -> tuple[int, int]:
+        return 0, self.driver_version  # 1000 * major + 10 * minor; needs no context
 
     def cuDevicePrimaryCtxRetain(self, dev: int) -> tuple[int, int]:
         self.refcount += 1
@@ -326,12 +388,44 @@ class FakeDriver:
 
     # --- streams and events -----------------------------------------------------------------
 
-    def cuStreamCreate(self, flags: int) -> tuple[int, int | None]:
+    def cuCtxGetStreamPriorityRange(self) -> tuple[int, int | None, int | None]:
+        if code := self._need():
+            return code, None, None
+        least, greatest = self.priority_range
+        return 0, least, greatest
+
+    def _new_stream(self, flags: int, priority: int) -> tuple[int, int | None]:
         if code := self._need():
             return code, None
+        if flags not in (0, 1):  # CU_STREAM_DEFAULT, CU_STREAM_NON_BLOCKING
+            return 1, None
         handle = self._id()
-        self.streams[handle] = _FakeStream()
+        self.streams[handle] = _FakeStream(flags, priority)
         return 0, handle
+
+    def cuStreamCreate(self, flags: int) -> tuple[int, int | None]:
+        return self._new_stream(flags, 0)
+
+    def cuStreamCreateWithPriority(self, flags: int, priority: int) -> tuple[int, int | None]:
+        """CUDA clamps a priority outside the range into it (no error)."""
+        least, greatest = self.priority_range
+        return self._new_stream(flags, min(max(priority, greatest), least))
+
+    def cuStreamGetPriority(self, stream: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        s = self.streams.get(stream)
+        if s is None:
+            return 400, None
+        return 0, s.priority
+
+    def cuStreamGetFlags(self, stream: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        s = self.streams.get(stream)
+        if s is None:
+            return 400, None
+        return 0, s.flags
 
     def cuStreamDestroy(self, stream: int) -> tuple[int]:
         if getattr(self._tls, "ctx", None) != self.ctx:
@@ -416,7 +510,16 @@ class FakeDriver:
     def cuMemAlloc(self, size: int) -> tuple[int, int | None]:
         if code := self._need():
             return code, None
+        if size <= 0:
+            return 1, None
+        if self.allocated + size > self.total_memory:
+            return 2, None  # CUDA_ERROR_OUT_OF_MEMORY
         return 0, self._alloc(self.device, size, 256)
+
+    def cuMemGetInfo(self) -> tuple[int, int | None, int | None]:
+        if code := self._need():
+            return code, None, None
+        return 0, self.total_memory - self.allocated, self.total_memory
 
     def cuMemFree(self, ptr: int) -> tuple[int]:
         if self.device.pop(ptr, None) is None:
@@ -444,7 +547,7 @@ class FakeDriver:
             return (400,)
         if any(not self.in_device(addr, count) for addr in device_side):
             return (1,)
-        self._enqueue(s, ["copy", dst, src, count])
+        self._enqueue(s, ["copy", dst, src, count, device_side])
         return (0,)
 
     def cuMemcpyHtoDAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
@@ -455,6 +558,22 @@ class FakeDriver:
 
     def cuMemcpyDtoDAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
         return self._copy(dst, src, count, stream, [dst, src])
+
+    def cuMemsetD8Async(self, dst: int, uc: int, n: int, stream: int) -> tuple[int]:
+        """``cuMemsetD8Async(dstDevice, uc, N, hStream)``; ``uc`` is an ``unsigned char`` to
+        cuda-bindings, which raises OverflowError for other values before calling CUDA."""
+        if not 0 <= uc <= 255:
+            raise OverflowError(f"value {uc} does not fit an unsigned char")
+        if code := self._need():
+            return (code,)
+        s = self.streams.get(stream)
+        if s is None:
+            return (400,)
+        if n and not self.in_device(dst, n):
+            return (1,)
+        self.memsets.append({"dst": dst, "value": uc, "count": n, "stream": stream})
+        self._enqueue(s, ["memset", dst, uc, n])
+        return (0,)
 
     def cuMemcpyHtoD(self, dst: int, src: int, count: int) -> tuple[int]:
         if code := self._need():

@@ -2,7 +2,9 @@
 
 ``shared/docs/acl-abi/`` (next to the repository) holds struct sizes/offsets, constant values and
 the C prototypes, produced by compiling against the real headers. Every ctypes struct, constant
-and prototype the backend declares must match them exactly.
+and prototype the backend declares must match them exactly: the required prototypes
+``acl_prototypes.json``, the optional ones ``acl_prototypes_more.json`` (where one is missing
+there, the declaration in ``shared/docs/acl-runtime.md``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +22,10 @@ from aio_ascend._errors import AclCode
 from aio_ascend._launch_config import LAUNCH_ATTR_SIZE, LAUNCH_CFG_SIZE, LaunchAttrId, LaunchConfig
 from aio_ascend._runtime import abi as _base
 from aio_ascend._runtime.acl import ffi
+from aio_ascend._runtime.acl import runtime as acl_runtime
 
 ABI_DIR = Path(__file__).resolve().parents[3] / "shared/docs/acl-abi"
+RUNTIME_DOC = ABI_DIR.parent / "acl-runtime.md"
 
 pytestmark = pytest.mark.skipif(
     not (ABI_DIR / "acl_abi_facts.json").is_file(),
@@ -45,6 +50,20 @@ def prototypes() -> dict[str, Any]:
     return data
 
 
+@pytest.fixture(scope="module")
+def more() -> dict[str, Any]:
+    """``acl_prototypes_more.json``: ``prototypes`` (same format) and ``types`` (typedef text)."""
+    data: dict[str, Any] = _load("acl_prototypes_more.json")
+    return data
+
+
+@pytest.fixture(scope="module")
+def runtime_doc() -> str:
+    if not RUNTIME_DOC.is_file():
+        pytest.skip(f"{RUNTIME_DOC} is not available")
+    return RUNTIME_DOC.read_text()
+
+
 # --- structs ----------------------------------------------------------------------------------
 
 
@@ -62,6 +81,20 @@ def test_every_offset_in_the_facts_matches(facts: dict[str, int]) -> None:
     for dotted, offset in offsets.items():
         struct_name, field = dotted.split(".")
         assert getattr(ffi.STRUCTS[struct_name], field).offset == offset, dotted
+
+
+def test_the_stream_attribute_value_is_a_16_byte_8_aligned_union() -> None:
+    # not in the facts; layout from the brief and the CANN docs: a uint64 failureMode, four
+    # uint32 members and uint32 reserve[4], every one at offset 0
+    assert ctypes.sizeof(ffi.AclrtStreamAttrValue) == 16
+    assert ctypes.alignment(ffi.AclrtStreamAttrValue) == 8
+    assert ctypes.sizeof(ffi.AclrtStreamAttrValue * 2) == 32
+    for member, *_ in ffi.AclrtStreamAttrValue._fields_:
+        assert getattr(ffi.AclrtStreamAttrValue, member).offset == 0, member
+    value = ffi.AclrtStreamAttrValue()
+    value.streamPriority = 7
+    assert bytes(value) == struct.pack("<I", 7) + bytes(12)
+    assert ffi.STRUCTS["aclrtStreamAttrValue"] is ffi.AclrtStreamAttrValue
 
 
 def test_struct_alignment_matches_c() -> None:
@@ -167,6 +200,8 @@ _TYPEDEFS = {
     "aclrtArgsHandle": "void*",
     "aclrtCallback": "void*",
     # enums passed by value are ints
+    "aclrtMemAttr": "int",
+    "aclrtStreamAttr": "int",
     "aclrtMemMallocPolicy": "int",
     "aclrtMemcpyKind": "int",
     "aclrtCallbackBlockType": "int",
@@ -220,17 +255,86 @@ def test_the_c_widths_hold_here() -> None:
 
 def test_every_bound_function_has_the_header_prototype(prototypes: dict[str, Any]) -> None:
     assert ffi.PROTOTYPES
-    for name, (restype, argtypes) in ffi.PROTOTYPES.items():
+    for name, declared in ffi.PROTOTYPES.items():
         assert name in prototypes, f"{name} is bound but not in acl_prototypes.json"
-        c_proto = prototypes[name]
-        assert _same_ctype(restype, _c_type(c_proto["returns"], has_name=False)), name
-        expected = [_c_type(param, has_name=True) for param in c_proto["params"]]
-        assert len(argtypes) == len(expected), f"{name}: {len(argtypes)} != {len(expected)} params"
-        for index, (argtype, c_name) in enumerate(zip(argtypes, expected, strict=True)):
-            assert _same_ctype(argtype, c_name), (
-                f"{name} parameter {index} ({c_proto['params'][index]}): declared as "
-                f"{ffi.CTYPE_NAMES.get(argtype, argtype)}, the header says {c_name}"
-            )
+        _check_prototype(name, declared, prototypes[name])
+
+
+def _check_prototype(name: str, declared: tuple[Any, tuple[Any, ...]], c_proto: Any) -> None:
+    restype, argtypes = declared
+    assert _same_ctype(restype, _c_type(c_proto["returns"], has_name=False)), name
+    expected = [_c_type(param, has_name=True) for param in c_proto["params"]]
+    assert len(argtypes) == len(expected), f"{name}: {len(argtypes)} != {len(expected)} params"
+    for index, (argtype, c_name) in enumerate(zip(argtypes, expected, strict=True)):
+        assert _same_ctype(argtype, c_name), (
+            f"{name} parameter {index} ({c_proto['params'][index]}): declared as "
+            f"{ffi.CTYPE_NAMES.get(argtype, argtype)}, the header says {c_name}"
+        )
+
+
+#: optional functions whose prototype acl_prototypes_more.json does not carry: checked against
+#: their declaration in acl-runtime.md instead (a list that must not grow silently)
+_DOC_ONLY = {"aclrtDeviceGetStreamPriorityRange"}
+
+
+def _doc_prototype(doc: str, name: str) -> dict[str, Any]:
+    """``{"returns", "params"}`` of ``name`` as declared in a C block of acl-runtime.md."""
+    match = re.search(rf"^(\w[\w\s\*]*?)\s*\b{name}\s*\(([^)]*)\)\s*;", doc, re.MULTILINE)
+    assert match, f"{name} is not declared in {RUNTIME_DOC.name}"
+    params = [param.strip() for param in match.group(2).split(",") if param.strip()]
+    if params == ["void"]:
+        params = []
+    return {"returns": match.group(1).strip(), "params": params}
+
+
+def test_every_optional_function_has_the_header_prototype(
+    more: dict[str, Any], runtime_doc: str
+) -> None:
+    assert ffi.OPTIONAL_PROTOTYPES
+    headers = more["prototypes"]
+    assert {name for name in ffi.OPTIONAL_PROTOTYPES if name not in headers} == _DOC_ONLY
+    for name, declared in ffi.OPTIONAL_PROTOTYPES.items():
+        c_proto = headers[name] if name in headers else _doc_prototype(runtime_doc, name)
+        _check_prototype(name, declared, c_proto)
+
+
+def test_optional_and_required_functions_are_disjoint() -> None:
+    assert not set(ffi.PROTOTYPES) & set(ffi.OPTIONAL_PROTOTYPES)
+
+
+def test_the_v02_seam_methods_bind_optional_functions() -> None:
+    assert set(ffi.OPTIONAL_PROTOTYPES) == {
+        "aclrtSetStreamAttribute", "aclrtDeviceGetStreamPriorityRange", "aclrtMemsetAsync",
+        "aclrtGetVersion", "aclrtGetMemInfo", "aclrtGetSocName",
+    }  # fmt: skip
+    restype, argtypes = ffi.OPTIONAL_PROTOTYPES["aclrtGetSocName"]
+    assert (restype, argtypes) == (ctypes.c_char_p, ())
+
+
+def _enum_values(typedef: str) -> dict[str, int]:
+    """The members of a C ``typedef enum {...}`` with their values (implicit ones counted)."""
+    body = typedef[typedef.index("{") + 1 : typedef.rindex("}")]
+    values: dict[str, int] = {}
+    following = 0
+    for item in body.split(","):
+        item = re.sub(r"__attribute__\(\(.*?\)\)\)", "", item).strip()
+        if not item:
+            continue
+        name, _, value = (part.strip() for part in item.partition("="))
+        following = int(value.rstrip("uU"), 0) if value else following
+        values[name] = following
+        following += 1
+    return values
+
+
+def test_the_backends_own_constants_match_the_docs(more: dict[str, Any], runtime_doc: str) -> None:
+    mem_attr = _enum_values(more["types"]["aclrtMemAttr"])
+    assert mem_attr["ACL_DDR_MEM"] == 0
+    assert acl_runtime.ACL_HBM_MEM == mem_attr["ACL_HBM_MEM"] == 1
+    match = re.search(r"typedef enum \{([^}]*)\}\s*aclrtStreamAttr;", runtime_doc)
+    assert match, "aclrtStreamAttr is not in acl-runtime.md"
+    stream_attr = _enum_values("{" + match.group(1) + "}")
+    assert acl_runtime.ACL_STREAM_ATTR_PRIORITY == stream_attr["ACL_STREAM_ATTR_PRIORITY"] == 5
 
 
 def test_the_recent_error_message_returns_a_c_string(prototypes: dict[str, Any]) -> None:
@@ -268,8 +372,15 @@ def test_bind_sets_the_prototypes_on_the_loaded_functions() -> None:
     from doubles.acl_double import build_double
 
     functions = ffi.bind(ctypes.CDLL(str(build_double().library)))
-    assert set(functions) == set(ffi.PROTOTYPES)
+    assert set(functions) == set(ffi.PROTOTYPES) | set(ffi.OPTIONAL_PROTOTYPES)
     for name, function in functions.items():
-        restype, argtypes = ffi.PROTOTYPES[name]
+        restype, argtypes = ffi.prototype(name)
         assert function.restype is restype, name
         assert tuple(function.argtypes) == argtypes, name
+
+
+def test_bind_skips_missing_optional_functions() -> None:
+    from doubles.acl_double import build_legacy_double
+
+    functions = ffi.bind(ctypes.CDLL(str(build_legacy_double().library)))
+    assert set(functions) == set(ffi.PROTOTYPES)

@@ -19,7 +19,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from doubles.acl_double import BUILTINS_MAGIC, Call, DoubleControl, build_double, double_control
+from doubles.acl_double import (
+    BUILTINS_MAGIC,
+    Call,
+    DoubleControl,
+    build_double,
+    build_legacy_double,
+    double_control,
+)
 
 from aio_ascend._errors import (
     AICoreExceptionError,
@@ -74,6 +81,14 @@ class Kit:
         self.binary = rt.load_binary(BUILTINS_MAGIC)
         self._keep: list[object] = []
         self._functions: dict[str, int] = {}
+        self._dev: int | None = None
+
+    @property
+    def dev(self) -> int:
+        """64 bytes of device memory (allocated on first use)."""
+        if self._dev is None:
+            self._dev = self.rt.malloc(64)
+        return self._dev
 
     def fn(self, name: str) -> int:
         if name not in self._functions:
@@ -621,6 +636,23 @@ BAD_CALLS: dict[str, tuple[Callable[[Kit], object], type[Exception], str]] = {
     "cfg of the wrong type": (lambda k: _launch(k, cfg={"schedule_mode": 1}), InvalidParamError,
                               "cfg"),
     "device id past int32": (lambda k: open_acl_runtime(2**31), ValueError, "device_id"),
+    "bool priority": (lambda k: k.rt.create_stream(True), TypeError, "priority"),
+    "float priority": (lambda k: k.rt.create_stream(1.0), TypeError,  # type: ignore[arg-type]
+                       "priority"),
+    "memset past maxCount": (lambda k: k.rt.memset_async(k.dev, 32, 0, 64, k.stream),
+                             InvalidParamError, "maxCount"),
+    "memset value past a byte": (lambda k: k.rt.memset_async(k.dev, 64, 256, 64, k.stream),
+                                 InvalidParamError, "value"),
+    "memset negative value": (lambda k: k.rt.memset_async(k.dev, 64, -1, 64, k.stream),
+                              InvalidParamError, "value"),
+    "memset NULL": (lambda k: k.rt.memset_async(0, 64, 0, 64, k.stream), InvalidParamError,
+                    "devPtr"),
+    "memset max past size_t": (lambda k: k.rt.memset_async(k.dev, 2**64, 0, 64, k.stream),
+                               ValueError, "dst_max"),
+    "memset count negative": (lambda k: k.rt.memset_async(k.dev, 64, 0, -1, k.stream),
+                              ValueError, "count"),
+    "memset stream past 64 bits": (lambda k: k.rt.memset_async(k.dev, 64, 0, 64, 2**64),
+                                   ValueError, "stream"),
 }  # fmt: skip
 
 
@@ -646,6 +678,7 @@ def test_out_of_range_values_never_reach_the_library(
 ) -> None:
     call, error, field = BAD_CALLS[case]
     kit.fn("noop")  # resolve before the mark
+    assert kit.dev
     mark = ctl.mark()
     with pytest.raises(error, match=field):
         call(kit)
@@ -983,3 +1016,305 @@ def test_a_forked_child_refuses_clearly(rt: AclRuntime) -> None:
     assert lines[2] == "closed"
     # the parent is unaffected
     rt.destroy_stream(rt.create_stream())
+
+
+# --- v0.2: stream priorities, memset, info --------------------------------------------------
+
+
+def test_a_priority_crosses_as_the_stream_attribute(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    mark = ctl.mark()
+    stream = rt.create_stream(3)
+    calls = [c for c in ctl.calls(mark) if c.name != "aclGetRecentErrMsg"]
+    assert [c.name for c in calls] == [
+        "aclrtDeviceGetStreamPriorityRange",
+        "aclrtCreateStream",
+        "aclrtSetStreamAttribute",
+    ]
+    assert all(c.rc == 0 for c in calls)
+    attr = calls[2]
+    assert attr.args[:2] == (stream, _acl.ACL_STREAM_ATTR_PRIORITY)
+    assert attr.args[2]  # a pointer to the value
+    # the whole 16-byte union crossed: the priority as uint32 at offset 0, the rest zero
+    assert ctl.last_stream_attr() == (5, struct.pack("<I", 3) + bytes(12))
+    assert ctl.stream_priority(stream) == 3
+    rt.synchronize_stream(stream, 1000)
+    rt.destroy_stream(stream)
+    assert ctl.stream_priority(stream) == -1
+
+
+def test_no_priority_sets_no_attribute(kit: Kit, ctl: DoubleControl) -> None:
+    mark = ctl.mark()
+    stream = kit.rt.create_stream()
+    assert [c.name for c in ctl.calls(mark)] == ["aclrtCreateStream"]
+    assert ctl.stream_priority(stream) == 0  # the runtime's default
+    stream = kit.rt.create_stream(None)
+    assert ctl.calls(mark, "aclrtSetStreamAttribute") == []
+
+
+def test_the_priority_range_is_the_runtimes(rt: AclRuntime, ctl: DoubleControl) -> None:
+    mark = ctl.mark()
+    assert rt.stream_priority_range() == (7, 0)
+    call = _only(ctl.calls(mark, "aclrtDeviceGetStreamPriorityRange"))
+    assert call.rc == 0
+    assert call.args[0] and call.args[1]
+
+
+@pytest.mark.parametrize("priority", [8, -1, 2**40])
+def test_a_priority_out_of_range_never_creates_a_stream(
+    rt: AclRuntime, ctl: DoubleControl, priority: int
+) -> None:
+    before = ctl.live_counts()["streams"]
+    mark = ctl.mark()
+    with pytest.raises(InvalidParamError, match=r"priority \(streamPriority\)") as info:
+        rt.create_stream(priority)
+    assert (info.value.code, info.value.func) == (107000, "aclrtSetStreamAttribute")
+    assert "0..7" in info.value.message
+    assert [c.name for c in ctl.calls(mark)] == ["aclrtDeviceGetStreamPriorityRange"]
+    assert ctl.live_counts()["streams"] == before
+
+
+def test_a_failed_priority_destroys_the_new_stream(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    before = ctl.live_counts()["streams"]
+    ctl.inject_error("aclrtSetStreamAttribute", 107000, "EE1001: priority not supported")
+    mark = ctl.mark()
+    try:
+        with pytest.raises(InvalidParamError, match="priority not supported"):
+            rt.create_stream(2)
+    finally:
+        ctl.clear_injections()
+    created = _only(ctl.calls(mark, "aclrtCreateStream"))
+    assert created.rc == 0
+    destroyed = _only(ctl.calls(mark, "aclrtDestroyStreamForce"))
+    stream = destroyed.args[0]
+    assert stream and destroyed.rc == 0
+    assert ctl.stream_priority(stream) == -1
+    assert ctl.live_counts()["streams"] == before
+    assert stream not in rt._streams
+    rt.close()  # nothing left to release twice
+    assert rt.close_errors == ()
+
+
+def _set_attribute(rt: AclRuntime, stream: int, attr: int, raw: bytes) -> None:
+    value = ffi.AclrtStreamAttrValue.from_buffer_copy(raw)
+    rt._fn["aclrtSetStreamAttribute"](stream, attr, ctypes.byref(value))
+
+
+@pytest.mark.parametrize(
+    ("attr", "raw", "message"),
+    [
+        (5, struct.pack("<I", 8) + bytes(12), "streamPriority 8"),
+        (5, struct.pack("<I", 2**32 - 1) + bytes(12), "out of range"),
+        (1, struct.pack("<Q", 2) + bytes(8), "failureMode 2"),
+        (0, bytes(16), "unknown stream attribute 0"),
+        (6, bytes(16), "unknown stream attribute 6"),
+    ],
+)
+def test_the_double_checks_stream_attributes_like_cann(
+    kit: Kit, attr: int, raw: bytes, message: str
+) -> None:
+    with pytest.raises(InvalidParamError, match=message) as info:
+        _set_attribute(kit.rt, kit.stream, attr, raw)
+    assert info.value.code == 107000
+
+
+def test_the_double_accepts_the_other_stream_attributes(kit: Kit, ctl: DoubleControl) -> None:
+    lenient = kit.rt.create_stream()
+    for attr in (2, 3, 4):
+        _set_attribute(kit.rt, lenient, attr, struct.pack("<I", 1) + bytes(12))
+    # FAILURE_MODE through the attribute is aclrtSetStreamFailureMode: a fault is now sticky
+    _set_attribute(kit.rt, lenient, 1, struct.pack("<Q", 1) + bytes(8))
+    kit.launch("fault", HostArgs().u32(507035), stream=lenient)
+    with pytest.raises(DeviceFaultError):
+        kit.rt.synchronize_stream(lenient, 2000)
+    assert ctl.context_fault(kit.rt.context) == 507035
+
+
+def test_memset_crosses_with_its_arguments(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    ptr = kit.upload(np.zeros(16, F32))
+    mark = ctl.mark()
+    rt.memset_async(ptr + 8, 56, 0xA5, 40, kit.stream)
+    call = _only(ctl.calls(mark, "aclrtMemsetAsync"))
+    assert call.args == (ptr + 8, 56, 0xA5, 40, kit.stream)
+    assert call.rc == 0
+    raw = kit.download(ptr, 16).tobytes()
+    assert raw == bytes(8) + b"\xa5" * 40 + bytes(16)
+
+
+def test_memset_and_copies_run_in_stream_order(kit: Kit) -> None:
+    rt = kit.rt
+    ptr = kit.upload(np.ones(4, F32))
+    kit.launch("sleep", HostArgs().u32(20_000))
+    rt.memset_async(ptr, 16, 0, 16, kit.stream)
+    data = np.full(2, 2.0, F32)
+    rt.memcpy_async(ptr, 16, data.ctypes.data, 8, H2D, kit.stream)
+    np.testing.assert_array_equal(kit.download(ptr, 4), np.array([2.0, 2.0, 0.0, 0.0], F32))
+
+
+def test_the_double_refuses_a_memset_outside_one_allocation(kit: Kit) -> None:
+    rt = kit.rt
+    ptr = rt.malloc(64)
+    for address, count in ((ptr, 65), (ptr + 32, 64), (ptr + 4096, 8), (2**53, 8)):
+        with pytest.raises(InvalidParamError, match="not inside one device allocation") as info:
+            rt.memset_async(address, count, 0, count, kit.stream)
+        assert (info.value.code, info.value.func) == (107000, "aclrtMemsetAsync")
+    rt.memset_async(ptr + 64, 0, 0, 0, kit.stream)  # nothing to set: nothing checked
+    rt.synchronize_stream(kit.stream, 2000)
+
+
+def test_memory_freed_before_a_memset_runs_faults_the_device(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    ptr = rt.malloc(64)
+    kit.launch("sleep", HostArgs().u32(50_000))
+    rt.memset_async(ptr, 64, 1, 64, kit.stream)
+    rt.free(ptr)  # at once, while the memset is still queued
+    with pytest.raises(DeviceFaultError, match="freed before the memset executed") as info:
+        rt.synchronize_stream(kit.stream, 2000)
+    assert info.value.code == 507053
+    assert ctl.context_fault(rt.context) == 507053
+
+
+def test_a_memset_after_a_fault_gets_the_fault(kit: Kit, ctl: DoubleControl) -> None:
+    ptr = kit.rt.malloc(64)
+    ctl.set_fault(kit.rt.context, 507015, "EZ9999: the first fault")
+    with pytest.raises(AICoreExceptionError, match="the first fault") as info:
+        kit.rt.memset_async(ptr, 64, 0, 64, kit.stream)
+    assert info.value.func == "aclrtMemsetAsync"
+    # later reports keep the first fault's text, as for the other submitting calls
+    ctl.inject_error("aclrtMemsetAsync", 507015, "context is abnormal")
+    with pytest.raises(AICoreExceptionError, match="the first fault"):
+        kit.rt.memset_async(ptr, 64, 0, 64, kit.stream)
+    kit.rt.free(ptr)  # cleanup keeps working
+
+
+def test_info_reports_what_the_library_says(rt: AclRuntime, ctl: DoubleControl) -> None:
+    used = ctl.mem_used(0)
+    mark = ctl.mark()
+    info = rt.info()
+    assert info == {
+        "runtime_version": "1.17.0",
+        "memory_free": (32 << 30) - used,
+        "memory_total": 32 << 30,
+        "stream_priority_least": 7,
+        "stream_priority_greatest": 0,
+        "soc_name": "Ascend910B_double",
+        "library_path": str(build_double().library),
+    }
+    mem = _only(ctl.calls(mark, "aclrtGetMemInfo"))
+    assert mem.args[0] == _acl.ACL_HBM_MEM == 1
+    assert mem.args[1] and mem.args[2]
+    names = [c.name for c in ctl.calls(mark)]
+    assert names == [
+        "aclrtGetVersion",
+        "aclrtGetMemInfo",
+        "aclrtDeviceGetStreamPriorityRange",
+        "aclrtGetSocName",
+    ]
+
+
+def test_device_memory_has_a_capacity(rt: AclRuntime, ctl: DoubleControl) -> None:
+    used = ctl.mem_used(0)
+    total = used + (1 << 20)
+    ctl.set_mem_total(total)
+    try:
+        assert (rt.info()["memory_free"], rt.info()["memory_total"]) == (1 << 20, total)
+        ptr = rt.malloc(1000)  # counted rounded up to 64 bytes
+        assert rt.info()["memory_free"] == (1 << 20) - 1024
+        with pytest.raises(MemoryAllocationError, match="cannot allocate") as info:
+            rt.malloc(1 << 20)
+        assert (info.value.code, info.value.func) == (207001, "aclrtMalloc")
+        rt.free(ptr)
+        rt.free(rt.malloc(1 << 20))  # everything free again: fits exactly
+        assert rt.info()["memory_free"] == 1 << 20
+    finally:
+        ctl.set_mem_total(None)
+    assert rt.info()["memory_total"] == 32 << 30
+
+
+def test_the_double_refuses_memory_attributes_it_does_not_model(rt: AclRuntime) -> None:
+    free, total = ctypes.c_size_t(1), ctypes.c_size_t(1)
+    rt._fn["aclrtGetMemInfo"](0, ctypes.byref(free), ctypes.byref(total))  # ACL_DDR_MEM
+    assert (free.value, total.value) == (0, 0)
+    with pytest.raises(InvalidParamError, match="memory attribute 4"):
+        rt._fn["aclrtGetMemInfo"](4, ctypes.byref(free), ctypes.byref(total))
+
+
+def test_closed_runtimes_refuse_the_v02_methods(ctl: DoubleControl) -> None:
+    rt = open_acl_runtime(0, library_path=build_double().library)
+    stream, ptr = rt.create_stream(), rt.malloc(64)
+    rt.close()
+    mark = ctl.mark()
+    for call in (
+        lambda: rt.create_stream(1),
+        rt.stream_priority_range,
+        lambda: rt.memset_async(ptr, 64, 0, 64, stream),
+        rt.info,
+    ):
+        with pytest.raises(ClosedError):
+            call()
+    assert ctl.calls(mark) == []
+
+
+# --- optional functions a library lacks -------------------------------------------------------
+
+
+@pytest.fixture
+def legacy() -> Iterator[AclRuntime]:
+    """The backend on a double without the optional functions (an older CANN release)."""
+    runtime = open_acl_runtime(0, library_path=build_legacy_double().library)
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+
+
+def test_a_library_without_the_optional_functions_still_opens(legacy: AclRuntime) -> None:
+    kit = Kit(legacy)
+    x = kit.upload(np.arange(4, dtype=F32))
+    np.testing.assert_array_equal(kit.download(x, 4), np.arange(4, dtype=F32))
+    legacy.destroy_stream(legacy.create_stream())
+    assert legacy._library.missing == frozenset(ffi.OPTIONAL_PROTOTYPES)
+
+
+@pytest.mark.parametrize(
+    ("symbol", "call"),
+    [
+        ("aclrtDeviceGetStreamPriorityRange", lambda rt: rt.stream_priority_range()),
+        ("aclrtDeviceGetStreamPriorityRange", lambda rt: rt.create_stream(0)),
+        ("aclrtMemsetAsync", lambda rt: rt.memset_async(rt.malloc(64), 64, 0, 64, 1)),
+        ("aclrtGetVersion", lambda rt: rt.info()),
+    ],
+)
+def test_a_missing_optional_function_is_named_with_the_library(
+    legacy: AclRuntime, symbol: str, call: Callable[[AclRuntime], object]
+) -> None:
+    with pytest.raises(BackendUnavailableError) as info:
+        call(legacy)
+    assert info.value.func == symbol
+    assert symbol in str(info.value)
+    assert str(build_legacy_double().library) in str(info.value)
+
+
+def test_a_missing_set_attribute_leaves_no_stream(
+    rt: AclRuntime, ctl: DoubleControl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a library with the range query but without aclrtSetStreamAttribute: the stand-in the
+    # loader puts in place of a missing symbol, in an otherwise complete table
+    from aio_ascend._runtime.acl.library import _missing_function
+
+    fn = dict(rt._fn)
+    fn["aclrtSetStreamAttribute"] = _missing_function("aclrtSetStreamAttribute", rt.library_path)
+    monkeypatch.setattr(rt, "_fn", fn)
+    before = ctl.live_counts()["streams"]
+    with pytest.raises(BackendUnavailableError, match="aclrtSetStreamAttribute"):
+        rt.create_stream(1)
+    assert ctl.live_counts()["streams"] == before
+    assert rt.create_stream() in rt._streams  # without a priority it needs no attribute
+
+
+def test_a_closed_legacy_runtime_says_closed(legacy: AclRuntime) -> None:
+    legacy.close()
+    with pytest.raises(ClosedError):
+        legacy.info()

@@ -21,6 +21,7 @@ import importlib.util
 import random
 import re
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -56,6 +57,7 @@ from aio_ascend._runtime.abi import (
 )
 from aio_ascend._runtime.abi import placeholder_problem as validate_placeholders
 from aio_ascend._runtime.cuda import runtime as cuda_mod
+from aio_ascend._runtime.cuda.core import CU_STREAM_NON_BLOCKING
 from aio_ascend._runtime.cuda.errors import cuda_error
 from aio_ascend._runtime.cuda.kernels import (
     BUILTIN_NAMES,
@@ -548,6 +550,7 @@ def test_device_fault_is_sticky_on_cuda(dev: contract.Dev, code: int) -> None:
         lambda: rt.stream_wait_event(other, event),
         lambda: dev.launch("axpy", contract.axpy_args(x, y, 1.0, n), other),
         lambda: rt.memcpy_async(y, 16, x, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, other),
+        lambda: rt.memset_async(y, 16, 0, 16, other),
         lambda: rt.malloc(64),
     ]
     for check in checks * 2:
@@ -804,6 +807,253 @@ def test_memcpy_between_all_kinds_round_trips(dev: contract.Dev) -> None:
     rt.memcpy_async(dst, len(data), b, len(data), ACL_MEMCPY_DEVICE_TO_HOST, dev.stream)
     rt.synchronize_stream(dev.stream, contract.SYNC_MS)
     assert bytes(host_view(dst, len(data))) == data
+
+
+# --- the v0.2 seam: priorities, memset, info, device-to-device copies ----------------------------
+
+
+def _open_fake(fake: FakeDriver) -> CudaRuntime:
+    return open_cuda_runtime(0, driver=fake, compiler=fake_compile)
+
+
+def _spy(fake: FakeDriver, name: str) -> list[tuple[Any, ...]]:
+    """Record the arguments of every call of the fake's ``name`` (then call it)."""
+    calls: list[tuple[Any, ...]] = []
+    real = getattr(fake, name)
+
+    def spy(*args: Any) -> Any:
+        calls.append(args)
+        return real(*args)
+
+    setattr(fake, name, spy)
+    return calls
+
+
+def test_a_priority_stream_is_created_non_blocking_with_that_priority(rt: Runtime) -> None:
+    """On a GPU too: ``cuStreamGetPriority``/``cuStreamGetFlags`` read back what was asked."""
+    assert isinstance(rt, CudaRuntime)
+    least, greatest = rt.stream_priority_range()
+    for priority in sorted({least, greatest}):
+        handle = rt.create_stream(priority)
+        cu = rt._streams[handle].cu
+        err, got = rt._d.cuStreamGetPriority(cu)
+        assert int(err) == 0 and int(got) == priority
+        err, flags = rt._d.cuStreamGetFlags(cu)
+        assert int(err) == 0 and int(flags) & CU_STREAM_NON_BLOCKING
+        rt.destroy_stream(handle)
+    handle = rt.create_stream()  # no priority: the default one
+    err, got = rt._d.cuStreamGetPriority(rt._streams[handle].cu)
+    assert int(err) == 0 and int(got) == 0
+    rt.destroy_stream(handle)
+
+
+def test_create_stream_passes_flags_and_priority_to_the_driver() -> None:
+    fake = FakeDriver(priority_range=(0, -3))
+    rt = _open_fake(fake)
+    try:
+        with_priority = _spy(fake, "cuStreamCreateWithPriority")
+        plain = _spy(fake, "cuStreamCreate")
+        assert rt.stream_priority_range() == (0, -3)
+        handle = rt.create_stream(-2)
+        assert with_priority == [(CU_STREAM_NON_BLOCKING, -2)]
+        assert fake.streams[handle].priority == -2
+        rt.create_stream()
+        rt.create_stream(None)
+        assert plain == [(CU_STREAM_NON_BLOCKING,)] * 2
+        assert len(with_priority) == 1
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("priority", [1, -4, 100, True, 1.0, "0"])
+def test_a_bad_priority_is_refused_before_the_driver_sees_it(priority: Any) -> None:
+    """CUDA would clamp an out-of-range priority; the backend refuses it with 107000."""
+    fake = FakeDriver(priority_range=(0, -3))
+    rt = _open_fake(fake)
+    try:
+        calls = _spy(fake, "cuStreamCreateWithPriority")
+        streams = len(fake.streams)
+        with pytest.raises(InvalidParamError, match="priority") as info:
+            rt.create_stream(priority)
+        assert info.value.code == 107000
+        assert calls == [] and len(fake.streams) == streams
+        assert "priority" in rt.get_recent_error_message()
+    finally:
+        rt.close()
+
+
+def test_memset_passes_its_arguments_to_cuMemsetD8Async(dev: contract.Dev) -> None:
+    fake = _fake(dev.rt)
+    calls = _spy(fake, "cuMemsetD8Async")
+    ptr = dev.upload(np.zeros(64, np.uint8))
+    dev.rt.memset_async(ptr + 8, 56, 0xA5, 16, dev.stream)
+    cu = dev.rt._streams[dev.stream].cu  # type: ignore[attr-defined]
+    assert calls == [(ptr + 8, 0xA5, 16, cu)]
+    assert fake.memsets[-1] == {"dst": ptr + 8, "value": 0xA5, "count": 16, "stream": cu}
+    expected = np.zeros(64, np.uint8)
+    expected[8:24] = 0xA5
+    np.testing.assert_array_equal(dev.download(ptr, 64, np.uint8), expected)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((0, 16, 0, 16), "NULL"),
+        ((None, 16, 1, 32), "larger than destMax"),
+        ((None, 16, 256, 16), "value=256"),
+        ((None, 16, -1, 16), "value=-1"),
+        ((None, -1, 0, 0), "destMax"),
+        ((None, 16, 0, True), "count"),
+    ],
+)
+def test_memset_arguments_are_checked_before_the_driver(
+    dev: contract.Dev, args: tuple[Any, int, Any, Any], match: str
+) -> None:
+    fake = _fake(dev.rt)
+    calls = _spy(fake, "cuMemsetD8Async")
+    ptr = dev.rt.malloc(64)
+    target, dst_max, value, count = args
+    with pytest.raises(InvalidParamError, match=match) as info:
+        dev.rt.memset_async(ptr if target is None else target, dst_max, value, count, dev.stream)
+    assert info.value.code == 107000
+    assert calls == []
+
+
+def test_memset_outside_a_live_allocation_is_refused_by_the_driver(dev: contract.Dev) -> None:
+    """The fake answers as the driver does: CUDA_ERROR_INVALID_VALUE at the call."""
+    _fake(dev.rt)
+    ptr = dev.rt.malloc(64)
+    for target, count in ((ptr + 32, 64), (0x1234_0000, 16)):
+        with pytest.raises(InvalidParamError) as info:
+            dev.rt.memset_async(target, count, 0, count, dev.stream)
+        assert info.value.code == 1
+        assert "CUDA_ERROR_INVALID_VALUE (1)" in info.value.message
+    assert not dev.rt.is_faulted  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("op", ["memset", "copy"])
+def test_memory_freed_before_a_queued_task_runs_faults_the_device(
+    dev: contract.Dev, op: str
+) -> None:
+    rt = dev.rt
+    _fake(rt)
+    ptr, other = rt.malloc(64), rt.malloc(64)
+    dev.sleep_us(20_000)
+    if op == "memset":
+        rt.memset_async(ptr, 64, 1, 64, dev.stream)
+    else:
+        rt.memcpy_async(ptr, 64, other, 64, ACL_MEMCPY_DEVICE_TO_DEVICE, dev.stream)
+    rt.free(ptr)
+    with pytest.raises(DeviceFaultError) as info:
+        rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+    assert info.value.code == 700
+
+
+def test_a_device_to_device_copy_outside_an_allocation_is_refused(dev: contract.Dev) -> None:
+    _fake(dev.rt)
+    a = dev.rt.malloc(64)
+    with pytest.raises(InvalidParamError) as info:
+        dev.rt.memcpy_async(a, 64, a + 32, 64, ACL_MEMCPY_DEVICE_TO_DEVICE, dev.stream)
+    assert info.value.code == 1
+
+
+@pytest.mark.parametrize(
+    ("version", "text"), [(12040, "12.4"), (11080, "11.8"), (13000, "13.0"), (12090, "12.9")]
+)
+def test_the_driver_version_is_formatted_major_dot_minor(version: int, text: str) -> None:
+    assert cuda_mod.cuda_version_string(version) == text
+    rt = _open_fake(FakeDriver(driver_version=version))
+    try:
+        assert rt.info()["runtime_version"] == text
+    finally:
+        rt.close()
+
+
+def test_the_device_name_is_cut_at_its_nul() -> None:
+    assert cuda_mod.device_name_string(b"NVIDIA H200\0    ") == "NVIDIA H200"
+    assert cuda_mod.device_name_string(b"NVIDIA H200") == "NVIDIA H200"
+    fake = FakeDriver(device_name="X" * 300, capability=(8, 6))
+    rt = _open_fake(fake)
+    try:
+        info = rt.info()
+        assert info["device_name"] == "X" * 255  # cuDeviceGetName(256, dev) keeps 255 + NUL
+        assert info["compute_capability"] == "8.6"
+        assert rt.capability == 86
+    finally:
+        rt.close()
+
+
+def test_info_reports_the_fake_devices_memory_exactly() -> None:
+    fake = FakeDriver(total_memory=1 << 30)
+    rt = _open_fake(fake)
+    try:
+        info = rt.info()
+        assert info == {
+            "runtime_version": "12.4",
+            "memory_free": (1 << 30) - fake.allocated,
+            "memory_total": 1 << 30,
+            "stream_priority_least": 0,
+            "stream_priority_greatest": -5,
+            "device_name": "Fake CUDA Device",
+            "compute_capability": "9.0",
+        }
+        ptr = rt.malloc(1 << 20)
+        assert rt.info()["memory_free"] == info["memory_free"] - (1 << 20)  # type: ignore[operator]
+        with pytest.raises(MemoryAllocationError) as error:
+            rt.malloc(1 << 30)
+        assert error.value.code == 2
+        rt.free(ptr)
+        assert rt.info()["memory_free"] == info["memory_free"]
+    finally:
+        rt.close()
+
+
+def test_info_describes_the_device(rt: Runtime) -> None:
+    """On a GPU too: the values are plain and agree with what the runtime knows."""
+    assert isinstance(rt, CudaRuntime)
+    info = rt.info()
+    assert re.fullmatch(r"\d+\.\d", str(info["runtime_version"]))
+    assert isinstance(info["device_name"], str) and info["device_name"]
+    assert "\0" not in info["device_name"]
+    assert info["compute_capability"] == f"{rt.capability // 10}.{rt.capability % 10}"
+    assert (info["stream_priority_least"], info["stream_priority_greatest"]) == (
+        rt.stream_priority_range()
+    )
+    free, total = info["memory_free"], info["memory_total"]
+    assert isinstance(free, int) and isinstance(total, int) and 0 < free <= total
+
+
+def test_the_new_calls_after_close_and_without_a_context(backend: str) -> None:
+    runtime = RUNTIME_FACTORIES[backend]()
+    stream = runtime.create_stream()
+    ptr = runtime.malloc(64)
+    errors: list[BaseException] = []
+
+    def other_thread() -> None:
+        for call in (
+            runtime.info,
+            runtime.stream_priority_range,
+            lambda: runtime.create_stream(0),
+            lambda: runtime.memset_async(ptr, 64, 0, 64, stream),
+        ):
+            try:
+                call()
+            except BaseException as exc:
+                errors.append(exc)
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert [type(e) for e in errors] == [ContextNullError] * 4
+    runtime.close()
+    for call in (
+        runtime.info,
+        runtime.stream_priority_range,
+        lambda: runtime.create_stream(0),
+        lambda: runtime.memset_async(ptr, 64, 0, 64, stream),
+    ):
+        with pytest.raises(ClosedError):
+            call()
 
 
 # =============================================================================================

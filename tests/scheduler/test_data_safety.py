@@ -32,7 +32,9 @@ async def test_a_timed_out_copy_to_host_never_writes_user_memory(open_dev: OpenD
         task = await s.copy_to_host(out, buf)
         with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError):
             await task
-        await s.synchronize()  # the device really finishes the copy now
+        # the device really finishes the copy now; the sleep, never awaited, timed out too
+        with pytest.raises(aa.TaskTimeoutError):
+            await s.synchronize()
         await anyio.sleep(0.1)
         assert not out.any(), "a failed copy wrote into the user's array"
 
@@ -172,9 +174,10 @@ async def test_closing_a_stream_with_an_admission_waiter_destroys_it(
     # v0.1: the stream read "closed" but its runtime stream stayed alive until the device
     # closed (50 such cycles held 50 streams).
     async with open_dev() as dev:
-        for _ in range(20):
+        for _ in range(10):
             s = dev.stream(max_in_flight=1)
-            await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(2000))
+            # 50 ms: the waiter below queues for admission well before this finishes
+            await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(50_000))
             refused: list[BaseException] = []
 
             async def wait_for_admission(
@@ -187,7 +190,7 @@ async def test_closing_a_stream_with_an_admission_waiter_destroys_it(
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait_for_admission)
-                await anyio.sleep(0.001)
+                await anyio.wait_all_tasks_blocked()  # it waits for admission now
                 with anyio.fail_after(5):
                     await s.aclose()
             assert len(refused) == 1

@@ -57,15 +57,17 @@ def test_server_load_direct(server: ModuleType, capsys: pytest.CaptureFixture[st
     assert "p50" in out and "p99" in out
 
 
-def test_server_load_httpx_asgi_transport(server: ModuleType,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_server_load_httpx_asgi_transport(
+    server: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("httpx", reason="the 'server' extra is not installed")
     assert server.main(["--load", "20", "--concurrency", "4", "--mode", "httpx"]) == 0
     assert "20/20 responses match numpy" in capsys.readouterr().out
 
 
-def test_server_load_uvicorn_loopback(server: ModuleType,
-                                      capsys: pytest.CaptureFixture[str]) -> None:
+def test_server_load_uvicorn_loopback(
+    server: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("uvicorn", reason="the 'server' extra is not installed")
     pytest.importorskip("httpx", reason="the 'server' extra is not installed")
     assert server.main(["--load", "20", "--concurrency", "4", "--mode", "uvicorn"]) == 0
@@ -83,8 +85,9 @@ def test_server_routes_and_errors(server: ModuleType) -> None:
         results["no_lifespan"] = await call(app, "POST", "/infer", b"{}")
         async with server.run_lifespan(app):
             x = np.ones((3, server.D_IN), np.float32)
-            status, body = await call(app, "POST", "/infer",
-                                      json.dumps({"inputs": x.tolist()}).encode())
+            status, body = await call(
+                app, "POST", "/infer", json.dumps({"inputs": x.tolist()}).encode()
+            )
             results["ok"] = (status, json.loads(body), app.model.reference(x))
             results["bad_json"] = await call(app, "POST", "/infer", b"not json")
             results["bad_shape"] = await call(app, "POST", "/infer", b'{"inputs": [[1, 2]]}')
@@ -113,3 +116,48 @@ def test_server_routes_and_errors(server: ModuleType) -> None:
 def test_server_refuses_non_loopback_hosts(server: ModuleType) -> None:
     with pytest.raises(SystemExit):
         server.main(["--serve", "--host", "0.0.0.0"])
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["own-stream", "external-stream"])
+def test_torch_npu_interop_code_path_on_the_sim(external: bool) -> None:
+    """The example's exchange() over memory and a stream the sim's runtime made, as torch_npu
+    would hand them over (the torch part itself needs an Ascend machine)."""
+    import gc
+    import weakref
+
+    import aio_ascend as aa
+
+    example = _load("torch_npu_interop")
+
+    class Tensor:  # stands for the torch_npu tensor that owns the memory
+        pass
+
+    async def scenario() -> tuple[np.ndarray[Any, Any], bool]:
+        async with aa.open_device(0, backend="sim") as dev:
+            owner = Tensor()
+            ref = weakref.ref(owner)
+            ptr = dev.runtime.malloc(4 * 1000)
+            handle = dev.runtime.create_stream() if external else None
+            got = await example.exchange(dev, ptr, 1000, owner=owner, stream_handle=handle)
+            del owner
+            gc.collect()
+            released = ref() is None
+            if handle is not None:
+                dev.runtime.destroy_stream(handle)  # still there: the example never destroys it
+            dev.runtime.free(ptr)  # the owner frees its memory, not aio_ascend
+            return got, released
+
+    got, released = anyio.run(scenario)
+    np.testing.assert_array_equal(got, example.expected(1000))
+    assert released, "the wrapper kept the owner after the work on its memory was done"
+
+
+def test_torch_npu_interop_main_without_torch_npu(capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError:
+        pass
+    else:  # pragma: no cover - an Ascend machine
+        pytest.skip("torch_npu is installed: main() would run on the NPU")
+    assert _load("torch_npu_interop").main() == 0
+    assert "needs an Ascend machine" in capsys.readouterr().out

@@ -3,8 +3,8 @@
 Every import counts, ``TYPE_CHECKING`` and function-level ones included (the AST is walked,
 nothing is imported). Layers, bottom up (see docs/architecture.md):
 
-L0 leaves ``_errors``, ``_launch_config``; L1 ``_runtime``; L2 ``_host``; L3 ``_sched``;
-L4 the public facades; L5 ``_tools``.
+L0 leaves ``_errors``, ``_launch_config``, ``_version``; L1 ``_runtime``; L2 ``_host``;
+L3 ``_sched``; L4 the public facades; L5 ``_tools``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def layer_of(module: str) -> int:
     parts = module.split(".")
     assert parts[0] == "aio_ascend", module
     top = parts[1] if len(parts) > 1 else "__init__"
-    if top in ("_errors", "_launch_config"):
+    if top in ("_errors", "_launch_config", "_version"):
         return L0
     if top == "_runtime":
         return L1

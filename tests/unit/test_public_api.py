@@ -16,6 +16,7 @@ EXPORTED = {
     "HostArgs",
     "InternalError",
     "LaunchConfig",
+    "LaunchConfigDict",
     "Module",
     "RuntimeAPIError",
     "Stream",
@@ -62,6 +63,9 @@ def test_documented_methods_exist() -> None:
             "stats",
             "synchronize",
             "aclose",
+            "wrap",
+            "external_stream",
+            "info",
         ),
         aa.Stream: (
             "launch",
@@ -71,13 +75,37 @@ def test_documented_methods_exist() -> None:
             "wait_event",
             "synchronize",
             "aclose",
+            "run",
+            "upload",
+            "download",
+            "copy_device",
+            "memset",
         ),
-        aa.Task: ("done", "exception"),
+        aa.Task: ("done", "exception", "wait_finished"),
         aa.Event: ("query", "elapsed_ms"),
-        aa.DeviceBuffer: ("free", "freed"),
+        aa.DeviceBuffer: ("free", "freed", "base", "root", "__getitem__"),
         aa.HostArgs: ("ptr", "u32", "f32", "placeholder", "nbytes", "placeholders"),
     }.items():
         for name in names:
             assert callable(getattr(cls, name, None)) or isinstance(
                 getattr(cls, name, None), property
             ), f"{cls.__name__}.{name}"
+
+
+def test_v02_signatures_follow_the_design() -> None:
+    """The parameter names DESIGN v0.2 gives (callers pass some of them by keyword)."""
+    import inspect
+
+    def params(fn: object) -> list[str]:
+        return [p for p in inspect.signature(fn).parameters if p != "self"]  # type: ignore[arg-type]
+
+    assert params(aa.Stream.run) == ["fn", "blocks", "args", "config"]
+    assert params(aa.Stream.upload) == ["dst", "src"]
+    assert params(aa.Stream.download) == ["src", "dtype", "shape", "out"]
+    assert params(aa.Stream.copy_device) == ["dst", "src", "nbytes"]
+    assert params(aa.Stream.memset) == ["dst", "value", "nbytes"]
+    assert params(aa.Device.wrap) == ["ptr", "nbytes", "owner"]
+    assert params(aa.Device.stream) == ["max_in_flight", "priority"]
+    assert params(aa.Device.external_stream)[0] == "handle"
+    assert "close_timeout" in params(aa.open_device)
+    assert "pinned_pool_bytes" in params(aa.open_device)

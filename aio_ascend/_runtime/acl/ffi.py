@@ -7,7 +7,13 @@ by ``tests/runtime/test_acl_abi.py``:
 * pointers and opaque handles (``aclrtStream``, ``void **`` out-params, ...) are ``c_void_p``;
 * ``size_t`` is ``c_size_t``, ``int32_t``/``uint32_t``/``uint64_t`` the fixed-width types;
 * ``aclError`` (``typedef int``) and the C enums passed by value are ``c_int``;
-* ``const char *`` arguments are ``c_char_p``; ``aclGetRecentErrMsg`` returns ``c_char_p``.
+* ``const char *`` arguments are ``c_char_p``; ``aclGetRecentErrMsg`` and ``aclrtGetSocName``
+  return ``c_char_p``.
+
+:data:`PROTOTYPES` are required: a library lacking one is refused. :data:`OPTIONAL_PROTOTYPES`
+are functions some CANN releases lack (checked against ``acl_prototypes_more.json``); they are
+bound when present, and the runtime method that needs a missing one raises
+``BackendUnavailableError`` naming it.
 
 The library is opened with ``ctypes.CDLL``, so every call releases the GIL.
 """
@@ -32,6 +38,7 @@ from ctypes import (
 from typing import Any
 
 __all__ = [
+    "OPTIONAL_PROTOTYPES",
     "PROTOTYPES",
     "AclrtBinaryLoadOption",
     "AclrtBinaryLoadOptionValue",
@@ -40,10 +47,12 @@ __all__ = [
     "AclrtLaunchKernelAttrValue",
     "AclrtLaunchKernelCfg",
     "AclrtPlaceHolderInfo",
+    "AclrtStreamAttrValue",
     "AclrtTimeoutUs",
     "CTYPE_NAMES",
     "STRUCTS",
     "bind",
+    "prototype",
 ]
 
 # The constants (enums, flags, error codes) are defined once, in ``_runtime/abi.py``; the launch
@@ -117,6 +126,23 @@ class AclrtBinaryLoadOptions(Structure):
     _fields_ = [("options", POINTER(AclrtBinaryLoadOption)), ("numOpt", c_size_t)]
 
 
+class AclrtStreamAttrValue(Union):
+    """``aclrtStreamAttrValue`` (``aclrtSetStreamAttribute``): 16 bytes, 8-aligned.
+
+    ``streamPriority`` (for ``ACL_STREAM_ATTR_PRIORITY``) is a newer member than the others; like
+    every member it sits at offset 0, so it does not change the layout.
+    """
+
+    _fields_ = [
+        ("failureMode", c_uint64),
+        ("overflowSwitch", c_uint32),
+        ("userCustomTag", c_uint32),
+        ("cacheOpInfoSwitch", c_uint32),
+        ("streamPriority", c_uint32),
+        ("reserve", c_uint32 * 4),
+    ]
+
+
 #: C struct name -> ctypes type (what the ABI test walks)
 STRUCTS: dict[str, Any] = {
     "aclrtPlaceHolderInfo": AclrtPlaceHolderInfo,
@@ -126,6 +152,7 @@ STRUCTS: dict[str, Any] = {
     "aclrtLaunchKernelCfg": AclrtLaunchKernelCfg,
     "aclrtBinaryLoadOption": AclrtBinaryLoadOption,
     "aclrtBinaryLoadOptions": AclrtBinaryLoadOptions,
+    "aclrtStreamAttrValue": AclrtStreamAttrValue,
 }
 
 # --- prototypes ------------------------------------------------------------------------------
@@ -180,6 +207,23 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     ),
 }
 
+#: ACL functions some CANN releases lack: bound when the library has them (same format). Which
+#: release introduced each is not in the headers; the runtime refuses a call that needs a missing
+#: one with ``BackendUnavailableError`` instead of refusing the whole library.
+OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
+    # stream, aclrtStreamAttr, aclrtStreamAttrValue *
+    "aclrtSetStreamAttribute": (_ERR, (_PTR, _ENUM, _PTR)),
+    # int32_t *leastPriority, int32_t *greatestPriority (acl-runtime.md §2.1: not in the JSON)
+    "aclrtDeviceGetStreamPriorityRange": (_ERR, (_PTR, _PTR)),
+    # devPtr, maxCount, int32_t value, count, stream
+    "aclrtMemsetAsync": (_ERR, (_PTR, c_size_t, c_int32, c_size_t, _PTR)),
+    # int32_t *major, *minor, *patch
+    "aclrtGetVersion": (_ERR, (_PTR, _PTR, _PTR)),
+    # aclrtMemAttr, size_t *free, size_t *total
+    "aclrtGetMemInfo": (_ERR, (_ENUM, _PTR, _PTR)),
+    "aclrtGetSocName": (c_char_p, ()),
+}
+
 #: ctypes type -> a C spelling, for messages (pointer types all map to "void*"). On LP64 Linux
 #: some ctypes names are one type (``c_int is c_int32``, ``c_size_t is c_uint64``), so a type
 #: reads back as the last spelling listed for it; the ABI test compares types, not names.
@@ -194,14 +238,31 @@ CTYPE_NAMES: dict[Any, str] = {
 }
 
 
-def bind(cdll: ctypes.CDLL) -> dict[str, Any]:
-    """Look up every function of :data:`PROTOTYPES` in ``cdll`` and set its prototype.
+def prototype(name: str) -> tuple[Any, tuple[Any, ...]]:
+    """``(restype, argtypes)`` of a required or optional function."""
+    found = PROTOTYPES.get(name)
+    return OPTIONAL_PROTOTYPES[name] if found is None else found
 
-    Returns name -> ctypes function. Raises ``AttributeError`` naming the first missing symbol.
+
+def bind(cdll: ctypes.CDLL) -> dict[str, Any]:
+    """Look up the functions of :data:`PROTOTYPES` and :data:`OPTIONAL_PROTOTYPES` in ``cdll``
+    and set their prototypes.
+
+    Returns name -> ctypes function: every required function and the optional ones ``cdll``
+    has (a missing optional function is simply absent). Raises ``AttributeError`` naming the
+    first missing required symbol.
     """
     functions: dict[str, Any] = {}
     for name, (restype, argtypes) in PROTOTYPES.items():
         function = cdll[name]  # a fresh function object (getattr would share a cached one)
+        function.restype = restype
+        function.argtypes = argtypes
+        functions[name] = function
+    for name, (restype, argtypes) in OPTIONAL_PROTOTYPES.items():
+        try:
+            function = cdll[name]
+        except AttributeError:
+            continue
         function.restype = restype
         function.argtypes = argtypes
         functions[name] = function

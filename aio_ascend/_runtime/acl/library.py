@@ -8,6 +8,10 @@ and a forked child refuses to use a runtime its parent initialised.
 Every ACL call goes through one checker (the ctypes ``errcheck`` of each bound function): a
 non-zero ``aclError`` becomes :func:`~aio_ascend._errors.error_for_code` with the text of
 ``aclGetRecentErrMsg`` (read on the failing thread, right after the failure).
+
+An optional function (``ffi.OPTIONAL_PROTOTYPES``) the library lacks gets a stand-in in the
+function table that raises ``BackendUnavailableError`` naming the symbol and the library, so only
+the calls that need it fail.
 """
 
 from __future__ import annotations
@@ -65,13 +69,33 @@ def library_candidates(library_path: str | os.PathLike[str] | None = None) -> li
     return unique
 
 
+def _missing_function(name: str, path: str) -> Any:
+    """The stand-in for an optional function ``path`` does not export: raises when called."""
+    message = (
+        f"{path} does not export {name} (a CANN release older than the function?); the acl "
+        "backend needs it for this call. Install a newer CANN to use it."
+    )
+
+    def missing(*args: object) -> Any:
+        raise BackendUnavailableError(message, func=name)
+
+    missing.__name__ = name
+    return missing
+
+
 class AclLibrary:
-    """One loaded ``libascendcl.so``: its bound functions and its once-per-process init."""
+    """One loaded ``libascendcl.so``: its bound functions and its once-per-process init.
+
+    ``functions`` maps every name of ``ffi.PROTOTYPES`` and ``ffi.OPTIONAL_PROTOTYPES`` to a
+    callable; ``missing`` names the optional functions the library lacks (their entries raise
+    ``BackendUnavailableError``).
+    """
 
     def __init__(self, path: str, cdll: ctypes.CDLL, functions: dict[str, Any]) -> None:
         self.path = path
         self.cdll = cdll
         self.functions = functions
+        self.missing = frozenset(name for name in ffi.OPTIONAL_PROTOTYPES if name not in functions)
         self.init_pid: int | None = None
         self.initialised_by_us = False
         self.lock = threading.Lock()
@@ -79,8 +103,10 @@ class AclLibrary:
         self._last = threading.local()
         checker = self._errcheck
         for name, function in functions.items():
-            if ffi.PROTOTYPES[name][0] is ctypes.c_int:
+            if ffi.prototype(name)[0] is ctypes.c_int:
                 function.errcheck = checker
+        for name in sorted(self.missing):
+            functions[name] = _missing_function(name, path)
 
     def _fetch_message(self) -> str:
         """``aclGetRecentErrMsg`` of the calling thread (reading clears it in ACL)."""

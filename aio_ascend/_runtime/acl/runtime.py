@@ -12,8 +12,8 @@ import ctypes
 import os
 import threading
 import weakref
-from ctypes import byref, c_float, c_int, c_void_p
-from typing import Any, NoReturn
+from ctypes import byref, c_float, c_int, c_int32, c_size_t, c_void_p
+from typing import Any, Final, NoReturn
 
 from ..._errors import (
     AscendError,
@@ -52,6 +52,8 @@ from . import ffi as ffi
 from .library import LIBRARY_NAME, AclLibrary, fork_error, library_candidates, load_library, probe
 
 __all__ = [
+    "ACL_HBM_MEM",
+    "ACL_STREAM_ATTR_PRIORITY",
     "ENV_BUILTINS",
     "LIBRARY_NAME",
     "AclRuntime",
@@ -64,6 +66,16 @@ __all__ = [
 ENV_BUILTINS = "AIO_ASCEND_ACL_BUILTINS"
 
 _LAUNCH = "aclrtLaunchKernelWithHostArgs"
+_MEMSET = "aclrtMemsetAsync"
+_SET_ATTR = "aclrtSetStreamAttribute"
+
+# Constants only this backend passes (the shared ones are abi's); the ABI test checks them
+# against the docs they come from.
+#: ``aclrtStreamAttr``: the stream priority attribute (acl-runtime.md §2.1; CANN headers older
+#: than the attribute define only 1..4)
+ACL_STREAM_ATTR_PRIORITY: Final = 5
+#: ``aclrtMemAttr``: HBM, what ``info()`` reports (``acl_prototypes_more.json`` "types")
+ACL_HBM_MEM: Final = 1
 
 
 # --- value checks (C ranges; the ACL rules are abi's) ----------------------------------------
@@ -162,7 +174,7 @@ def _refusing(exc_type: type[AscendError], message: str) -> dict[str, Any]:
 
         return refuse
 
-    return {name: make(name) for name in ffi.PROTOTYPES}
+    return {name: make(name) for name in (*ffi.PROTOTYPES, *ffi.OPTIONAL_PROTOTYPES)}
 
 
 class AclRuntime:
@@ -298,12 +310,46 @@ class AclRuntime:
 
     # --- streams -----------------------------------------------------------------------
 
-    def create_stream(self) -> int:
+    def create_stream(self, priority: int | None = None) -> int:
+        """``aclrtCreateStream``, then ``aclrtSetStreamAttribute(ACL_STREAM_ATTR_PRIORITY)``
+        when ``priority`` is given (not ``aclrtCreateStreamWithConfig``, whose priority argument
+        recent releases call "reserved": acl-runtime.md §2.1).
+
+        The priority is checked against :meth:`stream_priority_range` first; if setting it fails
+        the new stream is destroyed before the error propagates.
+        """
+        value: ffi.AclrtStreamAttrValue | None = None
+        if priority is not None:
+            number = _as_int("priority", priority)
+            least, greatest = self.stream_priority_range()
+            if not greatest <= number <= least:
+                raise param_error(
+                    _SET_ATTR,
+                    f"priority (streamPriority)={number}: expected {greatest}..{least} "
+                    f"({greatest} is the most urgent)",
+                )
+            value = ffi.AclrtStreamAttrValue()  # zeroed: the whole 16 bytes cross
+            value.streamPriority = number
         handle, ref = self._new_handle()
-        self._fn["aclrtCreateStream"](ref)
+        fn = self._fn
+        fn["aclrtCreateStream"](ref)
         stream = self._handle_value(handle, "aclrtCreateStream")
+        if value is not None:
+            try:
+                fn[_SET_ATTR](stream, ACL_STREAM_ATTR_PRIORITY, byref(value))
+            except BaseException:
+                try:
+                    fn["aclrtDestroyStreamForce"](stream)
+                except AscendError:
+                    pass
+                raise
         self._streams.add(stream)
         return stream
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        least, greatest = c_int32(), c_int32()
+        self._fn["aclrtDeviceGetStreamPriorityRange"](byref(least), byref(greatest))
+        return least.value, greatest.value
 
     def destroy_stream(self, stream: int) -> None:
         stream = _ptr("stream", stream)
@@ -448,6 +494,48 @@ class AclRuntime:
             self._fn["aclrtMemcpyAsync"](dst, dst_max, src, count, kind, stream)
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
+
+    def memset_async(self, ptr: int, dst_max: int, value: int, count: int, stream: int) -> None:
+        ptr, stream = _ptr("ptr", ptr), _ptr("stream", stream)
+        dst_max = _in_range("dst_max", dst_max, 0, SIZE_MAX)
+        count = _in_range("count", count, 0, SIZE_MAX)
+        value = _as_int("value", value)
+        if not ptr:
+            raise param_error(_MEMSET, "ptr (devPtr) is NULL")
+        if count > dst_max:
+            raise param_error(_MEMSET, f"count={count} is larger than maxCount={dst_max}")
+        if not 0 <= value <= 255:
+            raise param_error(_MEMSET, f"value={value}: expected a byte value 0..255")
+        try:
+            self._fn[_MEMSET](ptr, dst_max, value, count, stream)
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
+
+    # --- information -------------------------------------------------------------------
+
+    def info(self) -> dict[str, object]:
+        """The runtime seam's keys plus ``soc_name`` (``aclrtGetSocName``; ``None`` when the
+        runtime returns NULL) and ``library_path`` (the loaded ``libascendcl.so``).
+
+        ``runtime_version`` is ``aclrtGetVersion``'s ``major.minor.patch`` (the ACL API version,
+        not the CANN release); the memory figures are HBM (``ACL_HBM_MEM``).
+        """
+        fn = self._fn
+        major, minor, patch = c_int32(), c_int32(), c_int32()
+        fn["aclrtGetVersion"](byref(major), byref(minor), byref(patch))
+        free, total = c_size_t(), c_size_t()
+        fn["aclrtGetMemInfo"](ACL_HBM_MEM, byref(free), byref(total))
+        least, greatest = self.stream_priority_range()
+        raw = fn["aclrtGetSocName"]()
+        return {
+            "runtime_version": f"{major.value}.{minor.value}.{patch.value}",
+            "memory_free": int(free.value),
+            "memory_total": int(total.value),
+            "stream_priority_least": least,
+            "stream_priority_greatest": greatest,
+            "soc_name": raw.decode("utf-8", "replace") if raw else None,
+            "library_path": self.library_path,
+        }
 
     # --- kernels -----------------------------------------------------------------------
 

@@ -5,13 +5,18 @@ It drives the device through ``cuda.bindings.driver`` (the ``cuda-bindings`` pac
 imports, type-checks and tests without it. The ACL calls map onto the CUDA driver API:
 
 - context per thread: the device's primary context, bound with ``cuCtxSetCurrent``
-- streams: ``cuStreamCreate(CU_STREAM_NON_BLOCKING)``
+- streams: ``cuStreamCreate(CU_STREAM_NON_BLOCKING)``, or ``cuStreamCreateWithPriority`` with
+  the same flag for a priority (checked against ``cuCtxGetStreamPriorityRange`` first, since
+  CUDA would clamp it silently)
 - Ex events: ``cuEventCreate`` (``CU_EVENT_DISABLE_TIMING`` unless ``ACL_EVENT_TIME_LINE``);
   ``cuEventQuery`` answers ``CUDA_ERROR_NOT_READY`` -> NOT_READY
 - synchronize with a timeout: polling ``cuEventQuery``/``cuStreamQuery`` with short
   GIL-releasing sleeps (backoff 20 us .. 1 ms) up to the timeout
 - memory: ``cuMemAlloc``/``cuMemFree``, pinned ``cuMemHostAlloc``/``cuMemFreeHost``,
-  ``cuMemcpy{HtoD,DtoH,DtoD}Async``
+  ``cuMemcpy{HtoD,DtoH,DtoD}Async``, ``cuMemsetD8Async`` (a range outside an allocation is
+  refused at the call with CUDA_ERROR_INVALID_VALUE, not a fault when it runs)
+- ``info()``: ``cuDriverGetVersion``, ``cuMemGetInfo``, ``cuCtxGetStreamPriorityRange``,
+  ``cuDeviceGetName``, ``cuDeviceGetAttribute`` (compute capability)
 - kernel binaries: ``cuModuleLoadData`` (PTX, cubin, fatbin, or a ``.cu`` file compiled with
   NVRTC); ``load_binary(None)``: the built-ins of :mod:`.kernels`, compiled with NVRTC
   for the device
@@ -70,6 +75,8 @@ from ..abi import (
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
+    PTR_MAX,
+    SIZE_MAX,
     check_args,
     check_event_flags,
     check_failure_mode,
@@ -110,6 +117,8 @@ __all__ = [
     "DEFAULT_STAGING_BYTES",
     "CudaRuntime",
     "compile_cuda_source",
+    "cuda_version_string",
+    "device_name_string",
     "open_cuda_runtime",
     "probe",
 ]
@@ -127,15 +136,41 @@ class CudaRuntime(CudaCore):
 
     # --- streams -----------------------------------------------------------------------
 
-    def create_stream(self) -> int:
-        func = "cuStreamCreate"
-        self._enter(func)
-        err, cu = self._d.cuStreamCreate(CU_STREAM_NON_BLOCKING)
+    def create_stream(self, priority: int | None = None) -> int:
+        """``cuStreamCreate(CU_STREAM_NON_BLOCKING)``, or with a ``priority``
+        ``cuStreamCreateWithPriority(CU_STREAM_NON_BLOCKING, priority)``. CUDA clamps a
+        priority outside :meth:`stream_priority_range` silently; it is refused here first."""
+        if priority is None:
+            func = "cuStreamCreate"
+            self._enter(func)
+            err, cu = self._d.cuStreamCreate(CU_STREAM_NON_BLOCKING)
+        else:
+            func = "cuStreamCreateWithPriority"
+            self._enter(func)
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise self._param(func, f"priority={priority!r}: expected an int or None")
+            least, greatest = self.stream_priority_range()
+            if not greatest <= priority <= least:
+                raise self._param(
+                    func,
+                    f"priority={priority} is outside the device's range {greatest}..{least} "
+                    "(lower = more urgent)",
+                )
+            err, cu = self._d.cuStreamCreateWithPriority(CU_STREAM_NON_BLOCKING, priority)
         if int(err):
             self._raise(int(err), func)
         handle = int(cu)
         self._streams[handle] = CudaStream(handle, cu)
         return handle
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        """``cuCtxGetStreamPriorityRange``: ``(least, greatest)``, e.g. ``(0, -5)``."""
+        func = "cuCtxGetStreamPriorityRange"
+        self._enter(func)
+        err, least, greatest = self._d.cuCtxGetStreamPriorityRange()
+        if int(err):
+            self._raise(int(err), func)
+        return int(least), int(greatest)
 
     def _stream_idle(self, s: CudaStream, func: str) -> bool:
         (err,) = self._cuStreamQuery(s.cu)
@@ -344,6 +379,63 @@ class CudaRuntime(CudaCore):
         if host is not None and count and not self.is_pinned(host, count):
             # pageable: done when the call returns (the stream has reached and run the copy)
             self.poll(lambda: self._stream_idle(s, func), -1, func)
+
+    def memset_async(self, ptr: int, dst_max: int, value: int, count: int, stream: int) -> None:
+        """``cuMemsetD8Async``. A range outside a live allocation is refused by CUDA at the call
+        (``CUDA_ERROR_INVALID_VALUE``: :class:`InvalidParamError` with the CUDA code) rather
+        than faulting when the task runs."""
+        func = "cuMemsetD8Async"
+        self._enter_live(func)
+        s = self._stream(stream, func)
+        for label, size in (("dst_max (destMax)", dst_max), ("count", count)):
+            if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= SIZE_MAX:
+                raise self._param(func, f"{label}={size!r}: expected an int in 0..{SIZE_MAX}")
+        if count > dst_max:
+            raise self._param(func, f"count={count} is larger than destMax={dst_max}")
+        if isinstance(ptr, bool) or not isinstance(ptr, int) or not 0 < ptr <= PTR_MAX:
+            raise self._param(func, f"ptr (devPtr)={ptr!r} is a NULL or invalid pointer")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255:
+            raise self._param(func, f"value={value!r}: expected a byte value in 0..255")
+        (err,) = self._d.cuMemsetD8Async(ptr, value, count, s.cu)
+        if int(err):
+            self._raise(int(err), func)
+
+    def info(self) -> dict[str, object]:
+        """``runtime_version`` (the CUDA version the driver supports, ``cuDriverGetVersion``,
+        e.g. ``"12.4"``), ``memory_free``/``memory_total`` (``cuMemGetInfo``), the stream
+        priority range, ``device_name`` (``cuDeviceGetName``) and ``compute_capability``
+        (``"major.minor"``)."""
+        func = "cuMemGetInfo"
+        self._enter(func)
+        d = self._d
+
+        def check(result: Any, name: str) -> Any:
+            code = int(result[0])
+            if code:
+                self._raise(code, name)
+            return result[1] if len(result) == 2 else result[1:]
+
+        version = int(check(d.cuDriverGetVersion(), "cuDriverGetVersion"))
+        free, total = check(d.cuMemGetInfo(), func)
+        least, greatest = self.stream_priority_range()
+        raw_name = check(d.cuDeviceGetName(256, self._device), "cuDeviceGetName")
+        attr = d.CUdevice_attribute
+        major, minor = (
+            int(check(d.cuDeviceGetAttribute(which, self._device), "cuDeviceGetAttribute"))
+            for which in (
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            )
+        )
+        return {
+            "runtime_version": cuda_version_string(version),
+            "memory_free": int(free),
+            "memory_total": int(total),
+            "stream_priority_least": least,
+            "stream_priority_greatest": greatest,
+            "device_name": device_name_string(raw_name),
+            "compute_capability": f"{major}.{minor}",
+        }
 
     # --- kernels -----------------------------------------------------------------------
 
@@ -583,6 +675,19 @@ _FATBIN_MAGIC = b"\x50\xed\x55\xba"
 def _looks_like_ptx(image: bytes) -> bool:
     """Neither a cubin (ELF) nor a fatbin: PTX text."""
     return not image.startswith((_ELF_MAGIC, _FATBIN_MAGIC))
+
+
+def cuda_version_string(version: int) -> str:
+    """``cuDriverGetVersion``'s ``1000 * major + 10 * minor`` as ``"major.minor"``
+    (12040 -> ``"12.4"``)."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def device_name_string(raw: bytes | str) -> str:
+    """``cuDeviceGetName``'s buffer (the name, a NUL, then padding) as text."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "replace")
+    return bytes(raw).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
 
 
 def _hex(value: object) -> str:

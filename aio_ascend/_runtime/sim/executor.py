@@ -33,7 +33,7 @@ from ..abi import (
 )
 from ..threads import GIL_SLICE_S, yield_gil
 from .kernels import KernelContext, KernelSpec, describe_exception
-from .memory import DeviceFault, DeviceMemory, PinnedMemory
+from .memory import DEFAULT_MEMORY_BYTES, DeviceFault, DeviceMemory, PinnedMemory
 
 __all__ = [
     "BINARY_HANDLE",
@@ -42,6 +42,9 @@ __all__ = [
     "EVENT_HANDLE",
     "FUNCTION_HANDLE",
     "KERNEL",
+    "MEMSET",
+    "PRIORITY_GREATEST",
+    "PRIORITY_LEAST",
     "RECORD",
     "STREAM_HANDLE",
     "WAIT",
@@ -72,6 +75,7 @@ class TaskKind(IntEnum):
     RECORD = 1  # (RECORD, recording)
     WAIT = 2  # (WAIT, recording)
     COPY = 3  # (COPY, kind, dst, src, count, host array | None, host offset, waiter | None)
+    MEMSET = 4  # (MEMSET, dst, value, count)
 
 
 # module-level aliases: the drain loop compares them for every task
@@ -79,6 +83,11 @@ KERNEL: Final = TaskKind.KERNEL
 RECORD: Final = TaskKind.RECORD
 WAIT: Final = TaskKind.WAIT
 COPY: Final = TaskKind.COPY
+MEMSET: Final = TaskKind.MEMSET
+
+#: stream priorities as ACL numbers them: 0 is the most urgent, 7 the least (the default)
+PRIORITY_GREATEST: Final = 0
+PRIORITY_LEAST: Final = 7
 
 
 #: tasks one stream runs before the device thread moves on to the next stream
@@ -140,12 +149,14 @@ class SimStream:
         "handle",
         "hung",
         "occupied",
+        "priority",
         "queue",
         "submitted",
     )
 
-    def __init__(self, handle: int) -> None:
+    def __init__(self, handle: int, priority: int = PRIORITY_LEAST) -> None:
         self.handle = handle
+        self.priority = priority
         self.queue: deque[tuple[Any, ...]] = deque()
         self.submitted = 0  # written by submitting threads, under the runtime lock
         self.completed = 0  # written by the device thread only
@@ -194,7 +205,12 @@ class DeviceExecutor:
         *,
         time_model: bool = False,
         max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
+        memory_bytes: int = DEFAULT_MEMORY_BYTES,
     ) -> None:
+        if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int):
+            raise TypeError("memory_bytes must be an int")
+        if memory_bytes < 1:
+            raise ValueError(f"memory_bytes={memory_bytes} must be >= 1")
         if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
             raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
         if isinstance(max_queue_depth, bool) or not isinstance(max_queue_depth, int):
@@ -209,12 +225,13 @@ class DeviceExecutor:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._tls = threading.local()
-        self._memory = DeviceMemory()
+        self._memory = DeviceMemory(memory_bytes)
         self._pinned = PinnedMemory()
         self._pinned_views = self._pinned.views  # fast path: args buffers by base address
 
         self._streams: dict[int, SimStream] = {}
         self._stream_list: tuple[SimStream, ...] = ()
+        self._prioritised = False
         self._events: dict[int, SimEvent] = {}
         self._binaries: dict[int, SimBinary] = {}
         self._functions: dict[int, KernelSpec] = {}
@@ -438,12 +455,16 @@ class DeviceExecutor:
         n = len(streams)
         if not n:
             return False, False, None
-        start = self._rr = (self._rr + 1) % n
+        if self._prioritised:
+            order = streams  # sorted, most urgent first (see _set_stream_list)
+        else:
+            start = self._rr = (self._rr + 1) % n
+            order = streams[start:] + streams[:start]
         progressed = False
         records_done = False
         deadline: float | None = None
         now = perf_counter()
-        for s in streams[start:] + streams[:start]:
+        for s in order:
             if s.destroyed:
                 continue
             if s.occupied:
@@ -492,6 +513,12 @@ class DeviceExecutor:
                     records_done = True
                     if rec.waiters:
                         release_all(rec.waiters)
+                elif kind == MEMSET:
+                    queue.popleft()
+                    self._run_memset(task)
+                    if self._fault is not None:
+                        self._note_fault_site(s)
+                        return True, records_done, None
                 else:
                     queue.popleft()
                     self._run_copy(task)
@@ -571,6 +598,22 @@ class DeviceExecutor:
             self._set_fault(fault.code, fault.message)
             if waiter is not None:
                 waiter.fail(fault.code, fault.message)
+
+    def _run_memset(self, task: tuple[Any, ...]) -> None:
+        _, dst, value, count = task
+        try:
+            self._memory.view(dst, count, "memset destination")[:] = value
+        except DeviceFault as fault:
+            self._set_fault(fault.code, fault.message)
+
+    def _set_stream_list(self) -> None:
+        # (lock held) Streams of several priorities: served most urgent first in every round
+        # (a stable sort keeps creation order within a priority); otherwise round-robin.
+        streams = tuple(self._streams.values())
+        self._prioritised = len({s.priority for s in streams}) > 1
+        if self._prioritised:
+            streams = tuple(sorted(streams, key=lambda s: s.priority))
+        self._stream_list = streams
 
     def _pageable_copy(self, kind: int, dst: int, src: int, count: int) -> None:
         if count == 0:

@@ -20,6 +20,7 @@ __all__ = [
     "ARGS_LIMIT",
     "DEVICE_BASE",
     "DEVICE_LIMIT",
+    "DEFAULT_MEMORY_BYTES",
     "DeviceFault",
     "DeviceMemory",
     "POISON_BYTE",
@@ -41,6 +42,8 @@ ARGS_LIMIT = ARGS_BASE + (_ARGS_SLOTS << _ARGS_SLOT_BITS)
 _ALIGN = 64
 #: gap left between device allocations, so that an overrun never lands in a neighbour
 _GUARD = 4096
+#: device memory the sim offers by default (``aclrtGetMemInfo``'s total; malloc fails beyond it)
+DEFAULT_MEMORY_BYTES = 32 << 30
 #: byte written over pinned memory when it is freed (a late read sees this, never a crash)
 POISON_BYTE = 0xCD
 
@@ -84,8 +87,11 @@ class DeviceMemory:
     kernel runs, so a stale pointer into an args region faults like any other.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = DEFAULT_MEMORY_BYTES) -> None:
         self._lock = threading.Lock()
+        #: bytes the device offers, and bytes of it allocated now
+        self.capacity = capacity
+        self.used = 0
         self._next = DEVICE_BASE
         self._starts: list[int] = []  # sorted allocation bases
         self._arrays: dict[int, U8Array] = {}  # base -> backing array (exact size)
@@ -94,8 +100,17 @@ class DeviceMemory:
 
     def malloc(self, size: int) -> int:
         """Allocate ``size`` (> 0) zeroed bytes; returns a 64-byte aligned device address."""
+        with self._lock:
+            if self.used + size > self.capacity:
+                raise MemoryError(
+                    f"out of device memory: {self.capacity - self.used} of {self.capacity} "
+                    "bytes free"
+                )
         data = np.zeros(size, dtype=np.uint8)
         with self._lock:
+            if self.used + size > self.capacity:
+                raise MemoryError("out of device memory")
+            self.used += size
             addr = self._next
             end = addr + ((size + _ALIGN - 1) & -_ALIGN) + _GUARD
             if end > DEVICE_LIMIT:
@@ -108,8 +123,10 @@ class DeviceMemory:
     def free(self, addr: int) -> bool:
         """Free the allocation at base ``addr``; False if it is not a live allocation."""
         with self._lock:
-            if self._arrays.pop(addr, None) is None:
+            data = self._arrays.pop(addr, None)
+            if data is None:
                 return False
+            self.used -= data.nbytes
             index = bisect.bisect_left(self._starts, addr)
             del self._starts[index]
         return True
@@ -135,6 +152,7 @@ class DeviceMemory:
     def clear(self) -> None:
         with self._lock:
             self._arrays.clear()
+            self.used = 0
             self._starts.clear()
             self._regions.clear()
 

@@ -22,6 +22,7 @@ Test controls (not part of the ``Runtime`` protocol): :meth:`SimRuntime.pause`,
 from __future__ import annotations
 
 import ctypes
+import importlib.metadata
 import struct
 import threading
 from collections.abc import Callable
@@ -65,6 +66,9 @@ from .executor import (
     EVENT_HANDLE,
     FUNCTION_HANDLE,
     KERNEL,
+    MEMSET,
+    PRIORITY_GREATEST,
+    PRIORITY_LEAST,
     RECORD,
     STREAM_HANDLE,
     WAIT,
@@ -79,7 +83,7 @@ from .executor import (
     release_all,
 )
 from .kernels import BUILTIN_LIBRARY, KernelLibrary
-from .memory import U8Array, is_device_address
+from .memory import DEFAULT_MEMORY_BYTES, U8Array, is_device_address
 
 __all__ = ["DEFAULT_MAX_QUEUE_DEPTH", "SimRuntime", "open_sim_runtime"]
 
@@ -201,20 +205,42 @@ class SimRuntime(DeviceExecutor):
 
     # --- streams ---------------------------------------------------------------------------
 
-    def create_stream(self) -> int:
-        """``aclrtCreateStream``."""
-        self._check("aclrtCreateStream")
+    def create_stream(self, priority: int | None = None) -> int:
+        """``aclrtCreateStream`` (+ ``aclrtSetStreamAttribute(ACL_STREAM_ATTR_PRIORITY)``).
+
+        The device thread serves streams of more urgent priority first in each of its rounds
+        (round-robin among equals); like the real runtime, it never pre-empts a running task.
+        """
+        func = "aclrtCreateStream"
+        self._check(func)
+        if priority is None:
+            priority = PRIORITY_LEAST
+        elif (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not PRIORITY_GREATEST <= priority <= PRIORITY_LEAST
+        ):
+            raise self._param(
+                "aclrtSetStreamAttribute",
+                f"stream priority {priority!r} is out of range "
+                f"{PRIORITY_GREATEST}..{PRIORITY_LEAST}",
+            )
         handle = new_handle(STREAM_HANDLE)
         with self._lock:
-            self._streams[handle] = SimStream(handle)
-            self._stream_list = tuple(self._streams.values())
+            self._streams[handle] = SimStream(handle, priority)
+            self._set_stream_list()
         return handle
+
+    def stream_priority_range(self) -> tuple[int, int]:
+        """``aclrtDeviceGetStreamPriorityRange``: ``(7, 0)`` as on Ascend (0 most urgent)."""
+        self._check("aclrtDeviceGetStreamPriorityRange")
+        return PRIORITY_LEAST, PRIORITY_GREATEST
 
     def _remove_stream(self, s: SimStream) -> list[tuple[Any, ...]]:
         with self._cond:
             s.destroyed = True
             self._streams.pop(s.handle, None)
-            self._stream_list = tuple(self._streams.values())
+            self._set_stream_list()
             dropped = list(s.queue)
             s.queue.clear()
             s.occupied = False
@@ -491,6 +517,41 @@ class SimRuntime(DeviceExecutor):
                 raise self._fault_error(func)
             raise self._error(waiter.error[0], func, waiter.error[1])
 
+    def memset_async(self, ptr: int, dst_max: int, value: int, count: int, stream: int) -> None:
+        """``aclrtMemsetAsync``: queue setting ``count`` bytes at ``ptr`` to ``value``'s low byte.
+
+        The range is checked when the task executes (outside a live allocation: a device
+        fault), as for device-to-device copies.
+        """
+        func = "aclrtMemsetAsync"
+        self._check_live(func)
+        s = self._stream(stream, func)
+        for name, number in (("maxCount", dst_max), ("count", count), ("devPtr", ptr)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise self._param(func, f"{name}={number!r} is not a valid size or address")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._param(func, f"value={value!r} is not an int")
+        if count > dst_max:
+            raise self._param(func, f"count={count} > maxCount={dst_max}")
+        if not is_device_address(ptr):
+            raise self._param(func, f"devPtr={_hex(ptr)} is not a device address")
+        self._enqueue(s, (MEMSET, ptr, value & 0xFF, count), func)
+
+    def info(self) -> dict[str, object]:
+        """The sim's facts: its version, memory (``aclrtGetMemInfo``), priority range."""
+        self._check("aclrtGetMemInfo")
+        memory = self._memory
+        return {
+            "runtime_version": f"sim-{_package_version()}",
+            "soc_name": "sim",
+            "memory_total": memory.capacity,
+            "memory_free": memory.capacity - memory.used,
+            "stream_priority_least": PRIORITY_LEAST,
+            "stream_priority_greatest": PRIORITY_GREATEST,
+            "time_model": self.time_model,
+            "stream_capacity": self.stream_capacity,
+        }
+
     # --- kernels ---------------------------------------------------------------------------
 
     def load_binary(self, source: object) -> int:
@@ -699,6 +760,13 @@ def _is_fault_of(exc: RuntimeAPIError, fault: tuple[int, str]) -> bool:
     return exc.code == fault[0] and exc.message == fault[1]
 
 
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("aio_ascend")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
+        return "unknown"
+
+
 def _hex(value: object) -> str:
     return f"{value:#x}" if isinstance(value, int) else repr(value)
 
@@ -708,8 +776,17 @@ def open_sim_runtime(
     *,
     time_model: bool = False,
     max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
+    memory_bytes: int = DEFAULT_MEMORY_BYTES,
 ) -> SimRuntime:
-    """Open the simulator on ``device_id`` and bind its context to the calling thread."""
-    runtime = SimRuntime(device_id, time_model=time_model, max_queue_depth=max_queue_depth)
+    """Open the simulator on ``device_id`` and bind its context to the calling thread.
+
+    :param memory_bytes: device memory the sim offers (``malloc`` fails beyond it)
+    """
+    runtime = SimRuntime(
+        device_id,
+        time_model=time_model,
+        max_queue_depth=max_queue_depth,
+        memory_bytes=memory_bytes,
+    )
     runtime.set_current_context()
     return runtime

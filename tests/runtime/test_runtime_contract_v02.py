@@ -1,0 +1,132 @@
+"""The v0.2 additions to the ``Runtime`` seam, on every backend of ``backends.RUNTIME_FACTORIES``:
+device-to-device copies, ``memset_async``, stream priorities and ``info()``.
+
+Reuses the fixtures and helpers of the main contract suite (``test_runtime_contract``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import test_runtime_contract as contract
+from test_runtime_contract import SYNC_MS, Dev
+
+from aio_ascend._errors import InvalidParamError
+from aio_ascend._host.hostargs import HostArgs
+from aio_ascend._runtime import Runtime
+from aio_ascend._runtime.abi import ACL_MEMCPY_DEVICE_TO_DEVICE
+
+D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
+
+# the main contract suite's fixtures, on every backend
+backend = contract.backend
+rt = contract.rt
+dev = contract.dev
+
+
+def test_a_device_to_device_copy_moves_bytes_at_offsets(dev: Dev) -> None:
+    rt = dev.rt
+    source = np.arange(256, dtype=np.uint8)
+    src = dev.upload(source)
+    dst = dev.upload(np.zeros(256, np.uint8))
+    rt.memcpy_async(dst + 64, 256 - 64, src + 16, 100, D2D, dev.stream)
+    rt.synchronize_stream(dev.stream, SYNC_MS)
+    expected = np.zeros(256, np.uint8)
+    expected[64:164] = source[16:116]
+    np.testing.assert_array_equal(dev.download(dst, 256, np.uint8), expected)
+
+
+def test_a_device_to_device_copy_is_ordered_after_a_kernel(dev: Dev) -> None:
+    rt = dev.rt
+    n = 64
+    x = dev.upload(np.ones(n, np.float32))
+    y = dev.upload(np.full(n, 2.0, np.float32))
+    z = dev.upload(np.zeros(n, np.float32))
+    out = dev.upload(np.zeros(n, np.float32))
+    dev.sleep_us(2000)  # the copy must wait for the kernel queued before it
+    dev.launch("vector_add", HostArgs().ptr(x).ptr(y).ptr(z).u32(n))
+    rt.memcpy_async(out, 4 * n, z, 4 * n, D2D, dev.stream)
+    rt.synchronize_stream(dev.stream, SYNC_MS)
+    np.testing.assert_array_equal(dev.download(out, n), np.full(n, 3.0, np.float32))
+
+
+def test_memset_sets_only_its_range(dev: Dev) -> None:
+    rt = dev.rt
+    ptr = dev.upload(np.full(200, 7, np.uint8))
+    rt.memset_async(ptr + 50, 150, 0xA5, 100, dev.stream)
+    rt.synchronize_stream(dev.stream, SYNC_MS)
+    expected = np.full(200, 7, np.uint8)
+    expected[50:150] = 0xA5
+    np.testing.assert_array_equal(dev.download(ptr, 200, np.uint8), expected)
+
+
+def test_memset_is_ordered_on_its_stream(dev: Dev) -> None:
+    rt = dev.rt
+    ptr = dev.upload(np.zeros(64, np.uint8))
+    dev.sleep_us(2000)
+    rt.memset_async(ptr, 64, 1, 64, dev.stream)
+    rt.memset_async(ptr, 64, 2, 32, dev.stream)  # after the first: the front half ends at 2
+    rt.synchronize_stream(dev.stream, SYNC_MS)
+    expected = np.concatenate([np.full(32, 2, np.uint8), np.full(32, 1, np.uint8)])
+    np.testing.assert_array_equal(dev.download(ptr, 64, np.uint8), expected)
+
+
+def test_memset_beyond_its_max_is_refused(dev: Dev) -> None:
+    ptr = dev.rt.malloc(64)
+    with pytest.raises(InvalidParamError):
+        dev.rt.memset_async(ptr, 32, 0, 64, dev.stream)
+    dev.rt.free(ptr)
+
+
+def test_the_priority_range_runs_from_least_to_greatest_urgency(rt: Runtime) -> None:
+    rt.set_current_context()
+    least, greatest = rt.stream_priority_range()
+    assert isinstance(least, int)
+    assert isinstance(greatest, int)
+    assert greatest <= least  # lower number = more urgent
+
+
+def test_streams_of_every_priority_in_range_run_work(dev: Dev) -> None:
+    rt = dev.rt
+    least, greatest = rt.stream_priority_range()
+    ptr = dev.upload(np.zeros(16, np.uint8))
+    for value, priority in enumerate(sorted({least, greatest, (least + greatest) // 2})):
+        stream = rt.create_stream(priority)
+        rt.memset_async(ptr, 16, value + 1, 16, stream)
+        rt.synchronize_stream(stream, SYNC_MS)
+        np.testing.assert_array_equal(
+            dev.download(ptr, 16, np.uint8), np.full(16, value + 1, np.uint8)
+        )
+        rt.destroy_stream(stream)
+
+
+def test_a_priority_out_of_range_is_refused(rt: Runtime) -> None:
+    rt.set_current_context()
+    least, greatest = rt.stream_priority_range()
+    for priority in (least + 1, greatest - 1):
+        with pytest.raises(InvalidParamError):
+            rt.create_stream(priority)
+
+
+def test_info_reports_version_memory_and_priorities(rt: Runtime) -> None:
+    rt.set_current_context()
+    info = rt.info()
+    assert isinstance(info["runtime_version"], str)
+    assert info["runtime_version"]
+    total, free = info["memory_total"], info["memory_free"]
+    assert isinstance(total, int)
+    assert isinstance(free, int)
+    assert 0 < free <= total
+    least, greatest = rt.stream_priority_range()
+    assert (info["stream_priority_least"], info["stream_priority_greatest"]) == (least, greatest)
+
+
+def test_free_memory_shrinks_with_an_allocation(rt: Runtime) -> None:
+    rt.set_current_context()
+    before = rt.info()["memory_free"]
+    ptr = rt.malloc(64 << 20)
+    after = rt.info()["memory_free"]
+    rt.free(ptr)
+    assert isinstance(before, int)
+    assert isinstance(after, int)
+    assert after <= before - (64 << 20)

@@ -1,0 +1,133 @@
+"""The latency plot: one panel per measurement, CDFs on a log axis, the format from the file's
+extension, readable ticks; and the one percentile (numpy's nearest rank)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from aio_ascend._tools import plot
+from aio_ascend._tools.cli import main
+from aio_ascend._tools.trace import percentile
+
+MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "svg": b"<?xml", "pdf": b"%PDF"}
+
+
+def _reference_percentile(values: list[float], q: float) -> float:
+    """The hand-written nearest-rank helper the tools had before (issue 18)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+@given(
+    st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=200),
+    st.one_of(st.sampled_from([0, 1, 25, 50, 75, 90, 99, 99.9, 100]), st.floats(0, 100)),
+)
+def test_percentile_matches_the_nearest_rank_reference(values: list[float], q: float) -> None:
+    assert percentile(values, q) == _reference_percentile(values, q)
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [("a.png", "png"), ("a.SVG", "svg"), ("dir.v2/a.pdf", "pdf")],
+)
+def test_plot_format(name: str, fmt: str) -> None:
+    assert plot.plot_format(name) == fmt
+
+
+@pytest.mark.parametrize("name", ["a", "a.jpg", "a.png.txt", ".png/a"])
+def test_plot_format_refused(name: str) -> None:
+    with pytest.raises(ValueError, match=r"\.png, \.svg, \.pdf"):
+        plot.plot_format(name)
+
+
+@given(st.floats(1e-3, 1e7), st.floats(1.05, 1e4))
+def test_log_ticks_are_plain_numbers_inside_the_range(low: float, factor: float) -> None:
+    high = low * factor
+    ticks = plot.log_ticks(low, high)
+    assert len(ticks) >= 2
+    assert ticks == sorted(set(ticks))
+    assert all(low * 0.999 <= t <= high * 1.001 for t in ticks)
+    assert all("e" not in plot._number(t) for t in ticks if t >= 1e-2)
+    if factor >= 10:  # a decade or more: 1-2-5 steps, at least three of them
+        assert len(ticks) >= 3
+        assert {f"{t:.1e}"[0] for t in ticks} <= {"1", "2", "5"}
+
+
+def test_numbers_never_use_exponents_for_latencies() -> None:
+    assert plot._number(1750.4) == "1,750"
+    assert plot._number(99.71) == "99.7"
+    assert plot._number(123456.0) == "123,456"
+
+
+@pytest.mark.parametrize("fmt", ["png", "svg", "pdf"])
+def test_plot_writes_the_format_its_extension_names(fmt: str, tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    path = tmp_path / f"lat.{fmt}"
+    panels = {
+        "launch + await": {"a": [100.0 + i for i in range(50)], "b": [200.0, 300.0]},
+        "wake": {"c": [40.0, 50.0, 60.0]},
+        "nothing": {"d": []},
+    }
+    assert plot.plot_latencies(path, panels, title="t") == fmt
+    assert path.read_bytes().startswith(MAGIC[fmt])
+
+
+def test_plot_refuses_no_samples(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="no latency samples"):
+        plot.plot_latencies(tmp_path / "x.png", {"p": {"a": [], "b": [0.0]}}, title="t")
+    with pytest.raises(ValueError, match="extension"):
+        plot.plot_latencies(tmp_path / "x.bmp", {"p": {"a": [1.0]}}, title="t")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_one_panel_per_measurement_cdf_on_a_log_axis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    real_close = plt.close
+
+    def keep(fig: object) -> None:  # inspect the figure instead of closing it
+        figures.append(fig)
+
+    monkeypatch.setattr(plt, "close", keep)
+    panels = {
+        "launch": {"naive": [200.0, 250.0, 400.0, 300.0], "poll": [150.0, 180.0, 900.0]},
+        "wake": {"poll": [80.0, 90.0, 100.0], "block": [50.0, 2000.0]},
+    }
+    plot.plot_latencies(tmp_path / "x.png", panels, title="bench")
+    (fig,) = figures
+    try:
+        axes = fig.get_axes()  # type: ignore[attr-defined]
+        assert [ax.get_title(loc="left") for ax in axes] == ["launch", "wake"]
+        for ax, series in zip(axes, panels.values(), strict=True):
+            assert ax.get_xscale() == "log"
+            named = ax.get_legend_handles_labels()[1]
+            curves = [line for line in ax.get_lines() if line.get_label() in named]
+            assert len(curves) == len(series)
+            for line, values in zip(curves, series.values(), strict=True):
+                xs, ys = line.get_data()
+                assert list(xs) == sorted(values)  # a CDF: sorted samples ...
+                assert ys[-1] == 1.0 and math.isclose(ys[0], 1 / len(values))  # ... up to 1
+            labels = [t.get_text() for t in ax.get_xticklabels()]
+            assert labels and all("e" not in label and "$" not in label for label in labels)
+    finally:
+        real_close(fig)
+
+
+def test_cli_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    svg = tmp_path / "demo.svg"
+    assert main(["demo", "--requests", "20", "--size", "256", "-q", "--plot", str(svg)]) == 0
+    assert svg.read_bytes().startswith(MAGIC["svg"]) and b"<svg" in svg.read_bytes()
+    pdf = tmp_path / "bench.pdf"
+    assert main(["bench", "--scale", "0.02", "--only", "wake_poll", "-q", "--plot", str(pdf)]) == 0
+    assert pdf.read_bytes().startswith(MAGIC["pdf"])
+    assert f"plot: {pdf}" in capsys.readouterr().out
