@@ -227,15 +227,18 @@ class Device:
     def info(self) -> Mapping[str, object]:
         """What is known of the device: ``backend``, ``device_id``, ``runtime_version``,
         ``memory_free``/``memory_total`` (bytes), ``stream_priority_least``/``_greatest``,
-        ``launch_path`` and ``stream_capacity``, plus what the backend adds (acl: ``soc_name``;
-        cuda: ``device_name``, ``compute_capability``). Read afresh on each access."""
+        ``launch_path`` (how kernels are launched: ``"host_args"``, or ``"args_handle"`` on
+        CANN 8.3) and ``stream_capacity``, plus what the backend adds (acl: ``cann_version``,
+        ``soc_name``, ``ai_core_count``, ``cube_core_count``, ``vector_core_count``; cuda:
+        ``device_name``, ``compute_capability``). A fact the runtime cannot tell (an older CANN
+        release lacking the function) is ``None``. Read afresh on each access."""
         scheduler = self._scheduler
         scheduler.check_open()
         runtime = scheduler.bound()
         facts: dict[str, object] = {
             "backend": self.backend,
             "device_id": self.device_id,
-            "launch_path": getattr(runtime, "launch_path", "aclrtLaunchKernelWithHostArgs"),
+            "launch_path": getattr(runtime, "launch_path", "host_args"),
             "stream_capacity": runtime.stream_capacity,
         }
         facts.update(runtime.info())

@@ -8,11 +8,10 @@ run), and plain C ranges (handles, sizes) here, as ``TypeError``/``ValueError``.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import weakref
-from ctypes import byref, c_float, c_int, c_int32, c_size_t, c_void_p
+from ctypes import byref, c_int32, c_int64, c_size_t, c_void_p
 from typing import Any, Final, NoReturn
 
 from ..._errors import (
@@ -26,6 +25,9 @@ from ..._errors import (
 )
 from ..._launch_config import LaunchConfig
 from ..abi import (
+    ACL_DEV_ATTR_AICORE_CORE_NUM,
+    ACL_DEV_ATTR_CUBE_CORE_NUM,
+    ACL_DEV_ATTR_VECTOR_CORE_NUM,
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_MEM_MALLOC_HUGE_FIRST,
@@ -39,17 +41,31 @@ from ..abi import (
     SIZE_MAX,
     UINT32_MAX,
     UINT64_MAX,
-    check_args,
     check_event_flags,
     check_failure_mode,
     check_memcpy,
-    check_num_blocks,
     check_placeholder_table,
-    check_timeout,
     param_error,
 )
 from . import ffi as ffi
-from .library import LIBRARY_NAME, AclLibrary, fork_error, library_candidates, load_library, probe
+from .argshandle import launch_with_args_handle
+from .library import (
+    LIBRARY_NAME,
+    AclLibrary,
+    fork_error,
+    library_candidates,
+    probe,
+    usable_library,
+)
+from .paths import LaunchPath
+from .values import LAUNCH as _LAUNCH
+from .values import Scratch as _Scratch
+from .values import as_int as _as_int
+from .values import cfg_arg as _cfg_arg
+from .values import check_launch as _check_launch
+from .values import in_range as _in_range
+from .values import ptr as _ptr
+from .values import timeout as _timeout
 
 __all__ = [
     "ACL_HBM_MEM",
@@ -65,7 +81,6 @@ __all__ = [
 #: path of a kernel binary providing the built-in kernels (``load_binary(None)``)
 ENV_BUILTINS = "AIO_ASCEND_ACL_BUILTINS"
 
-_LAUNCH = "aclrtLaunchKernelWithHostArgs"
 _MEMSET = "aclrtMemsetAsync"
 _SET_ATTR = "aclrtSetStreamAttribute"
 
@@ -76,88 +91,6 @@ _SET_ATTR = "aclrtSetStreamAttribute"
 ACL_STREAM_ATTR_PRIORITY: Final = 5
 #: ``aclrtMemAttr``: HBM, what ``info()`` reports (``acl_prototypes_more.json`` "types")
 ACL_HBM_MEM: Final = 1
-
-
-# --- value checks (C ranges; the ACL rules are abi's) ----------------------------------------
-
-
-def _as_int(name: str, value: object) -> int:
-    """``value`` as a Python int (``__index__`` accepted; bool and float refused)."""
-    if type(value) is int:
-        return value
-    if isinstance(value, bool | float):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    index = getattr(type(value), "__index__", None)
-    if index is None:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    result: int = index(value)
-    return result
-
-
-def _in_range(name: str, value: object, low: int, high: int) -> int:
-    number = _as_int(name, value)
-    if not low <= number <= high:
-        raise ValueError(f"{name}={number} is out of range {low}..{high}")
-    return number
-
-
-def _ptr(name: str, value: object) -> int:
-    number = _as_int(name, value)
-    if not 0 <= number <= PTR_MAX:
-        raise ValueError(f"{name}={number:#x} is not an address (0..2**64-1)")
-    return number
-
-
-def _timeout(func: str, value: object) -> int:
-    return check_timeout(func, _as_int("timeout_ms", value))
-
-
-# --- per-thread scratch out-params ----------------------------------------------------------
-
-
-class _Scratch(threading.local):
-    """Out-parameters reused by the calls of one thread (never shared between threads)."""
-
-    def __init__(self) -> None:
-        self.handle = c_void_p()
-        self.handle_ref = byref(self.handle)
-        self.status = c_int()
-        self.status_ref = byref(self.status)
-        self.ms = c_float()
-        self.ms_ref = byref(self.ms)
-
-
-# --- launch configs -------------------------------------------------------------------------
-
-# id(LaunchConfig) -> (the config, its attribute array, byref(cfg struct)); the config is kept
-# so the id cannot be reused while its entry lives. The runtime only reads cfg during the call.
-_CFG_CACHE: dict[int, tuple[LaunchConfig, Any, Any]] = {}
-_CFG_CACHE_MAX = 256
-
-
-def _cfg_arg(cfg: object) -> Any:
-    """The ``aclrtLaunchKernelCfg *`` for ``cfg`` (``None`` -> NULL; no attributes -> NULL)."""
-    entry = _CFG_CACHE.get(id(cfg))
-    if entry is not None and entry[0] is cfg:
-        return entry[2]
-    if not isinstance(cfg, LaunchConfig):
-        raise param_error(_LAUNCH, f"cfg must be a LaunchConfig or None, got {type(cfg).__name__}")
-    packed = cfg.pack_attrs()
-    count = cfg.num_attrs
-    if count == 0:
-        # A cfg with no attributes means the same as none; the runtime wants attrs non-NULL.
-        arg: Any = None
-        attrs: Any = None
-    else:
-        attrs = (ffi.AclrtLaunchKernelAttr * count).from_buffer_copy(packed)
-        struct = ffi.AclrtLaunchKernelCfg(
-            ctypes.cast(attrs, ctypes.POINTER(ffi.AclrtLaunchKernelAttr)), count
-        )
-        arg = byref(struct)
-    if len(_CFG_CACHE) >= _CFG_CACHE_MAX:
-        _CFG_CACHE.clear()
-    _CFG_CACHE[id(cfg)] = (cfg, attrs, arg)
-    return arg
 
 
 # --- the runtime ----------------------------------------------------------------------------
@@ -193,6 +126,16 @@ class AclRuntime:
         self.stream_capacity = stream_capacity
         self.library_path = library.path
         self._library = library
+        assert library.launch_path is not None  # usable_library refuses a library without one
+        self._path = library.launch_path
+        if self._path is LaunchPath.ARGS_HANDLE:
+            self.launch_kernel_with_host_args = self._launch_args_handle  # type: ignore[method-assign]
+        # Before CANN 9.1 the headers lack ACL_STREAM_ATTR_PRIORITY (cann-support.md row 42):
+        # a priority is given at creation (aclrtCreateStreamWithConfig, 8.5 on) instead.
+        version = library.version_tuple
+        self._priority_at_creation = (
+            library.has("aclrtCreateStreamWithConfig") and version is not None and version < (9, 1)
+        )
         self._fn: dict[str, Any] = library.functions
         self._context = context
         self._tls = _Scratch()
@@ -217,6 +160,18 @@ class AclRuntime:
     def context(self) -> int:
         """The ``aclrtContext`` handle of this runtime."""
         return self._context
+
+    @property
+    def launch_path(self) -> str:
+        """How kernels are launched on the loaded release: ``"host_args"``
+        (``aclrtLaunchKernelWithHostArgs``) or ``"args_handle"`` (``aclrtKernelArgs*`` +
+        ``aclrtLaunchKernelWithConfig``); see ``docs/cann-support.md``."""
+        return self._path.value
+
+    @property
+    def cann_version(self) -> str | None:
+        """The CANN release (``aclsysGetCANNVersion``; ``None`` before 8.2, which lacks it)."""
+        return self._library.cann_version
 
     def _new_handle(self) -> tuple[c_void_p, Any]:
         scratch = self._tls
@@ -313,7 +268,8 @@ class AclRuntime:
     def create_stream(self, priority: int | None = None) -> int:
         """``aclrtCreateStream``, then ``aclrtSetStreamAttribute(ACL_STREAM_ATTR_PRIORITY)``
         when ``priority`` is given (not ``aclrtCreateStreamWithConfig``, whose priority argument
-        recent releases call "reserved": acl-runtime.md §2.1).
+        recent releases call "reserved": acl-runtime.md §2.1). On a release before 9.1, whose
+        headers lack the priority attribute, ``aclrtCreateStreamWithConfig(priority, 0)``.
 
         The priority is checked against :meth:`stream_priority_range` first; if setting it fails
         the new stream is destroyed before the error propagates.
@@ -332,6 +288,11 @@ class AclRuntime:
             value.streamPriority = number
         handle, ref = self._new_handle()
         fn = self._fn
+        if value is not None and self._priority_at_creation:
+            fn["aclrtCreateStreamWithConfig"](ref, value.streamPriority, 0)
+            stream = self._handle_value(handle, "aclrtCreateStreamWithConfig")
+            self._streams.add(stream)
+            return stream
         fn["aclrtCreateStream"](ref)
         stream = self._handle_value(handle, "aclrtCreateStream")
         if value is not None:
@@ -514,28 +475,62 @@ class AclRuntime:
     # --- information -------------------------------------------------------------------
 
     def info(self) -> dict[str, object]:
-        """The runtime seam's keys plus ``soc_name`` (``aclrtGetSocName``; ``None`` when the
-        runtime returns NULL) and ``library_path`` (the loaded ``libascendcl.so``).
+        """The runtime seam's keys plus what the release can tell (a value is ``None`` where the
+        loaded release lacks the function that would say):
 
-        ``runtime_version`` is ``aclrtGetVersion``'s ``major.minor.patch`` (the ACL API version,
-        not the CANN release); the memory figures are HBM (``ACL_HBM_MEM``).
+        * ``runtime_version``: ``aclrtGetVersion``'s ``major.minor.patch`` (the ACL API version,
+          8.5 on), else the CANN version; ``cann_version`` (``aclsysGetCANNVersion``, 8.2 on);
+        * ``launch_path``: ``"host_args"`` or ``"args_handle"``;
+        * ``soc_name`` (``aclrtGetSocName``); ``ai_core_count``, ``cube_core_count``,
+          ``vector_core_count`` (``aclrtGetDeviceInfo``, 8.2 on);
+        * ``memory_free``/``memory_total``: HBM (``aclrtGetMemInfo(ACL_HBM_MEM)``, 8.5 on);
+        * ``stream_priority_least``/``_greatest`` (``aclrtDeviceGetStreamPriorityRange``);
+        * ``library_path``: the loaded ``libascendcl.so``.
         """
         fn = self._fn
-        major, minor, patch = c_int32(), c_int32(), c_int32()
-        fn["aclrtGetVersion"](byref(major), byref(minor), byref(patch))
-        free, total = c_size_t(), c_size_t()
-        fn["aclrtGetMemInfo"](ACL_HBM_MEM, byref(free), byref(total))
-        least, greatest = self.stream_priority_range()
-        raw = fn["aclrtGetSocName"]()
-        return {
-            "runtime_version": f"{major.value}.{minor.value}.{patch.value}",
-            "memory_free": int(free.value),
-            "memory_total": int(total.value),
-            "stream_priority_least": least,
-            "stream_priority_greatest": greatest,
-            "soc_name": raw.decode("utf-8", "replace") if raw else None,
-            "library_path": self.library_path,
+        has = self._library.has
+        facts: dict[str, object] = {
+            "runtime_version": self._library.cann_version or "unknown",
+            "cann_version": self._library.cann_version,
+            "launch_path": self.launch_path,
+            "memory_free": None,
+            "memory_total": None,
+            "stream_priority_least": None,
+            "stream_priority_greatest": None,
         }
+        if has("aclrtGetVersion"):
+            major, minor, patch = c_int32(), c_int32(), c_int32()
+            fn["aclrtGetVersion"](byref(major), byref(minor), byref(patch))
+            facts["runtime_version"] = f"{major.value}.{minor.value}.{patch.value}"
+        if has("aclrtGetMemInfo"):
+            free, total = c_size_t(), c_size_t()
+            fn["aclrtGetMemInfo"](ACL_HBM_MEM, byref(free), byref(total))
+            facts["memory_free"], facts["memory_total"] = int(free.value), int(total.value)
+        if has("aclrtDeviceGetStreamPriorityRange"):
+            least, greatest = self.stream_priority_range()
+            facts["stream_priority_least"], facts["stream_priority_greatest"] = least, greatest
+        raw = fn["aclrtGetSocName"]() if has("aclrtGetSocName") else None
+        facts["soc_name"] = raw.decode("utf-8", "replace") if raw else None
+        for key, attr in (
+            ("ai_core_count", ACL_DEV_ATTR_AICORE_CORE_NUM),
+            ("cube_core_count", ACL_DEV_ATTR_CUBE_CORE_NUM),
+            ("vector_core_count", ACL_DEV_ATTR_VECTOR_CORE_NUM),
+        ):
+            facts[key] = self._device_attribute(attr)
+        facts["library_path"] = self.library_path
+        return facts
+
+    def _device_attribute(self, attr: int) -> int | None:
+        """``aclrtGetDeviceInfo(device, attr)``; ``None`` where the release lacks the function
+        or refuses the attribute (a chip without that kind of core)."""
+        if not self._library.has("aclrtGetDeviceInfo"):
+            return None
+        value = c_int64()
+        try:
+            self._fn["aclrtGetDeviceInfo"](self.device_id, attr, byref(value))
+        except RuntimeAPIError:
+            return None
+        return int(value.value)
 
     # --- kernels -----------------------------------------------------------------------
 
@@ -649,32 +644,36 @@ class AclRuntime:
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
 
-
-def _check_launch(
-    func: object,
-    num_blocks: object,
-    stream: object,
-    args_addr: object,
-    args_size: object,
-    placeholders_addr: object,
-    placeholder_count: object,
-) -> tuple[int, int, int, int, int, int]:
-    """The slow path of the launch checks: precise errors naming the argument."""
-    blocks = check_num_blocks(_LAUNCH, _as_int("num_blocks", num_blocks))
-    addr = _as_int("args_addr", args_addr)
-    if addr < 0:
-        raise ValueError(f"args_addr={addr:#x} is not an address (0..2**64-1)")
-    size = _as_int("args_size", args_size)
-    check_args(_LAUNCH, addr, size)
-    _as_int("placeholder_count", placeholder_count)
-    return (
-        _ptr("func", func),
-        blocks,
-        _ptr("stream", stream),
-        addr,
-        size,
-        _ptr("placeholders_addr", placeholders_addr),
-    )
+    def _launch_args_handle(
+        self,
+        func: int,
+        num_blocks: int,
+        stream: int,
+        cfg: LaunchConfig | None,
+        args_addr: int,
+        args_size: int,
+        placeholders_addr: int,
+        placeholder_count: int,
+    ) -> None:
+        """The seam's launch on the args-handle path (see :mod:`.argshandle`): the same checks,
+        then the image replayed through ``aclrtKernelArgs*`` + ``aclrtLaunchKernelWithConfig``."""
+        func, num_blocks, stream, args_addr, args_size, placeholders_addr = _check_launch(
+            func, num_blocks, stream, args_addr, args_size, placeholders_addr, placeholder_count
+        )
+        entries = check_placeholder_table(_LAUNCH, placeholders_addr, placeholder_count, args_size)
+        try:
+            launch_with_args_handle(
+                self._fn,
+                func,
+                num_blocks,
+                stream,
+                None if cfg is None else _cfg_arg(cfg),
+                args_addr,
+                args_size,
+                entries,
+            )
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
 
 
 def open_acl_runtime(
@@ -690,13 +689,13 @@ def open_acl_runtime(
 
     ``aclInit`` (once per process), ``aclrtSetDevice``, ``aclrtCreateContext``.
     :raises BackendUnavailableError: the library cannot be loaded (the message lists every
-        path tried), ``aclInit`` failed, or this is a forked child of the process that
-        initialised ACL.
+        path tried), it has no launch path aio_ascend implements (the message names its
+        release, the missing symbols and the paths tried), ``aclInit`` failed, or this is a
+        forked child of the process that initialised ACL.
     """
     device_id = _in_range("device_id", device_id, 0, INT32_MAX)
     stream_capacity = _in_range("stream_capacity", stream_capacity, 2, INT32_MAX)
-    library = load_library(library_path)
-    library.ensure_initialised()
+    library = usable_library(library_path)
     fn = library.functions
     fn["aclrtSetDevice"](device_id)
     context = c_void_p()

@@ -130,6 +130,8 @@ class CudaRuntime(CudaCore):
     """One NVIDIA GPU through ``cuda.bindings.driver``. Create with :func:`open_cuda_runtime`."""
 
     name = "cuda"
+    #: one host parameter buffer per launch (``cuLaunchKernel`` with ``CU_LAUNCH_PARAM_BUFFER``)
+    launch_path = "param_buffer"
     #: CUDA documents no limit; its launch queue blocks the host at about a thousand pending
     #: launches per stream, so the scheduler stays below that
     stream_capacity = 1024

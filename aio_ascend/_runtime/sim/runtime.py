@@ -103,6 +103,8 @@ class SimRuntime(DeviceExecutor):
     """
 
     name = "sim"
+    #: the sim models ``aclrtLaunchKernelWithHostArgs`` (``Device.info["launch_path"]``)
+    launch_path = "host_args"
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("faulted" if self._fault else "open")
