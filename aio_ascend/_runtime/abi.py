@@ -73,6 +73,7 @@ __all__ = [
     "check_args",
     "check_event_flags",
     "check_failure_mode",
+    "check_load_options",
     "check_memcpy",
     "check_num_blocks",
     "check_placeholder_count",
@@ -169,6 +170,15 @@ class KernelType(enum.Enum):
         except ValueError:
             names = ", ".join(repr(kind.value) for kind in cls)
             raise ValueError(f"kernel_type={value!r}: expected one of {names}") from None
+
+
+def check_load_options(kernel_type: object, lazy: object) -> tuple[KernelType | None, bool | None]:
+    """The load options of ``load_binary`` as values, checked alike on every backend
+    (``ValueError``/``TypeError`` naming the field)."""
+    kind = None if kernel_type is None else KernelType.coerce(kernel_type)
+    if lazy is not None and not isinstance(lazy, bool):
+        raise TypeError(f"lazy must be a bool or None, got {type(lazy).__name__}")
+    return kind, lazy
 
 
 _KERNEL_MAGICS: Final = {

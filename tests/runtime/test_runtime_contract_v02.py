@@ -6,6 +6,8 @@ Reuses the fixtures and helpers of the main contract suite (``test_runtime_contr
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import test_runtime_contract as contract
@@ -147,3 +149,44 @@ def test_free_memory_shrinks_with_an_allocation(rt: Runtime) -> None:
     assert isinstance(before, int)
     assert isinstance(after, int)
     assert after <= before - (64 << 20)
+
+
+# --- the calling thread's current context (bind, call, give back) -------------------------------
+
+
+def test_the_current_context_is_read_and_given_back(backend: str) -> None:
+    first = contract._open(backend)
+    try:
+        assert first.get_current_context() == first.context
+        second = contract._open(backend)  # binds its own context to this thread
+        try:
+            assert first.get_current_context() == second.context
+            first.set_current_context()
+            assert second.get_current_context() == first.context
+            first.malloc(64)
+            first.set_current_context(second.context)  # give the thread back the other one
+            assert first.get_current_context() == second.context
+            second.free(second.malloc(64))
+        finally:
+            second.close()
+        first.set_current_context()
+        seen: list[object] = []
+        thread = threading.Thread(target=lambda: seen.append(first.get_current_context()))
+        thread.start()
+        thread.join()
+        assert seen == [None]  # a new thread has no context
+    finally:
+        first.close()
+
+
+def test_a_context_can_be_given_back_after_close(backend: str) -> None:
+    first = contract._open(backend)
+    second = contract._open(backend)
+    try:
+        first.set_current_context()
+        first.close()
+        first.set_current_context(second.context)
+        assert second.get_current_context() == second.context
+    finally:
+        first.close()
+        second.close()

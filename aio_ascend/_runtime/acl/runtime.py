@@ -18,6 +18,7 @@ from ..._errors import (
     AscendError,
     BackendUnavailableError,
     ClosedError,
+    ContextNullError,
     DeviceFaultError,
     InternalError,
     RuntimeAPIError,
@@ -41,14 +42,18 @@ from ..abi import (
     SIZE_MAX,
     UINT32_MAX,
     UINT64_MAX,
+    KernelType,
     check_event_flags,
     check_failure_mode,
+    check_load_options,
     check_memcpy,
     check_placeholder_table,
     param_error,
 )
+from ..base import FunctionInfo
 from . import ffi as ffi
 from .argshandle import launch_with_args_handle
+from .kernels import json_kernel_type, load_options, read_function_info
 from .library import (
     LIBRARY_NAME,
     AclLibrary,
@@ -146,10 +151,15 @@ class AclRuntime:
         self._events: set[int] = set()
         self._device_memory: set[int] = set()
         self._host_memory: set[int] = set()
-        self._binaries: dict[int, bytes | None] = {}
+        #: binary -> (its data when loaded from bytes, its kernel type if known)
+        self._binaries: dict[int, tuple[bytes | None, KernelType | None]] = {}
+        self._function_binary: dict[int, int] = {}  # function handle -> its binary
         self._first_fault: DeviceFaultError | None = None
         #: errors swallowed by the last close() (it never raises for leftovers)
         self.close_errors: tuple[AscendError, ...] = ()
+        #: the context current on the opening thread before the open bound this one (the
+        #: scheduler gives it back to that thread: torch_npu's, another device's); None: none
+        self.context_before_open: int | None = None
         _LIVE.add(self)
 
     def __repr__(self) -> str:
@@ -187,8 +197,22 @@ class AclRuntime:
 
     # --- context and lifecycle ---------------------------------------------------------
 
-    def set_current_context(self) -> None:
-        self._fn["aclrtSetCurrentContext"](self._context)
+    def set_current_context(self, context: int | None = None) -> None:
+        """See the protocol; another context is bound through the library itself, so that a
+        thread can be given its context back after :meth:`close` too."""
+        if context is None or context == self._context:
+            self._fn["aclrtSetCurrentContext"](self._context)
+            return
+        self._library.functions["aclrtSetCurrentContext"](_ptr("context", context))
+
+    def get_current_context(self) -> int | None:
+        """``aclrtGetCurrentContext`` (``None`` when the thread has none: 107002)."""
+        current = c_void_p()
+        try:
+            self._library.functions["aclrtGetCurrentContext"](byref(current))
+        except ContextNullError:
+            return None
+        return current.value or None
 
     def get_recent_error_message(self) -> str:
         return self._library.recent_message()
@@ -534,14 +558,24 @@ class AclRuntime:
 
     # --- kernels -----------------------------------------------------------------------
 
-    def load_binary(self, source: object) -> int:
+    def load_binary(
+        self,
+        source: object,
+        *,
+        kernel_type: KernelType | None = None,
+        lazy: bool | None = None,
+    ) -> int:
         """Load a kernel binary: a path (``str``/``PathLike``) or its bytes; ``None``: built-ins.
 
         A path is made absolute (the runtime requires it) and loaded with
         ``aclrtBinaryLoadFromFile``; bytes-like data with ``aclrtBinaryLoadFromData`` (the data
         is kept until the binary is unloaded). ``None`` loads the file named by
-        ``$AIO_ASCEND_ACL_BUILTINS``.
+        ``$AIO_ASCEND_ACL_BUILTINS``. ``kernel_type`` and ``lazy`` become
+        ``aclrtBinaryLoadOptions`` (:mod:`.kernels`): a ``kernel_type`` for a file is refused
+        (``ValueError``: the runtime refuses the magic option for files); a file's kernel type
+        is read from the JSON beside it.
         """
+        kind, lazy = check_load_options(kernel_type, lazy)
         if source is None:
             builtins = os.environ.get(ENV_BUILTINS, "").strip()
             if not builtins:
@@ -557,27 +591,44 @@ class AclRuntime:
             data = bytes(source)
             if not data:
                 raise ValueError("load_binary: the kernel binary data is empty")
-            self._fn["aclrtBinaryLoadFromData"](data, len(data), None, ref)
+            options = load_options(kind, lazy, from_file=False)
+            self._fn["aclrtBinaryLoadFromData"](
+                data, len(data), None if options is None else byref(options), ref
+            )
             func = "aclrtBinaryLoadFromData"
         elif isinstance(source, str | os.PathLike):
             path = os.path.abspath(os.fspath(source))
+            options = load_options(kind, lazy, from_file=True)
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"load_binary: no kernel binary at {path!r}")
-            self._fn["aclrtBinaryLoadFromFile"](os.fsencode(path), None, ref)
+            self._fn["aclrtBinaryLoadFromFile"](
+                os.fsencode(path), None if options is None else byref(options), ref
+            )
             func = "aclrtBinaryLoadFromFile"
+            kind = json_kernel_type(path)
         else:
             raise TypeError(
                 "load_binary takes a path (str or os.PathLike), bytes-like data or None, "
                 f"got {type(source).__name__}"
             )
         binary = self._handle_value(handle, func)
-        self._binaries[binary] = data
+        self._binaries[binary] = (data, kind)
         return binary
 
     def unload_binary(self, binary: int) -> None:
         binary = _ptr("binary", binary)
         self._fn["aclrtBinaryUnLoad"](binary)
         self._binaries.pop(binary, None)
+        for func in [f for f, b in self._function_binary.items() if b == binary]:
+            del self._function_binary[func]
+
+    def function_info(self, func: int) -> FunctionInfo:
+        """See the protocol: the parameters the runtime reports (9.1 on), the hidden arguments
+        of a MIX kernel on the host-args path, the data placement on the args-handle path
+        (:func:`.kernels.read_function_info`)."""
+        binary = self._function_binary.get(_ptr("func", func))
+        kind = None if binary is None else self._binaries.get(binary, (None, None))[1]
+        return read_function_info(self._fn, self._library.has, func, kind, self._path)
 
     def get_function(self, binary: int, name: str) -> int:
         if not isinstance(name, str):
@@ -588,7 +639,9 @@ class AclRuntime:
         binary = _ptr("binary", binary)
         handle, ref = self._new_handle()
         self._fn["aclrtBinaryGetFunction"](binary, encoded, ref)
-        return self._handle_value(handle, "aclrtBinaryGetFunction")
+        func = self._handle_value(handle, "aclrtBinaryGetFunction")
+        self._function_binary[func] = binary
+        return func
 
     def launch_kernel_with_host_args(
         self,
@@ -697,6 +750,11 @@ def open_acl_runtime(
     stream_capacity = _in_range("stream_capacity", stream_capacity, 2, INT32_MAX)
     library = usable_library(library_path)
     fn = library.functions
+    before = c_void_p()
+    try:
+        fn["aclrtGetCurrentContext"](byref(before))
+    except ContextNullError:
+        before.value = None
     fn["aclrtSetDevice"](device_id)
     context = c_void_p()
     try:
@@ -709,7 +767,9 @@ def open_acl_runtime(
         raise
     if not context.value:
         raise InternalError("aclrtCreateContext returned a NULL context", func="aclrtCreateContext")
-    return AclRuntime(library, device_id, context.value, stream_capacity)
+    runtime = AclRuntime(library, device_id, context.value, stream_capacity)
+    runtime.context_before_open = before.value or None
+    return runtime
 
 
 def _after_fork_in_child() -> None:

@@ -77,9 +77,11 @@ from ..abi import (
     ACL_MEMCPY_HOST_TO_DEVICE,
     PTR_MAX,
     SIZE_MAX,
+    KernelType,
     check_args,
     check_event_flags,
     check_failure_mode,
+    check_load_options,
     check_memcpy,
     check_num_blocks,
     check_placeholder_table,
@@ -314,10 +316,6 @@ class CudaRuntime(CudaCore):
             self._set_error(message)
             raise EventSyncTimeoutError(message, code=ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, func=func)
 
-    def fault_site(self) -> tuple[int, int] | None:
-        """See the protocol."""
-        return None  # CUDA reports a sticky error per context, not which kernel raised it
-
     def stream_wait_event(self, stream: int, event: int) -> None:
         func = "cuStreamWaitEvent"
         self._enter_live(func)
@@ -441,11 +439,15 @@ class CudaRuntime(CudaCore):
 
     # --- kernels -----------------------------------------------------------------------
 
-    def load_binary(self, source: object) -> int:
+    def load_binary(
+        self, source: object, *, kernel_type: KernelType | None = None, lazy: bool | None = None
+    ) -> int:
         """Load a module: ``None`` (the built-in kernels, compiled with NVRTC), a path (``.cu``
         source is compiled with NVRTC; ``.ptx``, ``.cubin``, ``.fatbin`` are loaded), or the
-        bytes of a PTX, cubin or fatbin image."""
+        bytes of a PTX, cubin or fatbin image. ``kernel_type`` and ``lazy`` (Ascend load
+        options) are checked and ignored."""
         func = "cuModuleLoadData"
+        check_load_options(kernel_type, lazy)
         self._enter(func)
         builtin = source is None
         if source is None:
@@ -775,9 +777,10 @@ def open_cuda_runtime(
         )
     )
     context = check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+    before = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
     try:
         check(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-        return CudaRuntime(
+        runtime = CudaRuntime(
             driver,
             device_id,
             device,
@@ -787,6 +790,8 @@ def open_cuda_runtime(
             staging_bytes=staging_bytes,
             compiler=compiler,
         )
+        runtime.context_before_open = int(before) or None
+        return runtime
     except BaseException:
         driver.cuDevicePrimaryCtxRelease(device)
         raise

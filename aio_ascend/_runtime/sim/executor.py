@@ -37,7 +37,10 @@ from .memory import DEFAULT_MEMORY_BYTES, DeviceFault, DeviceMemory, PinnedMemor
 
 __all__ = [
     "BINARY_HANDLE",
+    "CONTEXT_HANDLE",
     "COPY",
+    "CURRENT",
+    "LIVE_CONTEXTS",
     "DEFAULT_MAX_QUEUE_DEPTH",
     "EVENT_HANDLE",
     "FUNCTION_HANDLE",
@@ -107,6 +110,13 @@ def new_handle(kind: int) -> int:
 
 
 STREAM_HANDLE, EVENT_HANDLE, BINARY_HANDLE, FUNCTION_HANDLE = 0x5151, 0x5E5E, 0x5B5B, 0x5F5F
+CONTEXT_HANDLE = 0x5C5C
+
+#: each thread's current context (``.context``): one per thread across every sim runtime, as in
+#: ACL, so binding one device's context unbinds the previous one's
+CURRENT = threading.local()
+#: the contexts of open sim runtimes (what ``set_current_context(handle)`` may bind)
+LIVE_CONTEXTS: set[int] = set()
 
 
 def release_all(locks: Iterable[threading.Lock]) -> None:
@@ -225,6 +235,8 @@ class DeviceExecutor:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._tls = threading.local()
+        self._context = new_handle(CONTEXT_HANDLE)
+        LIVE_CONTEXTS.add(self._context)
         self._memory = DeviceMemory(memory_bytes)
         self._pinned = PinnedMemory()
         self._pinned_views = self._pinned.views  # fast path: args buffers by base address
@@ -288,6 +300,13 @@ class DeviceExecutor:
             return self._error(
                 ACL_ERROR_RT_CONTEXT_NULL, func, "the runtime was closed (context destroyed)"
             )
+        if getattr(CURRENT, "context", None) is not None:
+            return self._error(
+                ACL_ERROR_RT_CONTEXT_NULL,
+                func,
+                f"thread {threading.current_thread().name!r} has another context bound (another "
+                "device's, or another library's): call set_current_context() first",
+            )
         return self._error(
             ACL_ERROR_RT_CONTEXT_NULL,
             func,
@@ -302,12 +321,12 @@ class DeviceExecutor:
 
     def _check(self, func: str) -> None:
         """Context bound and device not closed."""
-        if self._closed or not getattr(self._tls, "bound", False):
+        if self._closed or getattr(CURRENT, "context", None) != self._context:
             raise self._context_error(func)
 
     def _check_live(self, func: str) -> None:
         """Context bound, and the device has not faulted (calls that submit or observe work)."""
-        if self._closed or not getattr(self._tls, "bound", False):
+        if self._closed or getattr(CURRENT, "context", None) != self._context:
             raise self._context_error(func)
         if self._fault is not None:
             raise self._fault_error(func)
