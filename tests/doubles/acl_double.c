@@ -1001,18 +1001,19 @@ typedef struct aclrtExceptionInfo {
 } aclrtExceptionInfo;
 typedef void (*aclrtExceptionInfoCallback)(aclrtExceptionInfo *exceptionInfo);
 static aclrtExceptionInfoCallback g_exc_cb;
-static aclrtExceptionInfo g_exc_pending;
-static int g_exc_has_pending;
 
-/* A task failed on the device: keep its exception info for the callback (called by the device
-   thread once it has released g_mu, as the runtime calls callbacks from its own threads). */
+/* A task failed on the device: call the exception callback inline, on the device thread, before
+   the fault is visible to queries (TaskFailCallBackManager::Notify calls callbacks inline in the
+   notifying thread; cann-support.md §7). The info is valid only during the call. g_mu is held:
+   the callback must not call back into the runtime (the docs forbid it; the getters take no
+   lock). */
 static void note_exception(stream_t *s, task_t *t, aclError code) {
-    if (!g_exc_cb || g_exc_has_pending) return;
-    g_exc_pending = (aclrtExceptionInfo){
+    if (!g_exc_cb) return;
+    aclrtExceptionInfo info = {
         (uint32_t)(t->seq - 1), (uint32_t)s->id, 0u, (uint32_t)s->ctx->device, (uint32_t)code,
         t->kind == T_KERNEL ? t->func : NULL, t->kind == T_KERNEL ? t->dev_args : 0,
         t->kind == T_KERNEL ? (uint32_t)t->args_size : 0u};
-    g_exc_has_pending = 1;
+    g_exc_cb(&info);
 }
 
 /* ---- the device thread --------------------------------------------------------------------- */
@@ -1095,14 +1096,6 @@ static void *device_main(void *arg) {
                 task_free(t);
                 progress = 1;
             }
-        }
-        if (g_exc_has_pending) {
-            aclrtExceptionInfo info = g_exc_pending;
-            aclrtExceptionInfoCallback cb = g_exc_cb;
-            g_exc_has_pending = 0;
-            pthread_mutex_unlock(&g_mu);
-            if (cb) cb(&info);
-            pthread_mutex_lock(&g_mu);
         }
         if (progress) {
             pthread_cond_broadcast(&g_done_cv);

@@ -18,9 +18,10 @@
  *    host-args caller to supply itself (§4.3). aclrtCreateStreamWithConfig (8.5+): priority 0..7.
  *  - aclrtFunctionGetParamCount / GetParamInfo (9.1+): the built-in kernels' user parameters
  *    (offset, size), as the double's kernels decode them.
- *  - aclrtSetExceptionInfoCallback (all): the last callback set wins; called from the device
- *    thread (g_mu released) when a task fails, with the stream id and the task's 0-based index on
- *    its stream as task id (§7). aclrtGetLastError / PeekAtLastError: the thread's last code.
+ *  - aclrtSetExceptionInfoCallback (all): the last callback set wins; called on the device
+ *    thread, inline, when a task fails (before the fault is visible to queries), with the
+ *    stream id and the task's 0-based index on its stream as task id (§7).
+ *    aclrtGetLastError / PeekAtLastError: the thread's last code.
  *  - Stubs, failing with 200006 ("not modelled"): the legacy loader (aclrtCreateBinary,
  *    aclrtBinaryLoad), device-args launches (aclrtLaunchKernel, V2), aclrtKernelArgsInitByUserMem,
  *    aclrtLaunchKernelWithArgsArray, aclmdlRI*: exported so that each persona's symbol set is

@@ -317,3 +317,77 @@ async def test_another_sim_runtimes_context_survives_on_the_sim() -> None:
             other.malloc(64)  # still usable on this thread: its context is current
     finally:
         other.close()
+
+
+# --- fault attribution through the runtime's exception info -------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["acl", "acl-8.3"])
+async def test_the_faulting_task_gets_the_primary_error(backend: str) -> None:
+    # One batch: a sleep, three noops, the fault, two noops. The batch's completion event fails;
+    # only the exception report can tell that the tasks before the fault finished and which task
+    # faulted (without it the first task of the batch would get the fault). The sleep (200 ms,
+    # over 100x what submitting the batch takes) keeps the fault from running before the whole
+    # batch is submitted (a refused submission is attributed without the report).
+    async with open_backend(backend) as dev:
+        s = dev.stream()
+        noop, fault = dev.function("noop"), dev.function("fault")
+        before = [await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(200_000))]
+        before += [await s.launch(noop, 1) for _ in range(3)]
+        bad = await s.launch(fault, 1, aa.HostArgs().u32(507015))
+        after = [await s.launch(noop, 1) for _ in range(2)]
+        for task in before:
+            await task
+        with pytest.raises(aa.DeviceFaultError) as info:
+            await bad
+        primary = info.value
+        assert primary.code == 507015
+        assert primary.__cause__ is None
+        for task in after:
+            with pytest.raises(aa.DeviceFaultError) as later:
+                await task
+            assert later.value.__cause__ is primary
+        site = dev.runtime.fault_site()
+        assert site is not None
+        assert site[1] == 4  # the fifth task submitted to the stream
+        with pytest.raises(aa.DeviceFaultError):
+            await dev.synchronize()
+
+
+def test_exception_reports_name_stream_and_task() -> None:
+    from aio_ascend._runtime.acl.runtime import open_acl_runtime
+
+    runtime = open_acl_runtime(0, library_path=build_double().library)
+    try:
+        stream = runtime.create_stream()
+        binary = runtime.load_binary(BUILTINS)
+        image = runtime.malloc_host(8)
+        ctypes.memmove(image, struct.pack("<I", 507035), 4)
+        for name in ("noop", "fault"):
+            runtime.launch_kernel_with_host_args(
+                runtime.get_function(binary, name), 1, stream, None, image, 8, 0, 0
+            )
+        with pytest.raises(aa.DeviceFaultError):
+            runtime.synchronize_stream(stream, 10_000)
+        assert runtime.fault_site() == (stream, 1)
+        other = runtime.create_stream()
+        assert runtime.fault_site() == (stream, 1)  # another stream's id is not the site
+        assert other != stream
+    finally:
+        runtime.close()
+
+
+def test_the_last_error_is_the_threads_last_code() -> None:
+    from aio_ascend._runtime.acl.runtime import open_acl_runtime
+
+    runtime = open_acl_runtime(0, library_path=build_double().library)
+    try:
+        runtime.last_error(clear=True)
+        assert runtime.last_error() == 0
+        with pytest.raises(aa.RuntimeAPIError):
+            runtime.free(0x1234)
+        assert runtime.last_error() == 107000  # peek: kept
+        assert runtime.last_error(clear=True) == 107000
+        assert runtime.last_error() == 0
+    finally:
+        runtime.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from ctypes import byref, c_int32, c_int64, c_size_t, c_void_p
+from ctypes import byref, c_int32, c_void_p
 from typing import Any, Final, NoReturn
 
 from ..._errors import (
@@ -26,14 +26,12 @@ from ..._errors import (
 )
 from ..._launch_config import LaunchConfig
 from ..abi import (
-    ACL_DEV_ATTR_AICORE_CORE_NUM,
-    ACL_DEV_ATTR_CUBE_CORE_NUM,
-    ACL_DEV_ATTR_VECTOR_CORE_NUM,
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_MEM_MALLOC_HUGE_FIRST,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_HOST_TO_DEVICE,
+    ACL_RT_THREAD_LEVEL,
     ACL_STREAM_CAPACITY,
     INT32_MAX,
     MAX_NUM_BLOCKS,
@@ -53,6 +51,8 @@ from ..abi import (
 from ..base import FunctionInfo
 from . import ffi as ffi
 from .argshandle import launch_with_args_handle
+from .exceptions import exception_log
+from .facts import ACL_HBM_MEM, device_facts
 from .kernels import json_kernel_type, load_options, read_function_info
 from .library import (
     LIBRARY_NAME,
@@ -94,8 +94,6 @@ _SET_ATTR = "aclrtSetStreamAttribute"
 #: ``aclrtStreamAttr``: the stream priority attribute (acl-runtime.md §2.1; CANN headers older
 #: than the attribute define only 1..4)
 ACL_STREAM_ATTR_PRIORITY: Final = 5
-#: ``aclrtMemAttr``: HBM, what ``info()`` reports (``acl_prototypes_more.json`` "types")
-ACL_HBM_MEM: Final = 1
 
 
 # --- the runtime ----------------------------------------------------------------------------
@@ -155,6 +153,9 @@ class AclRuntime:
         self._binaries: dict[int, tuple[bytes | None, KernelType | None]] = {}
         self._function_binary: dict[int, int] = {}  # function handle -> its binary
         self._first_fault: DeviceFaultError | None = None
+        #: the runtime's exception reports (the callback is registered before any launch)
+        self._exceptions = exception_log(library.path, library.functions, library.has)
+        self._stream_ids: dict[int, int] = {}  # aclrtStreamGetId -> stream handle
         #: errors swallowed by the last close() (it never raises for leftovers)
         self.close_errors: tuple[AscendError, ...] = ()
         #: the context current on the opening thread before the open bound this one (the
@@ -314,9 +315,7 @@ class AclRuntime:
         fn = self._fn
         if value is not None and self._priority_at_creation:
             fn["aclrtCreateStreamWithConfig"](ref, value.streamPriority, 0)
-            stream = self._handle_value(handle, "aclrtCreateStreamWithConfig")
-            self._streams.add(stream)
-            return stream
+            return self._note_stream(self._handle_value(handle, "aclrtCreateStreamWithConfig"))
         fn["aclrtCreateStream"](ref)
         stream = self._handle_value(handle, "aclrtCreateStream")
         if value is not None:
@@ -328,8 +327,7 @@ class AclRuntime:
                 except AscendError:
                     pass
                 raise
-        self._streams.add(stream)
-        return stream
+        return self._note_stream(stream)
 
     def stream_priority_range(self) -> tuple[int, int]:
         least, greatest = c_int32(), c_int32()
@@ -339,12 +337,12 @@ class AclRuntime:
     def destroy_stream(self, stream: int) -> None:
         stream = _ptr("stream", stream)
         self._fn["aclrtDestroyStream"](stream)
-        self._streams.discard(stream)
+        self._forget_stream(stream)
 
     def destroy_stream_force(self, stream: int) -> None:
         stream = _ptr("stream", stream)
         self._fn["aclrtDestroyStreamForce"](stream)
-        self._streams.discard(stream)
+        self._forget_stream(stream)
 
     def set_stream_failure_mode(self, stream: int, mode: int) -> None:
         self._fn["aclrtSetStreamFailureMode"](
@@ -409,8 +407,34 @@ class AclRuntime:
             raise self._sticky(exc) from None
 
     def fault_site(self) -> tuple[int, int] | None:
-        """See the protocol."""
-        return None  # the runtime's exception info can tell (the Ascend issue); not bound yet
+        """See the protocol: from the runtime's exception info (:mod:`.exceptions`): the first
+        report of a task on one of this runtime's streams; ``None`` before one arrives."""
+        log = self._exceptions
+        return None if log is None else log.site(self.device_id, self._stream_ids)
+
+    def last_error(self, *, clear: bool = False) -> int | None:
+        """``aclrtPeekAtLastError`` (``clear``: ``aclrtGetLastError``) at thread level: the last
+        error code of the calling thread (0: none; ``None`` where the release lacks it). A
+        diagnostic: it names a code, not the task, so attribution uses :meth:`fault_site`."""
+        name = "aclrtGetLastError" if clear else "aclrtPeekAtLastError"
+        if not self._library.has(name):
+            return None
+        code: int = self._library.functions[name](ACL_RT_THREAD_LEVEL)
+        return code
+
+    def _note_stream(self, stream: int) -> int:
+        """Keep ``stream`` for close, and its id for exception reports (8.2 on)."""
+        self._streams.add(stream)
+        if self._exceptions is not None and self._library.has("aclrtStreamGetId"):
+            number = c_int32()
+            self._fn["aclrtStreamGetId"](stream, byref(number))
+            self._stream_ids[number.value & 0xFFFFFFFF] = stream  # the info's id is a uint32
+        return stream
+
+    def _forget_stream(self, stream: int) -> None:
+        self._streams.discard(stream)
+        for number in [n for n, handle in self._stream_ids.items() if handle == stream]:
+            del self._stream_ids[number]
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         try:
@@ -499,62 +523,13 @@ class AclRuntime:
     # --- information -------------------------------------------------------------------
 
     def info(self) -> dict[str, object]:
-        """The runtime seam's keys plus what the release can tell (a value is ``None`` where the
-        loaded release lacks the function that would say):
-
-        * ``runtime_version``: ``aclrtGetVersion``'s ``major.minor.patch`` (the ACL API version,
-          8.5 on), else the CANN version; ``cann_version`` (``aclsysGetCANNVersion``, 8.2 on);
-        * ``launch_path``: ``"host_args"`` or ``"args_handle"``;
-        * ``soc_name`` (``aclrtGetSocName``); ``ai_core_count``, ``cube_core_count``,
-          ``vector_core_count`` (``aclrtGetDeviceInfo``, 8.2 on);
-        * ``memory_free``/``memory_total``: HBM (``aclrtGetMemInfo(ACL_HBM_MEM)``, 8.5 on);
-        * ``stream_priority_least``/``_greatest`` (``aclrtDeviceGetStreamPriorityRange``);
-        * ``library_path``: the loaded ``libascendcl.so``.
-        """
-        fn = self._fn
-        has = self._library.has
-        facts: dict[str, object] = {
-            "runtime_version": self._library.cann_version or "unknown",
-            "cann_version": self._library.cann_version,
-            "launch_path": self.launch_path,
-            "memory_free": None,
-            "memory_total": None,
-            "stream_priority_least": None,
-            "stream_priority_greatest": None,
-        }
-        if has("aclrtGetVersion"):
-            major, minor, patch = c_int32(), c_int32(), c_int32()
-            fn["aclrtGetVersion"](byref(major), byref(minor), byref(patch))
-            facts["runtime_version"] = f"{major.value}.{minor.value}.{patch.value}"
-        if has("aclrtGetMemInfo"):
-            free, total = c_size_t(), c_size_t()
-            fn["aclrtGetMemInfo"](ACL_HBM_MEM, byref(free), byref(total))
-            facts["memory_free"], facts["memory_total"] = int(free.value), int(total.value)
-        if has("aclrtDeviceGetStreamPriorityRange"):
-            least, greatest = self.stream_priority_range()
-            facts["stream_priority_least"], facts["stream_priority_greatest"] = least, greatest
-        raw = fn["aclrtGetSocName"]() if has("aclrtGetSocName") else None
-        facts["soc_name"] = raw.decode("utf-8", "replace") if raw else None
-        for key, attr in (
-            ("ai_core_count", ACL_DEV_ATTR_AICORE_CORE_NUM),
-            ("cube_core_count", ACL_DEV_ATTR_CUBE_CORE_NUM),
-            ("vector_core_count", ACL_DEV_ATTR_VECTOR_CORE_NUM),
-        ):
-            facts[key] = self._device_attribute(attr)
+        """The runtime seam's keys plus what the release can tell (:func:`.facts.device_facts`:
+        ``cann_version``, ``launch_path``, ``soc_name``, core counts, ``library_path``; a value
+        is ``None`` where the loaded release lacks the function that would say)."""
+        facts = device_facts(self._fn, self._library, self.device_id)
+        facts["launch_path"] = self.launch_path
         facts["library_path"] = self.library_path
         return facts
-
-    def _device_attribute(self, attr: int) -> int | None:
-        """``aclrtGetDeviceInfo(device, attr)``; ``None`` where the release lacks the function
-        or refuses the attribute (a chip without that kind of core)."""
-        if not self._library.has("aclrtGetDeviceInfo"):
-            return None
-        value = c_int64()
-        try:
-            self._fn["aclrtGetDeviceInfo"](self.device_id, attr, byref(value))
-        except RuntimeAPIError:
-            return None
-        return int(value.value)
 
     # --- kernels -----------------------------------------------------------------------
 
