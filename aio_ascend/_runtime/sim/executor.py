@@ -23,6 +23,7 @@ from ..._errors import RuntimeAPIError, error_for_code
 from ..abi import (
     ACL_CONTINUE_ON_FAILURE,
     ACL_ERROR_RT_AICORE_EXCEPTION,
+    ACL_ERROR_RT_AICORE_TIMEOUT,
     ACL_ERROR_RT_CONTEXT_NULL,
     ACL_ERROR_RT_INVALID_HANDLE,
     ACL_ERROR_RT_PARAM_INVALID,
@@ -74,7 +75,7 @@ DEFAULT_MAX_QUEUE_DEPTH: Final = 2013
 class TaskKind(IntEnum):
     """What a queued task does; its tuple's first item."""
 
-    KERNEL = 0  # (KERNEL, spec, blocks, args source, source offset, args_size, region)
+    KERNEL = 0  # (KERNEL, spec, blocks, args source, source offset, args_size, region, timeout)
     RECORD = 1  # (RECORD, recording)
     WAIT = 2  # (WAIT, recording)
     COPY = 3  # (COPY, kind, dst, src, count, host array | None, host offset, waiter | None)
@@ -162,6 +163,7 @@ class SimStream:
         "priority",
         "queue",
         "submitted",
+        "timed_out",
     )
 
     def __init__(self, handle: int, priority: int = PRIORITY_LEAST) -> None:
@@ -173,6 +175,8 @@ class SimStream:
         self.occupied = False  # a popped kernel still occupies the stream (busy/hang)
         self.hung = False
         self.busy_until = 0.0  # perf_counter() time until which the stream is occupied
+        #: the occupying kernel runs past its kernel timeout: the fault it raises at busy_until
+        self.timed_out: tuple[int, str] | None = None
         self.destroyed = False
         self.failure_mode = ACL_CONTINUE_ON_FAILURE
 
@@ -494,6 +498,11 @@ class DeviceExecutor:
                     if deadline is None or free_at < deadline:
                         deadline = free_at
                     continue
+                if s.timed_out is not None:  # its kernel timeout ran out: a device fault
+                    self._note_fault_site(s)
+                    self._set_fault(*s.timed_out)
+                    s.timed_out = None
+                    return True, records_done, None
                 s.occupied = False
                 s.completed += 1
                 progressed = True
@@ -555,7 +564,7 @@ class DeviceExecutor:
     def _run_kernel(self, s: SimStream, task: tuple[Any, ...]) -> bool:
         """Execute a kernel task. Returns True when the stream stays occupied (sleep, time
         model, hang) or the device faulted; the caller then leaves the task uncounted."""
-        _, spec, blocks, source, offset, size, region = task
+        _, spec, blocks, source, offset, size, region, timeout = task
         # pinned args are read now, at execution; pageable ones were snapshotted at launch
         args = source if type(source) is bytes else source[offset : offset + size].tobytes()
         memory = self._memory
@@ -584,7 +593,17 @@ class DeviceExecutor:
             self._set_fault(fault.code, fault.message)
             return True
         s.occupied = True
-        if ctx.is_hung or not math.isfinite(busy):
+        hung = ctx.is_hung or not math.isfinite(busy)
+        if timeout is not None and (hung or busy > timeout):
+            # LaunchConfig(timeout_s/timeout_us): the runtime stops the kernel at its timeout
+            # and the device faults with ACL_ERROR_RT_AICORE_TIMEOUT (acl-runtime.md §1.4, §5.2)
+            s.busy_until = max(s.busy_until, perf_counter()) + timeout
+            s.timed_out = (
+                ACL_ERROR_RT_AICORE_TIMEOUT,
+                f"kernel {spec.name!r} ran past its kernel timeout of {timeout:g} s "
+                "(LaunchConfig timeout_s/timeout_us)",
+            )
+        elif hung:
             s.hung = True
         else:
             s.busy_until = max(s.busy_until, perf_counter()) + busy

@@ -655,6 +655,7 @@ class SimRuntime(KernelLoader):
                 for addr_offset, data_offset in entries:
                     ctypes.memmove(args_addr + addr_offset, _U64.pack(region + data_offset), 8)
         task: tuple[Any, ...]
+        timeout = None if cfg is None else cfg.kernel_timeout
         if view is None:  # pageable: snapshot now, after patching
             task = (
                 KERNEL,
@@ -664,9 +665,10 @@ class SimRuntime(KernelLoader):
                 0,
                 args_size,
                 region,
+                timeout,
             )
         else:  # pinned: read when the kernel executes
-            task = (KERNEL, spec, num_blocks, view, offset, args_size, region)
+            task = (KERNEL, spec, num_blocks, view, offset, args_size, region, timeout)
         with self._lock:
             if s.destroyed:
                 raise self._bad_handle(name, "the stream was destroyed")
