@@ -342,5 +342,11 @@ class Runtime(Protocol):
         the args buffer alive and unchanged until the kernel completes: the real runtime copies
         it during the call, but the ``sim`` reads pinned args when the kernel executes, so a
         lifetime bug shows up as wrong results in tests.
+
+        On the acl backend over CANN 8.3 (``launch_path == "args_handle"``) the image is
+        replayed through ``aclrtKernelArgs*`` + ``aclrtLaunchKernelWithConfig``: the runtime
+        builds and patches its own buffer (the caller's is not patched), and the argument area
+        must end where the first placeholder data block starts (as ``HostArgs`` packs it for
+        such a function: :attr:`FunctionInfo.data_align`).
         """
         ...
