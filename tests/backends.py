@@ -29,8 +29,6 @@ from aio_ascend._runtime import Runtime, open_runtime
 REFUSES_ALL_AFTER_FAULT = frozenset({"cuda-fake", "cuda"})
 #: backends that need a real device (marked ``gpu``)
 REAL_DEVICE = frozenset({"cuda"})
-#: the acl backend on each persona of its C double (runtime name -> persona)
-ACL_PERSONAS = {"acl": "9.1", "acl-8.5": "8.5", "acl-8.3": "8.3"}
 
 
 def _open_sim() -> Runtime:

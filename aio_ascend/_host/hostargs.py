@@ -448,8 +448,9 @@ class HostArgs:
             return cached[1]
         self._check_params(info)
         if not info.prefix and not info.suffix and info.data_align is None:
-            return self.pack()  # checked; laid out as the builder has it
-        packed = self._layout_for(info)
+            packed = self.pack()  # checked; laid out as the builder has it
+        else:
+            packed = self._layout_for(info)
         self._packed_for = (info, packed)
         return packed
 
