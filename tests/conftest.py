@@ -8,8 +8,10 @@
   fixture below (asyncio, asyncio+uvloop, trio: the plugin's ``loop_params()``, the loops
   its ``aio_ascend_loops`` marker offers users); asyncio-specific tests use pytest-asyncio.
 - The backend x loop matrix: a test that takes ``open_dev`` runs once per device backend of
-  ``helpers.DEVICE_BACKENDS`` (sim, acl over its C double) and per loop; ``sim_only`` tests
-  are skipped on the others with the marker's reason.
+  ``helpers.DEVICE_BACKENDS`` (sim, acl over its C double as CANN 9.1) and per loop; one marked
+  ``personas`` also runs on the acl backend over the double's other usable personas
+  (``helpers.PERSONA_BACKENDS``: CANN 8.5, and 8.3 with its args-handle launch path);
+  ``sim_only`` tests are skipped on the others with the marker's reason.
 - An asyncio exception-handler call or a "Task was destroyed but it is pending" log fails the
   test.
 
@@ -24,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from helpers import DEVICE_BACKENDS, open_backend
+from helpers import DEVICE_BACKENDS, PERSONA_BACKENDS, open_backend
 
 from aio_ascend.testing import loop_params
 
@@ -37,7 +39,16 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object
     return backend
 
 
-@pytest.fixture(params=DEVICE_BACKENDS)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """The device backends of a test that takes ``device_backend`` (through ``open_dev``)."""
+    if "device_backend" in metafunc.fixturenames:
+        backends = list(DEVICE_BACKENDS)
+        if metafunc.definition.get_closest_marker("personas") is not None:
+            backends += PERSONA_BACKENDS
+        metafunc.parametrize("device_backend", backends, indirect=True)
+
+
+@pytest.fixture
 def device_backend(request: pytest.FixtureRequest) -> str:
     """The device backend of this test run (see ``open_dev``)."""
     backend: str = request.param

@@ -20,6 +20,9 @@ OpenDevice = Callable[..., Any]
 
 #: the device backends every scheduler test runs on: the sim, and acl over its C test double
 DEVICE_BACKENDS = ("sim", "acl")
+#: the acl backend over the double's other usable personas (``@pytest.mark.personas`` tests):
+#: CANN 8.5 (host args) and 8.3 (the args-handle path); ``acl`` itself is CANN 9.1
+PERSONA_BACKENDS = ("acl-8.5", "acl-8.3")
 
 
 def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
@@ -35,14 +38,14 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
             **kwargs.pop("runtime_options", {}),
         }
         return aa.open_device(device_id, backend="cuda", runtime_options=options, **kwargs)
-    if backend == "acl":
+    if backend == "acl" or backend.startswith("acl-"):
         import os
 
-        from doubles.acl_double import build_double
+        from doubles.acl_double import DEFAULT_PERSONA, build_double
 
         from aio_ascend._runtime.acl.runtime import ENV_BUILTINS
 
-        built = build_double()
+        built = build_double(backend.partition("-")[2] or DEFAULT_PERSONA)
         os.environ.setdefault(ENV_BUILTINS, str(built.builtins))
         options = {"library_path": str(built.library), **kwargs.pop("runtime_options", {})}
         return aa.open_device(device_id, backend="acl", runtime_options=options, **kwargs)
@@ -52,9 +55,9 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
 def live_resources(dev: aa.Device) -> dict[str, int]:
     """What the runtime below ``dev`` still holds, with the sim's key names."""
     if dev.backend == "acl":
-        from doubles.acl_double import double_control
+        from doubles.acl_double import control_for
 
-        counts = double_control().live_counts()
+        counts = control_for(dev.runtime).live_counts()
         return {
             "device_allocations": counts["device_allocs"],
             "host_allocations": counts["host_allocs"],

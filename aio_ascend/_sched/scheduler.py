@@ -243,10 +243,11 @@ class Scheduler:
         self.lanes.append(lane)
         return lane
 
-    def load_binary(self, source: object) -> int:
-        """Load a kernel binary; it is unloaded when the device closes."""
+    def load_binary(self, source: object, **options: Any) -> int:
+        """Load a kernel binary (``options``: the runtime's load options); it is unloaded when
+        the device closes."""
         self.check_open()
-        handle = self.bound().load_binary(source)
+        handle = self.bound().load_binary(source, **options)
         self._modules.append(handle)
         return handle
 

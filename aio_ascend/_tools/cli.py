@@ -163,6 +163,47 @@ def _for_the_command_line(text: str) -> str:
     )
 
 
+#: the device facts ``aio-ascend info`` shows, in order (what ``Device.info`` holds)
+DEVICE_FACTS = (
+    "launch_path",
+    "runtime_version",
+    "cann_version",
+    "soc_name",
+    "ai_core_count",
+    "cube_core_count",
+    "vector_core_count",
+    "memory_total",
+    "memory_free",
+)
+
+
+def _print_device_facts(backend: str) -> None:
+    """Device 0 on ``backend``: the facts of ``Device.info`` (opened and closed at once)."""
+    from .. import AscendError
+    from .._runtime import open_runtime
+
+    print(f"device 0 ({backend}):")
+    try:
+        runtime = open_runtime(backend, 0)
+    except (AscendError, OSError, ValueError) as exc:
+        print(f"  cannot open it: {_indent(_for_the_command_line(str(exc)), 18)}")
+        return
+    try:
+        facts = {"launch_path": getattr(runtime, "launch_path", None), **runtime.info()}
+    except AscendError as exc:
+        print(f"  cannot read it: {exc}")
+        return
+    finally:
+        runtime.close()
+    for key in DEVICE_FACTS:
+        if key in facts:
+            value = facts[key]
+            shown = "unknown (this release cannot tell)" if value is None else value
+            if key.startswith("memory_") and isinstance(value, int):
+                shown = f"{value / 2**30:.1f} GiB ({value} bytes)"
+            print(f"  {key:<17} {shown}")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from .. import AscendError
     from .._runtime import BACKENDS, ENV_BACKEND, available_backends, choose_backend, probe_backend
@@ -191,6 +232,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         if override
         else f"  set {ENV_BACKEND}=sim|acl|cuda to override 'auto'"
     )
+    if chosen in BACKENDS:
+        _print_device_facts(chosen)
     print("versions:")
     print(
         f"  {'python':<12} {platform.python_version()} ({platform.python_implementation()}, "

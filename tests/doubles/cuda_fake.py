@@ -491,6 +491,10 @@ class FakeDriver:
         self._tls.ctx = ctx
         return (0,)
 
+    def cuCtxGetCurrent(self) -> tuple[int, int]:
+        """The calling thread's current context (0: none)."""
+        return 0, getattr(self._tls, "ctx", None) or 0
+
     def cuCtxPushCurrent(self, ctx: int) -> tuple[int]:
         stack = self._tls.__dict__.setdefault("stack", [])
         stack.append(getattr(self._tls, "ctx", None))

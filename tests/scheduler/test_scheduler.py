@@ -17,8 +17,11 @@ pytestmark = pytest.mark.anyio
 
 # Every test runs on each backend of the registry (tests/conftest.py: sim, and acl over its C
 # test double) and on each loop: the ``open_dev`` fixture opens a device on this test's backend.
+# Those marked ``personas`` also run on the double's CANN 8.5 and 8.3 personas (8.3: the
+# args-handle launch path).
 
 
+@pytest.mark.personas
 async def test_vector_add_roundtrip(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -35,6 +38,7 @@ async def test_vector_add_roundtrip(open_dev: OpenDevice) -> None:
     assert_runtime_clean(dev)
 
 
+@pytest.mark.personas
 async def test_many_axpy_give_the_exact_sequential_result(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -68,6 +72,7 @@ async def test_many_axpy_give_the_exact_sequential_result(open_dev: OpenDevice) 
         np.testing.assert_array_equal(await download(s, by, n), expected)
 
 
+@pytest.mark.personas
 async def test_matmul_through_a_placeholder(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -89,6 +94,7 @@ async def test_matmul_through_a_placeholder(open_dev: OpenDevice) -> None:
         np.testing.assert_allclose(c, a @ b, rtol=1e-5)
 
 
+@pytest.mark.personas
 async def test_cross_stream_pipeline_with_events(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         copy_in, compute, copy_out = dev.stream(), dev.stream(), dev.stream()
@@ -113,6 +119,7 @@ async def test_cross_stream_pipeline_with_events(open_dev: OpenDevice) -> None:
             np.testing.assert_array_equal(out, np.full(n, 3.0 * i, dtype=np.float32))
 
 
+@pytest.mark.personas
 async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops(
     open_dev: OpenDevice,
 ) -> None:
@@ -189,6 +196,7 @@ async def test_cancelling_a_launch_waiting_for_admission_means_it_never_happens(
         assert dev.stats()["launches"] == 1
 
 
+@pytest.mark.personas
 async def test_cancelled_awaits_never_release_args_early(open_dev: OpenDevice) -> None:
     rng = random.Random(7)
     async with open_dev(debug=True) as dev:
@@ -233,6 +241,7 @@ async def test_fail_after_cancels_the_waiter_not_the_work(open_dev: OpenDevice) 
         assert task.done() and task.exception() is None
 
 
+@pytest.mark.personas
 async def test_device_fault_is_sticky_and_reopen_works(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s1, s2 = dev.stream(), dev.stream()
@@ -255,6 +264,7 @@ async def test_device_fault_is_sticky_and_reopen_works(open_dev: OpenDevice) -> 
         assert dev2.fault is None
 
 
+@pytest.mark.personas
 async def test_hang_fails_by_watchdog_and_aclose_timeout_returns(open_dev: OpenDevice) -> None:
     dev = await open_dev(task_timeout=0.2)
     s = dev.stream()
@@ -282,6 +292,7 @@ async def test_aclose_timeout_fails_unfinished_tasks_with_task_timeout(
     assert_runtime_clean(dev)
 
 
+@pytest.mark.personas
 async def test_aclose_waits_for_work_in_flight(open_dev: OpenDevice) -> None:
     dev = await open_dev()
     s = dev.stream()
@@ -315,6 +326,7 @@ async def test_use_after_close_raises_closed_error(open_dev: OpenDevice) -> None
     buf.free()  # freed by close already: no error, no double free
 
 
+@pytest.mark.personas
 async def test_free_is_deferred_while_queued_work_uses_the_buffer(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -356,6 +368,7 @@ async def test_a_batch_partly_refused_by_the_runtime(open_dev: OpenDevice) -> No
         await (await s.launch(dev.function("noop"), 1))
 
 
+@pytest.mark.personas
 async def test_event_timing(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -372,6 +385,7 @@ async def test_event_timing(open_dev: OpenDevice) -> None:
             start.elapsed_ms(untimed)
 
 
+@pytest.mark.personas
 async def test_bad_input_is_refused_before_the_runtime(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -408,18 +422,19 @@ async def test_stream_async_with_and_close(open_dev: OpenDevice) -> None:
         assert live_resources(dev)["streams"] == 0
 
 
+@pytest.mark.personas
 async def test_two_devices_on_one_loop_keep_their_contexts_apart(
     open_dev: OpenDevice, device_backend: str
 ) -> None:
-    if device_backend == "acl":
-        from doubles.acl_double import double_control
+    if device_backend.startswith("acl"):
+        from doubles.acl_double import DEFAULT_PERSONA, double_control
 
-        double_control().set_device_count(2)
+        double_control(device_backend.partition("-")[2] or DEFAULT_PERSONA).set_device_count(2)
     try:
         await _two_devices(open_dev)
     finally:
-        if device_backend == "acl":
-            double_control().set_device_count(1)  # later tests (in any order) see one
+        if device_backend.startswith("acl"):  # later tests (in any order) see one
+            double_control(device_backend.partition("-")[2] or DEFAULT_PERSONA).set_device_count(1)
 
 
 async def _two_devices(open_dev: OpenDevice) -> None:

@@ -307,7 +307,7 @@ def test_info_states_each_reason_once_and_only_what_the_cli_can_do(
     assert out.count("cannot load libascendcl.so") == 1
     assert out.count("cuda-bindings is not installed") == 1
     assert "auto picks: sim" in out
-    assert "why: acl unavailable (see acl above)" in out
+    assert "why: no CANN install found" in out  # none here: auto simulates
     assert "library_path" not in out
     assert "LD_LIBRARY_PATH" in out
     assert "starlette" not in out

@@ -29,6 +29,7 @@ from ..abi import (
     check_alloc_size,
     param_error,
 )
+from ..base import PLAIN_FUNCTION, FunctionInfo
 from .errors import CUDA_ERROR_NOT_READY, CUDA_FAULT_CODES, CUDA_SUCCESS, cuda_error
 from .kernels import CONTROL_FAULT_OFFSET, CONTROL_RELEASE_OFFSET, CONTROL_SIZE
 from .launch import LaunchExtra
@@ -346,15 +347,47 @@ class CudaCore:
 
     # --- context and lifecycle ---------------------------------------------------------
 
-    def set_current_context(self) -> None:
-        """``cuCtxSetCurrent``: bind the device's primary context to the calling thread."""
+    @property
+    def context(self) -> int:
+        """The primary context's handle (``CUcontext`` as an int)."""
+        return int(self._ctx)
+
+    def set_current_context(self, context: int | None = None) -> None:
+        """``cuCtxSetCurrent``: bind the device's primary context to the calling thread, or
+        ``context`` (a handle :meth:`get_current_context` returned; works after close too)."""
         func = "cuCtxSetCurrent"
+        if context is not None and (context != int(self._ctx) or self._closed):
+            # another's context (the primary context is shared: it may be this one's number)
+            make = getattr(self._d, "CUcontext", None)
+            (err,) = self._d.cuCtxSetCurrent(context if make is None else make(context))
+            if int(err):
+                self._raise(int(err), func)
+            self._tls.bound = False
+            return
         if self._closed:
             raise ClosedError("the cuda runtime is closed", func=func)
         (err,) = self._d.cuCtxSetCurrent(self._ctx)
         if int(err):
             self._raise(int(err), func)
         self._tls.bound = True
+
+    #: the context that was current on the opening thread before the open bound this one
+    context_before_open: int | None = None
+
+    def fault_site(self) -> tuple[int, int] | None:
+        """See the protocol."""
+        return None  # CUDA reports a sticky error per context, not which kernel raised it
+
+    def function_info(self, func: int) -> FunctionInfo:
+        """Nothing to follow: CUDA kernels take the parameter buffer as packed."""
+        return PLAIN_FUNCTION
+
+    def get_current_context(self) -> int | None:
+        """``cuCtxGetCurrent``: the calling thread's current context (``None``: none)."""
+        err, current = self._d.cuCtxGetCurrent()
+        if int(err):
+            self._raise(int(err), "cuCtxGetCurrent")
+        return int(current) or None
 
     def get_recent_error_message(self) -> str:
         message: str = self._tls.last_error

@@ -78,9 +78,11 @@ from ..abi import (
     ACL_MEMCPY_HOST_TO_DEVICE,
     PTR_MAX,
     SIZE_MAX,
+    KernelType,
     check_args,
     check_event_flags,
     check_failure_mode,
+    check_load_options,
     check_memcpy,
     check_num_blocks,
     check_placeholder_table,
@@ -96,7 +98,7 @@ from .core import (
     CudaStream,
     StreamRingOps,
 )
-from .driver import INIT_LOCK, import_driver, probe
+from .driver import INIT_LOCK, cuda_version_string, device_name_string, import_driver, probe
 from .errors import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_HANDLE,
@@ -131,6 +133,8 @@ class CudaRuntime(CudaGraphs):
     """One NVIDIA GPU through ``cuda.bindings.driver``. Create with :func:`open_cuda_runtime`."""
 
     name = "cuda"
+    #: one host parameter buffer per launch (``cuLaunchKernel`` with ``CU_LAUNCH_PARAM_BUFFER``)
+    launch_path = "param_buffer"
     #: CUDA documents no limit; its launch queue blocks the host at about a thousand pending
     #: launches per stream, so the scheduler stays below that
     stream_capacity = 1024
@@ -317,10 +321,6 @@ class CudaRuntime(CudaGraphs):
             self._set_error(message)
             raise EventSyncTimeoutError(message, code=ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, func=func)
 
-    def fault_site(self) -> tuple[int, int] | None:
-        """See the protocol."""
-        return None  # CUDA reports a sticky error per context, not which kernel raised it
-
     def stream_wait_event(self, stream: int, event: int) -> None:
         func = "cuStreamWaitEvent"
         self._enter_live(func)
@@ -446,11 +446,15 @@ class CudaRuntime(CudaGraphs):
 
     # --- kernels -----------------------------------------------------------------------
 
-    def load_binary(self, source: object) -> int:
+    def load_binary(
+        self, source: object, *, kernel_type: KernelType | None = None, lazy: bool | None = None
+    ) -> int:
         """Load a module: ``None`` (the built-in kernels, compiled with NVRTC), a path (``.cu``
         source is compiled with NVRTC; ``.ptx``, ``.cubin``, ``.fatbin`` are loaded), or the
-        bytes of a PTX, cubin or fatbin image."""
+        bytes of a PTX, cubin or fatbin image. ``kernel_type`` and ``lazy`` (Ascend load
+        options) are checked and ignored."""
         func = "cuModuleLoadData"
+        check_load_options(kernel_type, lazy)
         self._enter(func)
         builtin = source is None
         if source is None:
@@ -685,19 +689,6 @@ def _looks_like_ptx(image: bytes) -> bool:
     return not image.startswith((_ELF_MAGIC, _FATBIN_MAGIC))
 
 
-def cuda_version_string(version: int) -> str:
-    """``cuDriverGetVersion``'s ``1000 * major + 10 * minor`` as ``"major.minor"``
-    (12040 -> ``"12.4"``)."""
-    return f"{version // 1000}.{version % 1000 // 10}"
-
-
-def device_name_string(raw: bytes | str) -> str:
-    """``cuDeviceGetName``'s buffer (the name, a NUL, then padding) as text."""
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", "replace")
-    return bytes(raw).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
-
-
 def _hex(value: object) -> str:
     return f"{value:#x}" if isinstance(value, int) else repr(value)
 
@@ -781,9 +772,10 @@ def open_cuda_runtime(
         )
     )
     context = check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+    before = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
     try:
         check(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-        return CudaRuntime(
+        runtime = CudaRuntime(
             driver,
             device_id,
             device,
@@ -793,6 +785,8 @@ def open_cuda_runtime(
             staging_bytes=staging_bytes,
             compiler=compiler,
         )
+        runtime.context_before_open = int(before) or None
+        return runtime
     except BaseException:
         driver.cuDevicePrimaryCtxRelease(device)
         raise
