@@ -35,7 +35,9 @@ from ._stream import Stream as Stream
 from ._version import __version__ as __version__
 
 if TYPE_CHECKING:  # imported lazily at run time (see __getattr__), visible to type checkers
+    from . import metrics as metrics
     from . import sim as sim
+    from . import tracing as tracing
 
 __all__ = (
     "AscendError",
@@ -62,12 +64,17 @@ __all__ = (
 )
 
 
+#: submodules imported on first use: programs on real hardware never load the simulator, and
+#: nobody pays for tracing or metrics without using them (``aio_ascend.testing``, the pytest
+#: plugin, is a tool above the package: import it by name)
+_LAZY = frozenset({"sim", "tracing", "metrics"})
+
+
 def __getattr__(name: str) -> object:
-    # The simulator is imported on first use, so programs on real hardware never load it.
-    if name == "sim":
+    if name in _LAZY:
         import importlib
 
-        return importlib.import_module(".sim", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'aio_ascend' has no attribute {name!r}")
 
 

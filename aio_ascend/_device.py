@@ -14,6 +14,8 @@ from ._buffer import DeviceBuffer
 from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._module import Function, Module
 from ._runtime import Runtime, choose_backend, open_runtime
+from ._runtime.abi import check_load_options
+from ._runtime.base import FunctionInfo
 from ._sched.loop import current_loop_adapter
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
@@ -128,6 +130,12 @@ class Device:
         return self._scheduler.runtime
 
     @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` has finished (or the device was collected without it)."""
+        scheduler = self._scheduler
+        return scheduler.abandoned or scheduler.state is DeviceState.CLOSED
+
+    @property
     def fault(self) -> BaseException | None:
         """The first device fault, or ``None``."""
         return self._scheduler.faults.first
@@ -146,14 +154,39 @@ class Device:
         scheduler.lifetimes.track(buffer)
         return buffer
 
-    def load_module(self, source: object) -> Module:
-        """Load a kernel binary (acl: a path or bytes; sim: an ``aio_ascend.sim.KernelLibrary``)."""
-        handle = self._scheduler.load_binary(source)
-        return Module(self, handle, source, self._get_function)
+    def load_module(
+        self,
+        source: object,
+        *,
+        kernel_type: str | None = None,
+        lazy: bool | None = None,
+    ) -> Module:
+        """Load a kernel binary (acl: a path or bytes; sim: an ``aio_ascend.sim.KernelLibrary``).
 
-    def _get_function(self, module: int, name: str) -> int:
-        self._scheduler.check_open()
-        return self._scheduler.bound().get_function(module, name)
+        :param kernel_type: what a binary loaded from bytes holds: ``"vector"``, ``"cube"``,
+            ``"aicore"`` or ``"mix"`` (cube and vector cores together). Bytes carry no type,
+            and without one the runtime assumes CUBE on Atlas A2/A3; a MIX kernel also gets
+            its hidden arguments supplied at each launch. For a file the JSON beside it gives
+            the type, and the runtime refuses the option (``ValueError`` here). acl maps it to
+            ``ACL_RT_BINARY_LOAD_OPT_MAGIC``; sim and cuda check it and ignore it.
+        :param lazy: ``ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD``: register the binary now, copy it to
+            the device at first use (``None``: the runtime's default)
+        :raises ValueError: a bad ``kernel_type``, or one given for a file
+        :raises TypeError: ``lazy`` that is not a bool
+        """
+        kind, lazy = check_load_options(kernel_type, lazy)
+        handle = self._scheduler.load_binary(source, kernel_type=kind, lazy=lazy)
+        return Module(
+            self, handle, source, self._get_function, None if kind is None else kind.value
+        )
+
+    def _get_function(self, module: int, name: str) -> tuple[int, FunctionInfo]:
+        scheduler = self._scheduler
+        scheduler.check_open()
+        runtime = scheduler.bound()
+        handle = runtime.get_function(module, name)
+        scheduler.source.kernels[handle] = name  # for traces and metrics
+        return handle, runtime.function_info(handle)
 
     def function(self, name: str) -> Function:
         """A built-in kernel of the backend (sim: vector_add, axpy, scale, matmul, ...)."""
@@ -227,15 +260,18 @@ class Device:
     def info(self) -> Mapping[str, object]:
         """What is known of the device: ``backend``, ``device_id``, ``runtime_version``,
         ``memory_free``/``memory_total`` (bytes), ``stream_priority_least``/``_greatest``,
-        ``launch_path`` and ``stream_capacity``, plus what the backend adds (acl: ``soc_name``;
-        cuda: ``device_name``, ``compute_capability``). Read afresh on each access."""
+        ``launch_path`` (how kernels are launched: ``"host_args"``, or ``"args_handle"`` on
+        CANN 8.3) and ``stream_capacity``, plus what the backend adds (acl: ``cann_version``,
+        ``soc_name``, ``ai_core_count``, ``cube_core_count``, ``vector_core_count``; cuda:
+        ``device_name``, ``compute_capability``). A fact the runtime cannot tell (an older CANN
+        release lacking the function) is ``None``. Read afresh on each access."""
         scheduler = self._scheduler
         scheduler.check_open()
         runtime = scheduler.bound()
         facts: dict[str, object] = {
             "backend": self.backend,
             "device_id": self.device_id,
-            "launch_path": getattr(runtime, "launch_path", "aclrtLaunchKernelWithHostArgs"),
+            "launch_path": getattr(runtime, "launch_path", "host_args"),
             "stream_capacity": runtime.stream_capacity,
         }
         facts.update(runtime.info())

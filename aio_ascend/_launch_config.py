@@ -146,6 +146,17 @@ class LaunchConfig:
         object.__setattr__(self, "_attrs", tuple(attrs))
 
     @property
+    def kernel_timeout(self) -> float | None:
+        """The kernel execution timeout in seconds (``timeout_s`` or ``timeout_us``); ``None``
+        when neither is set or it is 0 (wait forever). A kernel running longer fails with
+        ``ACL_ERROR_RT_AICORE_TIMEOUT`` (507014), as the runtime applies the attribute."""
+        if self.timeout_s:
+            return float(self.timeout_s)
+        if self.timeout_us:
+            return self.timeout_us / 1e6
+        return None
+
+    @property
     def attrs(self) -> tuple[tuple[int, bytes], ...]:
         """``(attr id, value bytes)`` pairs in the order they are packed."""
         return self._attrs

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ._runtime.base import FunctionInfo
+
 __all__ = ["Function", "Module"]
 
 
@@ -14,15 +16,25 @@ class Function:
     :ivar module: the module it belongs to
     :ivar name: the kernel name
     :ivar handle: the runtime handle
+    :ivar info: what the runtime says the kernel's host args must follow (its declared
+        parameters, hidden arguments, data placement); ``None`` when nothing
     """
 
-    __slots__ = ("device", "handle", "module", "name")
+    __slots__ = ("device", "handle", "info", "module", "name")
 
-    def __init__(self, device: object, module: Module, name: str, handle: int) -> None:
+    def __init__(
+        self,
+        device: object,
+        module: Module,
+        name: str,
+        handle: int,
+        info: FunctionInfo | None = None,
+    ) -> None:
         self.device = device
         self.module = module
         self.name = name
         self.handle = handle
+        self.info = None if info is None or info.plain else info
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r} of {self.module!r}>"
@@ -31,17 +43,25 @@ class Function:
 class Module:
     """A loaded kernel binary (``aclrtBinHandle``); unloaded when the device closes.
 
-    :param get_function: looks a kernel up by name (raises if the device is closed)
+    :param get_function: looks a kernel up by name: its handle and what the runtime says of it
+        (raises if the device is closed)
+    :ivar kernel_type: the kernel type it was loaded as (``load_module(kernel_type=...)``)
     """
 
-    __slots__ = ("_functions", "_get_function", "device", "handle", "source")
+    __slots__ = ("_functions", "_get_function", "device", "handle", "kernel_type", "source")
 
     def __init__(
-        self, device: object, handle: int, source: object, get_function: Callable[[int, str], int]
+        self,
+        device: object,
+        handle: int,
+        source: object,
+        get_function: Callable[[int, str], tuple[int, FunctionInfo]],
+        kernel_type: str | None = None,
     ) -> None:
         self.device = device
         self.handle = handle
         self.source = source
+        self.kernel_type = kernel_type
         self._get_function = get_function
         self._functions: dict[str, Function] = {}
 
@@ -54,8 +74,8 @@ class Module:
             raise TypeError("function name must be a non-empty str")
         fn = self._functions.get(name)
         if fn is None:
-            handle = self._get_function(self.handle, name)
-            fn = self._functions[name] = Function(self.device, self, name, handle)
+            handle, info = self._get_function(self.handle, name)
+            fn = self._functions[name] = Function(self.device, self, name, handle, info)
         return fn
 
     def __repr__(self) -> str:

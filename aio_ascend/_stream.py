@@ -14,7 +14,7 @@ from ._buffer import DeviceBuffer, allocations_of, byte_range
 from ._errors import ClosedError
 from ._event import Event, event_flags
 from ._graph import Graph
-from ._host.hostargs import HostArgs
+from ._host.hostargs import HostArgs, PackedArgs
 from ._launch_config import LaunchConfig, LaunchConfigDict
 from ._module import Function
 from ._runtime.abi import MAX_NUM_BLOCKS
@@ -34,6 +34,17 @@ if TYPE_CHECKING:
 __all__ = ["Stream"]
 
 _EMPTY_PACKED = HostArgs().pack()
+
+
+def _pack_for(fn: Function, args: object) -> PackedArgs:
+    """``args`` packed for ``fn`` (checked against its declared parameters, with its hidden
+    arguments): a ``ValueError`` names the kernel, before anything reaches the runtime."""
+    if not isinstance(args, HostArgs):
+        raise TypeError(f"args must be a HostArgs or None, got {type(args).__name__}")
+    try:
+        return args.pack(fn.info)
+    except ValueError as exc:
+        raise ValueError(f"kernel {fn.name!r}: {exc}") from None
 
 
 def _check_blocks(blocks: object) -> int:
@@ -202,9 +213,12 @@ class GraphCapture:
         if fn.device is not self._stream.device:
             raise ValueError(f"{fn!r} belongs to a different device")
         blocks = _check_blocks(blocks)
-        if args is not None and not isinstance(args, HostArgs):
-            raise TypeError(f"args must be a HostArgs or None, got {type(args).__name__}")
-        packed = _EMPTY_PACKED if args is None else args.pack()
+        if fn.info is not None:  # the kernel has hidden arguments or declared parameters
+            packed = _pack_for(fn, HostArgs() if args is None else args)
+        elif args is None:
+            packed = _EMPTY_PACKED
+        else:
+            packed = _pack_for(fn, args)
         cfg = None if config is None else LaunchConfig.coerce(config)
         scheduler = self._scheduler
         buffers = allocations_of(
@@ -331,7 +345,9 @@ class Stream:
             self._check_function(fn)
         if type(blocks) is not int or not 0 < blocks <= MAX_NUM_BLOCKS:
             blocks = _check_blocks(blocks)
-        if args is None:
+        if fn.info is not None:  # the kernel has hidden arguments or declared parameters
+            packed = _pack_for(fn, HostArgs() if args is None else args)
+        elif args is None:
             packed = _EMPTY_PACKED
         elif isinstance(args, HostArgs):
             packed = args.pack()

@@ -10,7 +10,8 @@ around the whole script still leaves the report of the steps done so far):
    --no-index --no-deps --target``; nothing is fetched;
 3. seam: the v0.2 runtime calls once, directly: ``info()``, a stream at the greatest
    priority, ``memset_async`` then a device-to-device copy read back, an out-of-range priority
-   refused;
+   refused; a graph (two launches, one with placeholder data, and a memset captured on one
+   stream, replayed twice on another, read back, destroyed);
 4. tests: ``tests/runtime/test_cuda_backend.py`` and the cuda parameters of
    ``tests/runtime/test_runtime_contract.py`` and ``test_runtime_contract_v02.py`` with pytest:
    the runtime contract suite and the scheduler smoke tests on the GPU (``cuda`` parameter,
@@ -273,6 +274,49 @@ try:
         out["out_of_range_refused"] = False
     except InvalidParamError:
         out["out_of_range_refused"] = True
+    # a graph: y += 2x; z = 0.5y (placeholder data); x[0] = 0; captured, then replayed twice
+    import struct
+    import numpy as np
+    from aio_ascend._host.hostargs import HostArgs
+    from aio_ascend._runtime.abi import ACL_MEMCPY_HOST_TO_DEVICE
+    def pinned(data):
+        addr = rt.malloc_host(len(data))
+        host_view(addr, len(data))[:] = data
+        return addr
+    def launch(fn, args):
+        image, table = args.to_bytes(), args.placeholder_table()
+        table_addr = pinned(table) if table else 0
+        rt.launch_kernel_with_host_args(
+            fn, 4, stream, None, pinned(image), len(image), table_addr, len(args.placeholders))
+    def read(ptr, m):
+        rt.memcpy_async(host, 4 * m, ptr, 4 * m, ACL_MEMCPY_DEVICE_TO_HOST, other)
+        rt.synchronize_stream(other, 10000)
+        return np.frombuffer(bytes(host_view(host, 4 * m)), np.float32)
+    binary = rt.load_binary(None)
+    axpy, scale = rt.get_function(binary, "axpy"), rt.get_function(binary, "scale")
+    m = 1024
+    xs = np.arange(1, m + 1, dtype=np.float32)
+    x, y, z = rt.malloc(4 * m), rt.malloc(4 * m), rt.malloc(4 * m)
+    rt.memcpy_async(x, 4 * m, pinned(xs.tobytes()), 4 * m, ACL_MEMCPY_HOST_TO_DEVICE, stream)
+    rt.memset_async(y, 4 * m, 0, 4 * m, stream)
+    rt.synchronize_stream(stream, 10000)
+    rt.begin_capture(stream)
+    launch(axpy, HostArgs().ptr(x).ptr(y).f32(2.0).u32(m))
+    launch(scale, HostArgs().ptr(y).ptr(z).placeholder(struct.pack("<If", m, 0.5)))
+    rt.memset_async(x, 4 * m, 0, 4, stream)
+    graph = rt.end_capture(stream)
+    other = rt.create_stream()
+    untouched = not read(y, m).any()
+    rt.launch_graph(graph, other)
+    rt.launch_graph(graph, other)
+    rt.synchronize_stream(other, 10000)
+    y_want, z_want = 4 * xs, 2 * xs
+    y_want[0], z_want[0] = 2, 1
+    out["graph_ok"] = bool(
+        untouched and (read(y, m) == y_want).all() and (read(z, m) == z_want).all())
+    rt.destroy_graph(graph)
+    out["graph_destroyed"] = rt.graph_count() == 0
+    rt.destroy_stream(other)
     rt.destroy_stream(stream)
 finally:
     rt.close()
@@ -300,7 +344,7 @@ def bench_plain_bindings(n: int, rounds: int) -> dict[str, Any]:
 
     from aio_ascend._runtime.cuda.kernels import KERNEL_SOURCE
     from aio_ascend._runtime.cuda.nvrtc import compile_cuda_source
-    from aio_ascend._tools.trace import percentile
+    from aio_ascend._tools.stats import percentile
 
     def ok(result: Any) -> Any:
         if int(result[0]):
@@ -412,13 +456,15 @@ def format_report(data: dict[str, Any]) -> str:
                      f"still missing: {wheels.get('missing_after') or 'nothing'}")
     seam = data.get("seam", {})
     if seam:
-        lines += ["", "## Seam (info, priority stream, memset + D2D copy)", ""]
+        lines += ["", "## Seam (info, priority stream, memset + D2D copy, graph)", ""]
         if "error" in seam:
             lines.append(f"error: {str(seam['error'])[-300:]}")
         else:
             lines.append(f"- info: {seam.get('info')}")
             lines.append(f"- memset + D2D copy read back: {seam.get('memset_d2d_ok')}; "
                          f"out-of-range priority refused: {seam.get('out_of_range_refused')}")
+            lines.append(f"- graph captured, replayed twice on another stream, read back: "
+                         f"{seam.get('graph_ok')}; destroyed: {seam.get('graph_destroyed')}")
     tests = data.get("tests", {})
     if tests:
         lines += ["", "## Tests (tests/runtime, cuda)", ""]
@@ -514,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
             report.save()
             print(json.dumps(report.data["seam"], indent=2, default=str), flush=True)
             seam = report.data["seam"]
-            if not (seam.get("memset_d2d_ok") and seam.get("out_of_range_refused")):
+            checks = ("memset_d2d_ok", "out_of_range_refused", "graph_ok", "graph_destroyed")
+            if not all(seam.get(check) for check in checks):
                 status = status or 1
         if not args.skip_tests:
             print("== tests", flush=True)

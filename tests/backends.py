@@ -5,7 +5,10 @@ clear reason when the backend cannot run on this machine:
 
 - ``sim``: the embedded simulator (always);
 - ``acl``: the acl backend over the C test double (``tests/doubles/acl_double.c``, built with
-  the system cc);
+  the system cc) as its default persona, CANN 9.1 (host args, parameter info);
+- ``acl-8.5``, ``acl-8.3``: the same over the double built as CANN 8.5 (host args, no parameter
+  info, priorities through ``aclrtCreateStreamWithConfig``) and CANN 8.3 (the args-handle
+  launch path); CANN 8.0 has no usable launch path and is tested for its refusal instead;
 - ``cuda-fake``: the cuda backend over the CPU fake of the driver (``tests/doubles/cuda_fake.py``);
   one fake driver per test (one "process"), so a runtime re-opened within a test finds the
   driver state the previous one left, as on a real GPU;
@@ -32,12 +35,15 @@ def _open_sim() -> Runtime:
     return open_runtime("sim", 0)
 
 
-def _open_acl_double() -> Runtime:
-    try:
-        from doubles.acl_double import open_double_runtime
-    except ImportError as exc:  # pragma: no cover - the double needs numpy and ctypes only
-        pytest.skip(f"the acl test double cannot be imported: {exc}")
-    return open_double_runtime()
+def _acl_double(persona: str | None = None) -> Callable[[], Runtime]:
+    def open_acl_double() -> Runtime:
+        try:
+            from doubles.acl_double import DEFAULT_PERSONA, open_double_runtime
+        except ImportError as exc:  # pragma: no cover - the double needs numpy and ctypes only
+            pytest.skip(f"the acl test double cannot be imported: {exc}")
+        return open_double_runtime(persona=persona or DEFAULT_PERSONA)
+
+    return open_acl_double
 
 
 _fake_drivers: dict[str, object] = {}
@@ -80,7 +86,9 @@ def _open_cuda() -> Runtime:
 
 RUNTIME_FACTORIES: dict[str, Callable[[], Runtime]] = {
     "sim": _open_sim,
-    "acl": _open_acl_double,
+    "acl": _acl_double(),
+    "acl-8.5": _acl_double("8.5"),
+    "acl-8.3": _acl_double("8.3"),
     "cuda-fake": _open_cuda_fake,
     "cuda": _open_cuda,
 }

@@ -20,6 +20,9 @@ OpenDevice = Callable[..., Any]
 
 #: the device backends every scheduler test runs on: the sim, and acl over its C test double
 DEVICE_BACKENDS = ("sim", "acl")
+#: the acl backend over the double's other usable personas (``@pytest.mark.personas`` tests):
+#: CANN 8.5 (host args) and 8.3 (the args-handle path); ``acl`` itself is CANN 9.1
+PERSONA_BACKENDS = ("acl-8.5", "acl-8.3")
 
 
 def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
@@ -35,14 +38,14 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
             **kwargs.pop("runtime_options", {}),
         }
         return aa.open_device(device_id, backend="cuda", runtime_options=options, **kwargs)
-    if backend == "acl":
+    if backend == "acl" or backend.startswith("acl-"):
         import os
 
-        from doubles.acl_double import build_double
+        from doubles.acl_double import DEFAULT_PERSONA, build_double
 
         from aio_ascend._runtime.acl.runtime import ENV_BUILTINS
 
-        built = build_double()
+        built = build_double(backend.partition("-")[2] or DEFAULT_PERSONA)
         os.environ.setdefault(ENV_BUILTINS, str(built.builtins))
         options = {"library_path": str(built.library), **kwargs.pop("runtime_options", {})}
         return aa.open_device(device_id, backend="acl", runtime_options=options, **kwargs)
@@ -52,9 +55,9 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
 def live_resources(dev: aa.Device) -> dict[str, int]:
     """What the runtime below ``dev`` still holds, with the sim's key names."""
     if dev.backend == "acl":
-        from doubles.acl_double import double_control
+        from doubles.acl_double import control_for
 
-        counts = double_control().live_counts()
+        counts = control_for(dev.runtime).live_counts()
         return {
             "device_allocations": counts["device_allocs"],
             "host_allocations": counts["host_allocs"],
@@ -80,7 +83,12 @@ def live_resources(dev: aa.Device) -> dict[str, int]:
 
 
 def assert_runtime_clean(dev: aa.Device) -> None:
-    """After ``aclose()``: the runtime reports nothing left allocated."""
+    """After ``aclose()``: the device and its runtime report nothing left allocated (the
+    plugin's ``aio_ascend.testing.assert_no_leaks``, plus the acl double's and the fake CUDA
+    driver's own counts)."""
+    from aio_ascend.testing import assert_no_leaks
+
+    assert_no_leaks(dev)
     live = live_resources(dev)
     assert all(count == 0 for count in live.values()), f"left behind after close: {live}"
 
@@ -106,3 +114,67 @@ def tiling(fmt_values: list[tuple[str, Any]]) -> bytes:
     import struct
 
     return b"".join(struct.pack("<" + fmt, value) for fmt, value in fmt_values)
+
+
+def check_trace(trace: dict[str, Any]) -> dict[str, Any]:
+    """Check a trace written by ``aio_ascend.tracing`` the way Perfetto reads it; summarise it.
+
+    Every async slice (``b``/``e`` of one ``id``) nests properly, in time order; each ``id`` is
+    a track named by its first slice, and Perfetto shows the tracks of one process with the
+    same name as one (``tracks``: process name -> track name -> tasks on it). Flows (``bind_id``)
+    run from a ``flow_out`` through ``flow_in``+``flow_out`` steps to a ``flow_in``, in time
+    order. Returns ``tracks``, ``phases`` (names of the nested slices), ``flows`` (bind_id ->
+    its slices' outer names, in order) and ``outer`` (every outer ``b`` event).
+    """
+    events = trace["traceEvents"]
+    assert isinstance(events, list)
+    processes = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "process_name"
+    }
+    stacks: dict[str, list[str]] = {}
+    last_ts: dict[str, float] = {}
+    track_of: dict[str, tuple[str, str]] = {}
+    tracks: dict[str, dict[str, int]] = {}
+    phases: set[str] = set()
+    outer: list[dict[str, Any]] = []
+    for e in events:
+        if e["ph"] == "M":
+            continue
+        assert e["ph"] in ("b", "e", "n"), e
+        assert isinstance(e["ts"], int | float) and e["ts"] >= 0, e
+        assert e["pid"] in processes, f"event of an unnamed process: {e}"
+        ident = e["id"]
+        assert e["ts"] >= last_ts.get(ident, 0.0), f"time runs backwards on {ident}: {e}"
+        last_ts[ident] = e["ts"]
+        stack = stacks.setdefault(ident, [])
+        if e["ph"] == "b":
+            if ident not in track_of:
+                track_of[ident] = (processes[e["pid"]], e["name"])
+                by_name = tracks.setdefault(processes[e["pid"]], {})
+                by_name[e["name"]] = by_name.get(e["name"], 0) + 1
+                outer.append(e)
+            else:
+                assert stack, f"a second top-level slice on {ident}: {e}"
+                phases.add(e["name"])
+            stack.append(e["name"])
+        elif e["ph"] == "e":
+            assert stack and stack[-1] == e["name"], f"misnested end on {ident}: {e}"
+            stack.pop()
+        else:
+            assert stack, f"an instant outside its task: {e}"
+    assert not any(stacks.values()), "slices left open"
+    chains: dict[int, list[dict[str, Any]]] = {}
+    for e in outer:
+        if "bind_id" in e:
+            chains.setdefault(e["bind_id"], []).append(e)
+    flows: dict[int, list[str]] = {}
+    for flow, members in chains.items():
+        members.sort(key=lambda e: e["ts"])
+        assert len(members) >= 2, f"a flow of one slice: {members}"
+        for index, e in enumerate(members):
+            assert bool(e.get("flow_in")) == (index > 0), e
+            assert bool(e.get("flow_out")) == (index < len(members) - 1), e
+        flows[flow] = [e["name"] for e in members]
+    return {"tracks": tracks, "phases": phases, "flows": flows, "outer": outer}

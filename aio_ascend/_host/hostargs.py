@@ -1,10 +1,25 @@
 """``HostArgs``: a pure builder for the host args buffer of ``aclrtLaunchKernelWithHostArgs``.
 
 Layout (what an Ascend C kernel decodes): arguments are laid out left to right, each at its
-natural alignment (pointers and placeholder slots: 8 bytes, 8-aligned). Placeholder data goes
-into a tail region after all arguments, each block at its own alignment (32 by default); the
-runtime writes the device address of each block into its 8-byte slot. The total is rounded up
-to 8 bytes; an empty ``HostArgs`` is 8 zero bytes (the runtime refuses ``argsSize == 0``).
+alignment under the builder's :class:`ArgsLayout` (pointers and placeholder slots: 8 bytes,
+8-aligned, in every layout):
+
+* ``"ascend"`` (the default): natural alignment with a 4-byte minimum, the Ascend C compiler's
+  ABI (asc-devkit's generated launch stubs: ``alignas(((alignof(T) + 3) >> 2) << 2)``;
+  ``docs/cann-support.md`` §3.1), what ``aclrtlaunch_*``, ``<<<>>>`` and HCCL pass;
+* ``"c"``: plain C natural alignment (a ``u8`` at any byte, a ``u16`` at an even one): what
+  CUDA kernels (the ``cuda`` backend) and hand-written C structs use;
+* ``"slots8"``: every argument at the next 8-byte boundary, as ``aclrtKernelArgsAppend`` places
+  each parameter (§3.2): to reproduce an args-handle launch byte for byte.
+
+The three agree when every argument is a pointer or a 64-bit value. Placeholder data goes into a
+tail region after all arguments, each block at its own alignment (32 by default); the runtime
+writes the device address of each block into its 8-byte slot. The total is rounded up to 8
+bytes; an empty ``HostArgs`` is 8 zero bytes (the runtime refuses ``argsSize == 0``).
+
+:meth:`HostArgs.pack` with a kernel's ``FunctionInfo`` (from the runtime) also checks the fields
+against the parameters the kernel declares and adds the hidden arguments the launch path needs
+(a MIX kernel's sync address before them, its overflow address after them).
 
 No runtime, no I/O, no asyncio: the scheduler snapshots the packed image into a pooled pinned
 buffer at launch, so a builder may be reused (or mutated) as soon as ``launch`` returns.
@@ -12,6 +27,7 @@ buffer at launch, so a builder may be reused (or mutated) as soon as ``launch`` 
 
 from __future__ import annotations
 
+import enum
 import math
 import operator
 import struct
@@ -20,10 +36,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from .._runtime.abi import MAX_PLACEHOLDERS, PLACEHOLDER_INFO_SIZE, UINT32_MAX
+from .._runtime.base import FunctionInfo
 
 BytesLike = bytes | bytearray | memoryview
 
 __all__ = [
+    "ArgsLayout",
     "DEFAULT_MAX_NBYTES",
     "DEFAULT_MAX_PLACEHOLDERS",
     "HostArgs",
@@ -38,6 +56,33 @@ DEFAULT_MAX_PLACEHOLDERS = MAX_PLACEHOLDERS
 _ARGS_SIZE_LIMIT = UINT32_MAX
 _PLACEHOLDER_ENTRY = struct.Struct("<II")  # aclrtPlaceHolderInfo
 assert _PLACEHOLDER_ENTRY.size == PLACEHOLDER_INFO_SIZE
+
+
+class ArgsLayout(enum.Enum):
+    """Where each argument of a :class:`HostArgs` starts (see the module docstring)."""
+
+    #: natural alignment, at least 4: the Ascend C compiler's parameter ABI (the default)
+    ASCEND = "ascend"
+    #: plain C natural alignment (CUDA kernels, C structs)
+    C = "c"
+    #: every argument at the next 8-byte boundary (``aclrtKernelArgsAppend``)
+    SLOTS8 = "slots8"
+
+
+#: the smallest alignment of an argument under each layout (its natural one if larger)
+_MIN_ALIGN = {ArgsLayout.ASCEND: 4, ArgsLayout.C: 1, ArgsLayout.SLOTS8: 8}
+
+
+def _coerce_layout(layout: object) -> ArgsLayout:
+    if isinstance(layout, ArgsLayout):
+        return layout
+    if not isinstance(layout, str):
+        raise TypeError(f"layout must be a str, got {type(layout).__name__}")
+    try:
+        return ArgsLayout(layout)
+    except ValueError:
+        names = ", ".join(repr(item.value) for item in ArgsLayout)
+        raise ValueError(f"layout={layout!r}: expected one of {names}") from None
 
 
 class SupportsDevicePointer(Protocol):
@@ -97,15 +142,26 @@ class PackedArgs:
     :ivar buffers: the device buffers the args point to (kept alive until completion)
     """
 
-    __slots__ = ("buffers", "image", "nbytes", "placeholder_count", "placeholders", "table")
+    __slots__ = (
+        "buffers",
+        "fields",
+        "image",
+        "nbytes",
+        "placeholder_count",
+        "placeholders",
+        "table",
+    )
 
     def __init__(
         self,
         image: bytes,
         placeholders: tuple[tuple[int, int], ...],
         buffers: tuple[SupportsDevicePointer, ...],
+        fields: tuple[tuple[int, int], ...] = (),
     ) -> None:
         self.image = image
+        #: ``(offset, size)`` of each argument (a placeholder: its 8-byte slot), in order
+        self.fields = fields
         self.nbytes = len(image)
         self.placeholders = placeholders
         self.placeholder_count = len(placeholders)
@@ -120,6 +176,10 @@ class HostArgs:
     >>> args.nbytes, args.placeholders
     (40, [(16, 32)])
 
+    :param layout: where arguments start: ``"ascend"`` (the default: natural alignment, at
+        least 4, the Ascend C compiler's ABI), ``"c"`` (plain C natural alignment) or
+        ``"slots8"`` (every argument 8-aligned, as ``aclrtKernelArgsAppend``); see
+        :class:`ArgsLayout`
     :param max_nbytes: refuse layouts larger than this (default 64 KiB; at most 2**32 - 1)
     :param max_placeholders: refuse more placeholders than this (default 128)
 
@@ -131,10 +191,15 @@ class HostArgs:
         "_buffers",
         "_count",
         "_cursor",
+        "_fields",
         "_image",
+        "_items",
+        "_layout_kind",
         "_max_nbytes",
         "_max_placeholders",
+        "_min_align",
         "_packed",
+        "_packed_for",
         "_placeholder_data",
         "_tail_size",
     )
@@ -142,9 +207,12 @@ class HostArgs:
     def __init__(
         self,
         *,
+        layout: ArgsLayout | str = ArgsLayout.ASCEND,
         max_nbytes: int = DEFAULT_MAX_NBYTES,
         max_placeholders: int = DEFAULT_MAX_PLACEHOLDERS,
     ) -> None:
+        self._layout_kind = _coerce_layout(layout)
+        self._min_align = _MIN_ALIGN[self._layout_kind]
         if isinstance(max_nbytes, bool) or not isinstance(max_nbytes, int):
             raise TypeError("max_nbytes must be an int")
         if not 8 <= max_nbytes <= _ARGS_SIZE_LIMIT:
@@ -168,10 +236,20 @@ class HostArgs:
         self._tail_size = 0  # worst-case bytes of tail data, for the early size check
         self._buffers: list[SupportsDevicePointer] = []
         self._packed: PackedArgs | None = None
+        self._packed_for: tuple[FunctionInfo, PackedArgs] | None = None
+        # (offset, size) of each argument; (data or None for a placeholder slot, alignment)
+        self._fields: list[tuple[int, int]] = []
+        self._items: list[tuple[bytes | None, int]] = []
+
+    @property
+    def layout(self) -> ArgsLayout:
+        """Where arguments start (:class:`ArgsLayout`)."""
+        return self._layout_kind
 
     # --- builders ------------------------------------------------------------------------
 
     def _append(self, field: str, data: bytes, align: int) -> HostArgs:
+        align = max(align, self._min_align)
         offset = (self._cursor + align - 1) & -align
         end = offset + len(data)
         # Cheap upper bound first (every tail block padded by its full alignment); the exact
@@ -184,7 +262,9 @@ class HostArgs:
         image += data
         self._count += 1
         self._cursor = end
-        self._packed = None
+        self._fields.append((offset, len(data)))
+        self._items.append((data, align))
+        self._packed = self._packed_for = None
         return self
 
     def _check_size(
@@ -342,16 +422,36 @@ class HostArgs:
         self._image.extend(bytes(slot + 8 - len(self._image)))
         self._count += 1
         self._cursor = slot + 8
-        self._packed = None
+        self._fields.append((slot, 8))
+        self._items.append((None, 8))
+        self._packed = self._packed_for = None
         return self
 
     # --- results -------------------------------------------------------------------------
 
-    def pack(self) -> PackedArgs:
-        """Lay out the buffer (cached until the builder changes)."""
-        packed = self._packed
-        if packed is None:
-            packed = self._packed = self._layout()
+    def pack(self, info: FunctionInfo | None = None) -> PackedArgs:
+        """Lay out the buffer (cached until the builder changes).
+
+        With ``info`` (a kernel's :class:`~aio_ascend._runtime.base.FunctionInfo`, from the
+        runtime), for a launch of that kernel: the fields are checked against the parameters
+        it declares (``ValueError`` when their number or sizes differ), its hidden arguments
+        are laid out before and after the fields, and placeholder data is placed as its launch
+        path needs.
+        """
+        if info is None or info.plain:
+            packed = self._packed
+            if packed is None:
+                packed = self._packed = self._layout()
+            return packed
+        cached = self._packed_for
+        if cached is not None and cached[0] == info:
+            return cached[1]
+        self._check_params(info)
+        if not info.prefix and not info.suffix and info.data_align is None:
+            packed = self.pack()  # checked; laid out as the builder has it
+        else:
+            packed = self._layout_for(info)
+        self._packed_for = (info, packed)
         return packed
 
     def _layout(self) -> PackedArgs:
@@ -364,7 +464,68 @@ class HostArgs:
             placeholders.append((slot, data_offset))
         total = max((len(image) + 7) & -8, 8)
         image.extend(bytes(total - len(image)))
-        return PackedArgs(bytes(image), tuple(placeholders), tuple(self._buffers))
+        return PackedArgs(
+            bytes(image), tuple(placeholders), tuple(self._buffers), tuple(self._fields)
+        )
+
+    def _check_params(self, info: FunctionInfo) -> None:
+        """The fields against the kernel's declared parameters (count and sizes)."""
+        declared = info.params
+        if declared is None:
+            return
+        sizes = [size for _, size in self._fields]
+        expected = [size for _, size in declared]
+        if len(sizes) != len(expected):
+            raise ValueError(
+                f"HostArgs has {len(sizes)} argument(s) but the kernel declares "
+                f"{len(expected)} parameter(s) (sizes {expected}, from "
+                "aclrtFunctionGetParamInfo)"
+            )
+        for index, (size, want) in enumerate(zip(sizes, expected, strict=True)):
+            if size != want:
+                raise ValueError(
+                    f"HostArgs argument {index} is {size} byte(s) but the kernel's parameter "
+                    f"{index} is {want} byte(s) (aclrtFunctionGetParamInfo)"
+                )
+
+    def _layout_for(self, info: FunctionInfo) -> PackedArgs:
+        """The layout with ``info``'s hidden arguments and data placement."""
+        image = bytearray()
+        for value in info.prefix:
+            image += value.to_bytes(8, "little")
+        fields: list[tuple[int, int]] = []
+        slots: list[int] = []
+        for data, align in self._items:
+            offset = (len(image) + align - 1) & -align
+            image.extend(bytes(offset - len(image)))
+            if data is None:
+                slots.append(offset)
+                image += bytes(8)
+                fields.append((offset, 8))
+            else:
+                image += data
+                fields.append((offset, len(data)))
+        if info.suffix:
+            image.extend(bytes(-len(image) % 8))
+            for value in info.suffix:
+                image += value.to_bytes(8, "little")
+        placeholders = []
+        if info.data_align is not None:
+            image.extend(bytes(-len(image) % 8))  # the argument area ends 8-aligned
+        for slot, (_, data, align) in zip(slots, self._placeholder_data, strict=True):
+            align = align if info.data_align is None else info.data_align
+            data_offset = (len(image) + align - 1) & -align
+            image.extend(bytes(data_offset - len(image)))
+            image += data
+            placeholders.append((slot, data_offset))
+        total = max((len(image) + 7) & -8, 8)
+        image.extend(bytes(total - len(image)))
+        if total > self._max_nbytes:
+            raise ValueError(
+                f"HostArgs: the args with the kernel's hidden arguments take {total} bytes, "
+                f"over the cap of {self._max_nbytes}"
+            )
+        return PackedArgs(bytes(image), tuple(placeholders), tuple(self._buffers), tuple(fields))
 
     @property
     def nbytes(self) -> int:
@@ -407,10 +568,20 @@ class HostArgs:
     def __len__(self) -> int:
         return self.nbytes
 
+    @property
+    def fields(self) -> list[tuple[int, int]]:
+        """``(offset, size)`` of each argument in order (a placeholder: its 8-byte slot)."""
+        return list(self._fields)
+
     def __repr__(self) -> str:
+        layout = (
+            ""
+            if self._layout_kind is ArgsLayout.ASCEND
+            else f"layout={self._layout_kind.value!r}, "
+        )
         return (
-            f"HostArgs(fields={self._count}, placeholders={len(self._placeholder_data)}, "
-            f"nbytes={self.nbytes})"
+            f"HostArgs({layout}fields={self._count}, "
+            f"placeholders={len(self._placeholder_data)}, nbytes={self.nbytes})"
         )
 
 

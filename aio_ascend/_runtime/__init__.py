@@ -1,8 +1,12 @@
 """Backend discovery: one name per backend, imported lazily.
 
 ``open_runtime(name, device_id)`` returns a :class:`Runtime` bound to one device. ``"auto"``
-picks ``acl`` when ``libascendcl.so`` loads and ``sim`` otherwise; the environment variable
-``AIO_ASCEND_BACKEND`` overrides ``"auto"``.
+picks ``acl`` when a CANN install is *found* (``libascendcl.so`` under ``$ASCEND_HOME_PATH/lib64``
+or ``$ASCEND_TOOLKIT_HOME/lib64``, or on the loader path) and ``sim`` when none is. A found install
+that cannot be used (no launch path aio_ascend implements, missing symbols, no device) raises
+``BackendUnavailableError`` saying what was found and why: a CANN install is never silently
+simulated. The environment variable ``AIO_ASCEND_BACKEND`` overrides ``"auto"`` (``sim`` then
+simulates beside an install).
 """
 
 from __future__ import annotations
@@ -75,10 +79,26 @@ def choose_backend(requested: str = "auto") -> tuple[str, str]:
         if override not in BACKENDS:
             raise ValueError(f"{ENV_BACKEND}={override!r}: expected one of {sorted(BACKENDS)}")
         return override, f"{ENV_BACKEND}={override}"
+    found = _found_install()
+    if found is None:
+        return "sim", "no CANN install found (libascendcl.so); using the embedded simulator"
     ok, why = probe_backend("acl")
     if ok:
         return "acl", f"libascendcl.so loaded ({why})"
-    return "sim", f"acl unavailable ({why}); using the embedded simulator"
+    raise BackendUnavailableError(
+        f"a CANN install was found ({found}) but cannot be used: {why}\n"
+        f"backend='auto' never simulates beside a CANN install: pass backend='sim' or set "
+        f"{ENV_BACKEND}=sim to use the simulator anyway."
+    )
+
+
+def _found_install() -> str | None:
+    """Where a CANN install is found (``None``: nowhere); the acl backend's own rule."""
+    try:
+        from .acl.library import find_install
+    except ImportError:  # pragma: no cover - the acl backend needs only ctypes
+        return None
+    return find_install()
 
 
 def open_runtime(backend: str, device_id: int, **options: Any) -> Runtime:

@@ -15,6 +15,7 @@ by its ACL name (``num_blocks (numBlocks)=0 ...``).
 from __future__ import annotations
 
 import ctypes
+import enum
 import struct
 from collections.abc import Sequence
 from typing import Final
@@ -22,6 +23,18 @@ from typing import Final
 from .._errors import AclCode, InvalidParamError
 
 __all__ = [
+    "ACL_DEV_ATTR_AICORE_CORE_NUM",
+    "ACL_DEV_ATTR_CUBE_CORE_NUM",
+    "ACL_DEV_ATTR_VECTOR_CORE_NUM",
+    "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
+    "ACL_PKG_NAME_CANN",
+    "ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD",
+    "ACL_RT_BINARY_LOAD_OPT_MAGIC",
+    "ACL_RT_BINARY_MAGIC_ELF_AICORE",
+    "ACL_RT_BINARY_MAGIC_ELF_CUBE_CORE",
+    "ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE",
+    "ACL_RT_THREAD_LEVEL",
+    "KernelType",
     "ACL_STREAM_CAPACITY",
     "ACL_CONTINUE_ON_FAILURE",
     "ACL_ERROR_INVALID_PARAM",
@@ -60,6 +73,7 @@ __all__ = [
     "check_args",
     "check_event_flags",
     "check_failure_mode",
+    "check_load_options",
     "check_memcpy",
     "check_num_blocks",
     "check_placeholder_count",
@@ -86,6 +100,7 @@ ACL_ERROR_RT_AICORE_TIMEOUT: Final[int] = AclCode.RT_AICORE_TIMEOUT.value
 ACL_ERROR_RT_AICORE_EXCEPTION: Final[int] = AclCode.RT_AICORE_EXCEPTION.value
 ACL_ERROR_RT_STREAM_SYNC_TIMEOUT: Final[int] = AclCode.RT_STREAM_SYNC_TIMEOUT.value
 ACL_ERROR_RT_EVENT_SYNC_TIMEOUT: Final[int] = AclCode.RT_EVENT_SYNC_TIMEOUT.value
+ACL_ERROR_RT_FEATURE_NOT_SUPPORT: Final[int] = AclCode.RT_FEATURE_NOT_SUPPORT.value
 
 # --- enums and flags (acl_abi_facts.json) -------------------------------------------------------
 
@@ -107,6 +122,71 @@ ACL_MEMCPY_DEVICE_TO_HOST: Final = 2
 ACL_MEMCPY_DEVICE_TO_DEVICE: Final = 3
 # aclrtMemMallocPolicy
 ACL_MEM_MALLOC_HUGE_FIRST: Final = 0
+# aclCANNPackageName (aclsysGetCANNVersion; acl_prototypes_more.json "types")
+ACL_PKG_NAME_CANN: Final = 0
+# aclrtDevAttr (aclrtGetDeviceInfo; acl_prototypes_more.json "types")
+ACL_DEV_ATTR_AICORE_CORE_NUM: Final = 101
+ACL_DEV_ATTR_CUBE_CORE_NUM: Final = 102
+ACL_DEV_ATTR_VECTOR_CORE_NUM: Final = 201
+# aclrtLastErrLevel (aclrtGetLastError / aclrtPeekAtLastError)
+ACL_RT_THREAD_LEVEL: Final = 0
+# aclrtBinaryLoadOptionType and the magics of ACL_RT_BINARY_LOAD_OPT_MAGIC (acl-runtime.md §1.2,
+# cann-support.md §5.1: the CANN 8.5.0+ headers)
+ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD: Final = 1
+ACL_RT_BINARY_LOAD_OPT_MAGIC: Final = 2
+ACL_RT_BINARY_MAGIC_ELF_AICORE: Final = 0x43554245
+ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE: Final = 0x41415246
+ACL_RT_BINARY_MAGIC_ELF_CUBE_CORE: Final = 0x41494343
+
+
+class KernelType(enum.Enum):
+    """What a kernel binary loaded from bytes holds (``load_module(kernel_type=...)``).
+
+    The value is the ``ACL_RT_BINARY_LOAD_OPT_MAGIC`` magic. There is no MIX magic: on Atlas
+    A2/A3 (cube and vector cores apart) the AI Core magic means MIX to the runtime
+    (``Magic2KernelAttrType``), and without a magic it assumes CUBE (cann-support.md §5.3).
+    ``MIX`` also tells the library to supply the kernel's hidden arguments (§4).
+    """
+
+    AICORE = "aicore"
+    VECTOR = "vector"
+    CUBE = "cube"
+    MIX = "mix"
+
+    @property
+    def magic(self) -> int:
+        """The ``aclrtBinaryLoadOptionValue.magic`` for this type."""
+        return _KERNEL_MAGICS[self]
+
+    @classmethod
+    def coerce(cls, value: object) -> KernelType:
+        """A ``KernelType`` from itself or its name; ``ValueError``/``TypeError`` otherwise."""
+        if isinstance(value, KernelType):
+            return value
+        if not isinstance(value, str):
+            raise TypeError(f"kernel_type must be a str, got {type(value).__name__}")
+        try:
+            return cls(value)
+        except ValueError:
+            names = ", ".join(repr(kind.value) for kind in cls)
+            raise ValueError(f"kernel_type={value!r}: expected one of {names}") from None
+
+
+def check_load_options(kernel_type: object, lazy: object) -> tuple[KernelType | None, bool | None]:
+    """The load options of ``load_binary`` as values, checked alike on every backend
+    (``ValueError``/``TypeError`` naming the field)."""
+    kind = None if kernel_type is None else KernelType.coerce(kernel_type)
+    if lazy is not None and not isinstance(lazy, bool):
+        raise TypeError(f"lazy must be a bool or None, got {type(lazy).__name__}")
+    return kind, lazy
+
+
+_KERNEL_MAGICS: Final = {
+    KernelType.AICORE: ACL_RT_BINARY_MAGIC_ELF_AICORE,
+    KernelType.VECTOR: ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE,
+    KernelType.CUBE: ACL_RT_BINARY_MAGIC_ELF_CUBE_CORE,
+    KernelType.MIX: ACL_RT_BINARY_MAGIC_ELF_AICORE,
+}
 
 # --- limits -------------------------------------------------------------------------------------
 

@@ -7,10 +7,14 @@ carrying the ACL code). Methods may block the calling thread; none of them touch
 anyio or trio. The docstrings below are the contract every backend (``sim``, ``acl``, ``cuda``)
 is tested against (``tests/test_runtime_contract.py``).
 
-Thread rules (as in ACL): contexts are per thread. A thread must call
-:meth:`Runtime.set_current_context` before any other call, except :meth:`Runtime.close` and
-:meth:`Runtime.get_recent_error_message`; otherwise the call fails with code 107002
-(``ContextNullError``).
+Thread rules (as in ACL): contexts are per thread, and a thread has one current context (that
+of any runtime, or one another library made). A thread must bind this runtime's context with
+:meth:`Runtime.set_current_context` before any other call, except :meth:`Runtime.close`,
+:meth:`Runtime.get_recent_error_message`, :meth:`Runtime.get_current_context` and
+:meth:`Runtime.function_info`; otherwise the call fails with code 107002 (``ContextNullError``).
+A caller that must leave a thread as it found it (the event loop's thread, which another library
+such as torch_npu may share) reads :meth:`Runtime.get_current_context` first and gives it back
+with ``set_current_context(saved)`` after its call.
 
 After :meth:`Runtime.close` every other method raises an ``AscendError`` (the sim raises
 ``ContextNullError``, the acl backend ``ClosedError``); callers must not rely on which.
@@ -20,12 +24,51 @@ creation and cleanup calls (malloc, free, create/destroy stream and event) keep 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from .._launch_config import LaunchConfig
+    from .abi import KernelType
 
-__all__ = ["Runtime"]
+__all__ = ["PLAIN_FUNCTION", "FunctionInfo", "Runtime"]
+
+
+@dataclass(frozen=True)
+class FunctionInfo:
+    """What a backend knows about one kernel that the host args of its launches must follow
+    (:meth:`Runtime.function_info`). The default (:data:`PLAIN_FUNCTION`) asks for nothing.
+
+    :ivar params: ``(offset, size)`` of each parameter the kernel declares, as
+        ``aclrtFunctionGetParamInfo`` reports them (CANN 9.1 on); ``None`` when unknown. A
+        ``HostArgs`` whose fields differ in number or size is refused before the launch.
+    :ivar prefix: 64-bit values the caller lays out in 8-byte slots *before* the kernel's
+        parameters: the inter-core sync address of a MIX kernel on Atlas A2/A3, which the
+        host-args launch does not add itself (``docs/cann-support.md`` §4).
+    :ivar suffix: 64-bit values laid out in 8-byte slots right *after* the parameters (before
+        any placeholder data): the context's float-overflow address of such a kernel.
+    :ivar data_align: when set, the runtime places placeholder data itself (the args-handle
+        path): the data blocks are laid out right after the (8-aligned) parameters, each at this
+        alignment, so that the parameter area of the image ends where the data begins.
+    :ivar kernel_type: the kernel type the binary was loaded as (``"mix"`` ...), if known
+    """
+
+    params: tuple[tuple[int, int], ...] | None = None
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+    data_align: int | None = None
+    kernel_type: str | None = None
+
+    @property
+    def plain(self) -> bool:
+        """Whether the host args of this kernel are packed exactly as the builder lays them out."""
+        return (
+            self.params is None and not self.prefix and not self.suffix and self.data_align is None
+        )
+
+
+#: a kernel the backend knows nothing special about
+PLAIN_FUNCTION = FunctionInfo()
 
 
 @runtime_checkable
@@ -44,13 +87,26 @@ class Runtime(Protocol):
     #: event record or wait takes one); the scheduler never lets a stream reach it
     stream_capacity: int
 
+    @property
+    def context(self) -> int:
+        """This runtime's context handle (``aclrtContext``; never 0)."""
+        ...
+
     # --- context and lifecycle -------------------------------------------------------------
 
-    def set_current_context(self) -> None:
+    def set_current_context(self, context: int | None = None) -> None:
         """``aclrtSetCurrentContext``: bind the device's context to the calling thread.
 
-        Idempotent. Must be called by every thread before its first other call.
+        Idempotent. Must be called by every thread before its first other call. With
+        ``context`` (a handle :meth:`get_current_context` returned: another runtime's, or
+        another library's), bind that one instead; this works after :meth:`close` too, so that
+        a caller can always give a thread its context back.
         """
+        ...
+
+    def get_current_context(self) -> int | None:
+        """``aclrtGetCurrentContext``: the calling thread's current context handle, whoever made
+        it (this runtime, another, another library); ``None`` when the thread has none."""
         ...
 
     def close(self) -> None:
@@ -255,12 +311,28 @@ class Runtime(Protocol):
 
     # --- kernels ---------------------------------------------------------------------------
 
-    def load_binary(self, source: object) -> int:
+    def load_binary(
+        self,
+        source: object,
+        *,
+        kernel_type: KernelType | None = None,
+        lazy: bool | None = None,
+    ) -> int:
         """``aclrtBinaryLoadFromFile``/``FromData``: load a kernel binary, return its handle.
 
         What ``source`` may be is backend-specific (a path or bytes for ``acl``; a
         ``KernelLibrary`` for ``sim``). ``None`` loads the backend's built-in kernels.
+        ``kernel_type`` and ``lazy`` map to ``aclrtBinaryLoadOptions`` on acl (the magic and
+        ``ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD``; the magic only for bytes: the runtime refuses it
+        for a file, whose kernel type the JSON beside it gives); ``None`` passes no option.
+        Backends without load options check the values and otherwise ignore them.
         """
+        ...
+
+    def function_info(self, func: int) -> FunctionInfo:
+        """What the host args of kernel ``func`` must follow (:class:`FunctionInfo`): its
+        declared parameters where the runtime can tell, the hidden arguments the caller must
+        supply on this backend's launch path, where placeholder data must go."""
         ...
 
     def unload_binary(self, binary: int) -> None:
@@ -298,5 +370,11 @@ class Runtime(Protocol):
         the args buffer alive and unchanged until the kernel completes: the real runtime copies
         it during the call, but the ``sim`` reads pinned args when the kernel executes, so a
         lifetime bug shows up as wrong results in tests.
+
+        On the acl backend over CANN 8.3 (``launch_path == "args_handle"``) the image is
+        replayed through ``aclrtKernelArgs*`` + ``aclrtLaunchKernelWithConfig``: the runtime
+        builds and patches its own buffer (the caller's is not patched), and the argument area
+        must end where the first placeholder data block starts (as ``HostArgs`` packs it for
+        such a function: :attr:`FunctionInfo.data_align`).
         """
         ...

@@ -1,44 +1,89 @@
-"""Which device context the calling thread has bound: bind before each short runtime call.
+"""The device context around each short runtime call on a shared thread: bind, call, restore.
 
-ACL contexts are per thread, and the loop thread may serve several devices: before a call on
-the loop thread (malloc, free, stream and event creation, module loading) the thread is bound
-to the device's context unless it already is.
+ACL contexts are per thread, and the event loop's thread is shared: with other devices, and with
+other libraries (torch_npu caches its device per thread and never rebinds, so a context we left
+current makes its next launch fail with 107003, and the reverse). Before each short call the
+library makes on the loop thread (malloc, free, stream and event creation, module loading, event
+queries) it reads the thread's current context, binds the device's, makes the call and binds
+the saved one again (``docs/cann-support.md`` §6). When the thread's context already is the
+device's, the call is made as it is (one query, no switch). A thread without any context keeps
+the device's afterwards (there is nothing to give back: ACL cannot unbind). The library's own
+threads bind once and keep it.
 """
 
 from __future__ import annotations
 
-import threading
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+from .._errors import AscendError
 from .._runtime import Runtime
 
 __all__ = ["ContextBinding"]
 
-_bound = threading.local()  # .token: the ContextBinding this thread bound last
+log = logging.getLogger("aio_ascend")
 
 
 class ContextBinding:
-    """One device's runtime, handed out with the calling thread bound to its context."""
+    """One device's runtime, called with the device's context bound and the caller's restored."""
 
-    __slots__ = ("_token", "runtime")
+    __slots__ = ("_proxy", "runtime")
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
-        self._token = object()
+        self._proxy = cast(Runtime, _Restoring(self))
+        # Opening bound the device's context to the opening thread (the loop's): give that
+        # thread back the context it had before (torch_npu's, another device's).
+        before = getattr(runtime, "context_before_open", None)
+        if before is not None and before != runtime.context:
+            runtime.set_current_context(before)
 
     def bound(self) -> Runtime:
-        """The runtime, with the calling thread bound to its context first."""
-        if getattr(_bound, "token", None) is not self._token:
-            self.runtime.set_current_context()
-            _bound.token = self._token
-        return self.runtime
+        """The runtime, each of whose methods binds the device's context for the call and then
+        gives the calling thread its own context back."""
+        return self._proxy
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with the device's context bound, the caller's restored after."""
+        runtime = self.runtime
+        saved = runtime.get_current_context()
+        if saved == runtime.context:
+            return fn(*args, **kwargs)
+        runtime.set_current_context()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if saved is not None:
+                try:
+                    runtime.set_current_context(saved)
+                except AscendError as exc:  # its owner destroyed it meanwhile: nothing to restore
+                    log.debug("could not give the thread its context %#x back: %s", saved, exc)
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``fn`` wrapped so that it binds the calling thread (any thread) first."""
+        """``fn`` called as :meth:`call` calls it (from any thread)."""
 
         def call(*args: Any) -> Any:
-            self.bound()
-            return fn(*args)
+            return self.call(fn, *args)
+
+        return call
+
+
+class _Restoring:
+    """The runtime seen through :meth:`ContextBinding.bound`: methods bind and restore."""
+
+    __slots__ = ("_binding",)
+
+    def __init__(self, binding: ContextBinding) -> None:
+        self._binding = binding
+
+    def __getattr__(self, name: str) -> Any:
+        binding = self._binding
+        attr = getattr(binding.runtime, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return binding.call(attr, *args, **kwargs)
 
         return call

@@ -31,6 +31,8 @@ class LoopAdapter(ABC):
     name: str
     identity: object
     current: Callable[[], object]
+    #: awaits of finished tasks since the last checkpoint they made (``Task.wait``)
+    ready_awaits: int = 0
 
     @abstractmethod
     def is_current(self) -> bool:

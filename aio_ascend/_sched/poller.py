@@ -226,9 +226,19 @@ class Poller:
     def _complete(self, done: list[Batch]) -> None:
         deliveries: list[Delivery] = []
         finished: list[Request] = []
+        now = time.perf_counter()  # one clock call per round: completed_at of all it completes
         for batch in done:
-            outcome = Outcome.FINISHED_LATE if batch.timed_out else Outcome.FINISHED
+            if batch.timed_out:  # its tasks failed already: their timestamps stay as they are
+                outcome = Outcome.FINISHED_LATE
+                submitted = completed = None
+            else:
+                outcome = Outcome.FINISHED
+                submitted, completed = batch.submitted, now
             for req in batch.requests:
+                if completed is not None:
+                    task = req.task
+                    task.submitted_at = submitted
+                    task.completed_at = completed
                 error: BaseException | None = None
                 # A timed-out task has failed already: its copy never lands in user memory.
                 if req.needs_completion and not batch.timed_out:
@@ -257,10 +267,17 @@ class Poller:
         except Exception:
             site = None
         deliveries = fail_batches(batches, fault, first, site)
+        now = time.perf_counter()
+        for batch in batches:
+            for req in batch.requests:
+                req.task.submitted_at = batch.submitted
         for index, (req, error, outcome) in enumerate(deliveries):
-            if error is None and req.needs_completion:  # finished before the fault
-                try:
-                    req.on_complete()
-                except BaseException as exc:
-                    deliveries[index] = (req, InternalError(f"completing failed: {exc!r}"), outcome)
+            if error is None:  # finished before the fault
+                req.task.completed_at = now
+                if req.needs_completion:
+                    try:
+                        req.on_complete()
+                    except BaseException as exc:
+                        error = InternalError(f"completing failed: {exc!r}")
+                        deliveries[index] = (req, error, outcome)
         self._post(deliveries, self.counters)

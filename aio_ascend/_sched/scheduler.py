@@ -35,6 +35,7 @@ from .delivery import DeliveryQueue
 from .events import BatchEvents, UserEvents
 from .faults import FaultState
 from .graphs import GraphBook
+from .hooks import Source
 from .lane import Lane
 from .lifetimes import Allocation, Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
@@ -127,7 +128,11 @@ class Scheduler:
             lambda handle: self.bound().destroy_event(handle),
         )
         self._batch_events = BatchEvents(runtime)
-        self._delivery = DeliveryQueue(adapter.wake, adapter.call_soon, self._on_settled)
+        #: this device as observers (tracing, metrics) see it
+        self.source = Source(self.device_id, runtime.name)
+        self._delivery = DeliveryQueue(
+            adapter.wake, adapter.call_soon, self._on_settled, self.source
+        )
         self._counters = Counters()  # the loop side's own
         self.lanes: list[Lane] = []
         self._modules: list[int] = []
@@ -238,10 +243,11 @@ class Scheduler:
         self.lanes.append(lane)
         return lane
 
-    def load_binary(self, source: object) -> int:
-        """Load a kernel binary; it is unloaded when the device closes."""
+    def load_binary(self, source: object, **options: Any) -> int:
+        """Load a kernel binary (``options``: the runtime's load options); it is unloaded when
+        the device closes."""
         self.check_open()
-        handle = self.bound().load_binary(source)
+        handle = self.bound().load_binary(source, **options)
         self._modules.append(handle)
         return handle
 

@@ -277,4 +277,5 @@ class Submitter:
             return
         lane.submitted += 1  # the event record is a task of the stream too
         self.counters.batches += 1
-        self._to_poller(Batch(lane, requests, event, deadline))
+        # one clock call per batch: its tasks' submitted_at (stamped by the poller)
+        self._to_poller(Batch(lane, requests, event, deadline, time.perf_counter()))

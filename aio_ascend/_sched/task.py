@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
+from .hooks import HOOKS
 from .loop import LoopAdapter
 
-__all__ = ["FailureSink", "Task", "resolve_task"]
+__all__ = ["READY_AWAITS_PER_CHECKPOINT", "FailureSink", "Task", "resolve_task"]
+
+#: awaits of already finished tasks (on one loop) between two checkpoints
+READY_AWAITS_PER_CHECKPOINT = 128
+
+_now = time.perf_counter
 
 
 class FailureSink(Protocol):
@@ -37,6 +44,22 @@ class Task:
     raised it) is logged at ERROR on the ``aio_ascend`` logger when the task is collected, or
     when its device closes.
 
+    Timestamps, all ``time.perf_counter()`` seconds, ``None`` until known (read them; the
+    scheduler writes each once):
+
+    :ivar admitted_at: the request was admitted on its stream (the ``Task`` was created)
+    :ivar submitted_at: its batch had been handed to the runtime (the submitter thread's last
+        call for the batch, its completion event, returned): one value for every task of a
+        batch; the device may start the batch's first tasks a little earlier. ``None`` if it
+        was never submitted (refused, dropped, timed out before submission)
+    :ivar completed_at: the poller observed it finished on the device (the batch's completion
+        event; one poll round stamps all it completes). ``None`` if it failed without
+        finishing (a fault, a timeout, a refusal)
+    :ivar resumed_at: the first coroutine that was *waiting* for it resumed after it finished
+        (so ``resumed_at - completed_at`` is the library's wake-up). ``None`` if nobody was
+        waiting when it finished (an ``await`` of a finished task returns at once)
+    :ivar captured: what active observers (``aio_ascend.tracing``, ``aio_ascend.metrics``)
+        captured from the creating code; ``None`` when none was active
     :ivar kind: ``"launch"``, ``"copy_to_device"``, ``"copy_to_host"``, ``"copy_device"``,
         ``"memset"``, ``"record_event"`` or ``"wait_event"``
     """
@@ -50,7 +73,12 @@ class Task:
         "_stream_ref",
         "_unseen",
         "_waiters",
+        "admitted_at",
+        "captured",
+        "completed_at",
         "kind",
+        "resumed_at",
+        "submitted_at",
     )
 
     def __init__(
@@ -71,6 +99,13 @@ class Task:
         self._done = False
         self._exc: BaseException | None = None
         self._waiters: list[Any] | None = None
+        # one clock call per task: the launch hot path (bench "(c) scheduler" row)
+        self.admitted_at: float = _now()
+        self.submitted_at: float | None = None
+        self.completed_at: float | None = None
+        self.resumed_at: float | None = None
+        capture = HOOKS.capture  # None unless an observer wants context (tracing, otel)
+        self.captured: dict[Any, object] | None = None if capture is None else capture()
 
     @property
     def stream(self) -> Any:
@@ -102,7 +137,17 @@ class Task:
 
     async def wait(self) -> None:
         """The same as ``await task``."""
-        await self.wait_finished()
+        if self._done:
+            # Awaiting a finished task does not suspend; a coroutine that awaits thousands in
+            # a row would hold the loop for tens of ms. Every READY_AWAITS_PER_CHECKPOINT-th
+            # such await on a loop lets the loop run once (bench "producer_lag").
+            adapter = self._adapter
+            adapter.ready_awaits += 1
+            if adapter.ready_awaits >= READY_AWAITS_PER_CHECKPOINT:
+                adapter.ready_awaits = 0
+                await adapter.checkpoint()
+        else:
+            await self.wait_finished()
         if self._exc is not None:
             if self._unseen is not None:
                 self._retrieved()
@@ -123,6 +168,10 @@ class Task:
             self._waiters.append(waiter)
         try:
             await adapter.wait(waiter)
+            if self.resumed_at is None:  # the first waiter to resume after the wake
+                self.resumed_at = _now()
+                if HOOKS.observers:
+                    HOOKS.resumed(self)
         finally:
             if not self._done and self._waiters is not None:
                 try:

@@ -363,13 +363,25 @@ class WaitEvent(_EventRequest):
 
 
 class Batch:
-    """Requests submitted to one stream in one hop, followed by one recorded event."""
+    """Requests submitted to one stream in one hop, followed by one recorded event.
 
-    __slots__ = ("deadline", "event", "lane", "requests", "timed_out")
+    :ivar submitted: ``time.perf_counter()`` once its event was recorded (the tasks'
+        ``submitted_at``)
+    """
 
-    def __init__(self, lane: Lane, requests: list[Request], event: int, deadline: float):
+    __slots__ = ("deadline", "event", "lane", "requests", "submitted", "timed_out")
+
+    def __init__(
+        self,
+        lane: Lane,
+        requests: list[Request],
+        event: int,
+        deadline: float,
+        submitted: float = 0.0,
+    ):
         self.lane = lane
         self.requests = requests
         self.event = event
         self.deadline = deadline
+        self.submitted = submitted
         self.timed_out = False

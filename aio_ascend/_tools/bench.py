@@ -29,6 +29,7 @@ from .._host.pool import HostBufferPool
 from .._host.snapshot import snapshot_args
 from .._runtime import open_runtime
 from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS
+from ..tracing import Tracer
 from .bench_shapes import (
     bench_fanout,
     bench_graph,
@@ -40,7 +41,7 @@ from .bench_shapes import (
     spread,
 )
 from .progress import Progress
-from .trace import percentile
+from .stats import percentile
 
 __all__ = ["BACKEND_STEPS", "STEPS", "BenchConfig", "format_table", "ratios", "run_bench"]
 
@@ -57,8 +58,9 @@ class BenchConfig:
     repeats: int = 3
     progress: TextIO | None = sys.stderr
     results: dict[str, Any] = field(default_factory=dict)
-    #: (stream, phase, start_s, end_s) spans for --trace, filled by the latency runs
-    spans: list[tuple[str, str, float, float]] = field(default_factory=list)
+    #: --trace: the wake-latency steps record extra probe rounds into it (aio_ascend.tracing),
+    #: after their measured rounds, so that tracing never skews a figure
+    tracer: Tracer | None = None
 
     def n(self, base: int) -> int:
         return max(100, int(base * self.scale))
@@ -171,8 +173,12 @@ def bench_naive(cfg: BenchConfig) -> dict[str, Any]:
 # --- (c) the scheduler ------------------------------------------------------------------------
 
 
-def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> dict[str, Any]:
-    """(c): ``launchers`` coroutines each launching ``noop`` through one Device."""
+def bench_scheduler(
+    cfg: BenchConfig, completion: str, batch_cap: int = 512, *, traced: bool = False
+) -> dict[str, Any]:
+    """(c): ``launchers`` coroutines each launching ``noop`` through one Device, ``repeats``
+    times (``traced``: with an :class:`aio_ascend.tracing.Tracer` recording the measured
+    launches)."""
     n = cfg.n(50_000)
 
     async def main() -> dict[str, Any]:
@@ -184,8 +190,13 @@ def bench_scheduler(cfg: BenchConfig, completion: str, batch_cap: int = 512) -> 
             batches0, wakeups0 = dev.stats()["batches"], dev.stats()["wakeups"]
             rates, cpus = [], []
             for _ in range(max(1, cfg.repeats)):
+                tracer = Tracer(max_tasks=n) if traced else None
                 wall0, cpu0 = time.perf_counter(), time.process_time()
+                if tracer is not None:
+                    tracer.start()
                 done = await launch_storm(dev, n, cfg.launchers)
+                if tracer is not None:
+                    tracer.stop()  # (its records are built here: counted, as tracing's cost)
                 wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
                 rates.append(done / wall)
                 cpus.append(cpu / done * 1e6)
@@ -320,10 +331,11 @@ def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[s
                     await task
                     resumed = time.perf_counter()
                     lat.append(resumed - stamps[-1])
-                    if not churn and len(cfg.spans) < 400:
-                        cfg.spans.append(
-                            (f"probe ({completion})", "completion->resume", stamps[-1], resumed)
-                        )
+                if cfg.tracer is not None and not churn:
+                    cfg.tracer.name_stream(probe, f"probe ({completion})")
+                    with cfg.tracer:
+                        for _ in range(TRACED_ROUNDS):
+                            await (await probe.launch(fn, 1))
                 stop.set()
             return {
                 "p50_us": percentile(lat, 50) * 1e6,
@@ -334,6 +346,10 @@ def bench_wake_latency(cfg: BenchConfig, completion: str, churn: bool) -> dict[s
 
     result: dict[str, float] = run_async(cfg, main)
     return result
+
+
+#: probe rounds recorded per wake-latency step with --trace (not counted in its figures)
+TRACED_ROUNDS = 400
 
 
 # --- loop health ----------------------------------------------------------------------------
@@ -470,6 +486,7 @@ STEPS: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]] = [
     ("roundtrip", "launch+await vs to_thread(noop)", bench_roundtrip),
     ("fanout", "256 handlers vs one", bench_fanout),
     ("block", "(c') scheduler, block mode", lambda c: bench_scheduler(c, "block")),
+    ("traced", "(c) with tracing on", lambda c: bench_scheduler(c, "poll", traced=True)),
     ("bare_wakes", "bare thread/loop wakes", bench_bare_wakes),
     ("wake_poll", "completion->resume, poll", lambda c: bench_wake_latency(c, "poll", False)),
     ("wake_block", "completion->resume, block", lambda c: bench_wake_latency(c, "block", False)),
@@ -484,7 +501,7 @@ STEPS: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]] = [
 
 #: the steps that run on ``BenchConfig.backend``; the others measure the sim (their kernels are
 #: sim user kernels or the sim's time model) or host-side work only
-BACKEND_STEPS = ("raw", "naive", "unbatched", "poll", "block")
+BACKEND_STEPS = ("raw", "naive", "unbatched", "poll", "block", "traced")
 
 
 def machine_metadata() -> dict[str, Any]:
@@ -604,6 +621,7 @@ def format_table(r: dict[str, Any]) -> str:
         ("unbatched", "(b2) scheduler without batching (batch_cap=1)"),
         ("poll", "(c) scheduler, poll completion"),
         ("block", "(c') scheduler, block completion"),
+        ("traced", "(c) with aio_ascend.tracing recording"),
     ]:
         if key in r:
             x = r[key]
@@ -631,6 +649,9 @@ def format_table(r: dict[str, Any]) -> str:
             f"{x['launchers']} request handlers / one handler",
             f"{x['many_launches_per_s']:>10,.0f} / {x['one_launches_per_s']:,.0f} launches/s",
         )
+    if "traced" in r and "poll" in r:
+        extra = r["traced"]["cpu_us_per_launch"] - r["poll"]["cpu_us_per_launch"]
+        row("  tracing's cost (CPU/launch, traced - (c))", f"{extra:+.1f} us")
     if any(key in r for key in ("naive", "poll", "block")):
         lines.append("latency of one launch + await at a time")
     for key, label in [

@@ -163,6 +163,47 @@ def _for_the_command_line(text: str) -> str:
     )
 
 
+#: the device facts ``aio-ascend info`` shows, in order (what ``Device.info`` holds)
+DEVICE_FACTS = (
+    "launch_path",
+    "runtime_version",
+    "cann_version",
+    "soc_name",
+    "ai_core_count",
+    "cube_core_count",
+    "vector_core_count",
+    "memory_total",
+    "memory_free",
+)
+
+
+def _print_device_facts(backend: str) -> None:
+    """Device 0 on ``backend``: the facts of ``Device.info`` (opened and closed at once)."""
+    from .. import AscendError
+    from .._runtime import open_runtime
+
+    print(f"device 0 ({backend}):")
+    try:
+        runtime = open_runtime(backend, 0)
+    except (AscendError, OSError, ValueError) as exc:
+        print(f"  cannot open it: {_indent(_for_the_command_line(str(exc)), 18)}")
+        return
+    try:
+        facts = {"launch_path": getattr(runtime, "launch_path", None), **runtime.info()}
+    except AscendError as exc:
+        print(f"  cannot read it: {exc}")
+        return
+    finally:
+        runtime.close()
+    for key in DEVICE_FACTS:
+        if key in facts:
+            value = facts[key]
+            shown = "unknown (this release cannot tell)" if value is None else value
+            if key.startswith("memory_") and isinstance(value, int):
+                shown = f"{value / 2**30:.1f} GiB ({value} bytes)"
+            print(f"  {key:<17} {shown}")
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from .. import AscendError
     from .._runtime import BACKENDS, ENV_BACKEND, available_backends, choose_backend, probe_backend
@@ -191,6 +232,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         if override
         else f"  set {ENV_BACKEND}=sim|acl|cuda to override 'auto'"
     )
+    if chosen in BACKENDS:
+        _print_device_facts(chosen)
     print("versions:")
     print(
         f"  {'python':<12} {platform.python_version()} ({platform.python_implementation()}, "
@@ -223,9 +266,8 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import STAGES, DemoConfig, format_demo, run_demo
+    from .demo import PHASES, STAGES, DemoConfig, format_demo, run_demo
     from .plot import plot_latencies
-    from .trace import write_trace
 
     cfg = DemoConfig(
         requests=args.requests,
@@ -252,27 +294,25 @@ def cmd_demo(args: argparse.Namespace) -> int:
     result = run_demo(cfg)
     print(format_demo(result))
     status = 0 if result.ok else 1
-    if args.trace:
-        slices = [0]
+    if args.trace and result.tracer is not None:
+        tracer = result.tracer
+        tasks = [0]
 
         def trace() -> None:
-            slices[0] = write_trace(
+            tasks[0] = tracer.write(
                 args.trace,
-                result.spans,
-                tracks=result.tracks,
-                process_name="aio-ascend demo (sim)",
                 metadata={
                     "command": "demo",
                     "requests": cfg.requests,
                     "stages": list(STAGES),
-                    "phases": ["queued", "submitted/executing", "completed->resumed"],
+                    "phases": PHASES,
                 },
             )
 
         if _write_output("demo", "--trace", args.trace, trace):
             print(
-                f"  trace        {args.trace}  ({slices[0]} slices on {len(result.tracks)} "
-                f"stream tracks; open in {PERFETTO})"
+                f"  trace        {args.trace}  ({tasks[0]} tasks of {len(tracer.requests)} "
+                f"requests on {len(result.tracks)} stream tracks; open in {PERFETTO})"
             )
         else:
             status = 2
@@ -344,6 +384,7 @@ def _clean_json(value: Any, *, keep_latencies: bool) -> Any:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from ..tracing import Tracer
     from .bench import BACKEND_STEPS, STEPS, BenchConfig, format_table, run_bench
 
     known = [key for key, _, _ in STEPS]
@@ -391,6 +432,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         loop=args.loop,
         repeats=args.repeats,
         progress=None if args.quiet else sys.stderr,
+        tracer=Tracer() if args.trace else None,
     )
     results = run_bench(cfg, only)
     print(format_table(results))
@@ -422,26 +464,21 @@ def _bench_json(args: argparse.Namespace, results: dict[str, Any]) -> int:
 
 
 def _bench_trace(args: argparse.Namespace, cfg: Any, results: dict[str, Any]) -> int:
-    from .trace import spans_from_tuples, write_trace
-
-    spans = spans_from_tuples(cfg.spans)
-    slices = [0]
+    tracer = cfg.tracer
+    tasks = [0]
 
     def write() -> None:
-        slices[0] = write_trace(
-            args.trace,
-            spans,
-            process_name=f"aio-ascend bench ({cfg.backend})",
-            metadata={"command": "bench", "config": results.get("config", {})},
+        tasks[0] = tracer.write(
+            args.trace, metadata={"command": "bench", "config": results.get("config", {})}
         )
 
     if not _write_output("bench", "--trace", args.trace, write):
         return 2
-    if spans:
-        print(f"trace: {args.trace}  ({slices[0]} slices; open in {PERFETTO})")
+    if tasks[0]:
+        print(f"trace: {args.trace}  ({tasks[0]} tasks; open in {PERFETTO})")
     else:
         print(
-            f"trace: {args.trace}  (empty: none of the steps run recorded spans; "
+            f"trace: {args.trace}  (empty: none of the steps run records tasks; "
             "the wake_poll / wake_block steps do)",
             file=sys.stderr,
         )
@@ -553,7 +590,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--trace",
         metavar="PATH",
-        help=f"write a Chrome/Perfetto trace JSON of every request's phases ({PERFETTO})",
+        help=f"write a Chrome/Perfetto trace JSON of every request's tasks ({PERFETTO}), "
+        "recorded with aio_ascend.tracing",
     )
     demo.add_argument(
         "--plot",
@@ -584,9 +622,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         metavar="a,b,c",
         help="comma-separated steps: packing, raw, naive, unbatched, poll, handler, "
-        "roundtrip, fanout, block, bare_wakes, wake_poll, wake_block, wake_churn, loop_lag, "
-        "producer_lag, graph, idle_poll, idle_block (default: all; with --backend cuda: raw, "
-        "naive, unbatched, poll, block)",
+        "roundtrip, fanout, block, traced, bare_wakes, wake_poll, wake_block, wake_churn, "
+        "loop_lag, producer_lag, graph, idle_poll, idle_block (default: all; with --backend "
+        "cuda: raw, naive, unbatched, poll, block, traced)",
     )
     bench.add_argument(
         "--repeats",
@@ -624,8 +662,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--trace",
         metavar="PATH",
-        help="write a Chrome/Perfetto trace JSON of the completion->resume spans the wake_poll "
-        f"and wake_block steps record ({PERFETTO})",
+        help=f"write a Chrome/Perfetto trace JSON ({PERFETTO}) of the extra probe tasks "
+        "(bench.TRACED_ROUNDS each) the wake_poll and wake_block steps run after their "
+        "measured rounds",
     )
     bench.add_argument(
         "--plot",

@@ -11,29 +11,30 @@ Many requests are in flight at once (``concurrency`` workers, each with its own 
 buffers), so the copy of request *k+1* overlaps the compute of request *k*. Every result is
 checked against numpy.
 
-With ``trace=True`` a tiny user kernel (``mark``, from an :class:`aio_ascend.sim.KernelLibrary`)
-is launched at the end of each stage to time-stamp the moment the device finished it, and each
-request contributes three phases per stage to the trace: *queued* (the first ``await
-s.launch``/copy called -> the last one returned), *submitted/executing* (-> the device finished
-the stage) and *completed->resumed* (-> the awaiting coroutine resumed). These are seen from the
-caller: no hook inside the library is needed.
+With ``trace=True`` the run is recorded with :mod:`aio_ascend.tracing`, the hook users turn
+on for their own programs: every request is a :func:`~aio_ascend.tracing.request` block, the
+streams are named after their stage (``h2d #0``, ``compute #0``, ``d2h #0``, ...), and every
+task of every request shows its phases on its stream's track (queued, the operation on the
+device, and the library's wake-up of the coroutine that waited for it), linked by flow arrows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import sys
 import time
-from dataclasses import dataclass, field
-from typing import Any, TextIO
+from dataclasses import dataclass
+from typing import TextIO
 
 import anyio
 import numpy as np
 import numpy.typing as npt
 
 from .. import Device, HostArgs, Stream, open_device
+from ..tracing import TaskRecord, Tracer, request
 from .progress import Progress
-from .trace import Span, percentile
+from .stats import percentile
 
 __all__ = [
     "STAGES",
@@ -41,6 +42,7 @@ __all__ = [
     "DemoResult",
     "format_demo",
     "make_inputs",
+    "phase_summary",
     "percentile",
     "run_demo",
     "run_pipeline",
@@ -99,7 +101,8 @@ class DemoResult:
     errors: list[str]
     stats: dict[str, int]
     tracks: list[str]
-    spans: list[Span] = field(default_factory=list)
+    #: the recording of the run (``trace=True``), stopped
+    tracer: Tracer | None = None
 
     @property
     def completed(self) -> int:
@@ -113,20 +116,6 @@ class DemoResult:
     def throughput(self) -> float:
         """Requests per second."""
         return self.completed / self.wall_s if self.wall_s > 0 else float("nan")
-
-
-def _mark_library(stamps: list[float]) -> Any:
-    """A user kernel that records when the device reached it: ``mark(u32 index)``."""
-    from ..sim import KernelLibrary
-
-    lib = KernelLibrary("demo-trace")
-    clock = time.perf_counter
-
-    @lib.kernel("mark")
-    def mark(ctx: Any) -> None:
-        stamps[ctx.u32(0)] = clock()
-
-    return lib
 
 
 class _Slot:
@@ -179,13 +168,15 @@ async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
         (dev.stream(), dev.stream(), dev.stream()) for _ in range(cfg.streams)
     ]
     names = track_names(cfg.streams)
+    tracer = Tracer(max_tasks=12 * cfg.requests) if cfg.trace else None
+    if tracer is not None:
+        for k, stage in enumerate(zip(*lanes, strict=True)):
+            for lane, stream in enumerate(stage):
+                tracer.name_stream(stream, names[k * cfg.streams + lane])
     axpy, scale = dev.function("axpy"), dev.function("scale")
-    stamps: list[float] = [0.0] * (3 * cfg.requests) if cfg.trace else []
-    mark = dev.load_module(_mark_library(stamps)).function("mark") if cfg.trace else None
     workers = min(cfg.concurrency, cfg.requests)
     slots = [_Slot(dev, cfg.n) for _ in range(workers)]
     latencies: list[float] = []
-    spans: list[Span] = []
     errors: list[str] = []
     wrong = 0
     next_request = 0
@@ -197,37 +188,25 @@ async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
         x, y, expected = inputs[i % len(inputs)]
         lane = i % cfg.streams
         s_in, s_c, s_out = lanes[lane]
-        # stage 1: host -> device
         t_in = now()
+        # stage 1: host -> device
         await s_in.copy_to_device(slot.x, x)
         await s_in.copy_to_device(slot.y, y)
-        if mark is not None:
-            await s_in.launch(mark, 1, HostArgs().u32(3 * i))
         ev_in = await s_in.record_event()
         # stage 2: compute, once stage 1 is done on the device
-        t_c = now()
         await s_c.wait_event(ev_in)
         await s_c.launch(axpy, BLOCKS, slot.axpy_args)
         await s_c.launch(scale, BLOCKS, slot.scale_args)
-        if mark is not None:
-            await s_c.launch(mark, 1, HostArgs().u32(3 * i + 1))
         ev_c = await s_c.record_event()
         # stage 3: device -> host, once stage 2 is done on the device
-        t_out = now()
         await s_out.wait_event(ev_c)
         copy = await s_out.copy_to_host(slot.out, slot.z)
-        if mark is not None:
-            await s_out.launch(mark, 1, HostArgs().u32(3 * i + 2))
         ev_out = await s_out.record_event()
-        t_issued = now()
         await ev_in
-        r_in = now()
         await ev_c
-        r_c = now()
         await ev_out
         await copy
-        r_out = now()
-        latencies.append((r_out - t_in) * 1e6)
+        latencies.append((now() - t_in) * 1e6)
         if not np.array_equal(slot.out, expected) and not np.allclose(
             slot.out, expected, rtol=1e-5, atol=1e-6
         ):
@@ -237,16 +216,6 @@ async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
                 errors.append(
                     f"request {i}: element {bad} is {slot.out[bad]!r}, numpy says {expected[bad]!r}"
                 )
-        if mark is not None:
-            stages = ((t_in, t_c, r_in), (t_c, t_out, r_c), (t_out, t_issued, r_out))
-            for k, (called, issued, resumed) in enumerate(stages):
-                track = names[k * cfg.streams + lane]
-                done = min(max(stamps[3 * i + k], issued), resumed)
-                group = (i, k)
-                args = {"request": i}
-                spans.append(Span(track, "queued", called, issued, group, args))
-                spans.append(Span(track, "submitted/executing", issued, done, group, args))
-                spans.append(Span(track, "completed->resumed", done, resumed, group, args))
 
     async def worker(slot: _Slot) -> None:
         nonlocal next_request
@@ -254,7 +223,8 @@ async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
             i = next_request
             next_request += 1
             try:
-                await one(i, slot)
+                with request(f"request {i}") if tracer is not None else contextlib.nullcontext():
+                    await one(i, slot)
             except Exception as exc:
                 if len(errors) < 5:
                     errors.append(f"request {i}: {type(exc).__name__}: {exc}")
@@ -266,9 +236,10 @@ async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
 
     started = now()
     try:
-        async with anyio.create_task_group() as tg:
-            for slot in slots:
-                tg.start_soon(worker, slot)
+        with tracer if tracer is not None else contextlib.nullcontext():
+            async with anyio.create_task_group() as tg:
+                for slot in slots:
+                    tg.start_soon(worker, slot)
         wall = now() - started
         stats = dict(dev.stats())
     finally:
@@ -277,7 +248,7 @@ async def _pipeline(cfg: DemoConfig, dev: Device) -> DemoResult:
         for lane_streams in lanes:
             for s in lane_streams:
                 await s.aclose()
-    return DemoResult(cfg, wall, latencies, wrong, errors, stats, names, spans)
+    return DemoResult(cfg, wall, latencies, wrong, errors, stats, names, tracer)
 
 
 def run_demo(cfg: DemoConfig) -> DemoResult:
@@ -314,9 +285,34 @@ def format_demo(result: DemoResult) -> str:
         f"batches={stats.get('batches', 0)} wakeups={stats.get('wakeups', 0)} "
         f"peak_in_flight={stats.get('peak_in_flight', 0)}",
     ]
+    if result.tracer is not None:
+        for label, (p50, p99, count) in phase_summary(result.tracer.records).items():
+            lines.append(f"  {label:<12} p50 {p50:,.0f} us  p99 {p99:,.0f} us  ({count} tasks)")
     for err in result.errors:
         lines.append(f"  ERROR        {err}")
     return "\n".join(lines)
+
+
+#: the phases of a task, as ``format_demo`` reports them from a trace
+PHASES = {
+    "queued": "admitted -> its batch handed to the runtime",
+    "on device": "submitted -> observed complete (waits behind earlier work included)",
+    "wake": "observed complete -> the waiting coroutine resumed (the library's wake-up)",
+}
+
+
+def phase_summary(records: list[TaskRecord]) -> dict[str, tuple[float, float, int]]:
+    """p50, p99 (microseconds) and count of each phase over ``records`` (see ``PHASES``)."""
+    series: dict[str, list[float]] = {name: [] for name in PHASES}
+    for r in records:
+        for name, value in (("queued", r.queued), ("on device", r.on_device), ("wake", r.wake)):
+            if value is not None:
+                series[name].append(value * 1e6)
+    return {
+        name: (percentile(values, 50), percentile(values, 99), len(values))
+        for name, values in series.items()
+        if values
+    }
 
 
 if __name__ == "__main__":  # pragma: no cover - use ``aio-ascend demo``

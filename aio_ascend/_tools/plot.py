@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .trace import percentile
+from .stats import percentile
 
 __all__ = ["PLOT_FORMATS", "PlotUnavailableError", "log_ticks", "plot_format", "plot_latencies"]
 

@@ -8,6 +8,12 @@ with its raw arguments), the last launch and stream attribute as they crossed th
 fault and error injection, the device memory capacity. ``build_legacy_double()`` builds a second
 copy without the functions newer CANN releases added (``-DACL_DOUBLE_LEGACY``: no stream
 attributes, priority range, memset, version, memory info or SoC name).
+
+Personas: ``build_double(persona)`` builds the double as one CANN generation
+(``-DACL_PERSONA=...``), exporting exactly the symbols ``docs/cann-support.md`` §9 lists for it
+(:data:`PERSONA_SYMBOLS`): ``"9.1"`` (the default: host args, parameter info), ``"8.5"`` (host
+args), ``"8.3"`` (the args-handle path) and ``"8.0"`` (no launch path aio_ascend implements).
+Each persona is its own library (own state, device thread and call log).
 Without a C compiler every user is skipped with the reason.
 """
 
@@ -17,6 +23,7 @@ import atexit
 import ctypes
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 import threading
@@ -30,16 +37,67 @@ from aio_ascend._runtime.acl.runtime import ENV_BUILTINS, AclRuntime, open_acl_r
 
 __all__ = [
     "BUILTINS_MAGIC",
+    "DEFAULT_PERSONA",
+    "PERSONAS",
+    "PERSONA_SYMBOLS",
+    "USABLE_PERSONAS",
     "Call",
     "DoubleControl",
     "build_double",
     "build_legacy_double",
+    "control_for",
     "double_control",
     "open_double_runtime",
 ]
 
 SOURCE = Path(__file__).resolve().parent / "acl_double.c"
 BUILTINS_MAGIC = b"AIO_ASCEND_ACL_DOUBLE_BUILTINS"
+#: persona name -> its ACL_PERSONA number
+PERSONAS = {"8.0": 800, "8.3": 830, "8.5": 850, "9.1": 910}
+DEFAULT_PERSONA = "9.1"
+#: the personas with a launch path aio_ascend implements (8.0 has none)
+USABLE_PERSONAS = ("8.3", "8.5", "9.1")
+
+_COMMON = """
+aclInit aclFinalize aclGetRecentErrMsg
+aclrtGetDeviceCount aclrtSetDevice aclrtResetDevice
+aclrtCreateContext aclrtDestroyContext aclrtSetCurrentContext aclrtGetCurrentContext
+aclrtCreateStream aclrtDestroyStream
+aclrtCreateEventExWithFlag aclrtDestroyEvent aclrtRecordEvent aclrtStreamWaitEvent
+aclrtEventElapsedTime
+aclrtMalloc aclrtFree aclrtMallocHost aclrtFreeHost aclrtMemcpyAsync aclrtMemsetAsync
+aclrtGetSocName aclrtSetExceptionInfoCallback
+aclrtGetTaskIdFromExceptionInfo aclrtGetStreamIdFromExceptionInfo aclrtGetThreadIdFromExceptionInfo
+aclrtGetDeviceIdFromExceptionInfo aclrtGetErrorCodeFromExceptionInfo
+aclrtDestroyStreamForce aclrtSynchronizeStreamWithTimeout aclrtSetStreamFailureMode
+aclrtQueryEventStatus aclrtSynchronizeEventWithTimeout
+aclrtGetLastError aclrtPeekAtLastError
+aclrtCreateBinary aclrtBinaryLoad aclrtBinaryGetFunction aclrtBinaryUnLoad aclrtLaunchKernel
+"""
+_ADDED_83 = """
+aclrtBinaryLoadFromFile aclrtBinaryLoadFromData
+aclrtKernelArgsInit aclrtKernelArgsInitByUserMem aclrtKernelArgsAppend
+aclrtKernelArgsAppendPlaceHolder
+aclrtKernelArgsGetPlaceHolderBuffer aclrtKernelArgsFinalize aclrtLaunchKernelWithConfig
+aclsysGetCANNVersion aclrtGetDeviceInfo aclrtStreamGetId aclrtSetStreamAttribute
+aclmdlRICaptureBegin aclmdlRICaptureEnd aclmdlRIExecuteAsync aclmdlRIDestroy
+"""
+_ADDED_85 = """
+aclrtLaunchKernelWithHostArgs aclrtLaunchKernelV2
+aclrtGetHardwareSyncAddr aclrtCtxGetFloatOverflowAddr
+aclrtGetVersion aclrtGetMemInfo aclrtCreateStreamWithConfig aclrtDeviceGetStreamPriorityRange
+"""
+_ADDED_91 = """
+aclrtGetArgsFromExceptionInfo aclrtGetFuncHandleFromExceptionInfo
+aclrtFunctionGetParamCount aclrtFunctionGetParamInfo aclrtLaunchKernelWithArgsArray
+"""
+#: the ACL symbols each persona exports: docs/cann-support.md §9, exactly
+PERSONA_SYMBOLS: dict[str, frozenset[str]] = {
+    "8.0": frozenset(_COMMON.split()),
+    "8.3": frozenset((_COMMON + _ADDED_83).split()),
+    "8.5": frozenset((_COMMON + _ADDED_83 + _ADDED_85).split()),
+    "9.1": frozenset((_COMMON + _ADDED_83 + _ADDED_85 + _ADDED_91).split()),
+}
 CFLAGS = ["-shared", "-fPIC", "-O2", "-pthread", "-std=gnu11", "-Wall", "-Wextra"]
 
 
@@ -62,9 +120,11 @@ def _compiler() -> str | None:
     return None
 
 
-def build_double() -> Built:
-    """Compile the double (once per process); ``pytest.skip`` if there is no C compiler."""
-    return _build("")
+def build_double(persona: str = DEFAULT_PERSONA) -> Built:
+    """Compile the double as ``persona`` (once per process); ``pytest.skip`` without a C
+    compiler."""
+    number = PERSONAS[persona]
+    return _build("" if persona == DEFAULT_PERSONA else f"-DACL_PERSONA={number}")
 
 
 def build_legacy_double() -> Built:
@@ -86,7 +146,8 @@ def _build(define: str) -> Built:
         if compiler is None:
             _build_error = "no C compiler (cc/gcc/clang) to build the acl test double"
             pytest.skip(_build_error)
-        prefix = "aio_ascend_acl_double_legacy_" if define else "aio_ascend_acl_double_"
+        tag = define.rpartition("=")[2].lower().strip("-d") if define else ""
+        prefix = f"aio_ascend_acl_double_{tag}_" if tag else "aio_ascend_acl_double_"
         home = Path(tempfile.mkdtemp(prefix=prefix))
         atexit.register(shutil.rmtree, home, True)
         library = home / "lib64" / "libascendcl.so"
@@ -106,9 +167,9 @@ def _build(define: str) -> Built:
         return built
 
 
-def open_double_runtime(device_id: int = 0) -> AclRuntime:
+def open_double_runtime(device_id: int = 0, persona: str = DEFAULT_PERSONA) -> AclRuntime:
     """The real ``acl`` backend opened on the test double (the contract-suite factory)."""
-    built = build_double()
+    built = build_double(persona)
     os.environ.setdefault(ENV_BUILTINS, str(built.builtins))
     return open_acl_runtime(device_id, library_path=built.library)
 
@@ -159,6 +220,13 @@ class DoubleControl:
             "double_stream_priority": (i64, [vp]),
             "double_set_mem_total": (None, [u64]),
             "double_mem_used": (u64, [ctypes.c_int]),
+            "double_persona": (ctypes.c_int, []),
+            "double_ffts_addr": (u64, []),
+            "double_set_chip_a2a3": (None, [ctypes.c_int]),
+            "double_context_overflow": (u64, [vp]),
+            "double_binary_kernel_type": (ctypes.c_int, [vp, vp]),
+            "double_last_load_options": (u64, [vp, sz]),
+            "double_current_context": (vp, []),
         }
         for name, (restype, argtypes) in sigs.items():
             function = getattr(lib, name)
@@ -207,10 +275,16 @@ class DoubleControl:
     # --- the last launch --------------------------------------------------------------
 
     def last_launch(self) -> tuple[int, ...]:
-        """Raw (func, numBlocks, stream, cfg, hostArgs, argsSize, placeHolderArray, num)."""
+        """Raw (func, numBlocks, stream, cfg, hostArgs, argsSize, placeHolderArray, num) (on the
+        args-handle path: the handle's buffer, size and placeholder table)."""
         raw = (ctypes.c_uint64 * 8)()
         assert self.lib.double_last_launch(raw), "no launch was made"
         return tuple(raw)
+
+    def last_launch_path(self) -> str | None:
+        """``"host_args"`` or ``"args_handle"``: how the last launch came in (None: none yet)."""
+        raw = (ctypes.c_uint64 * 8)()
+        return {0: None, 1: "host_args", 2: "args_handle"}[int(self.lib.double_last_launch(raw))]
 
     def last_cfg(self) -> bytes | None:
         """The attribute array of the last launch's cfg (None when cfg was NULL)."""
@@ -232,6 +306,43 @@ class DoubleControl:
 
     def last_dev_args(self) -> int:
         return int(self.lib.double_last_dev_args())
+
+    def last_load_options(self) -> list[tuple[int, int]]:
+        """(type, first uint32 of the value) of each option of the last load."""
+        buf = ctypes.create_string_buffer(8 * 20)
+        count = int(self.lib.double_last_load_options(buf, len(buf)))
+        return [struct.unpack_from("<iI", buf.raw, 20 * i) for i in range(min(count, 8))]
+
+    def binary_kernel_type(self, binary: int) -> tuple[str, bool] | None:
+        """(kernel type, lazy) the double gave a loaded binary; None if it is not loaded."""
+        lazy = ctypes.c_int()
+        kind = int(self.lib.double_binary_kernel_type(binary, ctypes.byref(lazy)))
+        if kind < 0:
+            return None
+        return ("aicore", "cube", "vector", "mix")[kind], bool(lazy.value)
+
+    # --- personas, chips, hidden arguments, contexts ---------------------------------
+
+    def persona(self) -> int:
+        return int(self.lib.double_persona())
+
+    def ffts_addr(self) -> int:
+        """The inter-core sync address the double hands out (and mix_add checks)."""
+        return int(self.lib.double_ffts_addr())
+
+    def set_chip_a2a3(self, on: bool) -> None:
+        """Model an Atlas A2/A3 chip (the default) or another one (no inter-core sync address,
+        AICORE as the default kernel type)."""
+        self.lib.double_set_chip_a2a3(int(on))
+
+    def context_overflow(self, context: int) -> int:
+        """The overflow address of a live context (``aclrtCtxGetFloatOverflowAddr``)."""
+        return int(self.lib.double_context_overflow(context))
+
+    def current_context(self) -> int | None:
+        """The calling thread's current context in the double (no checks)."""
+        value = self.lib.double_current_context()
+        return int(value) if value else None
 
     def last_load(self) -> tuple[str, bool, int]:
         """(path of the last LoadFromFile or '', options was NULL, numOpt)."""
@@ -291,12 +402,23 @@ class DoubleControl:
         return int(self.lib.double_mem_used(device))
 
 
-_control: DoubleControl | None = None
+_controls: dict[str, DoubleControl] = {}
 
 
-def double_control() -> DoubleControl:
-    """The control handle of the double built by :func:`build_double`."""
-    global _control
-    if _control is None:
-        _control = DoubleControl(build_double().library)
-    return _control
+def double_control(persona: str = DEFAULT_PERSONA) -> DoubleControl:
+    """The control handle of the double built by :func:`build_double` as ``persona``."""
+    control = _controls.get(persona)
+    if control is None:
+        control = _controls[persona] = DoubleControl(build_double(persona).library)
+    return control
+
+
+def control_for(runtime: AclRuntime) -> DoubleControl:
+    """The control handle of the persona ``runtime`` was opened on."""
+    for persona in PERSONAS:
+        built = _built.get(
+            "" if persona == DEFAULT_PERSONA else f"-DACL_PERSONA={PERSONAS[persona]}"
+        )
+        if built is not None and str(built.library) == runtime.library_path:
+            return double_control(persona)
+    raise LookupError(f"{runtime!r} is not open on a persona of the double")

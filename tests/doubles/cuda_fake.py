@@ -1,8 +1,9 @@
 """A CPU fake of the ``cuda.bindings.driver`` calls the cuda backend makes (:class:`FakeDriver`).
 
 Lazy FIFO streams, events, sticky faults, a parameter-buffer ``cuLaunchKernel`` that checks the
-``extra`` array and the exact parameter size, and numpy versions of the built-in kernels: the
-cuda runtime runs the contract suite and the scheduler on it, on any machine.
+``extra`` array and the exact parameter size, stream capture and graph replay, and numpy
+versions of the built-in kernels: the cuda runtime runs the contract suite and the scheduler on
+it, on any machine.
 """
 
 from __future__ import annotations
@@ -60,11 +61,19 @@ _FAKE_ERROR_NAMES = {
     101: "CUDA_ERROR_INVALID_DEVICE",
     201: "CUDA_ERROR_INVALID_CONTEXT",
     400: "CUDA_ERROR_INVALID_HANDLE",
+    401: "CUDA_ERROR_ILLEGAL_STATE",
     500: "CUDA_ERROR_NOT_FOUND",
     600: "CUDA_ERROR_NOT_READY",
     700: "CUDA_ERROR_ILLEGAL_ADDRESS",
     719: "CUDA_ERROR_LAUNCH_FAILED",
+    900: "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+    901: "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+    905: "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+    907: "CUDA_ERROR_CAPTURED_EVENT",
+    908: "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
 }
+#: ``CUstreamCaptureMode``
+MODE_GLOBAL, MODE_THREAD_LOCAL, MODE_RELAXED = 0, 1, 2
 _FAKE_BUILTINS = b"FAKE-BUILTINS\0"
 _FAKE_SOURCE = b"FAKE-SOURCE:"
 
@@ -89,18 +98,45 @@ class _Recording:
         self.ts = 0.0
 
 
+class _FakeCapture:
+    """An open stream capture: the ops recorded instead of queued."""
+
+    def __init__(self, mode: int, thread: int) -> None:
+        self.mode = mode
+        self.thread = thread
+        self.ops: list[list[Any]] = []
+        #: the error that invalidated the capture (0: valid)
+        self.invalidated = 0
+
+
+class _CapturedRecording:
+    """What an event refers to after a record on a capturing stream (a capture dependency)."""
+
+    def __init__(self, capture: _FakeCapture) -> None:
+        self.capture = capture
+
+
+class _FakeExec:
+    """An executable graph: a snapshot of the captured ops, and its queued launches."""
+
+    def __init__(self, ops: list[list[Any]]) -> None:
+        self.ops = ops
+        self.pending: deque[list[Any]] = deque()
+
+
 class _FakeStream:
     def __init__(self, flags: int, priority: int) -> None:
         self.queue: deque[list[Any]] = deque()
         self.clock = 0.0
         self.flags = flags
         self.priority = priority
+        self.capture: _FakeCapture | None = None
 
 
 class _FakeEvent:
     def __init__(self, timed: bool) -> None:
         self.timed = timed
-        self.current: _Recording | None = None
+        self.current: _Recording | _CapturedRecording | None = None
 
 
 class _FakeModule:
@@ -136,12 +172,37 @@ class FakeDriver:
     sizes, no allocation granularity). Streams keep the flags and the priority they were
     created with (clamped into ``priority_range`` as CUDA clamps); priorities do not change
     the order in which the fake runs streams, as CUDA promises no order either.
+
+    Stream capture (``cuStreamBeginCapture`` .. ``cuStreamEndCapture``): a capturing stream
+    records its launches, copies and memsets instead of queueing them (a launch's parameters
+    are copied at the call, a copy reads and writes its addresses when a replay runs it). As
+    CUDA does: an event record on a capturing stream only makes the event a capture
+    dependency (querying it: CUDA_ERROR_CAPTURED_EVENT), a wait on an event recorded outside
+    the capture is CUDA_ERROR_STREAM_CAPTURE_ISOLATION, a query of the capturing stream or a
+    copy from or to pageable host memory is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; those
+    three invalidate the capture (later ops on the stream: _INVALIDATED; ending it:
+    _INVALIDATED and no graph). ``cuMemAlloc``/``cuMemFree`` are "potentially unsafe": refused
+    (_UNSUPPORTED, invalidating) while another thread holds a GLOBAL capture or the calling
+    thread a non-RELAXED one. Beginning a capture twice or ending one on a stream that is not
+    capturing: CUDA_ERROR_ILLEGAL_STATE; a non-RELAXED capture ended by another thread:
+    _WRONG_THREAD. ``cuGraphInstantiateWithFlags`` snapshots the graph (flags must be 0);
+    ``cuGraphLaunch`` queues one op that runs copies of the recorded ops in order, and the
+    launches of one executable graph run one at a time in launch order whatever their stream,
+    as CUDA runs them; an unknown or destroyed graph or executable graph is
+    CUDA_ERROR_INVALID_VALUE. Not modelled (NotImplementedError): a wait that would fork
+    another stream into a capture, a graph launched into a capture; destroying a capturing
+    stream is refused (_UNSUPPORTED).
     """
 
     CUresult = FakeResult
     CUdevice_attribute = SimpleNamespace(
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75,
         CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR=76,
+    )
+    CUstreamCaptureMode = SimpleNamespace(
+        CU_STREAM_CAPTURE_MODE_GLOBAL=MODE_GLOBAL,
+        CU_STREAM_CAPTURE_MODE_THREAD_LOCAL=MODE_THREAD_LOCAL,
+        CU_STREAM_CAPTURE_MODE_RELAXED=MODE_RELAXED,
     )
 
     def __init__(
@@ -174,6 +235,8 @@ class FakeDriver:
         self.host: dict[int, tuple[Any, int]] = {}
         self.launches: list[dict[str, Any]] = []
         self.memsets: list[dict[str, Any]] = []
+        self.graphs: dict[int, list[list[Any]]] = {}
+        self.execs: dict[int, _FakeExec] = {}
         self.lock = threading.RLock()
 
     # --- helpers ------------------------------------------------------------------------
@@ -241,8 +304,62 @@ class FakeDriver:
             s.clock = max(s.clock, time.monotonic())
         s.queue.append(op)
 
+    def _submit(self, s: _FakeStream, op: list[Any]) -> int:
+        """Queue ``op``, or record it if the stream is capturing; the call's error code."""
+        capture = s.capture
+        if capture is None:
+            self._enqueue(s, op)
+            return 0
+        if capture.invalidated:
+            return 901  # CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        capture.ops.append(op)
+        return 0
+
+    @staticmethod
+    def _invalidate(capture: _FakeCapture, code: int) -> int:
+        """An illegal call during a capture: it fails with ``code``; the capture is broken."""
+        capture.invalidated = capture.invalidated or code
+        return code
+
+    def _unsafe_call(self) -> int:
+        """0, or CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED for a "potentially unsafe" call (as
+        ``cuMemAlloc``) while a capture forbids it: another thread's GLOBAL capture, or a
+        non-RELAXED capture of the calling thread (the thread's own mode is the default)."""
+        me = threading.get_ident()
+        code = 0
+        for s in self.streams.values():
+            c = s.capture
+            if c is None:
+                continue
+            if (c.thread == me and c.mode != MODE_RELAXED) or (
+                c.thread != me and c.mode == MODE_GLOBAL
+            ):
+                code = self._invalidate(c, 900)
+        return code
+
+    def _pinned(self, addr: int, nbytes: int) -> bool:
+        return any(
+            start <= addr and addr + nbytes <= start + size
+            for start, (_, size) in self.host.items()
+        )
+
+    def _run_graph(self, s: _FakeStream, op: list[Any]) -> bool:
+        _, graph_exec, ops, _ = op
+        if graph_exec.pending[0] is not op:
+            return False  # the launches of one executable graph run one at a time, in order
+        while op[3] < len(ops):
+            if not self._run(s, ops[op[3]]):
+                return False
+            op[3] += 1
+            if self.sticky:
+                break
+        graph_exec.pending.popleft()
+        return True
+
     def _run(self, s: _FakeStream, op: list[Any]) -> bool:
         kind = op[0]
+        if kind == "graph":
+            return self._run_graph(s, op)
         if kind == "record":
             op[1].done = True
             op[1].ts = s.clock
@@ -356,6 +473,8 @@ class FakeDriver:
         self.modules.clear()
         self.functions.clear()
         self.device.clear()
+        self.graphs.clear()
+        self.execs.clear()
 
     def cuDevicePrimaryCtxRelease(self, dev: int) -> tuple[int]:
         self.refcount -= 1
@@ -371,6 +490,10 @@ class FakeDriver:
     def cuCtxSetCurrent(self, ctx: int) -> tuple[int]:
         self._tls.ctx = ctx
         return (0,)
+
+    def cuCtxGetCurrent(self) -> tuple[int, int]:
+        """The calling thread's current context (0: none)."""
+        return 0, getattr(self._tls, "ctx", None) or 0
 
     def cuCtxPushCurrent(self, ctx: int) -> tuple[int]:
         stack = self._tls.__dict__.setdefault("stack", [])
@@ -430,9 +553,12 @@ class FakeDriver:
     def cuStreamDestroy(self, stream: int) -> tuple[int]:
         if getattr(self._tls, "ctx", None) != self.ctx:
             return (201,)
-        s = self.streams.pop(stream, None)
+        s = self.streams.get(stream)
         if s is None:
             return (400,)
+        if s.capture is not None:
+            return (900,)  # the backend ends a capture before destroying its stream
+        del self.streams[stream]
         if s.queue:
             self.draining.append(s)
         return (self.sticky,)
@@ -444,6 +570,8 @@ class FakeDriver:
         s = self.streams.get(stream)
         if s is None:
             return (400,)
+        if s.capture is not None:
+            return (self._invalidate(s.capture, 900),)  # a capturing stream is not queried
         if self.sticky:
             return (self.sticky,)
         return (600 if s.queue else 0,)
@@ -454,8 +582,19 @@ class FakeDriver:
         s, ev = self.streams.get(stream), self.events.get(event)
         if s is None or ev is None:
             return (400,)
-        if ev.current is not None and not ev.current.done:
-            self._enqueue(s, ["wait", ev.current])
+        rec = ev.current
+        if s.capture is not None:
+            if s.capture.invalidated:
+                return (901,)
+            if rec is None or (isinstance(rec, _CapturedRecording) and rec.capture is s.capture):
+                return (0,)  # nothing to wait for, or ordered already
+            if isinstance(rec, _CapturedRecording):
+                raise NotImplementedError("the fake does not model merging two captures")
+            return (self._invalidate(s.capture, 905),)  # a dependency crossing the capture
+        if isinstance(rec, _CapturedRecording):
+            raise NotImplementedError("the fake does not model forking a stream into a capture")
+        if rec is not None and not rec.done:
+            self._enqueue(s, ["wait", rec])
         return (0,)
 
     def cuEventCreate(self, flags: int) -> tuple[int, int | None]:
@@ -476,6 +615,11 @@ class FakeDriver:
         s, ev = self.streams.get(stream), self.events.get(event)
         if s is None or ev is None:
             return (400,)
+        if s.capture is not None:  # a capture dependency, not a node of the graph
+            if s.capture.invalidated:
+                return (901,)
+            ev.current = _CapturedRecording(s.capture)
+            return (0,)
         rec = _Recording()
         self._enqueue(s, ["record", rec])
         ev.current = rec
@@ -490,6 +634,8 @@ class FakeDriver:
             return (400,)
         if self.sticky:
             return (self.sticky,)
+        if isinstance(ev.current, _CapturedRecording):
+            return (907,)  # CUDA_ERROR_CAPTURED_EVENT
         return (0 if ev.current is None or ev.current.done else 600,)
 
     def cuEventElapsedTime(self, start: int, end: int) -> tuple[int, float | None]:
@@ -501,6 +647,8 @@ class FakeDriver:
             return 400, None
         if a.current is None or b.current is None:
             return 400, None
+        if isinstance(a.current, _CapturedRecording) or isinstance(b.current, _CapturedRecording):
+            return 907, None
         if not (a.current.done and b.current.done):
             return 600, None
         return 0, (b.current.ts - a.current.ts) * 1000.0
@@ -512,6 +660,8 @@ class FakeDriver:
             return code, None
         if size <= 0:
             return 1, None
+        if code := self._unsafe_call():
+            return code, None
         if self.allocated + size > self.total_memory:
             return 2, None  # CUDA_ERROR_OUT_OF_MEMORY
         return 0, self._alloc(self.device, size, 256)
@@ -522,6 +672,8 @@ class FakeDriver:
         return 0, self.total_memory - self.allocated, self.total_memory
 
     def cuMemFree(self, ptr: int) -> tuple[int]:
+        if code := self._unsafe_call():
+            return (code,)
         if self.device.pop(ptr, None) is None:
             return (1,)
         return (self.sticky,)
@@ -538,7 +690,13 @@ class FakeDriver:
         return 0, ptr  # unified addressing
 
     def _copy(
-        self, dst: int, src: int, count: int, stream: int, device_side: list[int]
+        self,
+        dst: int,
+        src: int,
+        count: int,
+        stream: int,
+        device_side: list[int],
+        host: int | None = None,
     ) -> tuple[int]:
         if code := self._need():
             return (code,)
@@ -547,14 +705,15 @@ class FakeDriver:
             return (400,)
         if any(not self.in_device(addr, count) for addr in device_side):
             return (1,)
-        self._enqueue(s, ["copy", dst, src, count, device_side])
-        return (0,)
+        if s.capture is not None and host is not None and count and not self._pinned(host, count):
+            return (self._invalidate(s.capture, 900),)  # a pageable copy cannot be captured
+        return (self._submit(s, ["copy", dst, src, count, device_side]),)
 
     def cuMemcpyHtoDAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
-        return self._copy(dst, src, count, stream, [dst])
+        return self._copy(dst, src, count, stream, [dst], src)
 
     def cuMemcpyDtoHAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
-        return self._copy(dst, src, count, stream, [src])
+        return self._copy(dst, src, count, stream, [src], dst)
 
     def cuMemcpyDtoDAsync(self, dst: int, src: int, count: int, stream: int) -> tuple[int]:
         return self._copy(dst, src, count, stream, [dst, src])
@@ -572,8 +731,7 @@ class FakeDriver:
         if n and not self.in_device(dst, n):
             return (1,)
         self.memsets.append({"dst": dst, "value": uc, "count": n, "stream": stream})
-        self._enqueue(s, ["memset", dst, uc, n])
-        return (0,)
+        return (self._submit(s, ["memset", dst, uc, n]),)
 
     def cuMemcpyHtoD(self, dst: int, src: int, count: int) -> tuple[int]:
         if code := self._need():
@@ -675,8 +833,96 @@ class FakeDriver:
                 return (1,)
             params = b""
         mod, name = self.functions[f]
+        s = self.streams[stream]
         self.launches.append(
-            {"name": name, "grid": gx, "block": bx, "params": params, "extra": entries}
+            {
+                "name": name,
+                "grid": gx,
+                "block": bx,
+                "params": params,
+                "extra": entries,
+                "captured": s.capture is not None,
+            }
         )
-        self._enqueue(self.streams[stream], ["kernel", mod, name, params])
+        return (self._submit(s, ["kernel", mod, name, params]),)
+
+    # --- stream capture and graphs ------------------------------------------------------
+
+    def cuStreamBeginCapture(self, stream: int, mode: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        s = self.streams.get(stream)
+        if s is None:
+            return (400,)
+        if int(mode) not in (MODE_GLOBAL, MODE_THREAD_LOCAL, MODE_RELAXED):
+            return (1,)
+        if s.capture is not None:
+            return (401,)  # CUDA_ERROR_ILLEGAL_STATE: already capturing
+        s.capture = _FakeCapture(int(mode), threading.get_ident())
         return (0,)
+
+    def cuStreamIsCapturing(self, stream: int) -> tuple[int, int | None]:
+        """``CUstreamCaptureStatus``: NONE (0), ACTIVE (1) or INVALIDATED (2)."""
+        if code := self._need():
+            return code, None
+        s = self.streams.get(stream)
+        if s is None:
+            return 400, None
+        if s.capture is None:
+            return 0, 0
+        return 0, 2 if s.capture.invalidated else 1
+
+    def cuStreamEndCapture(self, stream: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        s = self.streams.get(stream)
+        if s is None:
+            return 400, None
+        capture = s.capture
+        if capture is None:
+            return 401, None  # CUDA_ERROR_ILLEGAL_STATE: not capturing
+        if capture.mode != MODE_RELAXED and capture.thread != threading.get_ident():
+            return 908, None  # CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD
+        s.capture = None
+        if capture.invalidated:
+            return 901, None  # no graph
+        handle = self._id()
+        self.graphs[handle] = capture.ops
+        return 0, handle
+
+    def cuGraphInstantiateWithFlags(self, graph: int, flags: int) -> tuple[int, int | None]:
+        if code := self._need():
+            return code, None
+        ops = self.graphs.get(graph)
+        if ops is None or int(flags) != 0:
+            return 1, None
+        handle = self._id()
+        self.execs[handle] = _FakeExec([list(op) for op in ops])
+        return 0, handle
+
+    def cuGraphLaunch(self, graph_exec: int, stream: int) -> tuple[int]:
+        if code := self._need():
+            return (code,)
+        ex = self.execs.get(graph_exec)
+        if ex is None:
+            return (1,)
+        s = self.streams.get(stream)
+        if s is None:
+            return (400,)
+        if s.capture is not None:
+            raise NotImplementedError("the fake does not model capturing a graph launch")
+        op = ["graph", ex, [list(inner) for inner in ex.ops], 0]
+        ex.pending.append(op)
+        self._enqueue(s, op)
+        return (0,)
+
+    def cuGraphExecDestroy(self, graph_exec: int) -> tuple[int]:
+        """Queued launches still run (CUDA frees an executable graph in flight when done)."""
+        if self.execs.pop(graph_exec, None) is None:
+            return (1,)
+        return (self.sticky,)
+
+    def cuGraphDestroy(self, graph: int) -> tuple[int]:
+        if self.graphs.pop(graph, None) is None:
+            return (1,)
+        return (self.sticky,)

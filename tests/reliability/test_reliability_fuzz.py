@@ -172,6 +172,7 @@ class RefArgs:
             return
         else:  # pragma: no cover
             raise AssertionError(kind)
+        al = max(al, 4)  # the default layout: the Ascend C compiler's, at least 4-aligned
         offset = -(-self.cursor // al) * al
         if self._size(offset + len(data), tail) > self.max_nbytes:
             raise Invalid((ValueError,), field)

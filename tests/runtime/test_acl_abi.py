@@ -198,7 +198,9 @@ _TYPEDEFS = {
     "aclrtBinHandle": "void*",
     "aclrtFuncHandle": "void*",
     "aclrtArgsHandle": "void*",
+    "aclrtParamHandle": "void*",
     "aclrtCallback": "void*",
+    "aclrtExceptionInfoCallback": "void*",
     # enums passed by value are ints
     "aclrtMemAttr": "int",
     "aclrtStreamAttr": "int",
@@ -206,6 +208,8 @@ _TYPEDEFS = {
     "aclrtMemcpyKind": "int",
     "aclrtCallbackBlockType": "int",
     "aclrtLastErrLevel": "int",
+    "aclCANNPackageName": "int",
+    "aclrtDevAttr": "int",
 }
 
 
@@ -272,9 +276,9 @@ def _check_prototype(name: str, declared: tuple[Any, tuple[Any, ...]], c_proto: 
         )
 
 
-#: optional functions whose prototype acl_prototypes_more.json does not carry: checked against
-#: their declaration in acl-runtime.md instead (a list that must not grow silently)
-_DOC_ONLY = {"aclrtDeviceGetStreamPriorityRange"}
+#: optional functions whose prototype neither JSON carries: checked against their declaration
+#: in acl-runtime.md instead (a list that must not grow silently)
+_DOC_ONLY = {"aclrtDeviceGetStreamPriorityRange", "aclrtStreamGetId"}
 
 
 def _doc_prototype(doc: str, name: str) -> dict[str, Any]:
@@ -288,10 +292,13 @@ def _doc_prototype(doc: str, name: str) -> dict[str, Any]:
 
 
 def test_every_optional_function_has_the_header_prototype(
-    more: dict[str, Any], runtime_doc: str
+    prototypes: dict[str, Any], more: dict[str, Any], runtime_doc: str
 ) -> None:
     assert ffi.OPTIONAL_PROTOTYPES
-    headers = more["prototypes"]
+    headers = {**prototypes, **more["prototypes"]}
+    for name in ffi.OPTIONAL_PROTOTYPES:
+        if name in prototypes and name in more["prototypes"]:
+            assert prototypes[name] == more["prototypes"][name], name
     assert {name for name in ffi.OPTIONAL_PROTOTYPES if name not in headers} == _DOC_ONLY
     for name, declared in ffi.OPTIONAL_PROTOTYPES.items():
         c_proto = headers[name] if name in headers else _doc_prototype(runtime_doc, name)
@@ -302,13 +309,48 @@ def test_optional_and_required_functions_are_disjoint() -> None:
     assert not set(ffi.PROTOTYPES) & set(ffi.OPTIONAL_PROTOTYPES)
 
 
-def test_the_v02_seam_methods_bind_optional_functions() -> None:
+def test_the_optional_functions_are_what_the_releases_differ_in() -> None:
     assert set(ffi.OPTIONAL_PROTOTYPES) == {
+        # v0.2 seam methods
         "aclrtSetStreamAttribute", "aclrtDeviceGetStreamPriorityRange", "aclrtMemsetAsync",
         "aclrtGetVersion", "aclrtGetMemInfo", "aclrtGetSocName",
+        # loaders and the two launch paths
+        "aclrtBinaryLoadFromFile", "aclrtBinaryLoadFromData", "aclrtLaunchKernelWithHostArgs",
+        "aclrtKernelArgsInit", "aclrtKernelArgsAppend", "aclrtKernelArgsAppendPlaceHolder",
+        "aclrtKernelArgsGetPlaceHolderBuffer", "aclrtKernelArgsFinalize",
+        "aclrtLaunchKernelWithConfig",
+        # release and device facts, stream ids and priorities
+        "aclsysGetCANNVersion", "aclrtGetDeviceInfo", "aclrtStreamGetId",
+        "aclrtCreateStreamWithConfig",
+        # hidden MIX arguments, parameter info
+        "aclrtGetHardwareSyncAddr", "aclrtCtxGetFloatOverflowAddr",
+        "aclrtFunctionGetParamCount", "aclrtFunctionGetParamInfo",
+        # exception info, last error
+        "aclrtSetExceptionInfoCallback", "aclrtGetTaskIdFromExceptionInfo",
+        "aclrtGetStreamIdFromExceptionInfo", "aclrtGetDeviceIdFromExceptionInfo",
+        "aclrtGetErrorCodeFromExceptionInfo", "aclrtGetLastError", "aclrtPeekAtLastError",
     }  # fmt: skip
     restype, argtypes = ffi.OPTIONAL_PROTOTYPES["aclrtGetSocName"]
     assert (restype, argtypes) == (ctypes.c_char_p, ())
+    assert set(ffi.OPTIONAL_PROTOTYPES) >= ffi.VALUE_RETURNING
+
+
+def test_the_launch_path_functions_are_optional() -> None:
+    from aio_ascend._runtime.acl.paths import PATH_SYMBOLS
+
+    for symbols in PATH_SYMBOLS.values():
+        assert set(symbols) <= set(ffi.OPTIONAL_PROTOTYPES)
+
+
+def test_the_cann_package_version_struct(more: dict[str, Any]) -> None:
+    text = more["types"]["aclCANNPackageVersion"]
+    fields = re.findall(r"char (\w+)\[(\d+)\];", text)
+    assert [name for name, _ in fields] == [name for name, *_ in ffi.AclCANNPackageVersion._fields_]
+    offset = 0
+    for name, size in fields:
+        assert getattr(ffi.AclCANNPackageVersion, name).offset == offset, name
+        offset += int(size)
+    assert ctypes.sizeof(ffi.AclCANNPackageVersion) == offset == 512
 
 
 def _enum_values(typedef: str) -> dict[str, int]:
@@ -325,6 +367,31 @@ def _enum_values(typedef: str) -> dict[str, int]:
         values[name] = following
         following += 1
     return values
+
+
+def test_the_new_abi_constants_match_the_headers(more: dict[str, Any], runtime_doc: str) -> None:
+    types = more["types"]
+    dev_attr = _enum_values(types["aclrtDevAttr"])
+    assert dev_attr["ACL_DEV_ATTR_AICORE_CORE_NUM"] == _base.ACL_DEV_ATTR_AICORE_CORE_NUM
+    assert dev_attr["ACL_DEV_ATTR_CUBE_CORE_NUM"] == _base.ACL_DEV_ATTR_CUBE_CORE_NUM
+    assert dev_attr["ACL_DEV_ATTR_VECTOR_CORE_NUM"] == _base.ACL_DEV_ATTR_VECTOR_CORE_NUM
+    assert _enum_values(types["aclCANNPackageName"])["ACL_PKG_NAME_CANN"] == _base.ACL_PKG_NAME_CANN
+    levels = _enum_values(types["aclrtLastErrLevel"])
+    assert levels["ACL_RT_THREAD_LEVEL"] == _base.ACL_RT_THREAD_LEVEL
+    # the load options and magics are in acl-runtime.md §1.2 (the JSON facts lack them)
+    for name in (
+        "ACL_RT_BINARY_MAGIC_ELF_AICORE",
+        "ACL_RT_BINARY_MAGIC_ELF_VECTOR_CORE",
+        "ACL_RT_BINARY_MAGIC_ELF_CUBE_CORE",
+    ):
+        match = re.search(rf"#define {name}\s+(0x[0-9A-Fa-f]+)U", runtime_doc)
+        assert match, name
+        assert getattr(_base, name) == int(match.group(1), 16), name
+    for name in ("ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD", "ACL_RT_BINARY_LOAD_OPT_MAGIC"):
+        match = re.search(rf"{name} = (\d+)", runtime_doc)
+        assert match, name
+        assert getattr(_base, name) == int(match.group(1)), name
+    assert _base.KernelType.MIX.magic == _base.ACL_RT_BINARY_MAGIC_ELF_AICORE
 
 
 def test_the_backends_own_constants_match_the_docs(more: dict[str, Any], runtime_doc: str) -> None:
@@ -352,11 +419,15 @@ def test_the_backend_binds_what_the_runtime_seam_needs() -> None:
         "aclrtSetStreamFailureMode", "aclrtCreateEventExWithFlag", "aclrtDestroyEvent",
         "aclrtRecordEvent", "aclrtQueryEventStatus", "aclrtSynchronizeEventWithTimeout",
         "aclrtStreamWaitEvent", "aclrtEventElapsedTime", "aclrtMalloc", "aclrtFree",
-        "aclrtMallocHost", "aclrtFreeHost", "aclrtMemcpyAsync", "aclrtBinaryLoadFromFile",
-        "aclrtBinaryLoadFromData", "aclrtBinaryGetFunction", "aclrtBinaryUnLoad",
-        "aclrtLaunchKernelWithHostArgs", "aclGetRecentErrMsg",
+        "aclrtMallocHost", "aclrtFreeHost", "aclrtMemcpyAsync",
+        "aclrtBinaryGetFunction", "aclrtBinaryUnLoad", "aclGetRecentErrMsg",
     }  # fmt: skip
     assert needed <= set(ffi.PROTOTYPES)
+    # the loaders and launches depend on the release: bound per symbol, chosen by presence
+    per_release = {
+        "aclrtBinaryLoadFromFile", "aclrtBinaryLoadFromData", "aclrtLaunchKernelWithHostArgs",
+    }  # fmt: skip
+    assert per_release <= set(ffi.OPTIONAL_PROTOTYPES)
 
 
 def test_the_prototype_parser_understands_every_header_entry(prototypes: dict[str, Any]) -> None:
@@ -379,8 +450,23 @@ def test_bind_sets_the_prototypes_on_the_loaded_functions() -> None:
         assert tuple(function.argtypes) == argtypes, name
 
 
+@pytest.mark.parametrize("persona", ["8.0", "8.3", "8.5", "9.1"])
+def test_bind_skips_what_a_persona_lacks(persona: str) -> None:
+    from doubles.acl_double import PERSONA_SYMBOLS, build_double
+
+    exported = PERSONA_SYMBOLS[persona]
+    functions = ffi.bind(ctypes.CDLL(str(build_double(persona).library)))
+    bound = set(ffi.PROTOTYPES) | set(ffi.OPTIONAL_PROTOTYPES)
+    assert set(functions) == bound & exported
+    assert set(ffi.PROTOTYPES) <= exported, "every persona has the required functions"
+
+
 def test_bind_skips_missing_optional_functions() -> None:
     from doubles.acl_double import build_legacy_double
 
     functions = ffi.bind(ctypes.CDLL(str(build_legacy_double().library)))
-    assert set(functions) == set(ffi.PROTOTYPES)
+    legacy_lacks = {
+        "aclrtSetStreamAttribute", "aclrtDeviceGetStreamPriorityRange", "aclrtMemsetAsync",
+        "aclrtGetVersion", "aclrtGetMemInfo", "aclrtGetSocName",
+    }  # fmt: skip
+    assert set(functions) == (set(ffi.PROTOTYPES) | set(ffi.OPTIONAL_PROTOTYPES)) - legacy_lacks

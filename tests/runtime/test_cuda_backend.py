@@ -18,19 +18,29 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import importlib.util
+import itertools
 import random
 import re
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 import test_runtime_contract as contract
 from backends import REAL_DEVICE, RUNTIME_FACTORIES, backend_params, gpu_skip_reason
-from doubles.cuda_fake import FakeDriver, c_param_layout, fake_compile, parse_kernel_signatures
+from doubles.cuda_fake import (
+    MODE_GLOBAL,
+    MODE_RELAXED,
+    MODE_THREAD_LOCAL,
+    FakeDriver,
+    c_param_layout,
+    fake_compile,
+    parse_kernel_signatures,
+)
 
 import aio_ascend as aa
 from aio_ascend._errors import (
@@ -78,6 +88,7 @@ from aio_ascend._runtime.cuda.runtime import CudaRuntime, open_cuda_runtime
 from aio_ascend._runtime.cuda.staging import (
     MAX_STAGING_ALIGN,
     MIN_STAGING_ALIGN,
+    CaptureStaging,
     StagingRing,
     staging_alignment,
 )
@@ -454,6 +465,24 @@ def test_ring_rejects_bad_requests() -> None:
         StagingRing(FakeRingOps(), 100)
 
 
+def test_capture_staging_carves_aligned_regions_and_never_reuses_them() -> None:
+    ops = FakeRingOps()  # its addresses are deliberately not 4096-aligned
+    staging = CaptureStaging(ops.alloc, chunk=4096)
+    regions = [staging.allocate(100, 64) for _ in range(40)]
+    assert all(r % 64 == 0 for r in regions)
+    spans = sorted((r, r + 100) for r in regions)
+    assert all(a_end <= b for (_, a_end), (b, _) in itertools.pairwise(spans))
+    assert len(staging.blocks) == 2  # 40 regions of 128 bytes need two 4 KiB blocks
+    big = staging.allocate(10_000, 4096)  # larger than a block: one of its own
+    assert big % 4096 == 0 and len(staging.blocks) == 3
+    assert any(b <= big and big + 10_000 <= b + ops.allocs[b] for b in staging.blocks)
+    assert set(staging.blocks) == set(ops.allocs)
+    with pytest.raises(ValueError, match="nbytes"):
+        staging.allocate(0, 64)
+    with pytest.raises(ValueError, match="align"):
+        staging.allocate(8, 8192)
+
+
 # --- availability -----------------------------------------------------------------------------
 
 
@@ -552,6 +581,7 @@ def test_device_fault_is_sticky_on_cuda(dev: contract.Dev, code: int) -> None:
         lambda: rt.memcpy_async(y, 16, x, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, other),
         lambda: rt.memset_async(y, 16, 0, 16, other),
         lambda: rt.malloc(64),
+        lambda: rt.begin_capture(other),
     ]
     for check in checks * 2:
         with pytest.raises(DeviceFaultError) as again:
@@ -1056,6 +1086,353 @@ def test_the_new_calls_after_close_and_without_a_context(backend: str) -> None:
             call()
 
 
+# --- graphs: stream capture and replay -------------------------------------------------------
+
+
+def _open_small_ring(backend: str) -> CudaRuntime:
+    """A runtime whose staging rings start at 4 KiB: 64 placeholder launches fill one."""
+    if backend == "cuda":
+        return open_cuda_runtime(0, staging_bytes=4096)
+    return open_cuda_runtime(0, driver=FakeDriver(), compiler=fake_compile, staging_bytes=4096)
+
+
+def _slot(addr: int) -> int:
+    """The device address patched into the ``scale`` args' placeholder slot (offset 16)."""
+    value: int = struct.unpack_from("<Q", bytes(host_view(addr, 24)), 16)[0]
+    return value
+
+
+def _capture_status(rt: CudaRuntime, stream: int) -> int:
+    err, status = rt._d.cuStreamIsCapturing(rt._streams[stream].cu)
+    assert int(err) == 0
+    return int(status)  # NONE 0, ACTIVE 1, INVALIDATED 2
+
+
+def test_begin_capture_asks_cuda_for_the_relaxed_mode(dev: contract.Dev) -> None:
+    rt = dev.rt
+    assert isinstance(rt, CudaRuntime)
+    calls = _spy(rt._d, "cuStreamBeginCapture") if isinstance(rt._d, FakeDriver) else None
+    rt.begin_capture(dev.stream)
+    assert rt._streams[dev.stream].capturing
+    assert _capture_status(rt, dev.stream) == 1
+    if calls is not None:
+        assert calls == [(rt._streams[dev.stream].cu, MODE_RELAXED)]
+    graph = rt.end_capture(dev.stream)
+    assert not rt._streams[dev.stream].capturing
+    assert _capture_status(rt, dev.stream) == 0
+    rt.destroy_graph(graph)
+
+
+def test_in_the_global_mode_a_capture_could_not_stage_placeholders() -> None:
+    """Why relaxed: the global mode makes ``cuMemAlloc`` (a captured launch's staging, or any
+    allocation by another thread) illegal, and it breaks the capture (the fake, as CUDA)."""
+    fake = FakeDriver()
+    fake.CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_RELAXED=MODE_GLOBAL)
+    rt = _open_fake(fake)
+    try:
+        d = contract.Dev(rt)
+        n = 4
+        x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
+        rt.begin_capture(d.stream)
+        with pytest.raises(RuntimeAPIError) as info:
+            d.launch("scale", contract.scale_args(x, y, n, 2.0))
+        assert info.value.code == 900
+        assert "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in info.value.message
+        with pytest.raises(RuntimeAPIError) as info:
+            rt.end_capture(d.stream)
+        assert info.value.code == 901  # invalidated: no graph
+        assert not rt._streams[d.stream].capturing
+        assert not fake.graphs
+    finally:
+        rt.close()
+
+
+def test_placeholders_in_a_capture_are_staged_in_memory_the_graph_owns(
+    dev: contract.Dev,
+) -> None:
+    rt = dev.rt
+    fake = _fake(rt)
+    assert isinstance(rt, CudaRuntime)
+    n = 8
+    x_host = np.arange(n, dtype=F32)
+    x, y = dev.upload(x_host), dev.upload(np.zeros(n, F32))
+    dev.launch("scale", contract.scale_args(x, y, n, 1.0))  # the stream's ring exists
+    ring = rt._streams[dev.stream].ring
+    assert ring is not None
+    ring_stats = rt.staging_stats(dev.stream)
+    before = fake.allocated
+    rt.begin_capture(dev.stream)
+    slot = _slot(dev.launch("scale", contract.scale_args(x, y, n, 2.5)))
+    graph = rt.end_capture(dev.stream)
+    assert rt.staging_stats(dev.stream) == ring_stats, "the ring was not used"
+    assert not ring.base <= slot < ring.base + ring.capacity
+    assert fake.in_device(slot, 8) and fake.allocated > before
+    (block,) = rt._graphs[graph].blocks
+    assert block <= slot < block + 4096
+    assert fake.launches[-1]["captured"]
+    rt.launch_graph(graph, dev.stream)
+    rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+    np.testing.assert_array_equal(dev.download(y, n), x_host * F32(2.5))
+    rt.destroy_graph(graph)
+    assert fake.allocated == before, "destroy_graph freed the staging memory"
+    assert not fake.graphs and not fake.execs
+    assert rt.graph_count() == 0
+
+
+def test_a_failed_capture_frees_its_staging_memory(dev: contract.Dev) -> None:
+    rt = dev.rt
+    fake = _fake(rt)
+    n = 4
+    x, y = dev.upload(np.ones(n, F32)), dev.upload(np.zeros(n, F32))
+    before = fake.allocated
+    rt.begin_capture(dev.stream)
+    dev.launch("scale", contract.scale_args(x, y, n, 2.0))
+    assert fake.allocated > before
+    assert fake.cuStreamQuery(rt._streams[dev.stream].cu) == (900,)  # breaks it, as in CUDA
+    with pytest.raises(RuntimeAPIError) as info:
+        rt.end_capture(dev.stream)
+    assert info.value.code == 901
+    assert "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901)" in info.value.message
+    assert fake.allocated == before
+    assert rt.graph_count() == 0
+    dev.launch("scale", contract.scale_args(x, y, n, 3.0))  # the stream works again
+    rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+    np.testing.assert_array_equal(dev.download(y, n), np.full(n, 3.0, F32))
+
+
+def test_a_replay_reads_its_own_staging_after_the_ring_moved_on(backend: str) -> None:
+    """The capture stream's ring reuses its slots, grows (freeing its first memory) and goes
+    away with its stream: replays on another stream still read the captured args image."""
+    rt = _open_small_ring(backend)
+    try:
+        d = contract.Dev(rt)
+        n = 64
+        x_host = np.arange(n, dtype=F32)
+        x, y, z = d.upload(x_host), d.upload(np.zeros(n, F32)), d.upload(np.zeros(n, F32))
+        capture_stream = d.new_stream()
+        d.launch("scale", contract.scale_args(x, z, n, 1.0), capture_stream)  # ring created
+        rt.synchronize_stream(capture_stream, contract.SYNC_MS)
+        rt.begin_capture(capture_stream)
+        captured = _slot(d.launch("scale", contract.scale_args(x, y, n, 3.0), capture_stream))
+        graph = rt.end_capture(capture_stream)
+        slots = set()
+        for i in range(200):  # 64 bytes each: the 4 KiB ring wraps around three times
+            factor = float(F32(5 + i % 3))
+            slots.add(
+                _slot(d.launch("scale", contract.scale_args(x, z, n, factor), capture_stream))
+            )
+        assert captured not in slots
+        rt.launch_graph(graph, capture_stream)
+        rt.synchronize_stream(capture_stream, contract.SYNC_MS)
+        np.testing.assert_array_equal(d.download(y, n), x_host * F32(3))
+        np.testing.assert_array_equal(d.download(z, n), x_host * F32(5 + 199 % 3))
+        tiling = struct.pack("<If", n, 4.0) + bytes(10_000)  # grows the ring
+        d.launch("scale", HostArgs().ptr(x).ptr(z).placeholder(tiling, align=256), capture_stream)
+        assert rt.staging_stats(capture_stream)["grows"] == 1
+        rt.destroy_stream(capture_stream)  # its ring is freed
+        rt.memset_async(y, 4 * n, 0, 4 * n, d.stream)
+        rt.launch_graph(graph, d.stream)
+        rt.launch_graph(graph, d.stream)
+        rt.synchronize_stream(d.stream, contract.SYNC_MS)
+        np.testing.assert_array_equal(d.download(y, n), x_host * F32(3))
+        rt.destroy_graph(graph)
+    finally:
+        rt.close()
+
+
+def test_a_capturing_stream_refuses_before_the_driver_sees_it(dev: contract.Dev) -> None:
+    """Refused with 107000 and never passed on: the fake would have broken the capture (a
+    query, a pageable copy) or made the event a capture dependency (a record)."""
+    rt = dev.rt
+    fake = _fake(rt)
+    assert isinstance(rt, CudaRuntime)
+    n = 16
+    event = rt.create_event(ACL_EVENT_SYNC)
+    buf = rt.malloc(4 * n)
+    pageable = np.zeros(4 * n, np.uint8)
+    pinned = dev.pinned(bytes(range(4 * n)))
+    other = dev.new_stream()
+    rt.begin_capture(other)
+    dev.launch("noop", HostArgs(), other)
+    other_graph = rt.end_capture(other)
+    names = (
+        "cuEventRecord",
+        "cuStreamWaitEvent",
+        "cuStreamQuery",
+        "cuMemcpyHtoDAsync",
+        "cuMemcpyDtoHAsync",
+        "cuStreamBeginCapture",
+        "cuGraphLaunch",
+        "cuMemAlloc",
+    )
+    spies = {name: _spy(fake, name) for name in names}
+    for name in names:  # the runtime keeps bound methods of its hot paths
+        if hasattr(rt, f"_{name}"):
+            setattr(rt, f"_{name}", getattr(fake, name))
+    rt.begin_capture(dev.stream)
+    assert len(spies["cuStreamBeginCapture"]) == 1
+    addr = pageable.ctypes.data
+    refused: list[Callable[[], object]] = [
+        lambda: rt.record_event(event, dev.stream),
+        lambda: rt.stream_wait_event(dev.stream, event),
+        lambda: rt.synchronize_stream(dev.stream, contract.SYNC_MS),
+        lambda: rt.memcpy_async(buf, 4 * n, addr, 4 * n, ACL_MEMCPY_HOST_TO_DEVICE, dev.stream),
+        lambda: rt.memcpy_async(addr, 4 * n, buf, 4 * n, ACL_MEMCPY_DEVICE_TO_HOST, dev.stream),
+        lambda: rt.begin_capture(dev.stream),
+        lambda: rt.launch_graph(other_graph, dev.stream),
+    ]
+    for call in refused:
+        with pytest.raises(InvalidParamError) as info:
+            call()
+        assert info.value.code == 107000
+        assert "capturing" in info.value.message
+    # a launch with placeholders whose args are not pinned: every replay would copy them
+    args = contract.scale_args(buf, buf, 4, 2.0)
+    image = (ctypes.c_uint64 * 8).from_buffer_copy(args.to_bytes().ljust(64, b"\0"))
+    table = dev.pinned(args.placeholder_table())
+    with pytest.raises(InvalidParamError, match="pinned"):
+        rt.launch_kernel_with_host_args(
+            dev.fn("scale"), 1, dev.stream, None, ctypes.addressof(image), 64, table, 1
+        )
+    assert all(not spies[name] for name in names if name != "cuStreamBeginCapture")
+    assert len(spies["cuStreamBeginCapture"]) == 1
+    # a pinned copy is captured
+    rt.memcpy_async(buf, 4 * n, pinned, 4 * n, ACL_MEMCPY_HOST_TO_DEVICE, dev.stream)
+    assert len(spies["cuMemcpyHtoDAsync"]) == 1
+    graph = rt.end_capture(dev.stream)  # still a valid capture: the driver saw nothing wrong
+    with pytest.raises(InvalidParamError, match="not capturing") as info:
+        rt.end_capture(dev.stream)
+    assert info.value.code == 107000
+    rt.destroy_graph(graph)
+    rt.destroy_graph(other_graph)
+
+
+def test_an_unknown_or_destroyed_graph_is_a_bad_handle(dev: contract.Dev) -> None:
+    rt = dev.rt
+    assert isinstance(rt, CudaRuntime)
+    rt.begin_capture(dev.stream)
+    dev.launch("noop", HostArgs())
+    graph = rt.end_capture(dev.stream)
+    rt.destroy_graph(graph)
+    launches = _spy(rt._d, "cuGraphLaunch") if isinstance(rt._d, FakeDriver) else []
+    for call in (
+        lambda: rt.launch_graph(graph, dev.stream),
+        lambda: rt.destroy_graph(graph),
+        lambda: rt.launch_graph(12345, dev.stream),
+    ):
+        with pytest.raises(InvalidHandleError, match="not a live graph"):
+            call()
+    assert launches == []
+    rt.begin_capture(dev.stream)
+    dev.launch("noop", HostArgs())
+    again = rt.end_capture(dev.stream)
+    assert again != graph, "handles are never reused"
+    rt.destroy_graph(again)
+
+
+def test_destroying_a_capturing_stream_or_closing_ends_the_capture() -> None:
+    fake = FakeDriver()
+    rt = _open_fake(fake)
+    d = contract.Dev(rt)
+    n = 4
+    x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
+    before = fake.allocated
+    stream = d.new_stream()
+    rt.begin_capture(stream)
+    d.launch("scale", contract.scale_args(x, y, n, 2.0), stream)
+    rt.destroy_stream(stream)
+    assert fake.allocated == before and not fake.graphs
+    rt.begin_capture(d.stream)
+    d.launch("scale", contract.scale_args(x, y, n, 2.0))
+    graph = rt.end_capture(d.stream)
+    rt.launch_graph(graph, d.stream)
+    rt.begin_capture(d.stream)  # left open, with its staging
+    d.launch("scale", contract.scale_args(x, y, n, 3.0))
+    ended = _spy(fake, "cuStreamEndCapture")
+    destroyed = _spy(fake, "cuGraphExecDestroy")
+    freed = _spy(fake, "cuMemFree")
+    rt.close()
+    assert rt.close_errors == ()
+    assert len(ended) == 1 and len(destroyed) == 1
+    assert len(freed) >= 2 + 2  # x, y, and the staging of the graph and of the open capture
+
+
+def test_the_fake_models_capture_as_cuda_does() -> None:
+    """The fake's own strictness (what the backend must never trigger)."""
+    fake = FakeDriver()
+    fake.cuDevicePrimaryCtxRetain(0)
+    fake.cuCtxSetCurrent(fake.ctx)
+    _, a = fake.cuStreamCreate(1)
+    _, b = fake.cuStreamCreate(1)
+    _, ev = fake.cuEventCreate(2)
+    assert fake.cuStreamEndCapture(a) == (401, None)  # not capturing
+    assert fake.cuStreamBeginCapture(a, 7) == (1,)
+    assert fake.cuStreamBeginCapture(a, MODE_RELAXED) == (0,)
+    assert fake.cuStreamBeginCapture(a, MODE_RELAXED) == (401,)  # already capturing
+    assert fake.cuStreamIsCapturing(a) == (0, 1)
+    assert fake.cuEventRecord(ev, a) == (0,)  # a capture dependency, not a graph node
+    assert fake.cuEventQuery(ev) == (907,)
+    assert fake.cuStreamWaitEvent(a, ev, 0) == (0,)  # the same capture: ordered already
+    with pytest.raises(NotImplementedError):
+        fake.cuStreamWaitEvent(b, ev, 0)  # would fork b into the capture
+    assert fake.cuStreamDestroy(a) == (900,)
+    err, empty = fake.cuStreamEndCapture(a)
+    assert err == 0 and fake.graphs[empty] == []
+    assert fake.cuGraphDestroy(empty) == (0,)
+    # a wait on an event recorded outside the capture crosses its boundary: invalidated
+    assert fake.cuEventRecord(ev, b) == (0,)
+    assert fake.cuStreamBeginCapture(a, MODE_RELAXED) == (0,)
+    assert fake.cuStreamWaitEvent(a, ev, 0) == (905,)
+    assert fake.cuStreamIsCapturing(a) == (0, 2)
+    assert fake.cuMemsetD8Async(0x10, 0, 0, a) == (901,)  # later ops: invalidated
+    assert fake.cuStreamEndCapture(a) == (901, None)
+    # a non-relaxed capture ends on its own thread only; other threads may not allocate
+    assert fake.cuStreamBeginCapture(a, MODE_THREAD_LOCAL) == (0,)
+    results: list[Any] = []
+    worker = threading.Thread(
+        target=lambda: (
+            fake.cuCtxSetCurrent(fake.ctx),
+            results.append(fake.cuMemAlloc(64)[0]),
+            results.append(fake.cuStreamEndCapture(a)),
+        )
+    )
+    worker.start()
+    worker.join()
+    assert results == [0, (908, None)]  # thread-local: other threads may allocate
+    assert fake.cuMemAlloc(64) == (900, None)  # ... but not the capturing thread
+    assert fake.cuStreamEndCapture(a) == (901, None)
+    # a captured copy reads its host memory when a replay runs; a pageable one is refused
+    dst = fake.cuMemAlloc(8)[1]
+    src = fake.cuMemHostAlloc(8, 0)[1]
+    pageable = ctypes.create_string_buffer(8)
+    assert fake.cuStreamBeginCapture(a, MODE_RELAXED) == (0,)
+    assert fake.cuMemcpyHtoDAsync(dst, ctypes.addressof(pageable), 8, a) == (900,)
+    assert fake.cuStreamEndCapture(a) == (901, None)
+    assert fake.cuStreamBeginCapture(a, MODE_RELAXED) == (0,)
+    assert fake.cuMemcpyHtoDAsync(dst, src, 8, a) == (0,)
+    err, graph = fake.cuStreamEndCapture(a)
+    assert err == 0
+    assert fake.cuGraphInstantiateWithFlags(graph, 1) == (1, None)
+    err, graph_exec = fake.cuGraphInstantiateWithFlags(graph, 0)
+    assert err == 0
+    assert fake.cuGraphDestroy(graph) == (0,)  # the executable graph is a snapshot
+    # the launches of one executable graph run one at a time, in launch order
+    gate = SimpleNamespace(done=False)
+    fake.streams[b].queue.append(["wait", gate])  # b is blocked
+    _, c = fake.cuStreamCreate(1)
+    ctypes.memmove(src, b"\x01" * 8, 8)
+    assert fake.cuGraphLaunch(graph_exec, b) == (0,)
+    ctypes.memmove(src, b"\x02" * 8, 8)  # read when the replay runs, not at the launch
+    assert fake.cuGraphLaunch(graph_exec, c) == (0,)
+    assert fake.cuStreamQuery(c) == (600,), "waits for the launch queued on b before it"
+    gate.done = True
+    assert fake.cuStreamQuery(c) == (0,) and fake.cuStreamQuery(b) == (0,)
+    assert ctypes.string_at(dst, 8) == b"\x02" * 8
+    assert fake.cuGraphExecDestroy(graph_exec) == (0,)
+    assert fake.cuGraphLaunch(graph_exec, b) == (1,)  # INVALID_VALUE, as documented
+    assert fake.cuGraphExecDestroy(graph_exec) == (1,)
+
+
 # =============================================================================================
 # the scheduler on the cuda backend
 # =============================================================================================
@@ -1096,6 +1473,43 @@ def test_scheduler_round_trip(backend: str) -> None:
             await (await s.copy_to_host(out, z))
             np.testing.assert_array_equal(out, x_host * F32(299 % 5))
             await s.aclose()
+
+    asyncio.run(main())
+
+
+def test_scheduler_capture_and_replay(backend: str) -> None:
+    async def main() -> None:
+        options = _runtime_options(backend)
+        async with aa.open_device(0, backend="cuda", runtime_options=options) as d:
+            s, other = d.stream(), d.stream()
+            n = 1024
+            x_host = np.arange(1, n + 1, dtype=F32)
+            x, y, z = d.malloc(4 * n), d.malloc(4 * n), d.malloc(4 * n)
+            await (await s.copy_to_device(x, x_host))
+            await (await s.copy_to_device(y, np.zeros(n, F32)))
+            async with s.capture() as cap:
+                cap.launch(d.function("axpy"), 4, aa.HostArgs().ptr(x).ptr(y).f32(2.0).u32(n))
+                tiling = struct.pack("<If", n, 0.5)
+                cap.launch(d.function("scale"), 4, aa.HostArgs().ptr(y).ptr(z).placeholder(tiling))
+                cap.memset(x, 0, 4)
+            graph = cap.graph
+            assert graph is not None and graph.operations == 3
+            assert d.stats()["graphs"] == 1
+            await s.run_graph(graph)
+            await other.run_graph(graph)
+            out = np.empty(n, F32)
+            await (await s.copy_to_host(out, y))
+            expected = 4 * x_host
+            expected[0] = 2.0  # the second replay's axpy saw x[0] == 0
+            np.testing.assert_array_equal(out, expected)
+            await (await s.copy_to_host(out, z))
+            np.testing.assert_array_equal(out, expected * F32(0.5))
+            graph.close()
+            for _ in range(100):
+                if d.stats()["graphs"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert d.stats()["graphs"] == 0
 
     asyncio.run(main())
 

@@ -236,6 +236,8 @@ def test_in_place_scale_interleaved_with_axpy_follows_stream_order(
 
 
 def test_placeholder_addresses_are_patched_into_the_callers_buffer(dev: Dev) -> None:
+    if getattr(dev.rt, "launch_path", "host_args") == "args_handle":
+        pytest.skip("on the args-handle path the runtime patches its own buffer, not the caller's")
     n = 16
     x, y = dev.upload(np.ones(n, F32)), dev.upload(np.zeros(n, F32))
     args = (

@@ -244,7 +244,12 @@ async def test_a_dropped_device_buffer_is_freed_with_a_resource_warning(
         assert sum(issubclass(w.category, ResourceWarning) for w in caught) >= 50
         # one in use by queued work is kept alive by that work, then freed when collected
         busy = dev.malloc(1 << 20)
-        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(20_000).ptr(busy))
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(20_000))
+        # queued behind the sleep, a kernel whose args point at `busy` (n = 0: it reads nothing;
+        # its arguments match its declared parameters, which the acl double's 9.1 checks)
+        task = await s.launch(
+            dev.function("vector_add"), 1, aa.HostArgs().ptr(busy).ptr(busy).ptr(busy).u32(0)
+        )
         del busy
         gc.collect()
         await task

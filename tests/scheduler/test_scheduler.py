@@ -10,14 +10,18 @@ import pytest
 from helpers import OpenDevice, assert_runtime_clean, download, live_resources, tiling, upload
 
 import aio_ascend as aa
+from aio_ascend import testing
 from aio_ascend._errors import InvalidParamError
 
 pytestmark = pytest.mark.anyio
 
 # Every test runs on each backend of the registry (tests/conftest.py: sim, and acl over its C
 # test double) and on each loop: the ``open_dev`` fixture opens a device on this test's backend.
+# Those marked ``personas`` also run on the double's CANN 8.5 and 8.3 personas (8.3: the
+# args-handle launch path).
 
 
+@pytest.mark.personas
 async def test_vector_add_roundtrip(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -34,6 +38,7 @@ async def test_vector_add_roundtrip(open_dev: OpenDevice) -> None:
     assert_runtime_clean(dev)
 
 
+@pytest.mark.personas
 async def test_many_axpy_give_the_exact_sequential_result(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -67,6 +72,7 @@ async def test_many_axpy_give_the_exact_sequential_result(open_dev: OpenDevice) 
         np.testing.assert_array_equal(await download(s, by, n), expected)
 
 
+@pytest.mark.personas
 async def test_matmul_through_a_placeholder(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -88,6 +94,7 @@ async def test_matmul_through_a_placeholder(open_dev: OpenDevice) -> None:
         np.testing.assert_allclose(c, a @ b, rtol=1e-5)
 
 
+@pytest.mark.personas
 async def test_cross_stream_pipeline_with_events(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         copy_in, compute, copy_out = dev.stream(), dev.stream(), dev.stream()
@@ -112,6 +119,7 @@ async def test_cross_stream_pipeline_with_events(open_dev: OpenDevice) -> None:
             np.testing.assert_array_equal(out, np.full(n, 3.0 * i, dtype=np.float32))
 
 
+@pytest.mark.personas
 async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops(
     open_dev: OpenDevice,
 ) -> None:
@@ -135,7 +143,6 @@ async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops(
 async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream(max_in_flight=8)
-        dev.runtime.pause()  # type: ignore[attr-defined]
         tasks: list[aa.Task] = []
 
         async def producer() -> None:
@@ -143,11 +150,11 @@ async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: Ope
                 tasks.append(await s.launch(dev.function("noop"), 1))
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(producer)
-            await anyio.wait_all_tasks_blocked()
-            assert len(tasks) == 8
-            assert s.in_flight == 8
-            dev.runtime.resume()  # type: ignore[attr-defined]
+            with testing.paused(dev):
+                tg.start_soon(producer)
+                await anyio.wait_all_tasks_blocked()
+                assert len(tasks) == 8
+                assert s.in_flight == 8
         for task in tasks:
             await task
         assert len(tasks) == 30
@@ -158,19 +165,18 @@ async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: Ope
 async def test_admission_is_first_come_first_served(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)
-        dev.runtime.pause()  # type: ignore[attr-defined]
         order: list[int] = []
-        await s.launch(dev.function("noop"), 1)
 
         async def waiter(i: int) -> None:
             await s.launch(dev.function("noop"), 1)
             order.append(i)
 
         async with anyio.create_task_group() as tg:
-            for i in range(5):
-                tg.start_soon(waiter, i)
-                await anyio.wait_all_tasks_blocked()
-            dev.runtime.resume()  # type: ignore[attr-defined]
+            with testing.paused(dev):
+                await s.launch(dev.function("noop"), 1)
+                for i in range(5):
+                    tg.start_soon(waiter, i)
+                    await anyio.wait_all_tasks_blocked()
         assert order == [0, 1, 2, 3, 4]
 
 
@@ -180,17 +186,17 @@ async def test_cancelling_a_launch_waiting_for_admission_means_it_never_happens(
 ) -> None:
     async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)
-        dev.runtime.pause()  # type: ignore[attr-defined]
-        first = await s.launch(dev.function("noop"), 1)
-        with anyio.move_on_after(0.05) as scope:
-            await s.launch(dev.function("noop"), 1)
-        assert scope.cancelled_caught
-        dev.runtime.resume()  # type: ignore[attr-defined]
+        with testing.paused(dev):
+            first = await s.launch(dev.function("noop"), 1)
+            with anyio.move_on_after(0.05) as scope:
+                await s.launch(dev.function("noop"), 1)
+            assert scope.cancelled_caught
         await first
         await s.synchronize()
         assert dev.stats()["launches"] == 1
 
 
+@pytest.mark.personas
 async def test_cancelled_awaits_never_release_args_early(open_dev: OpenDevice) -> None:
     rng = random.Random(7)
     async with open_dev(debug=True) as dev:
@@ -235,6 +241,7 @@ async def test_fail_after_cancels_the_waiter_not_the_work(open_dev: OpenDevice) 
         assert task.done() and task.exception() is None
 
 
+@pytest.mark.personas
 async def test_device_fault_is_sticky_and_reopen_works(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s1, s2 = dev.stream(), dev.stream()
@@ -257,6 +264,7 @@ async def test_device_fault_is_sticky_and_reopen_works(open_dev: OpenDevice) -> 
         assert dev2.fault is None
 
 
+@pytest.mark.personas
 async def test_hang_fails_by_watchdog_and_aclose_timeout_returns(open_dev: OpenDevice) -> None:
     dev = await open_dev(task_timeout=0.2)
     s = dev.stream()
@@ -284,6 +292,7 @@ async def test_aclose_timeout_fails_unfinished_tasks_with_task_timeout(
     assert_runtime_clean(dev)
 
 
+@pytest.mark.personas
 async def test_aclose_waits_for_work_in_flight(open_dev: OpenDevice) -> None:
     dev = await open_dev()
     s = dev.stream()
@@ -317,6 +326,7 @@ async def test_use_after_close_raises_closed_error(open_dev: OpenDevice) -> None
     buf.free()  # freed by close already: no error, no double free
 
 
+@pytest.mark.personas
 async def test_free_is_deferred_while_queued_work_uses_the_buffer(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -358,6 +368,7 @@ async def test_a_batch_partly_refused_by_the_runtime(open_dev: OpenDevice) -> No
         await (await s.launch(dev.function("noop"), 1))
 
 
+@pytest.mark.personas
 async def test_event_timing(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -374,6 +385,7 @@ async def test_event_timing(open_dev: OpenDevice) -> None:
             start.elapsed_ms(untimed)
 
 
+@pytest.mark.personas
 async def test_bad_input_is_refused_before_the_runtime(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
@@ -410,13 +422,22 @@ async def test_stream_async_with_and_close(open_dev: OpenDevice) -> None:
         assert live_resources(dev)["streams"] == 0
 
 
+@pytest.mark.personas
 async def test_two_devices_on_one_loop_keep_their_contexts_apart(
     open_dev: OpenDevice, device_backend: str
 ) -> None:
-    if device_backend == "acl":
-        from doubles.acl_double import double_control
+    if device_backend.startswith("acl"):
+        from doubles.acl_double import DEFAULT_PERSONA, double_control
 
-        double_control().set_device_count(2)
+        double_control(device_backend.partition("-")[2] or DEFAULT_PERSONA).set_device_count(2)
+    try:
+        await _two_devices(open_dev)
+    finally:
+        if device_backend.startswith("acl"):  # later tests (in any order) see one
+            double_control(device_backend.partition("-")[2] or DEFAULT_PERSONA).set_device_count(1)
+
+
+async def _two_devices(open_dev: OpenDevice) -> None:
     async with open_dev(0) as dev0, open_dev(1) as dev1:
         n = 16
         results = []
@@ -442,3 +463,31 @@ async def test_dropped_user_events_are_recycled_not_leaked(open_dev: OpenDevice)
         assert len(handles) <= 3
         assert live_resources(dev)["events"] <= 6
     assert_runtime_clean(dev)
+
+
+async def test_awaiting_many_finished_tasks_lets_the_loop_run(open_dev: OpenDevice) -> None:
+    """A coroutine awaiting thousands of already finished tasks in a row (the "issue, then
+    await them in order" shape) does not hold the loop: it checkpoints now and then."""
+    async with open_dev() as dev:
+        s = dev.stream()
+        tasks = [await s.launch(dev.function("noop"), 1) for _ in range(1000)]
+        await s.synchronize()
+        assert all(task.done() for task in tasks)
+        ticks = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            await anyio.lowlevel.checkpoint()  # the ticker starts
+            before = ticks
+            for task in tasks:
+                await task
+            during = ticks - before
+            done = True
+        assert during >= 1000 // 256, f"the loop ran {during} times during 1000 awaits"

@@ -14,7 +14,8 @@ import pytest
 
 import aio_ascend
 import aio_ascend._runtime as runtime_registry
-from aio_ascend._tools import bench, cli, demo, progress, trace
+from aio_ascend import tracing
+from aio_ascend._tools import bench, cli, demo, progress, stats
 from aio_ascend._tools.cli import main
 
 # --- --version ------------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def test_a_write_failure_after_the_work_is_a_message_not_a_traceback(
     def full_disk(*args: Any, **kwargs: Any) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(trace, "write_trace", full_disk)
+    monkeypatch.setattr(tracing.Tracer, "write", full_disk)
     path = tmp_path / "t.json"
     code = main(["demo", "--requests", "5", "--size", "64", "-q", "--trace", str(path)])
     captured = capsys.readouterr()
@@ -306,7 +307,7 @@ def test_info_states_each_reason_once_and_only_what_the_cli_can_do(
     assert out.count("cannot load libascendcl.so") == 1
     assert out.count("cuda-bindings is not installed") == 1
     assert "auto picks: sim" in out
-    assert "why: acl unavailable (see acl above)" in out
+    assert "why: no CANN install found" in out  # none here: auto simulates
     assert "library_path" not in out
     assert "LD_LIBRARY_PATH" in out
     assert "starlette" not in out
@@ -344,11 +345,11 @@ def test_loop_lag_rows_sit_under_the_headline_they_belong_to() -> None:
 
 def test_percentile_is_the_nearest_rank() -> None:
     values = [5.0, 1.0, 4.0, 2.0, 3.0]
-    assert trace.percentile(values, 0) == 1.0
-    assert trace.percentile(values, 50) == 3.0
-    assert trace.percentile(values, 100) == 5.0
-    assert trace.percentile([1.0, 2.0], 50) == 1.0  # rank 0.5 rounds to the even rank 0
-    assert trace.percentile([], 50) != trace.percentile([], 50)  # NaN
+    assert stats.percentile(values, 0) == 1.0
+    assert stats.percentile(values, 50) == 3.0
+    assert stats.percentile(values, 100) == 5.0
+    assert stats.percentile([1.0, 2.0], 50) == 1.0  # rank 0.5 rounds to the even rank 0
+    assert stats.percentile([], 50) != stats.percentile([], 50)  # NaN
 
 
 def test_exit_statuses_are_documented() -> None:

@@ -87,3 +87,35 @@ def test_torch_npu_interop_main_without_torch_npu(capsys: pytest.CaptureFixture[
         pytest.skip("torch_npu is installed: main() would run on the NPU")
     assert _load("torch_npu_interop").main() == 0
     assert "needs an Ascend machine" in capsys.readouterr().out
+
+
+# --- hicann/runtime's samples, rewritten (docs/guide/from-acl-samples.md) ----------------------
+
+
+@pytest.mark.parametrize("mode", ["placeholder", "simple"])
+def test_acl_launch_kernel_sample(mode: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert _load("acl_launch_kernel").main(["--mode", mode]) == 0
+    out = capsys.readouterr().out
+    assert f"runs in {mode} mode on sim" in out
+    assert "error ratio: 0.0000" in out
+    assert "[SUCCESS] result correct" in out
+
+
+def test_acl_launch_kernel_sample_lays_out_args_as_the_ascend_kernel_takes_them() -> None:
+    example = _load("acl_launch_kernel")
+    packed = example.kernel_args("placeholder", 0x10, 0x20, 0x30).pack()
+    # add_custom(x, y, z, tilingLength*, tilingNum*): three pointers, then the two slots
+    assert packed.fields == ((0, 8), (8, 8), (16, 8), (24, 8), (32, 8))
+    assert [slot for slot, _ in packed.placeholders] == [24, 32]
+    data = [packed.image[d : d + 4] for _, d in packed.placeholders]
+    assert data == [np.int32(8 * 2048).tobytes(), np.int32(8).tobytes()]
+    assert example.kernel_args("simple", 0x10, 0x20, 0x30).pack().placeholder_count == 0
+
+
+def test_acl_multi_stream_sample(capsys: pytest.CaptureFixture[str]) -> None:
+    # LongOP 300 ms, the bounded wait 20 ms: a 15x margin for "the wait gives up"
+    assert _load("acl_multi_stream").main(["--long-ms", "300", "--wait-ms", "20"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("The answer is 2.") == 2
+    assert "The wait timed out; the long task is still running." in out
+    assert "[SUCCESS] both orders give 2" in out

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from aio_ascend._tools import plot
 from aio_ascend._tools.cli import main
-from aio_ascend._tools.trace import percentile
+from aio_ascend._tools.stats import percentile
 
 MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "svg": b"<?xml", "pdf": b"%PDF"}
 

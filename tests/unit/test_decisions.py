@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -270,8 +271,11 @@ class _Req(Request):
 
 
 def _batch(lane: Lane, deadline: float, size: int = 2) -> Batch:
-    requests: list[Request] = [_Req(lane, None, None, ()) for _ in range(size)]  # type: ignore[arg-type]
-    return Batch(lane, requests, event=0, deadline=deadline)
+    requests: list[Request] = [
+        _Req(lane, SimpleNamespace(submitted_at=None), None, ())  # type: ignore[arg-type]
+        for _ in range(size)
+    ]
+    return Batch(lane, requests, event=0, deadline=deadline, submitted=deadline - 3.0)
 
 
 @pytest.mark.parametrize(
@@ -293,6 +297,10 @@ def test_watchdog_expires_batches_past_their_deadline(
     assert len(deliveries) == 2 * expired
     assert all(isinstance(err, TaskTimeoutError) for _, err, _ in deliveries)
     assert all(outcome is Outcome.TIMED_OUT for _, _, outcome in deliveries)
+    # a timed-out task was submitted: it keeps its batch's submission time
+    for batch in batches:
+        stamps = {req.task.submitted_at for req in batch.requests}
+        assert stamps == ({batch.submitted} if batch.timed_out else {None})
     again, more = expire([batches], now, task_timeout=3.0)
     assert (again, more) == (0, [])  # a batch times out once
 

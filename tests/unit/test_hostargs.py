@@ -46,8 +46,17 @@ field_strategy = st.one_of(
 )
 
 
-def reference_layout(fields: list[tuple[str, Any]]) -> tuple[bytes, list[tuple[int, int]]]:
+#: the smallest alignment of an argument per layout (docs/cann-support.md §3: the Ascend C
+#: compiler aligns to max(alignof, 4); aclrtKernelArgsAppend to 8; C to alignof)
+_MIN = {"ascend": 4, "c": 1, "slots8": 8}
+LAYOUTS = sorted(_MIN)
+
+
+def reference_layout(
+    fields: list[tuple[str, Any]], layout: str = "ascend"
+) -> tuple[bytes, list[tuple[int, int]]]:
     """Walk the fields the way the docs describe, with no code shared with HostArgs."""
+    floor = _MIN[layout]
     cursor = 0
     pieces: list[tuple[int, bytes]] = []
     tails: list[tuple[int, bytes, int]] = []
@@ -59,12 +68,14 @@ def reference_layout(fields: list[tuple[str, Any]]) -> tuple[bytes, list[tuple[i
             cursor += 8
         elif kind == "raw":
             data, align = value
+            align = max(align, floor)
             cursor = -(-cursor // align) * align
             pieces.append((cursor, data))
             cursor += len(data)
         else:
             fmt, size, _ = _SCALARS[kind]
-            cursor = -(-cursor // size) * size
+            align = max(size, floor)
+            cursor = -(-cursor // align) * align
             pieces.append((cursor, struct.pack(fmt, value)))
             cursor += size
     placeholders = []
@@ -80,8 +91,8 @@ def reference_layout(fields: list[tuple[str, Any]]) -> tuple[bytes, list[tuple[i
     return bytes(image), placeholders
 
 
-def build(fields: list[tuple[str, Any]]) -> HostArgs:
-    args = HostArgs()
+def build(fields: list[tuple[str, Any]], layout: str = "ascend") -> HostArgs:
+    args = HostArgs(layout=layout)
     for kind, value in fields:
         if kind == "placeholder":
             args.placeholder(value[0], align=value[1])
@@ -93,10 +104,10 @@ def build(fields: list[tuple[str, Any]]) -> HostArgs:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(field_strategy, max_size=24))
-def test_layout_matches_the_reference_model(fields: list[tuple[str, Any]]) -> None:
-    args = build(fields)
-    image, placeholders = reference_layout(fields)
+@given(st.lists(field_strategy, max_size=24), st.sampled_from(LAYOUTS))
+def test_layout_matches_the_reference_model(fields: list[tuple[str, Any]], layout: str) -> None:
+    args = build(fields, layout)
+    image, placeholders = reference_layout(fields, layout)
     assert args.to_bytes() == image
     assert args.placeholders == placeholders
     assert args.nbytes == len(image) and args.nbytes % 8 == 0 and args.nbytes >= 8
@@ -133,7 +144,7 @@ def test_decoding_like_a_kernel_returns_the_values(kinds: list[str], data: Any) 
     offset = 0
     for kind, value in zip(kinds, values, strict=True):
         fmt, size, _ = _SCALARS[kind]
-        offset = -(-offset // size) * size
+        offset = -(-offset // max(size, 4)) * max(size, 4)
         (decoded,) = struct.unpack_from(fmt, image, offset)
         if kind.startswith("f"):
             expected = struct.unpack(fmt, struct.pack(fmt, value))[0]
@@ -282,3 +293,72 @@ def test_launch_config_is_frozen_and_coerces_dicts() -> None:
         cfg.timeout_s = 3  # type: ignore[misc, union-attr]
     with pytest.raises(TypeError, match="config"):
         LaunchConfig.coerce(3)  # type: ignore[arg-type]
+
+
+# --- layouts (docs/cann-support.md §3) --------------------------------------------------------
+
+
+def test_the_default_layout_is_the_ascend_c_compilers() -> None:
+    # the VectorAddKernel of hicann/runtime's custom-kernel sample (cann-support.md §3.1):
+    # (float* a, float* b, float* c, float alpha, uint32_t n): n at 28 (natural, min 4), not 32
+    args = HostArgs().ptr(1).ptr(2).ptr(3).f32(0.5).u32(7)
+    assert args.fields == [(0, 8), (8, 8), (16, 8), (24, 4), (28, 4)]
+    slots8 = HostArgs(layout="slots8").ptr(1).ptr(2).ptr(3).f32(0.5).u32(7)
+    assert slots8.fields == [(0, 8), (8, 8), (16, 8), (24, 4), (32, 4)]
+    # small scalars: 4-aligned under the compiler's rule, packed under C's
+    assert HostArgs().u8(1).u8(2).u16(3).fields == [(0, 1), (4, 1), (8, 2)]
+    assert HostArgs(layout="c").u8(1).u8(2).u16(3).fields == [(0, 1), (1, 1), (2, 2)]
+    # HCCL's AIV args: three u32 4 bytes apart after pointers (cann-support.md §3.3)
+    hccl = HostArgs().ptr(0).u64(1).u64(2).u32(3).u32(4).u32(5)
+    assert [offset for offset, _ in hccl.fields] == [0, 8, 16, 24, 28, 32]
+
+
+def test_a_bad_layout_is_refused() -> None:
+    with pytest.raises(ValueError, match="layout='natural'"):
+        HostArgs(layout="natural")
+    with pytest.raises(TypeError):
+        HostArgs(layout=4)  # type: ignore[arg-type]
+    assert HostArgs(layout="slots8").layout.value == "slots8"
+    assert "slots8" in repr(HostArgs(layout="slots8"))
+
+
+def test_packing_for_a_function_adds_its_hidden_arguments() -> None:
+    from aio_ascend._runtime.base import FunctionInfo
+
+    args = HostArgs().ptr(0x10).ptr(0x20).ptr(0x30).u32(5).placeholder(b"tiling!!")
+    info = FunctionInfo(prefix=(0xFF75,), suffix=(0x0F10,))
+    packed = args.pack(info)
+    assert struct.unpack_from("<QQQQI", packed.image, 0) == (0xFF75, 0x10, 0x20, 0x30, 5)
+    # the slot after n (36 -> 40), the overflow address right after it (48), then the data
+    assert packed.fields == ((8, 8), (16, 8), (24, 8), (32, 4), (40, 8))
+    assert struct.unpack_from("<Q", packed.image, 48)[0] == 0x0F10
+    ((slot, data),) = packed.placeholders
+    assert slot == 40 and data == 64 and packed.image[64:72] == b"tiling!!"
+    assert args.pack(info) is packed  # cached for the same info
+    assert args.pack() is not packed and args.pack().fields == (
+        (0, 8),
+        (8, 8),
+        (16, 8),
+        (24, 4),
+        (32, 8),
+    )
+
+
+def test_packing_for_the_args_handle_path_puts_data_right_after_the_arguments() -> None:
+    from aio_ascend._runtime.base import FunctionInfo
+
+    args = HostArgs().ptr(1).u32(2).placeholder(b"x" * 12, align=64)
+    packed = args.pack(FunctionInfo(data_align=8))
+    ((slot, data),) = packed.placeholders
+    assert (slot, data) == (16, 24)  # not 64: the argument area must end where data starts
+
+
+def test_packing_checks_the_declared_parameters() -> None:
+    from aio_ascend._runtime.base import FunctionInfo
+
+    info = FunctionInfo(params=((0, 8), (8, 8), (16, 8), (24, 4)))
+    HostArgs().ptr(1).ptr(2).ptr(3).u32(4).pack(info)
+    with pytest.raises(ValueError, match=r"3 argument.*declares 4 parameter"):
+        HostArgs().ptr(1).ptr(2).ptr(3).pack(info)
+    with pytest.raises(ValueError, match=r"argument 3 is 8 byte.*parameter 3 is 4 byte"):
+        HostArgs().ptr(1).ptr(2).ptr(3).u64(4).pack(info)

@@ -4,7 +4,9 @@ Every import counts, ``TYPE_CHECKING`` and function-level ones included (the AST
 nothing is imported). Layers, bottom up (see docs/architecture.md):
 
 L0 leaves ``_errors``, ``_launch_config``, ``_version``; L1 ``_runtime``; L2 ``_host``;
-L3 ``_sched``; L4 the public facades; L5 ``_tools``.
+L3 ``_sched``; L4 the public facades (``tracing`` and ``metrics`` among them: public modules
+over the scheduler's observation hooks); L5 ``_tools`` and ``testing`` (the pytest plugin),
+which use the public API.
 """
 
 from __future__ import annotations
@@ -20,7 +22,20 @@ PACKAGE = Path(aio_ascend.__file__).parent
 MAX_MODULE_LINES = 800
 
 L0, L1, L2, L3, L4, L5 = range(6)
-_FACADES = {"__init__", "_device", "_stream", "_event", "_graph", "_module", "_buffer", "sim"}
+_FACADES = {
+    "__init__",
+    "_device",
+    "_stream",
+    "_event",
+    "_graph",
+    "_module",
+    "_buffer",
+    "sim",
+    "tracing",
+    "metrics",
+}
+#: L5: tools on top of the public API (they may import the package root)
+_TOOLS = ("_tools", "__main__", "testing")
 
 
 def layer_of(module: str) -> int:
@@ -38,7 +53,7 @@ def layer_of(module: str) -> int:
         return L3
     if top in _FACADES:
         return L4
-    if top in ("_tools", "__main__"):
+    if top in _TOOLS:
         return L5
     raise AssertionError(f"{module}: no layer is defined for it (add it to test_layers.py)")
 
@@ -98,7 +113,7 @@ def test_imports_point_down_the_layers() -> None:
     upward = []
     for name, imported in GRAPH.items():
         for target in imported:
-            if target == "aio_ascend" and name.startswith("aio_ascend._tools"):
+            if target == "aio_ascend" and layer_of(name) == L5:
                 continue  # the tools use the public API, re-exported by the package root
             if layer_of(target) > layer_of(name) and not _package_init(name, target):
                 upward.append(f"{name} (L{layer_of(name)}) imports {target} (L{layer_of(target)})")

@@ -110,3 +110,51 @@ def test_v02_signatures_follow_the_design() -> None:
     assert params(aa.Device.external_stream)[0] == "handle"
     assert "close_timeout" in params(aa.open_device)
     assert "pinned_pool_bytes" in params(aa.open_device)
+
+
+#: the public submodules and their names (not in ``aa.__all__``: imported on first use)
+SUBMODULES = {
+    "tracing": {"DEFAULT_MAX_TASKS", "RequestScope", "TaskRecord", "Tracer", "record", "request"},
+    "metrics": {"DEFAULT_BUCKETS", "OtelSpans", "PrometheusMetrics"},
+    "testing": {
+        "LOOPS",
+        "SimDevices",
+        "aio_ascend_threads",
+        "assert_no_leaks",
+        "assert_no_library_threads",
+        "inject_fault",
+        "inject_hang",
+        "library_threads",
+        "loop_params",
+        "paused",
+        "refuse_launches",
+        "sim_device",
+    },
+}
+
+
+def test_the_public_submodules_are_pinned_and_imported_on_first_use() -> None:
+    import importlib
+    import subprocess
+    import sys
+
+    for name, names in SUBMODULES.items():
+        module = importlib.import_module(f"aio_ascend.{name}")
+        assert set(module.__all__) == names, name
+        assert getattr(aa, name) is module  # (tracing, metrics: also before the import)
+        assert name not in aa.__all__
+    code = (
+        "import sys, aio_ascend\n"
+        "print(sorted(m for m in ('aio_ascend.tracing', 'aio_ascend.metrics', "
+        "'aio_ascend.testing', 'prometheus_client', 'opentelemetry') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
+    assert out.strip() == "[]"
+
+
+def test_task_timestamps_are_documented() -> None:
+    doc = aa.Task.__doc__ or ""
+    for name in ("admitted_at", "submitted_at", "completed_at", "resumed_at"):
+        assert f":ivar {name}:" in doc

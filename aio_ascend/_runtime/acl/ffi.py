@@ -10,10 +10,13 @@ by ``tests/runtime/test_acl_abi.py``:
 * ``const char *`` arguments are ``c_char_p``; ``aclGetRecentErrMsg`` and ``aclrtGetSocName``
   return ``c_char_p``.
 
-:data:`PROTOTYPES` are required: a library lacking one is refused. :data:`OPTIONAL_PROTOTYPES`
-are functions some CANN releases lack (checked against ``acl_prototypes_more.json``); they are
-bound when present, and the runtime method that needs a missing one raises
-``BackendUnavailableError`` naming it.
+:data:`PROTOTYPES` are required: every CANN release the backend supports has them (8.0 on,
+``docs/cann-support.md`` §1), and a library lacking one is refused. :data:`OPTIONAL_PROTOTYPES`
+are functions some releases lack (checked against ``acl_prototypes_more.json``): the launch
+paths (host args, args handle), the loaders, version and device queries, hidden MIX arguments,
+parameter info, exception info. Each is looked up on its own, when first used
+(:func:`bind_one`); the runtime method that needs a missing one raises
+``BackendUnavailableError`` naming it, and the launch path is chosen by which are present.
 
 The library is opened with ``ctypes.CDLL``, so every call releases the GIL.
 """
@@ -40,6 +43,9 @@ from typing import Any
 __all__ = [
     "OPTIONAL_PROTOTYPES",
     "PROTOTYPES",
+    "VALUE_RETURNING",
+    "AclCANNPackageVersion",
+    "EXCEPTION_CALLBACK",
     "AclrtBinaryLoadOption",
     "AclrtBinaryLoadOptionValue",
     "AclrtBinaryLoadOptions",
@@ -52,6 +58,7 @@ __all__ = [
     "CTYPE_NAMES",
     "STRUCTS",
     "bind",
+    "bind_one",
     "prototype",
 ]
 
@@ -143,6 +150,22 @@ class AclrtStreamAttrValue(Union):
     ]
 
 
+class AclCANNPackageVersion(Structure):
+    """``aclCANNPackageVersion`` (``aclsysGetCANNVersion``): five strings, 512 bytes."""
+
+    _fields_ = [
+        ("version", ctypes.c_char * 128),
+        ("majorVersion", ctypes.c_char * 64),
+        ("minorVersion", ctypes.c_char * 64),
+        ("releaseVersion", ctypes.c_char * 64),
+        ("patchVersion", ctypes.c_char * 64),
+        ("reserved", ctypes.c_char * 128),
+    ]
+
+
+#: ``typedef void (*aclrtExceptionInfoCallback)(aclrtExceptionInfo *)``
+EXCEPTION_CALLBACK = ctypes.CFUNCTYPE(None, c_void_p)
+
 #: C struct name -> ctypes type (what the ABI test walks)
 STRUCTS: dict[str, Any] = {
     "aclrtPlaceHolderInfo": AclrtPlaceHolderInfo,
@@ -153,6 +176,7 @@ STRUCTS: dict[str, Any] = {
     "aclrtBinaryLoadOption": AclrtBinaryLoadOption,
     "aclrtBinaryLoadOptions": AclrtBinaryLoadOptions,
     "aclrtStreamAttrValue": AclrtStreamAttrValue,
+    "aclCANNPackageVersion": AclCANNPackageVersion,
 }
 
 # --- prototypes ------------------------------------------------------------------------------
@@ -161,7 +185,7 @@ _ERR = c_int  # aclError is `typedef int aclError`
 _PTR = c_void_p
 _ENUM = c_int
 
-#: every ACL function the backend binds: name -> (restype, argtypes), exactly as in the headers
+#: the ACL functions every supported release has: name -> (restype, argtypes), as in the headers
 PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     # init, device, context
     "aclInit": (_ERR, (c_char_p,)),  # const char *configPath
@@ -195,16 +219,9 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "aclrtFreeHost": (_ERR, (_PTR,)),
     # dst, destMax, src, count, aclrtMemcpyKind, stream
     "aclrtMemcpyAsync": (_ERR, (_PTR, c_size_t, _PTR, c_size_t, _ENUM, _PTR)),
-    # kernels
-    "aclrtBinaryLoadFromFile": (_ERR, (c_char_p, _PTR, _PTR)),  # path, options *, aclrtBinHandle *
-    "aclrtBinaryLoadFromData": (_ERR, (_PTR, c_size_t, _PTR, _PTR)),
+    # kernels (the loaders and launches differ per release: OPTIONAL_PROTOTYPES)
     "aclrtBinaryGetFunction": (_ERR, (_PTR, c_char_p, _PTR)),  # bin, name, aclrtFuncHandle *
     "aclrtBinaryUnLoad": (_ERR, (_PTR,)),
-    # func, numBlocks, stream, cfg *, hostArgs, argsSize, placeHolderArray *, placeHolderNum
-    "aclrtLaunchKernelWithHostArgs": (
-        _ERR,
-        (_PTR, c_uint32, _PTR, _PTR, _PTR, c_size_t, _PTR, c_size_t),
-    ),
 }
 
 #: ACL functions some CANN releases lack: bound when the library has them (same format). Which
@@ -222,7 +239,51 @@ OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     # aclrtMemAttr, size_t *free, size_t *total
     "aclrtGetMemInfo": (_ERR, (_ENUM, _PTR, _PTR)),
     "aclrtGetSocName": (c_char_p, ()),
+    # loaders (8.2/8.3 on: cann-support.md rows 14-15)
+    "aclrtBinaryLoadFromFile": (_ERR, (c_char_p, _PTR, _PTR)),  # path, options *, aclrtBinHandle *
+    "aclrtBinaryLoadFromData": (_ERR, (_PTR, c_size_t, _PTR, _PTR)),
+    # the host-args launch (8.5 on): func, numBlocks, stream, cfg *, hostArgs, argsSize,
+    # placeHolderArray *, placeHolderNum
+    "aclrtLaunchKernelWithHostArgs": (
+        _ERR,
+        (_PTR, c_uint32, _PTR, _PTR, _PTR, c_size_t, _PTR, c_size_t),
+    ),
+    # the args-handle launch (8.1 on): aclrtFuncHandle, aclrtArgsHandle *
+    "aclrtKernelArgsInit": (_ERR, (_PTR, _PTR)),
+    # argsHandle, void *param, size_t paramSize, aclrtParamHandle *
+    "aclrtKernelArgsAppend": (_ERR, (_PTR, _PTR, c_size_t, _PTR)),
+    "aclrtKernelArgsAppendPlaceHolder": (_ERR, (_PTR, _PTR)),  # argsHandle, aclrtParamHandle *
+    # argsHandle, paramHandle, size_t dataSize, void **bufferAddr
+    "aclrtKernelArgsGetPlaceHolderBuffer": (_ERR, (_PTR, _PTR, c_size_t, _PTR)),
+    "aclrtKernelArgsFinalize": (_ERR, (_PTR,)),
+    # func, numBlocks, stream, cfg *, argsHandle, void *reserve (NULL)
+    "aclrtLaunchKernelWithConfig": (_ERR, (_PTR, c_uint32, _PTR, _PTR, _PTR, _PTR)),
+    # versions and device facts: aclCANNPackageName, aclCANNPackageVersion *
+    "aclsysGetCANNVersion": (_ERR, (_ENUM, _PTR)),
+    "aclrtGetDeviceInfo": (_ERR, (c_uint32, _ENUM, _PTR)),  # deviceId, aclrtDevAttr, int64_t *
+    "aclrtStreamGetId": (_ERR, (_PTR, _PTR)),  # stream, int32_t *streamId
+    # aclrtStream *, uint32_t priority, uint32_t flag
+    "aclrtCreateStreamWithConfig": (_ERR, (_PTR, c_uint32, c_uint32)),
+    # hidden MIX arguments (8.5 on): void **addr
+    "aclrtGetHardwareSyncAddr": (_ERR, (_PTR,)),
+    "aclrtCtxGetFloatOverflowAddr": (_ERR, (_PTR,)),
+    # parameter info (9.1 on): const void *func, size_t *paramCount
+    "aclrtFunctionGetParamCount": (_ERR, (_PTR, _PTR)),
+    # func, size_t paramIndex, size_t *paramOffset, size_t *paramSize
+    "aclrtFunctionGetParamInfo": (_ERR, (_PTR, c_size_t, _PTR, _PTR)),
+    # exception info: aclrtExceptionInfoCallback; the getters take const aclrtExceptionInfo *
+    "aclrtSetExceptionInfoCallback": (_ERR, (_PTR,)),
+    "aclrtGetTaskIdFromExceptionInfo": (c_uint32, (_PTR,)),
+    "aclrtGetStreamIdFromExceptionInfo": (c_uint32, (_PTR,)),
+    "aclrtGetDeviceIdFromExceptionInfo": (c_uint32, (_PTR,)),
+    "aclrtGetErrorCodeFromExceptionInfo": (c_uint32, (_PTR,)),
+    # aclrtLastErrLevel -> the code itself (VALUE_RETURNING: not a failure)
+    "aclrtGetLastError": (_ERR, (_ENUM,)),
+    "aclrtPeekAtLastError": (_ERR, (_ENUM,)),
 }
+
+#: functions whose ``int`` result is a value (an error code read back), not a failure to raise
+VALUE_RETURNING = frozenset({"aclrtGetLastError", "aclrtPeekAtLastError"})
 
 #: ctypes type -> a C spelling, for messages (pointer types all map to "void*"). On LP64 Linux
 #: some ctypes names are one type (``c_int is c_int32``, ``c_size_t is c_uint64``), so a type
@@ -244,26 +305,30 @@ def prototype(name: str) -> tuple[Any, tuple[Any, ...]]:
     return OPTIONAL_PROTOTYPES[name] if found is None else found
 
 
-def bind(cdll: ctypes.CDLL) -> dict[str, Any]:
-    """Look up the functions of :data:`PROTOTYPES` and :data:`OPTIONAL_PROTOTYPES` in ``cdll``
-    and set their prototypes.
+def bind_one(cdll: ctypes.CDLL, name: str) -> Any | None:
+    """``name`` looked up in ``cdll`` with its prototype set; ``None`` when ``cdll`` lacks it."""
+    restype, argtypes = prototype(name)
+    try:
+        function = cdll[name]  # a fresh function object (getattr would share a cached one)
+    except AttributeError:
+        return None
+    function.restype = restype
+    function.argtypes = argtypes
+    return function
 
-    Returns name -> ctypes function: every required function and the optional ones ``cdll``
-    has (a missing optional function is simply absent). Raises ``AttributeError`` naming the
-    first missing required symbol.
+
+def bind(cdll: ctypes.CDLL) -> dict[str, Any]:
+    """Every function of :data:`PROTOTYPES` and :data:`OPTIONAL_PROTOTYPES` that ``cdll`` has,
+    with its prototype set (a missing optional function is simply absent).
+
+    Raises ``AttributeError`` naming the first missing required symbol.
     """
     functions: dict[str, Any] = {}
-    for name, (restype, argtypes) in PROTOTYPES.items():
-        function = cdll[name]  # a fresh function object (getattr would share a cached one)
-        function.restype = restype
-        function.argtypes = argtypes
-        functions[name] = function
-    for name, (restype, argtypes) in OPTIONAL_PROTOTYPES.items():
-        try:
-            function = cdll[name]
-        except AttributeError:
+    for name in (*PROTOTYPES, *OPTIONAL_PROTOTYPES):
+        function = bind_one(cdll, name)
+        if function is None:
+            if name in PROTOTYPES:
+                raise AttributeError(f"{name}: undefined symbol")
             continue
-        function.restype = restype
-        function.argtypes = argtypes
         functions[name] = function
     return functions

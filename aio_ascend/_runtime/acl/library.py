@@ -5,13 +5,16 @@ The library is found through ``ASCEND_HOME_PATH`` / ``ASCEND_TOOLKIT_HOME``
 alone. ``aclInit`` runs once per process (``aclFinalize`` at interpreter exit if we initialised),
 and a forked child refuses to use a runtime its parent initialised.
 
+Binding is per symbol and lazy: the functions every supported release has (``ffi.PROTOTYPES``)
+must be there, each other one is looked up when first used, and one the library lacks gets a
+stand-in that raises ``BackendUnavailableError`` naming the symbol and the library, so only the
+calls that need it fail. The launch path is chosen once per library from the symbols present
+(:mod:`.paths`); a library with none is refused, loudly, naming its release (read with
+``aclsysGetCANNVersion`` where it exists), the missing symbols and the paths tried.
+
 Every ACL call goes through one checker (the ctypes ``errcheck`` of each bound function): a
 non-zero ``aclError`` becomes :func:`~aio_ascend._errors.error_for_code` with the text of
 ``aclGetRecentErrMsg`` (read on the failing thread, right after the failure).
-
-An optional function (``ffi.OPTIONAL_PROTOTYPES``) the library lacks gets a stand-in in the
-function table that raises ``BackendUnavailableError`` naming the symbol and the library, so only
-the calls that need it fail.
 """
 
 from __future__ import annotations
@@ -25,17 +28,20 @@ from ctypes import byref, c_uint32
 from typing import Any
 
 from ..._errors import AscendError, BackendUnavailableError, RuntimeAPIError, error_for_code
-from ..abi import ACL_ERROR_REPEAT_INITIALIZE
+from ..abi import ACL_ERROR_REPEAT_INITIALIZE, ACL_PKG_NAME_CANN
 from . import ffi as ffi
+from .paths import LaunchPath, choose_path, unusable_error
 
 __all__ = [
     "HOME_ENV_VARS",
     "LIBRARY_NAME",
     "AclLibrary",
+    "find_install",
     "fork_error",
     "library_candidates",
     "load_library",
     "probe",
+    "usable_library",
 ]
 
 #: file name of the ACL runtime library
@@ -69,6 +75,26 @@ def library_candidates(library_path: str | os.PathLike[str] | None = None) -> li
     return unique
 
 
+def find_install() -> str | None:
+    """Where a CANN install is *found* (DESIGN: "A CANN install is never silently simulated"):
+    ``libascendcl.so`` under ``$ASCEND_HOME_PATH/lib64`` or ``$ASCEND_TOOLKIT_HOME/lib64``, or on
+    the dynamic loader's path; ``None`` when there is none. Whether it can be *used* is
+    :func:`probe`'s question."""
+    for candidate in library_candidates():
+        if os.sep in candidate:
+            if os.path.exists(candidate):
+                return candidate
+            continue
+        if candidate != LIBRARY_NAME:
+            return candidate  # ctypes.util.find_library found it (ldconfig, LD_LIBRARY_PATH)
+        try:
+            ctypes.CDLL(candidate)
+        except OSError:
+            continue
+        return candidate
+    return None
+
+
 def _missing_function(name: str, path: str) -> Any:
     """The stand-in for an optional function ``path`` does not export: raises when called."""
     message = (
@@ -83,30 +109,110 @@ def _missing_function(name: str, path: str) -> Any:
     return missing
 
 
+class _Functions(dict[str, Any]):
+    """name -> callable, each symbol looked up (and given its prototype and the checker) when
+    first used; a symbol the library lacks maps to a stand-in that raises."""
+
+    def __init__(self, library: AclLibrary) -> None:
+        super().__init__()
+        self._library = library
+
+    def __missing__(self, name: str) -> Any:
+        function = self._library.bind(name)
+        self[name] = function
+        return function
+
+
 class AclLibrary:
-    """One loaded ``libascendcl.so``: its bound functions and its once-per-process init.
+    """One loaded ``libascendcl.so``: its functions, release, launch path and once-per-process
+    init.
 
     ``functions`` maps every name of ``ffi.PROTOTYPES`` and ``ffi.OPTIONAL_PROTOTYPES`` to a
-    callable; ``missing`` names the optional functions the library lacks (their entries raise
-    ``BackendUnavailableError``).
+    callable (looked up lazily); :meth:`has` says whether the library exports a symbol.
+    ``launch_path`` is the path the runtime uses, ``None`` when the library has none
+    (``path_error`` says why).
+
+    :raises BackendUnavailableError: a function every supported release has is missing
     """
 
-    def __init__(self, path: str, cdll: ctypes.CDLL, functions: dict[str, Any]) -> None:
+    def __init__(self, path: str, cdll: ctypes.CDLL) -> None:
         self.path = path
         self.cdll = cdll
-        self.functions = functions
-        self.missing = frozenset(name for name in ffi.OPTIONAL_PROTOTYPES if name not in functions)
+        self._present: dict[str, bool] = {}
         self.init_pid: int | None = None
         self.initialised_by_us = False
         self.lock = threading.Lock()
-        self._recent = functions["aclGetRecentErrMsg"]
         self._last = threading.local()
-        checker = self._errcheck
-        for name, function in functions.items():
-            if ffi.prototype(name)[0] is ctypes.c_int:
-                function.errcheck = checker
-        for name in sorted(self.missing):
-            functions[name] = _missing_function(name, path)
+        lacking = [name for name in ffi.PROTOTYPES if not self.has(name)]
+        if lacking:
+            raise BackendUnavailableError(
+                f"{path} lacks functions every CANN release since 8.0 has: {', '.join(lacking)}"
+            )
+        self.functions: dict[str, Any] = _Functions(self)
+        self._recent = self.functions["aclGetRecentErrMsg"]
+        self.cann_version = self._read_cann_version()
+        self.launch_path: LaunchPath | None
+        self.launch_path, missing = choose_path(self.has)
+        self.path_error = (
+            None
+            if self.launch_path is not None
+            else unusable_error(path, self.release, missing, self.has)
+        )
+
+    @property
+    def missing(self) -> frozenset[str]:
+        """The optional functions the library lacks."""
+        return frozenset(name for name in ffi.OPTIONAL_PROTOTYPES if not self.has(name))
+
+    @property
+    def version_tuple(self) -> tuple[int, int] | None:
+        """``(major, minor)`` of :attr:`cann_version` (``None``: unknown or unparsable)."""
+        parts = (self.cann_version or "").split(".")
+        try:
+            return int(parts[0]), int(parts[1])
+        except (IndexError, ValueError):
+            return None
+
+    @property
+    def release(self) -> str:
+        """The CANN release, as messages name it."""
+        if self.cann_version:
+            return f"CANN {self.cann_version}"
+        return "CANN release unknown: no aclsysGetCANNVersion, so older than 8.2"
+
+    def has(self, name: str) -> bool:
+        """Whether the library exports ``name`` (``dlsym``)."""
+        present = self._present.get(name)
+        if present is None:
+            try:
+                self.cdll[name]
+            except AttributeError:
+                present = False
+            else:
+                present = True
+            self._present[name] = present
+        return present
+
+    def bind(self, name: str) -> Any:
+        """``name`` with its prototype and the checker, or the stand-in if the library lacks it."""
+        function = ffi.bind_one(self.cdll, name) if self.has(name) else None
+        if function is None:
+            return _missing_function(name, self.path)
+        if ffi.prototype(name)[0] is ctypes.c_int and name not in ffi.VALUE_RETURNING:
+            function.errcheck = self._errcheck
+        return function
+
+    def _read_cann_version(self) -> str | None:
+        """``aclsysGetCANNVersion(ACL_PKG_NAME_CANN)``'s version string (8.2 on), else None."""
+        if not self.has("aclsysGetCANNVersion"):
+            return None
+        version = ffi.AclCANNPackageVersion()
+        try:
+            self.functions["aclsysGetCANNVersion"](ACL_PKG_NAME_CANN, byref(version))
+        except AscendError:
+            return None
+        text: str = version.version.decode("utf-8", "replace").strip()
+        return text or None
 
     def _fetch_message(self) -> str:
         """``aclGetRecentErrMsg`` of the calling thread (reading clears it in ACL)."""
@@ -185,6 +291,9 @@ def fork_error(init_pid: int) -> BackendUnavailableError:
 
 
 def load_library(library_path: str | os.PathLike[str] | None) -> AclLibrary:
+    """The first candidate that loads as a library every supported release's functions are in
+    (cached per file). A library without a launch path is returned: :func:`open_acl_runtime`
+    and :func:`probe` refuse it with its ``path_error``."""
     tried: list[str] = []
     for candidate in library_candidates(library_path):
         is_path = os.sep in candidate
@@ -202,14 +311,11 @@ def load_library(library_path: str | os.PathLike[str] | None) -> AclLibrary:
                 tried.append(f"{candidate}: {exc}")
                 continue
             try:
-                functions = ffi.bind(cdll)
-            except AttributeError as exc:
-                tried.append(
-                    f"{candidate}: loaded, but a required symbol is missing ({exc}); "
-                    "aclrtLaunchKernelWithHostArgs needs CANN 8.5 or newer"
-                )
+                library = AclLibrary(candidate, cdll)
+            except BackendUnavailableError as exc:
+                tried.append(f"{candidate}: loaded, but {exc.message}")
                 continue
-            library = _LIBRARIES[key] = AclLibrary(candidate, cdll, functions)
+            _LIBRARIES[key] = library
             return library
     raise BackendUnavailableError(
         f"cannot load {LIBRARY_NAME}; tried:\n  "
@@ -219,11 +325,19 @@ def load_library(library_path: str | os.PathLike[str] | None) -> AclLibrary:
     )
 
 
+def usable_library(library_path: str | os.PathLike[str] | None) -> AclLibrary:
+    """:func:`load_library`, refused when it has no launch path, then ``aclInit`` once."""
+    library = load_library(library_path)
+    if library.path_error is not None:
+        raise library.path_error
+    library.ensure_initialised()
+    return library
+
+
 def probe() -> tuple[bool, str]:
     """Whether the ``acl`` backend can run here, and why (never raises)."""
     try:
-        library = load_library(None)
-        library.ensure_initialised()
+        library = usable_library(None)
         count = library.device_count()
     except AscendError as exc:
         return False, str(exc)
@@ -231,7 +345,8 @@ def probe() -> tuple[bool, str]:
         return False, f"{type(exc).__name__}: {exc}"
     if count <= 0:
         return False, f"{library.path} loaded, but no Ascend device is visible"
-    return True, f"{library.path}, {count} device(s)"
+    path = library.launch_path.value if library.launch_path else "none"
+    return True, f"{library.path}, {library.release}, {count} device(s), launch path {path}"
 
 
 def _reset_locks_after_fork() -> None:

@@ -8,17 +8,17 @@ run), and plain C ranges (handles, sizes) here, as ``TypeError``/``ValueError``.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import threading
 import weakref
-from ctypes import byref, c_float, c_int, c_int32, c_size_t, c_void_p
+from ctypes import byref, c_int32, c_void_p
 from typing import Any, Final, NoReturn
 
 from ..._errors import (
     AscendError,
     BackendUnavailableError,
     ClosedError,
+    ContextNullError,
     DeviceFaultError,
     InternalError,
     RuntimeAPIError,
@@ -31,6 +31,7 @@ from ..abi import (
     ACL_MEM_MALLOC_HUGE_FIRST,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_HOST_TO_DEVICE,
+    ACL_RT_THREAD_LEVEL,
     ACL_STREAM_CAPACITY,
     INT32_MAX,
     MAX_NUM_BLOCKS,
@@ -39,17 +40,37 @@ from ..abi import (
     SIZE_MAX,
     UINT32_MAX,
     UINT64_MAX,
-    check_args,
+    KernelType,
     check_event_flags,
     check_failure_mode,
+    check_load_options,
     check_memcpy,
-    check_num_blocks,
     check_placeholder_table,
-    check_timeout,
     param_error,
 )
+from ..base import FunctionInfo
 from . import ffi as ffi
-from .library import LIBRARY_NAME, AclLibrary, fork_error, library_candidates, load_library, probe
+from .argshandle import launch_with_args_handle
+from .exceptions import exception_log
+from .facts import ACL_HBM_MEM, device_facts
+from .kernels import json_kernel_type, load_options, read_function_info
+from .library import (
+    LIBRARY_NAME,
+    AclLibrary,
+    fork_error,
+    library_candidates,
+    probe,
+    usable_library,
+)
+from .paths import LaunchPath
+from .values import LAUNCH as _LAUNCH
+from .values import Scratch as _Scratch
+from .values import as_int as _as_int
+from .values import cfg_arg as _cfg_arg
+from .values import check_launch as _check_launch
+from .values import in_range as _in_range
+from .values import ptr as _ptr
+from .values import timeout as _timeout
 
 __all__ = [
     "ACL_HBM_MEM",
@@ -65,7 +86,6 @@ __all__ = [
 #: path of a kernel binary providing the built-in kernels (``load_binary(None)``)
 ENV_BUILTINS = "AIO_ASCEND_ACL_BUILTINS"
 
-_LAUNCH = "aclrtLaunchKernelWithHostArgs"
 _MEMSET = "aclrtMemsetAsync"
 _SET_ATTR = "aclrtSetStreamAttribute"
 
@@ -74,90 +94,6 @@ _SET_ATTR = "aclrtSetStreamAttribute"
 #: ``aclrtStreamAttr``: the stream priority attribute (acl-runtime.md §2.1; CANN headers older
 #: than the attribute define only 1..4)
 ACL_STREAM_ATTR_PRIORITY: Final = 5
-#: ``aclrtMemAttr``: HBM, what ``info()`` reports (``acl_prototypes_more.json`` "types")
-ACL_HBM_MEM: Final = 1
-
-
-# --- value checks (C ranges; the ACL rules are abi's) ----------------------------------------
-
-
-def _as_int(name: str, value: object) -> int:
-    """``value`` as a Python int (``__index__`` accepted; bool and float refused)."""
-    if type(value) is int:
-        return value
-    if isinstance(value, bool | float):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    index = getattr(type(value), "__index__", None)
-    if index is None:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    result: int = index(value)
-    return result
-
-
-def _in_range(name: str, value: object, low: int, high: int) -> int:
-    number = _as_int(name, value)
-    if not low <= number <= high:
-        raise ValueError(f"{name}={number} is out of range {low}..{high}")
-    return number
-
-
-def _ptr(name: str, value: object) -> int:
-    number = _as_int(name, value)
-    if not 0 <= number <= PTR_MAX:
-        raise ValueError(f"{name}={number:#x} is not an address (0..2**64-1)")
-    return number
-
-
-def _timeout(func: str, value: object) -> int:
-    return check_timeout(func, _as_int("timeout_ms", value))
-
-
-# --- per-thread scratch out-params ----------------------------------------------------------
-
-
-class _Scratch(threading.local):
-    """Out-parameters reused by the calls of one thread (never shared between threads)."""
-
-    def __init__(self) -> None:
-        self.handle = c_void_p()
-        self.handle_ref = byref(self.handle)
-        self.status = c_int()
-        self.status_ref = byref(self.status)
-        self.ms = c_float()
-        self.ms_ref = byref(self.ms)
-
-
-# --- launch configs -------------------------------------------------------------------------
-
-# id(LaunchConfig) -> (the config, its attribute array, byref(cfg struct)); the config is kept
-# so the id cannot be reused while its entry lives. The runtime only reads cfg during the call.
-_CFG_CACHE: dict[int, tuple[LaunchConfig, Any, Any]] = {}
-_CFG_CACHE_MAX = 256
-
-
-def _cfg_arg(cfg: object) -> Any:
-    """The ``aclrtLaunchKernelCfg *`` for ``cfg`` (``None`` -> NULL; no attributes -> NULL)."""
-    entry = _CFG_CACHE.get(id(cfg))
-    if entry is not None and entry[0] is cfg:
-        return entry[2]
-    if not isinstance(cfg, LaunchConfig):
-        raise param_error(_LAUNCH, f"cfg must be a LaunchConfig or None, got {type(cfg).__name__}")
-    packed = cfg.pack_attrs()
-    count = cfg.num_attrs
-    if count == 0:
-        # A cfg with no attributes means the same as none; the runtime wants attrs non-NULL.
-        arg: Any = None
-        attrs: Any = None
-    else:
-        attrs = (ffi.AclrtLaunchKernelAttr * count).from_buffer_copy(packed)
-        struct = ffi.AclrtLaunchKernelCfg(
-            ctypes.cast(attrs, ctypes.POINTER(ffi.AclrtLaunchKernelAttr)), count
-        )
-        arg = byref(struct)
-    if len(_CFG_CACHE) >= _CFG_CACHE_MAX:
-        _CFG_CACHE.clear()
-    _CFG_CACHE[id(cfg)] = (cfg, attrs, arg)
-    return arg
 
 
 # --- the runtime ----------------------------------------------------------------------------
@@ -193,6 +129,16 @@ class AclRuntime:
         self.stream_capacity = stream_capacity
         self.library_path = library.path
         self._library = library
+        assert library.launch_path is not None  # usable_library refuses a library without one
+        self._path = library.launch_path
+        if self._path is LaunchPath.ARGS_HANDLE:
+            self.launch_kernel_with_host_args = self._launch_args_handle  # type: ignore[method-assign]
+        # Before CANN 9.1 the headers lack ACL_STREAM_ATTR_PRIORITY (cann-support.md row 42):
+        # a priority is given at creation (aclrtCreateStreamWithConfig, 8.5 on) instead.
+        version = library.version_tuple
+        self._priority_at_creation = (
+            library.has("aclrtCreateStreamWithConfig") and version is not None and version < (9, 1)
+        )
         self._fn: dict[str, Any] = library.functions
         self._context = context
         self._tls = _Scratch()
@@ -203,10 +149,18 @@ class AclRuntime:
         self._events: set[int] = set()
         self._device_memory: set[int] = set()
         self._host_memory: set[int] = set()
-        self._binaries: dict[int, bytes | None] = {}
+        #: binary -> (its data when loaded from bytes, its kernel type if known)
+        self._binaries: dict[int, tuple[bytes | None, KernelType | None]] = {}
+        self._function_binary: dict[int, int] = {}  # function handle -> its binary
         self._first_fault: DeviceFaultError | None = None
+        #: the runtime's exception reports (the callback is registered before any launch)
+        self._exceptions = exception_log(library.path, library.functions, library.has)
+        self._stream_ids: dict[int, int] = {}  # aclrtStreamGetId -> stream handle
         #: errors swallowed by the last close() (it never raises for leftovers)
         self.close_errors: tuple[AscendError, ...] = ()
+        #: the context current on the opening thread before the open bound this one (the
+        #: scheduler gives it back to that thread: torch_npu's, another device's); None: none
+        self.context_before_open: int | None = None
         _LIVE.add(self)
 
     def __repr__(self) -> str:
@@ -217,6 +171,18 @@ class AclRuntime:
     def context(self) -> int:
         """The ``aclrtContext`` handle of this runtime."""
         return self._context
+
+    @property
+    def launch_path(self) -> str:
+        """How kernels are launched on the loaded release: ``"host_args"``
+        (``aclrtLaunchKernelWithHostArgs``) or ``"args_handle"`` (``aclrtKernelArgs*`` +
+        ``aclrtLaunchKernelWithConfig``); see ``docs/cann-support.md``."""
+        return self._path.value
+
+    @property
+    def cann_version(self) -> str | None:
+        """The CANN release (``aclsysGetCANNVersion``; ``None`` before 8.2, which lacks it)."""
+        return self._library.cann_version
 
     def _new_handle(self) -> tuple[c_void_p, Any]:
         scratch = self._tls
@@ -232,8 +198,22 @@ class AclRuntime:
 
     # --- context and lifecycle ---------------------------------------------------------
 
-    def set_current_context(self) -> None:
-        self._fn["aclrtSetCurrentContext"](self._context)
+    def set_current_context(self, context: int | None = None) -> None:
+        """See the protocol; another context is bound through the library itself, so that a
+        thread can be given its context back after :meth:`close` too."""
+        if context is None or context == self._context:
+            self._fn["aclrtSetCurrentContext"](self._context)
+            return
+        self._library.functions["aclrtSetCurrentContext"](_ptr("context", context))
+
+    def get_current_context(self) -> int | None:
+        """``aclrtGetCurrentContext`` (``None`` when the thread has none: 107002)."""
+        current = c_void_p()
+        try:
+            self._library.functions["aclrtGetCurrentContext"](byref(current))
+        except ContextNullError:
+            return None
+        return current.value or None
 
     def get_recent_error_message(self) -> str:
         return self._library.recent_message()
@@ -313,7 +293,8 @@ class AclRuntime:
     def create_stream(self, priority: int | None = None) -> int:
         """``aclrtCreateStream``, then ``aclrtSetStreamAttribute(ACL_STREAM_ATTR_PRIORITY)``
         when ``priority`` is given (not ``aclrtCreateStreamWithConfig``, whose priority argument
-        recent releases call "reserved": acl-runtime.md §2.1).
+        recent releases call "reserved": acl-runtime.md §2.1). On a release before 9.1, whose
+        headers lack the priority attribute, ``aclrtCreateStreamWithConfig(priority, 0)``.
 
         The priority is checked against :meth:`stream_priority_range` first; if setting it fails
         the new stream is destroyed before the error propagates.
@@ -332,6 +313,9 @@ class AclRuntime:
             value.streamPriority = number
         handle, ref = self._new_handle()
         fn = self._fn
+        if value is not None and self._priority_at_creation:
+            fn["aclrtCreateStreamWithConfig"](ref, value.streamPriority, 0)
+            return self._note_stream(self._handle_value(handle, "aclrtCreateStreamWithConfig"))
         fn["aclrtCreateStream"](ref)
         stream = self._handle_value(handle, "aclrtCreateStream")
         if value is not None:
@@ -343,8 +327,7 @@ class AclRuntime:
                 except AscendError:
                     pass
                 raise
-        self._streams.add(stream)
-        return stream
+        return self._note_stream(stream)
 
     def stream_priority_range(self) -> tuple[int, int]:
         least, greatest = c_int32(), c_int32()
@@ -354,12 +337,12 @@ class AclRuntime:
     def destroy_stream(self, stream: int) -> None:
         stream = _ptr("stream", stream)
         self._fn["aclrtDestroyStream"](stream)
-        self._streams.discard(stream)
+        self._forget_stream(stream)
 
     def destroy_stream_force(self, stream: int) -> None:
         stream = _ptr("stream", stream)
         self._fn["aclrtDestroyStreamForce"](stream)
-        self._streams.discard(stream)
+        self._forget_stream(stream)
 
     def set_stream_failure_mode(self, stream: int, mode: int) -> None:
         self._fn["aclrtSetStreamFailureMode"](
@@ -424,8 +407,34 @@ class AclRuntime:
             raise self._sticky(exc) from None
 
     def fault_site(self) -> tuple[int, int] | None:
-        """See the protocol."""
-        return None  # the runtime's exception info can tell (the Ascend issue); not bound yet
+        """See the protocol: from the runtime's exception info (:mod:`.exceptions`): the first
+        report of a task on one of this runtime's streams; ``None`` before one arrives."""
+        log = self._exceptions
+        return None if log is None else log.site(self.device_id, self._stream_ids)
+
+    def last_error(self, *, clear: bool = False) -> int | None:
+        """``aclrtPeekAtLastError`` (``clear``: ``aclrtGetLastError``) at thread level: the last
+        error code of the calling thread (0: none; ``None`` where the release lacks it). A
+        diagnostic: it names a code, not the task, so attribution uses :meth:`fault_site`."""
+        name = "aclrtGetLastError" if clear else "aclrtPeekAtLastError"
+        if not self._library.has(name):
+            return None
+        code: int = self._library.functions[name](ACL_RT_THREAD_LEVEL)
+        return code
+
+    def _note_stream(self, stream: int) -> int:
+        """Keep ``stream`` for close, and its id for exception reports (8.2 on)."""
+        self._streams.add(stream)
+        if self._exceptions is not None and self._library.has("aclrtStreamGetId"):
+            number = c_int32()
+            self._fn["aclrtStreamGetId"](stream, byref(number))
+            self._stream_ids[number.value & 0xFFFFFFFF] = stream  # the info's id is a uint32
+        return stream
+
+    def _forget_stream(self, stream: int) -> None:
+        self._streams.discard(stream)
+        for number in [n for n, handle in self._stream_ids.items() if handle == stream]:
+            del self._stream_ids[number]
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         try:
@@ -514,28 +523,13 @@ class AclRuntime:
     # --- information -------------------------------------------------------------------
 
     def info(self) -> dict[str, object]:
-        """The runtime seam's keys plus ``soc_name`` (``aclrtGetSocName``; ``None`` when the
-        runtime returns NULL) and ``library_path`` (the loaded ``libascendcl.so``).
-
-        ``runtime_version`` is ``aclrtGetVersion``'s ``major.minor.patch`` (the ACL API version,
-        not the CANN release); the memory figures are HBM (``ACL_HBM_MEM``).
-        """
-        fn = self._fn
-        major, minor, patch = c_int32(), c_int32(), c_int32()
-        fn["aclrtGetVersion"](byref(major), byref(minor), byref(patch))
-        free, total = c_size_t(), c_size_t()
-        fn["aclrtGetMemInfo"](ACL_HBM_MEM, byref(free), byref(total))
-        least, greatest = self.stream_priority_range()
-        raw = fn["aclrtGetSocName"]()
-        return {
-            "runtime_version": f"{major.value}.{minor.value}.{patch.value}",
-            "memory_free": int(free.value),
-            "memory_total": int(total.value),
-            "stream_priority_least": least,
-            "stream_priority_greatest": greatest,
-            "soc_name": raw.decode("utf-8", "replace") if raw else None,
-            "library_path": self.library_path,
-        }
+        """The runtime seam's keys plus what the release can tell (:func:`.facts.device_facts`:
+        ``cann_version``, ``launch_path``, ``soc_name``, core counts, ``library_path``; a value
+        is ``None`` where the loaded release lacks the function that would say)."""
+        facts = device_facts(self._fn, self._library, self.device_id)
+        facts["launch_path"] = self.launch_path
+        facts["library_path"] = self.library_path
+        return facts
 
     # --- graphs ------------------------------------------------------------------------
     # Model-RI capture (aclmdlRICaptureBegin/End, aclmdlRIExecuteAsync, aclmdlRIDestroy) is
@@ -561,14 +555,24 @@ class AclRuntime:
 
     # --- kernels -----------------------------------------------------------------------
 
-    def load_binary(self, source: object) -> int:
+    def load_binary(
+        self,
+        source: object,
+        *,
+        kernel_type: KernelType | None = None,
+        lazy: bool | None = None,
+    ) -> int:
         """Load a kernel binary: a path (``str``/``PathLike``) or its bytes; ``None``: built-ins.
 
         A path is made absolute (the runtime requires it) and loaded with
         ``aclrtBinaryLoadFromFile``; bytes-like data with ``aclrtBinaryLoadFromData`` (the data
         is kept until the binary is unloaded). ``None`` loads the file named by
-        ``$AIO_ASCEND_ACL_BUILTINS``.
+        ``$AIO_ASCEND_ACL_BUILTINS``. ``kernel_type`` and ``lazy`` become
+        ``aclrtBinaryLoadOptions`` (:mod:`.kernels`): a ``kernel_type`` for a file is refused
+        (``ValueError``: the runtime refuses the magic option for files); a file's kernel type
+        is read from the JSON beside it.
         """
+        kind, lazy = check_load_options(kernel_type, lazy)
         if source is None:
             builtins = os.environ.get(ENV_BUILTINS, "").strip()
             if not builtins:
@@ -584,27 +588,44 @@ class AclRuntime:
             data = bytes(source)
             if not data:
                 raise ValueError("load_binary: the kernel binary data is empty")
-            self._fn["aclrtBinaryLoadFromData"](data, len(data), None, ref)
+            options = load_options(kind, lazy, from_file=False)
+            self._fn["aclrtBinaryLoadFromData"](
+                data, len(data), None if options is None else byref(options), ref
+            )
             func = "aclrtBinaryLoadFromData"
         elif isinstance(source, str | os.PathLike):
             path = os.path.abspath(os.fspath(source))
+            options = load_options(kind, lazy, from_file=True)
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"load_binary: no kernel binary at {path!r}")
-            self._fn["aclrtBinaryLoadFromFile"](os.fsencode(path), None, ref)
+            self._fn["aclrtBinaryLoadFromFile"](
+                os.fsencode(path), None if options is None else byref(options), ref
+            )
             func = "aclrtBinaryLoadFromFile"
+            kind = json_kernel_type(path)
         else:
             raise TypeError(
                 "load_binary takes a path (str or os.PathLike), bytes-like data or None, "
                 f"got {type(source).__name__}"
             )
         binary = self._handle_value(handle, func)
-        self._binaries[binary] = data
+        self._binaries[binary] = (data, kind)
         return binary
 
     def unload_binary(self, binary: int) -> None:
         binary = _ptr("binary", binary)
         self._fn["aclrtBinaryUnLoad"](binary)
         self._binaries.pop(binary, None)
+        for func in [f for f, b in self._function_binary.items() if b == binary]:
+            del self._function_binary[func]
+
+    def function_info(self, func: int) -> FunctionInfo:
+        """See the protocol: the parameters the runtime reports (9.1 on), the hidden arguments
+        of a MIX kernel on the host-args path, the data placement on the args-handle path
+        (:func:`.kernels.read_function_info`)."""
+        binary = self._function_binary.get(_ptr("func", func))
+        kind = None if binary is None else self._binaries.get(binary, (None, None))[1]
+        return read_function_info(self._fn, self._library.has, func, kind, self._path)
 
     def get_function(self, binary: int, name: str) -> int:
         if not isinstance(name, str):
@@ -615,7 +636,9 @@ class AclRuntime:
         binary = _ptr("binary", binary)
         handle, ref = self._new_handle()
         self._fn["aclrtBinaryGetFunction"](binary, encoded, ref)
-        return self._handle_value(handle, "aclrtBinaryGetFunction")
+        func = self._handle_value(handle, "aclrtBinaryGetFunction")
+        self._function_binary[func] = binary
+        return func
 
     def launch_kernel_with_host_args(
         self,
@@ -671,32 +694,36 @@ class AclRuntime:
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
 
-
-def _check_launch(
-    func: object,
-    num_blocks: object,
-    stream: object,
-    args_addr: object,
-    args_size: object,
-    placeholders_addr: object,
-    placeholder_count: object,
-) -> tuple[int, int, int, int, int, int]:
-    """The slow path of the launch checks: precise errors naming the argument."""
-    blocks = check_num_blocks(_LAUNCH, _as_int("num_blocks", num_blocks))
-    addr = _as_int("args_addr", args_addr)
-    if addr < 0:
-        raise ValueError(f"args_addr={addr:#x} is not an address (0..2**64-1)")
-    size = _as_int("args_size", args_size)
-    check_args(_LAUNCH, addr, size)
-    _as_int("placeholder_count", placeholder_count)
-    return (
-        _ptr("func", func),
-        blocks,
-        _ptr("stream", stream),
-        addr,
-        size,
-        _ptr("placeholders_addr", placeholders_addr),
-    )
+    def _launch_args_handle(
+        self,
+        func: int,
+        num_blocks: int,
+        stream: int,
+        cfg: LaunchConfig | None,
+        args_addr: int,
+        args_size: int,
+        placeholders_addr: int,
+        placeholder_count: int,
+    ) -> None:
+        """The seam's launch on the args-handle path (see :mod:`.argshandle`): the same checks,
+        then the image replayed through ``aclrtKernelArgs*`` + ``aclrtLaunchKernelWithConfig``."""
+        func, num_blocks, stream, args_addr, args_size, placeholders_addr = _check_launch(
+            func, num_blocks, stream, args_addr, args_size, placeholders_addr, placeholder_count
+        )
+        entries = check_placeholder_table(_LAUNCH, placeholders_addr, placeholder_count, args_size)
+        try:
+            launch_with_args_handle(
+                self._fn,
+                func,
+                num_blocks,
+                stream,
+                None if cfg is None else _cfg_arg(cfg),
+                args_addr,
+                args_size,
+                entries,
+            )
+        except DeviceFaultError as exc:
+            raise self._sticky(exc) from None
 
 
 def open_acl_runtime(
@@ -712,14 +739,19 @@ def open_acl_runtime(
 
     ``aclInit`` (once per process), ``aclrtSetDevice``, ``aclrtCreateContext``.
     :raises BackendUnavailableError: the library cannot be loaded (the message lists every
-        path tried), ``aclInit`` failed, or this is a forked child of the process that
-        initialised ACL.
+        path tried), it has no launch path aio_ascend implements (the message names its
+        release, the missing symbols and the paths tried), ``aclInit`` failed, or this is a
+        forked child of the process that initialised ACL.
     """
     device_id = _in_range("device_id", device_id, 0, INT32_MAX)
     stream_capacity = _in_range("stream_capacity", stream_capacity, 2, INT32_MAX)
-    library = load_library(library_path)
-    library.ensure_initialised()
+    library = usable_library(library_path)
     fn = library.functions
+    before = c_void_p()
+    try:
+        fn["aclrtGetCurrentContext"](byref(before))
+    except ContextNullError:
+        before.value = None
     fn["aclrtSetDevice"](device_id)
     context = c_void_p()
     try:
@@ -732,7 +764,9 @@ def open_acl_runtime(
         raise
     if not context.value:
         raise InternalError("aclrtCreateContext returned a NULL context", func="aclrtCreateContext")
-    return AclRuntime(library, device_id, context.value, stream_capacity)
+    runtime = AclRuntime(library, device_id, context.value, stream_capacity)
+    runtime.context_before_open = before.value or None
+    return runtime
 
 
 def _after_fork_in_child() -> None:

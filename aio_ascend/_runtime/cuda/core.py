@@ -29,11 +29,12 @@ from ..abi import (
     check_alloc_size,
     param_error,
 )
+from ..base import PLAIN_FUNCTION, FunctionInfo
 from .errors import CUDA_ERROR_NOT_READY, CUDA_FAULT_CODES, CUDA_SUCCESS, cuda_error
 from .kernels import CONTROL_FAULT_OFFSET, CONTROL_RELEASE_OFFSET, CONTROL_SIZE
 from .launch import LaunchExtra
 from .nvrtc import compile_cuda_source
-from .staging import DEFAULT_STAGING_BYTES, StagingRing
+from .staging import DEFAULT_STAGING_BYTES, CaptureStaging, StagingRing
 
 __all__ = [
     "DEFAULT_BLOCK_DIM",
@@ -69,7 +70,7 @@ class CudaTls(threading.local):
 
 
 class CudaStream:
-    __slots__ = ("cu", "handle", "lock", "mode", "ring")
+    __slots__ = ("capture", "cu", "handle", "lock", "mode", "ring")
 
     def __init__(self, handle: int, cu: Any) -> None:
         self.handle = handle
@@ -77,6 +78,13 @@ class CudaStream:
         self.lock = threading.Lock()
         self.ring: StagingRing | None = None
         self.mode = ACL_STOP_ON_FAILURE
+        #: while the stream is capturing (:mod:`.graphs`): the capture's own staging memory
+        self.capture: CaptureStaging | None = None
+
+    @property
+    def capturing(self) -> bool:
+        """Whether a stream capture is open on the stream."""
+        return self.capture is not None
 
 
 class CudaEvent:
@@ -339,15 +347,47 @@ class CudaCore:
 
     # --- context and lifecycle ---------------------------------------------------------
 
-    def set_current_context(self) -> None:
-        """``cuCtxSetCurrent``: bind the device's primary context to the calling thread."""
+    @property
+    def context(self) -> int:
+        """The primary context's handle (``CUcontext`` as an int)."""
+        return int(self._ctx)
+
+    def set_current_context(self, context: int | None = None) -> None:
+        """``cuCtxSetCurrent``: bind the device's primary context to the calling thread, or
+        ``context`` (a handle :meth:`get_current_context` returned; works after close too)."""
         func = "cuCtxSetCurrent"
+        if context is not None and (context != int(self._ctx) or self._closed):
+            # another's context (the primary context is shared: it may be this one's number)
+            make = getattr(self._d, "CUcontext", None)
+            (err,) = self._d.cuCtxSetCurrent(context if make is None else make(context))
+            if int(err):
+                self._raise(int(err), func)
+            self._tls.bound = False
+            return
         if self._closed:
             raise ClosedError("the cuda runtime is closed", func=func)
         (err,) = self._d.cuCtxSetCurrent(self._ctx)
         if int(err):
             self._raise(int(err), func)
         self._tls.bound = True
+
+    #: the context that was current on the opening thread before the open bound this one
+    context_before_open: int | None = None
+
+    def fault_site(self) -> tuple[int, int] | None:
+        """See the protocol."""
+        return None  # CUDA reports a sticky error per context, not which kernel raised it
+
+    def function_info(self, func: int) -> FunctionInfo:
+        """Nothing to follow: CUDA kernels take the parameter buffer as packed."""
+        return PLAIN_FUNCTION
+
+    def get_current_context(self) -> int | None:
+        """``cuCtxGetCurrent``: the calling thread's current context (``None``: none)."""
+        err, current = self._d.cuCtxGetCurrent()
+        if int(err):
+            self._raise(int(err), "cuCtxGetCurrent")
+        return int(current) or None
 
     def get_recent_error_message(self) -> str:
         message: str = self._tls.last_error
@@ -388,6 +428,7 @@ class CudaCore:
         self.release_hangs()
         pushed_result = attempt("cuCtxPushCurrent", self._ctx)
         pushed = pushed_result is not None and int(pushed_result[0]) == 0
+        self._close_graphs(attempt)
         if pushed and self._fault is None:
             self._drain_for_close(CLOSE_DRAIN_S)
         for s in list(self._streams.values()):
@@ -426,6 +467,11 @@ class CudaCore:
             # The context is unusable after a fault: destroy it, so the next open gets a new one.
             attempt("cuDevicePrimaryCtxReset", self._device)
         self.close_errors = tuple(errors)
+
+    def _close_graphs(self, attempt: Callable[..., Any]) -> None:
+        """Close's hook for :mod:`.graphs`: end open captures, destroy the graphs, and leave
+        their staging memory in ``_graveyard`` (``attempt(func, *args)`` calls the driver,
+        collecting errors). Nothing to do at this level."""
 
     def _drain_for_close(self, seconds: float) -> None:
         """Give queued work (released ``hang`` kernels included) a bounded time to finish, so

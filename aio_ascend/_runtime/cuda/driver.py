@@ -7,7 +7,7 @@ from typing import Any
 
 from .errors import cuda_error_name
 
-__all__ = ["INIT_LOCK", "import_driver", "probe"]
+__all__ = ["INIT_LOCK", "cuda_version_string", "device_name_string", "import_driver", "probe"]
 
 #: serialises ``cuInit`` calls
 INIT_LOCK = threading.Lock()
@@ -49,3 +49,16 @@ def probe() -> tuple[bool, str]:
     if count <= 0:
         return False, "cuda-bindings and the driver load, but no CUDA device is visible"
     return True, f"cuda-bindings {_bindings_version()}, {count} device(s)"
+
+
+def cuda_version_string(version: int) -> str:
+    """``cuDriverGetVersion``'s ``1000 * major + 10 * minor`` as ``"major.minor"``
+    (12040 -> ``"12.4"``)."""
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
+def device_name_string(raw: bytes | str) -> str:
+    """``cuDeviceGetName``'s buffer (the name, a NUL, then padding) as text."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8", "replace")
+    return bytes(raw).split(b"\0", 1)[0].decode("utf-8", "replace").strip()

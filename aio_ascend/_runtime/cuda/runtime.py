@@ -43,9 +43,10 @@ stored but a fault always halts the context (as stop-on-failure does); after a f
 that need the context (``malloc`` included) raise the fault, while cleanup calls succeed.
 
 Modules: :mod:`.core` (context, errors, polling, fences, memory, close), this module (streams,
-events, kernels, launches, ``open_cuda_runtime``), :mod:`.errors`, :mod:`.launch` (the
-``extra`` array and placeholder patches), :mod:`.staging` (the fenced ring), :mod:`.nvrtc`,
-:mod:`.driver` (lazy import and probe), :mod:`.kernels` (the built-in kernels' source).
+events, kernels, launches, ``open_cuda_runtime``), :mod:`.graphs` (stream capture and graph
+replay), :mod:`.errors`, :mod:`.launch` (the ``extra`` array and placeholder patches),
+:mod:`.staging` (the fenced ring, a capture's staging), :mod:`.nvrtc`, :mod:`.driver` (lazy
+import and probe), :mod:`.kernels` (the built-in kernels' source).
 """
 
 from __future__ import annotations
@@ -77,9 +78,11 @@ from ..abi import (
     ACL_MEMCPY_HOST_TO_DEVICE,
     PTR_MAX,
     SIZE_MAX,
+    KernelType,
     check_args,
     check_event_flags,
     check_failure_mode,
+    check_load_options,
     check_memcpy,
     check_num_blocks,
     check_placeholder_table,
@@ -90,13 +93,12 @@ from .core import (
     CU_STREAM_NON_BLOCKING,
     DEFAULT_BLOCK_DIM,
     CudaBinary,
-    CudaCore,
     CudaEvent,
     CudaFunction,
     CudaStream,
     StreamRingOps,
 )
-from .driver import INIT_LOCK, import_driver, probe
+from .driver import INIT_LOCK, cuda_version_string, device_name_string, import_driver, probe
 from .errors import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_HANDLE,
@@ -107,6 +109,7 @@ from .errors import (
     cuda_error,
     cuda_error_name,
 )
+from .graphs import CudaGraphs
 from .kernels import BUILTIN_NAMES, CONTROL_SYMBOL, KERNEL_SOURCE, PARAM_SIZES
 from .launch import apply_patches, placeholder_patches
 from .nvrtc import compile_cuda_source
@@ -126,10 +129,12 @@ __all__ = [
 _LAUNCH = "cuLaunchKernel"
 
 
-class CudaRuntime(CudaCore):
+class CudaRuntime(CudaGraphs):
     """One NVIDIA GPU through ``cuda.bindings.driver``. Create with :func:`open_cuda_runtime`."""
 
     name = "cuda"
+    #: one host parameter buffer per launch (``cuLaunchKernel`` with ``CU_LAUNCH_PARAM_BUFFER``)
+    launch_path = "param_buffer"
     #: CUDA documents no limit; its launch queue blocks the host at about a thousand pending
     #: launches per stream, so the scheduler stays below that
     stream_capacity = 1024
@@ -186,6 +191,7 @@ class CudaRuntime(CudaCore):
         func = "cuStreamDestroy"
         self._enter(func)
         s = self._stream(stream, func)
+        self._abort_capture(s)
         if self._fault is None:
             try:
                 self.poll(lambda: self._stream_idle(s, func), -1, func)
@@ -201,6 +207,7 @@ class CudaRuntime(CudaCore):
         func = "cuStreamDestroy"
         self._enter(func)
         s = self._stream(stream, func)
+        self._abort_capture(s)
         self.release_hangs()
         self._streams.pop(s.handle, None)
         self._release_stream(s, free_ring=False)
@@ -231,6 +238,7 @@ class CudaRuntime(CudaCore):
         func = "cuStreamSynchronize"
         self._enter_live(func)
         s = self._stream(stream, func)
+        self._not_capturing(s, func)
         try:
             timeout_ms = check_timeout(func, timeout_ms)
         except InvalidParamError as exc:
@@ -279,6 +287,7 @@ class CudaRuntime(CudaCore):
         s = self._streams.get(stream)
         if s is None:
             raise self._bad_handle(func, f"stream handle {stream!r} is not a live stream")
+        self._not_capturing(s, func)
         (err,) = self._cuEventRecord(ev.cu, s.cu)
         if int(err):
             self._raise(int(err), func)
@@ -312,15 +321,12 @@ class CudaRuntime(CudaCore):
             self._set_error(message)
             raise EventSyncTimeoutError(message, code=ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, func=func)
 
-    def fault_site(self) -> tuple[int, int] | None:
-        """See the protocol."""
-        return None  # CUDA reports a sticky error per context, not which kernel raised it
-
     def stream_wait_event(self, stream: int, event: int) -> None:
         func = "cuStreamWaitEvent"
         self._enter_live(func)
         s = self._stream(stream, func)
         ev = self._event(event, func)
+        self._not_capturing(s, func)
         (err,) = self._d.cuStreamWaitEvent(s.cu, ev.cu, 0)
         if int(err):
             self._raise(int(err), func)
@@ -358,6 +364,7 @@ class CudaRuntime(CudaCore):
             check_memcpy(func, dst, dst_max, src, count, kind)
         except InvalidParamError as exc:
             raise self._noted(exc) from None
+        self._check_capture_copy(s, dst, src, count, kind, func)
         host: int | None
         if kind == ACL_MEMCPY_HOST_TO_DEVICE:
             host, name = src, "cuMemcpyHtoDAsync"
@@ -439,11 +446,15 @@ class CudaRuntime(CudaCore):
 
     # --- kernels -----------------------------------------------------------------------
 
-    def load_binary(self, source: object) -> int:
+    def load_binary(
+        self, source: object, *, kernel_type: KernelType | None = None, lazy: bool | None = None
+    ) -> int:
         """Load a module: ``None`` (the built-in kernels, compiled with NVRTC), a path (``.cu``
         source is compiled with NVRTC; ``.ptx``, ``.cubin``, ``.fatbin`` are loaded), or the
-        bytes of a PTX, cubin or fatbin image."""
+        bytes of a PTX, cubin or fatbin image. ``kernel_type`` and ``lazy`` (Ascend load
+        options) are checked and ignored."""
         func = "cuModuleLoadData"
+        check_load_options(kernel_type, lazy)
         self._enter(func)
         builtin = source is None
         if source is None:
@@ -620,8 +631,9 @@ class CudaRuntime(CudaCore):
             entries = check_placeholder_table(name, placeholders_addr, placeholder_count, args_size)
         except InvalidParamError as exc:
             raise self._noted(exc) from None
-        if entries:
-            self._launch_staged(f, num_blocks, block, s, args_addr, args_size, param_size, entries)
+        if entries:  # a capture stages in memory of its own: ring slots get reused
+            stage = self._launch_captured if s.capture is not None else self._launch_staged
+            stage(f, num_blocks, block, s, args_addr, args_size, param_size, entries)
             return
         extra = tls.extra.set(args_addr, param_size) if param_size else 0
         (err,) = self._cuLaunchKernel(f.cu, num_blocks, 1, 1, block, 1, 1, 0, s.cu, None, extra)
@@ -675,19 +687,6 @@ _FATBIN_MAGIC = b"\x50\xed\x55\xba"
 def _looks_like_ptx(image: bytes) -> bool:
     """Neither a cubin (ELF) nor a fatbin: PTX text."""
     return not image.startswith((_ELF_MAGIC, _FATBIN_MAGIC))
-
-
-def cuda_version_string(version: int) -> str:
-    """``cuDriverGetVersion``'s ``1000 * major + 10 * minor`` as ``"major.minor"``
-    (12040 -> ``"12.4"``)."""
-    return f"{version // 1000}.{version % 1000 // 10}"
-
-
-def device_name_string(raw: bytes | str) -> str:
-    """``cuDeviceGetName``'s buffer (the name, a NUL, then padding) as text."""
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8", "replace")
-    return bytes(raw).split(b"\0", 1)[0].decode("utf-8", "replace").strip()
 
 
 def _hex(value: object) -> str:
@@ -773,9 +772,10 @@ def open_cuda_runtime(
         )
     )
     context = check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
+    before = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
     try:
         check(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
-        return CudaRuntime(
+        runtime = CudaRuntime(
             driver,
             device_id,
             device,
@@ -785,6 +785,8 @@ def open_cuda_runtime(
             staging_bytes=staging_bytes,
             compiler=compiler,
         )
+        runtime.context_before_open = int(before) or None
+        return runtime
     except BaseException:
         driver.cuDevicePrimaryCtxRelease(device)
         raise

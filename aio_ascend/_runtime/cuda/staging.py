@@ -1,22 +1,25 @@
-"""Per-stream device staging for placeholder data: a fenced ring reused only after completion.
+"""Per-stream device staging for placeholder data: a fenced ring reused only after completion,
+and the never-reused staging of a stream capture (:class:`CaptureStaging`).
 
-Generic over :class:`RingOps` (device memory and fence events), so it is unit-tested without a
-device or cuda-bindings.
+Generic over :class:`RingOps` (device memory and fence events) and an allocation function, so
+both are unit-tested without a device or cuda-bindings.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from ..._errors import InternalError
 
 __all__ = [
+    "CAPTURE_CHUNK_BYTES",
     "DEFAULT_STAGING_BYTES",
     "FENCE_EVERY",
     "MAX_STAGING_ALIGN",
     "MIN_STAGING_ALIGN",
+    "CaptureStaging",
     "RingOps",
     "StagingRing",
     "staging_alignment",
@@ -30,6 +33,8 @@ MAX_STAGING_ALIGN = 4096
 MIN_STAGING_ALIGN = 64
 #: staged launches between two fence events of a ring
 FENCE_EVERY = 64
+#: device memory a capture's staging takes at a time (a larger args image gets its own block)
+CAPTURE_CHUNK_BYTES = 64 * 1024
 
 
 def staging_alignment(entries: Sequence[tuple[int, int]]) -> int:
@@ -256,3 +261,42 @@ class StagingRing:
             self._ops.free(raw)
             return 0
         return raw
+
+
+class CaptureStaging:
+    """The placeholder staging of one stream capture: device memory that is never reused.
+
+    A captured launch's args image is copied (at every replay) into the region it was given at
+    capture time, so the region must stay the graph's own: a ring slot would be reused by
+    later launches of the stream between two replays. Regions are carved from blocks of
+    :data:`CAPTURE_CHUNK_BYTES` (``alloc`` gives device memory); every block is in
+    :attr:`blocks` until the graph, or the failed capture, frees them.
+    """
+
+    __slots__ = ("_alloc", "_chunk", "_cursor", "_end", "blocks")
+
+    def __init__(self, alloc: Callable[[int], int], chunk: int = CAPTURE_CHUNK_BYTES) -> None:
+        if chunk < MAX_STAGING_ALIGN:
+            raise ValueError(f"chunk={chunk} must be at least {MAX_STAGING_ALIGN}")
+        self._alloc = alloc
+        self._chunk = chunk
+        self._cursor = 0
+        self._end = 0
+        #: device allocations made so far (the caller frees them)
+        self.blocks: list[int] = []
+
+    def allocate(self, nbytes: int, align: int) -> int:
+        """A device region of ``nbytes`` aligned to ``align`` (<= :data:`MAX_STAGING_ALIGN`)."""
+        if nbytes <= 0:
+            raise ValueError(f"nbytes={nbytes} must be > 0")
+        if align <= 0 or align & (align - 1) or align > MAX_STAGING_ALIGN:
+            raise ValueError(f"align={align} must be a power of two <= {MAX_STAGING_ALIGN}")
+        region = _align_up(self._cursor, align)
+        if not self.blocks or region + nbytes > self._end:
+            size = max(self._chunk, nbytes + align)
+            block = self._alloc(size)
+            self.blocks.append(block)
+            self._end = block + size
+            region = _align_up(block, align)
+        self._cursor = region + nbytes
+        return region

@@ -23,6 +23,7 @@ from ..._errors import RuntimeAPIError, error_for_code
 from ..abi import (
     ACL_CONTINUE_ON_FAILURE,
     ACL_ERROR_RT_AICORE_EXCEPTION,
+    ACL_ERROR_RT_AICORE_TIMEOUT,
     ACL_ERROR_RT_CONTEXT_NULL,
     ACL_ERROR_RT_INVALID_HANDLE,
     ACL_ERROR_RT_PARAM_INVALID,
@@ -37,7 +38,10 @@ from .memory import DEFAULT_MEMORY_BYTES, DeviceFault, DeviceMemory, PinnedMemor
 
 __all__ = [
     "BINARY_HANDLE",
+    "CONTEXT_HANDLE",
     "COPY",
+    "CURRENT",
+    "LIVE_CONTEXTS",
     "DEFAULT_MAX_QUEUE_DEPTH",
     "EVENT_HANDLE",
     "FUNCTION_HANDLE",
@@ -74,7 +78,7 @@ DEFAULT_MAX_QUEUE_DEPTH: Final = 2013
 class TaskKind(IntEnum):
     """What a queued task does; its tuple's first item."""
 
-    KERNEL = 0  # (KERNEL, spec, blocks, args source, source offset, args_size, region)
+    KERNEL = 0  # (KERNEL, spec, blocks, args source, source offset, args_size, region, timeout)
     RECORD = 1  # (RECORD, recording)
     WAIT = 2  # (WAIT, recording)
     COPY = 3  # (COPY, kind, dst, src, count, host array | None, host offset, waiter | None)
@@ -113,6 +117,13 @@ def new_handle(kind: int) -> int:
 
 STREAM_HANDLE, EVENT_HANDLE, BINARY_HANDLE, FUNCTION_HANDLE = 0x5151, 0x5E5E, 0x5B5B, 0x5F5F
 GRAPH_HANDLE = 0x5A5A
+CONTEXT_HANDLE = 0x5C5C
+
+#: each thread's current context (``.context``): one per thread across every sim runtime, as in
+#: ACL, so binding one device's context unbinds the previous one's
+CURRENT = threading.local()
+#: the contexts of open sim runtimes (what ``set_current_context(handle)`` may bind)
+LIVE_CONTEXTS: set[int] = set()
 
 
 def release_all(locks: Iterable[threading.Lock]) -> None:
@@ -169,6 +180,7 @@ class SimStream:
         "priority",
         "queue",
         "submitted",
+        "timed_out",
     )
 
     def __init__(self, handle: int, priority: int = PRIORITY_LEAST) -> None:
@@ -180,6 +192,8 @@ class SimStream:
         self.occupied = False  # a popped kernel still occupies the stream (busy/hang)
         self.hung = False
         self.busy_until = 0.0  # perf_counter() time until which the stream is occupied
+        #: the occupying kernel runs past its kernel timeout: the fault it raises at busy_until
+        self.timed_out: tuple[int, str] | None = None
         self.destroyed = False
         self.failure_mode = ACL_CONTINUE_ON_FAILURE
         #: while capturing: the tasks recorded instead of queued
@@ -244,6 +258,8 @@ class DeviceExecutor:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._tls = threading.local()
+        self._context = new_handle(CONTEXT_HANDLE)
+        LIVE_CONTEXTS.add(self._context)
         self._memory = DeviceMemory(memory_bytes)
         self._pinned = PinnedMemory()
         self._pinned_views = self._pinned.views  # fast path: args buffers by base address
@@ -308,6 +324,13 @@ class DeviceExecutor:
             return self._error(
                 ACL_ERROR_RT_CONTEXT_NULL, func, "the runtime was closed (context destroyed)"
             )
+        if getattr(CURRENT, "context", None) is not None:
+            return self._error(
+                ACL_ERROR_RT_CONTEXT_NULL,
+                func,
+                f"thread {threading.current_thread().name!r} has another context bound (another "
+                "device's, or another library's): call set_current_context() first",
+            )
         return self._error(
             ACL_ERROR_RT_CONTEXT_NULL,
             func,
@@ -322,12 +345,12 @@ class DeviceExecutor:
 
     def _check(self, func: str) -> None:
         """Context bound and device not closed."""
-        if self._closed or not getattr(self._tls, "bound", False):
+        if self._closed or getattr(CURRENT, "context", None) != self._context:
             raise self._context_error(func)
 
     def _check_live(self, func: str) -> None:
         """Context bound, and the device has not faulted (calls that submit or observe work)."""
-        if self._closed or not getattr(self._tls, "bound", False):
+        if self._closed or getattr(CURRENT, "context", None) != self._context:
             raise self._context_error(func)
         if self._fault is not None:
             raise self._fault_error(func)
@@ -498,6 +521,11 @@ class DeviceExecutor:
                     if deadline is None or free_at < deadline:
                         deadline = free_at
                     continue
+                if s.timed_out is not None:  # its kernel timeout ran out: a device fault
+                    self._note_fault_site(s)
+                    self._set_fault(*s.timed_out)
+                    s.timed_out = None
+                    return True, records_done, None
                 s.occupied = False
                 s.completed += 1
                 progressed = True
@@ -559,7 +587,7 @@ class DeviceExecutor:
     def _run_kernel(self, s: SimStream, task: tuple[Any, ...]) -> bool:
         """Execute a kernel task. Returns True when the stream stays occupied (sleep, time
         model, hang) or the device faulted; the caller then leaves the task uncounted."""
-        _, spec, blocks, source, offset, size, region = task
+        _, spec, blocks, source, offset, size, region, timeout = task
         # pinned args are read now, at execution; pageable ones were snapshotted at launch
         args = source if type(source) is bytes else source[offset : offset + size].tobytes()
         memory = self._memory
@@ -588,7 +616,17 @@ class DeviceExecutor:
             self._set_fault(fault.code, fault.message)
             return True
         s.occupied = True
-        if ctx.is_hung or not math.isfinite(busy):
+        hung = ctx.is_hung or not math.isfinite(busy)
+        if timeout is not None and (hung or busy > timeout):
+            # LaunchConfig(timeout_s/timeout_us): the runtime stops the kernel at its timeout
+            # and the device faults with ACL_ERROR_RT_AICORE_TIMEOUT (acl-runtime.md §1.4, §5.2)
+            s.busy_until = max(s.busy_until, perf_counter()) + timeout
+            s.timed_out = (
+                ACL_ERROR_RT_AICORE_TIMEOUT,
+                f"kernel {spec.name!r} ran past its kernel timeout of {timeout:g} s "
+                "(LaunchConfig timeout_s/timeout_us)",
+            )
+        elif hung:
             s.hung = True
         else:
             s.busy_until = max(s.busy_until, perf_counter()) + busy

@@ -36,7 +36,6 @@ from ..abi import (
     ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,
     ACL_ERROR_RT_MEMORY_ALLOCATION,
     ACL_ERROR_RT_STREAM_ABORT,
-    ACL_ERROR_RT_SYMBOL_NOT_FOUND,
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_EVENT_TIME_LINE,
@@ -61,12 +60,12 @@ from ..abi import (
 )
 from .capture import CaptureAndFill
 from .executor import (
-    BINARY_HANDLE,
     COPY,
+    CURRENT,
     DEFAULT_MAX_QUEUE_DEPTH,
     EVENT_HANDLE,
-    FUNCTION_HANDLE,
     KERNEL,
+    LIVE_CONTEXTS,
     PRIORITY_GREATEST,
     PRIORITY_LEAST,
     RECORD,
@@ -75,13 +74,12 @@ from .executor import (
     WAIT_SLICE_S,
     PageableCopy,
     Recording,
-    SimBinary,
     SimEvent,
     SimStream,
     new_handle,
     release_all,
 )
-from .kernels import BUILTIN_LIBRARY, KernelLibrary
+from .loader import KernelLoader
 from .memory import DEFAULT_MEMORY_BYTES, U8Array, is_device_address
 
 __all__ = ["DEFAULT_MAX_QUEUE_DEPTH", "SimRuntime", "open_sim_runtime"]
@@ -90,7 +88,7 @@ _U64 = struct.Struct("<Q")
 _PLACEHOLDER = struct.Struct("<II")
 
 
-class SimRuntime(CaptureAndFill):
+class SimRuntime(CaptureAndFill, KernelLoader):
     """The simulated ACL runtime for one device (see the module docstring).
 
     Open it with :func:`open_sim_runtime` (or ``open_runtime("sim", device_id)``).
@@ -102,6 +100,8 @@ class SimRuntime(CaptureAndFill):
     """
 
     name = "sim"
+    #: the sim models ``aclrtLaunchKernelWithHostArgs`` (``Device.info["launch_path"]``)
+    launch_path = "host_args"
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("faulted" if self._fault else "open")
@@ -109,11 +109,29 @@ class SimRuntime(CaptureAndFill):
 
     # --- context and lifecycle -------------------------------------------------------------
 
-    def set_current_context(self) -> None:
-        """``aclrtSetCurrentContext``: bind this runtime's context to the calling thread."""
-        if self._closed:
-            raise self._context_error("aclrtSetCurrentContext")
-        self._tls.bound = True
+    def set_current_context(self, context: int | None = None) -> None:
+        """``aclrtSetCurrentContext``: bind this runtime's context to the calling thread (one
+        current context per thread across every sim runtime, as in ACL), or ``context``: the
+        context of another open sim runtime (works after :meth:`close` too)."""
+        func = "aclrtSetCurrentContext"
+        if context is None or context == self._context:
+            if self._closed:
+                raise self._context_error(func)
+            CURRENT.context = self._context
+            return
+        if context not in LIVE_CONTEXTS:
+            raise self._bad_handle(func, f"context {context!r} is not a live context")
+        CURRENT.context = context
+
+    def get_current_context(self) -> int | None:
+        """``aclrtGetCurrentContext``: the calling thread's context (``None``: none)."""
+        context: int | None = getattr(CURRENT, "context", None)
+        return context if context in LIVE_CONTEXTS else None  # a destroyed one reads as none
+
+    @property
+    def context(self) -> int:
+        """This runtime's context handle."""
+        return self._context
 
     def get_recent_error_message(self) -> str:
         """``aclGetRecentErrMsg``: the latest error text of the calling thread ('' if none)."""
@@ -130,6 +148,7 @@ class SimRuntime(CaptureAndFill):
                 return
             self._final_resources = self._live_counts()
             self._closed = True
+            LIVE_CONTEXTS.discard(self._context)
             self._cond.notify_all()
             release_all(self._sync_locks)
             waiters = list(self._pageable)
@@ -541,58 +560,6 @@ class SimRuntime(CaptureAndFill):
             "stream_capacity": self.stream_capacity,
         }
 
-    # --- kernels ---------------------------------------------------------------------------
-
-    def load_binary(self, source: object) -> int:
-        """Load a :class:`KernelLibrary` (snapshotted now), or the built-ins for ``None``."""
-        func = "aclrtBinaryLoadFromData"
-        self._check(func)
-        if source is None:
-            library = BUILTIN_LIBRARY
-        elif isinstance(source, KernelLibrary):
-            library = source
-        else:
-            raise self._param(
-                func,
-                f"the sim backend loads an aio_ascend.sim.KernelLibrary (or None for the built-in "
-                f"kernels), got {type(source).__name__}",
-            )
-        handle = new_handle(BINARY_HANDLE)
-        self._binaries[handle] = SimBinary(library.snapshot())
-        return handle
-
-    def unload_binary(self, binary: int) -> None:
-        """``aclrtBinaryUnLoad``: its function handles become invalid (queued launches run)."""
-        func = "aclrtBinaryUnLoad"
-        self._check(func)
-        b = self._binaries.pop(binary, None)
-        if b is None:
-            raise self._bad_handle(func, f"binary handle {binary!r} is not loaded")
-        for handle in b.functions.values():
-            self._functions.pop(handle, None)
-
-    def get_function(self, binary: int, name: str) -> int:
-        """``aclrtBinaryGetFunction``: unknown name -> 107042 (symbol not found)."""
-        func = "aclrtBinaryGetFunction"
-        self._check(func)
-        b = self._binaries.get(binary)
-        if b is None:
-            raise self._bad_handle(func, f"binary handle {binary!r} is not loaded")
-        handle = b.functions.get(name)
-        if handle is not None:
-            return handle
-        spec = b.kernels.get(name)
-        if spec is None:
-            raise self._error(
-                ACL_ERROR_RT_SYMBOL_NOT_FOUND,
-                func,
-                f"kernel {name!r} not found in the binary (it has {sorted(b.kernels)})",
-            )
-        handle = new_handle(FUNCTION_HANDLE)
-        b.functions[name] = handle
-        self._functions[handle] = spec
-        return handle
-
     def launch_kernel_with_host_args(
         self,
         func: int,
@@ -608,7 +575,7 @@ class SimRuntime(CaptureAndFill):
         placeholder addresses into the caller's buffer, and queues the kernel; pinned args are
         read when the kernel executes, pageable args are snapshotted now."""
         name = "aclrtLaunchKernelWithHostArgs"
-        if self._closed or not getattr(self._tls, "bound", False):
+        if self._closed or getattr(CURRENT, "context", None) != self._context:
             raise self._context_error(name)
         if self._fault is not None:
             raise self._fault_error(name)
@@ -678,6 +645,7 @@ class SimRuntime(CaptureAndFill):
                 for addr_offset, data_offset in entries:
                     ctypes.memmove(args_addr + addr_offset, _U64.pack(region + data_offset), 8)
         task: tuple[Any, ...]
+        timeout = None if cfg is None else cfg.kernel_timeout
         if view is None:  # pageable: snapshot now, after patching
             task = (
                 KERNEL,
@@ -687,9 +655,10 @@ class SimRuntime(CaptureAndFill):
                 0,
                 args_size,
                 region,
+                timeout,
             )
         else:  # pinned: read when the kernel executes (at every replay, if captured)
-            task = (KERNEL, spec, num_blocks, view, offset, args_size, region)
+            task = (KERNEL, spec, num_blocks, view, offset, args_size, region, timeout)
         with self._lock:
             if s.destroyed:
                 raise self._bad_handle(name, "the stream was destroyed")
@@ -780,5 +749,6 @@ def open_sim_runtime(
         max_queue_depth=max_queue_depth,
         memory_bytes=memory_bytes,
     )
+    runtime.context_before_open = runtime.get_current_context()
     runtime.set_current_context()
     return runtime

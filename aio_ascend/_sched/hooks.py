@@ -1,0 +1,143 @@
+"""Observation hooks: how tracing and metrics see tasks, at no cost while nobody looks.
+
+The scheduler calls out at three points only, each guarded by one attribute check of the
+process-wide :data:`HOOKS`:
+
+- a ``Task`` is created: ``HOOKS.capture`` (None unless an observer wants context from the
+  creating code, e.g. the tracer's request scope or an OpenTelemetry parent span);
+- a round of completions is delivered into the loop (``DeliveryQueue.deliver``: once per
+  round, not per task): ``HOOKS.observers``;
+- a coroutine that waited for a task resumes (``Task.wait_finished``): ``HOOKS.observers``.
+
+Observers are added and removed from any thread; the tuple is replaced, never mutated, so a
+reader sees either the old or the new set. An observer that raises is logged and dropped:
+observation must never break the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = ["HOOKS", "Hooks", "Observer", "Source"]
+
+log = logging.getLogger("aio_ascend")
+
+
+class Source:
+    """What observers know of the device a delivery comes from (one per open device).
+
+    :ivar device_id: the device number
+    :ivar backend: the backend's name
+    :ivar kernels: function handle -> kernel name, filled as the device looks kernels up
+    """
+
+    __slots__ = ("backend", "device_id", "kernels")
+
+    def __init__(self, device_id: int, backend: str) -> None:
+        self.device_id = device_id
+        self.backend = backend
+        self.kernels: dict[int, str] = {}
+
+    def __repr__(self) -> str:
+        return f"<Source device {self.device_id} ({self.backend})>"
+
+
+class Observer(Protocol):
+    """What an observer implements (all calls on the event-loop thread of the device)."""
+
+    #: whether :meth:`capture` is called when a task is created
+    wants_capture: bool
+
+    def capture(self) -> object:
+        """Context of the code creating a task; kept in ``task.captured[self]``."""
+        ...
+
+    def delivered(self, source: Source, deliveries: Sequence[Any]) -> None:
+        """A round of ``(request, error, outcome)`` deliveries, before their tasks resolve."""
+        ...
+
+    def resumed(self, task: Any) -> None:
+        """A coroutine that waited for ``task`` resumed (``task.resumed_at`` is set)."""
+        ...
+
+
+class Hooks:
+    """The process-wide set of observers (see the module docstring)."""
+
+    __slots__ = ("_lock", "capture", "observers")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        #: the active observers (an immutable tuple: empty means nobody looks)
+        self.observers: tuple[Observer, ...] = ()
+        #: called by every new Task when an observer wants context, else None
+        self.capture: Callable[[], dict[Observer, object]] | None = None
+
+    def add(self, observer: Observer) -> None:
+        """Start calling ``observer`` (a no-op if it is already active)."""
+        with self._lock:
+            if observer not in self.observers:
+                self._set((*self.observers, observer))
+
+    def remove(self, observer: Observer) -> None:
+        """Stop calling ``observer`` (a no-op if it is not active)."""
+        with self._lock:
+            self._set(tuple(o for o in self.observers if o is not observer))
+
+    def _set(self, observers: tuple[Observer, ...]) -> None:
+        capturing = tuple(o for o in observers if o.wants_capture)
+        self.observers = observers
+        if len(capturing) == 1:  # the usual case, one call less per task
+            self.capture = _capture_one(capturing[0])
+        else:
+            self.capture = (lambda: _capture(capturing)) if capturing else None
+
+    def delivered(self, source: Source, deliveries: Sequence[Any]) -> None:
+        """Tell every observer of a round of deliveries."""
+        for observer in self.observers:
+            try:
+                observer.delivered(source, deliveries)
+            except Exception:
+                self._failed(observer)
+
+    def resumed(self, task: Any) -> None:
+        """Tell every observer that a waiter of ``task`` resumed."""
+        for observer in self.observers:
+            try:
+                observer.resumed(task)
+            except Exception:
+                self._failed(observer)
+
+    def _failed(self, observer: Observer) -> None:
+        log.exception("aio_ascend: observer %r failed; it is removed", observer)
+        self.remove(observer)
+
+
+def _capture_one(observer: Observer) -> Callable[[], dict[Observer, object]]:
+    capture = observer.capture
+
+    def captured() -> dict[Observer, object]:
+        try:
+            return {observer: capture()}
+        except Exception:
+            log.exception("aio_ascend: observer %r failed to capture context", observer)
+            return {}
+
+    return captured
+
+
+def _capture(observers: tuple[Observer, ...]) -> dict[Observer, object]:
+    captured: dict[Observer, object] = {}
+    for observer in observers:
+        try:
+            captured[observer] = observer.capture()
+        except Exception:
+            log.exception("aio_ascend: observer %r failed to capture context", observer)
+    return captured
+
+
+#: the one set of observers of this process
+HOOKS = Hooks()

@@ -1,0 +1,126 @@
+"""``aio_ascend.metrics``: the Prometheus collector and OpenTelemetry spans (each test skips
+when its extra is not installed), and a clear ImportError without them."""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+import pytest
+
+import aio_ascend as aa
+from aio_ascend import metrics, testing
+from aio_ascend._sched.hooks import HOOKS
+
+pytestmark = pytest.mark.anyio
+
+
+def _sample(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus' text format."""
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", line)
+        if match is None:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1)))
+        if all(found.get(key) == value for key, value in labels.items()):
+            return float(match.group(2))
+    raise AssertionError(f"no sample {name}{labels} in:\n{text}")
+
+
+async def test_prometheus_exports_stats_histograms_and_failures(sim_device: Any) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    collector = metrics.PrometheusMetrics(registry=registry, buckets=(1e-3, 1.0))
+    async with sim_device() as dev:
+        collector.watch(dev)
+        s = dev.stream()
+        with collector:
+            for _ in range(5):
+                await s.run(dev.function("noop"), 1)
+            with testing.paused(dev):
+                fault = await testing.inject_fault(s)
+            with pytest.raises(aa.DeviceFaultError):
+                await fault
+        text = prometheus_client.generate_latest(registry).decode()
+        device = {"device": "0", "backend": "sim"}
+        assert _sample(text, "aio_ascend_launches_total", **device) == 6
+        assert _sample(text, "aio_ascend_streams", **device) == 1
+        assert _sample(text, "aio_ascend_faulted", **device) == 1
+        labels = {**device, "kind": "launch"}
+        # the fault was submitted (queued) but never completed (no device, total or wake)
+        assert _sample(text, "aio_ascend_task_queued_seconds_count", **labels) == 6
+        for name in ("task_device_seconds", "task_seconds", "task_wake_seconds"):
+            assert _sample(text, f"aio_ascend_{name}_count", **labels) == 5
+        assert _sample(text, "aio_ascend_task_seconds_bucket", **labels, le="+Inf") == 5
+        error = type(fault.exception()).__name__
+        assert _sample(text, "aio_ascend_task_failures_total", **labels, error=error) == 1
+    # a closed device's stats are no longer exported; the histograms stay
+    text = prometheus_client.generate_latest(registry).decode()
+    assert "aio_ascend_launches_total" not in text
+    assert "aio_ascend_task_seconds_count" in text
+    assert HOOKS.observers == ()
+    collector.close()
+    assert "aio_ascend" not in prometheus_client.generate_latest(registry).decode()
+
+
+async def test_prometheus_buckets_are_cumulative(sim_device: Any) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    collector = metrics.PrometheusMetrics(registry=registry, buckets=(1e-9, 10.0))
+    async with sim_device() as dev, collector:
+        s = dev.stream()
+        for _ in range(3):
+            await s.run(dev.function("sleep"), 1, aa.HostArgs().u32(100))
+    text = prometheus_client.generate_latest(registry).decode()
+    labels = {"device": "0", "backend": "sim", "kind": "launch"}
+    assert _sample(text, "aio_ascend_task_device_seconds_bucket", **labels, le="1e-09") == 0
+    assert _sample(text, "aio_ascend_task_device_seconds_bucket", **labels, le="10.0") == 3
+    assert _sample(text, "aio_ascend_task_device_seconds_sum", **labels) >= 3 * 100e-6
+    with pytest.raises(ValueError, match="increasing"):
+        metrics.PrometheusMetrics(registry=None, buckets=(1.0, 0.5))
+
+
+async def test_otel_spans_per_task_are_children_of_the_callers_span(sim_device: Any) -> None:
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import StatusCode
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    spans = metrics.OtelSpans(tracer_provider=provider)
+    async with sim_device() as dev:
+        s = dev.stream()
+        with spans, provider.get_tracer("test").start_as_current_span("request") as parent:
+            await s.run(dev.function("sleep"), 1, aa.HostArgs().u32(200))
+            with testing.paused(dev):
+                fault = await testing.inject_fault(s)
+            with pytest.raises(aa.DeviceFaultError):
+                await fault
+    finished = {span.name: span for span in exporter.get_finished_spans()}
+    assert set(finished) == {"aio_ascend launch sleep", "aio_ascend launch fault", "request"}
+    sleep = finished["aio_ascend launch sleep"]
+    assert sleep.parent is not None
+    assert sleep.parent.span_id == parent.get_span_context().span_id
+    assert sleep.attributes is not None
+    assert sleep.attributes["aio_ascend.kernel"] == "sleep"
+    assert sleep.attributes["aio_ascend.on_device_s"] >= 200e-6
+    assert sleep.end_time is not None and sleep.start_time is not None
+    assert sleep.end_time - sleep.start_time >= 200_000  # ns: it spans the kernel
+    assert [event.name for event in sleep.events] == ["submitted"]
+    failed = finished["aio_ascend launch fault"]
+    assert failed.status.status_code is StatusCode.ERROR
+    assert any(event.name == "exception" for event in failed.events)
+
+
+def test_a_missing_extra_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ImportError, match=r"aio_ascend\[metrics\]"):
+        metrics.PrometheusMetrics()
+    monkeypatch.setitem(sys.modules, "opentelemetry.trace", None)
+    with pytest.raises(ImportError, match=r"aio_ascend\[otel\]"):
+        metrics.OtelSpans()
+    assert HOOKS.observers == ()

@@ -1,0 +1,202 @@
+"""``aio_ascend.tracing``: recording users' programs, the trace as Perfetto reads it, flows,
+and that nothing observes (or costs) once a recording ends."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from helpers import check_trace
+
+import aio_ascend as aa
+from aio_ascend import testing, tracing
+from aio_ascend._sched.hooks import HOOKS
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_record_writes_every_devices_tasks(sim_device: Any, tmp_path: Path) -> None:
+    path = tmp_path / "trace.json"
+    async with sim_device() as dev, sim_device() as other:
+        s, t = dev.stream(), dev.stream()
+        u = other.stream()
+        with tracing.record(path) as tracer:
+            tracer.name_stream(s, "main")
+            await s.run(dev.function("noop"), 1)
+            await t.run(dev.function("sleep"), 1, aa.HostArgs().u32(100))
+            await u.run(other.function("noop"), 1)
+        assert HOOKS.observers == ()
+        await s.run(dev.function("noop"), 1)  # after the recording: not in it
+    assert len(tracer.records) == 3
+    summary = check_trace(json.loads(path.read_text()))
+    # one process per device (device 0 opened twice: the second is told apart)
+    assert summary["tracks"] == {
+        "device 0 (sim)": {"main": 1, "stream 1": 1},
+        "device 0 (sim) #2": {"stream 1": 1},
+    }
+    assert {"queued", "noop", "sleep", "wake"} <= summary["phases"]
+    by_kernel = {r.kernel: r for r in tracer.records}
+    sleep = by_kernel["sleep"]
+    assert sleep.stream_name == "stream 1" and sleep.kind == "launch"
+    assert sleep.queued is not None and sleep.on_device is not None and sleep.wake is not None
+    assert sleep.on_device >= 100e-6  # the 100 us kernel ran in that phase
+    assert sleep.end == sleep.resumed
+
+
+async def test_a_request_block_links_its_tasks_in_order(sim_device: Any) -> None:
+    async with sim_device() as dev:
+        a, b = dev.stream(), dev.stream()
+        noop = dev.function("noop")
+
+        async def handle(i: int) -> None:
+            with tracing.request(f"req {i}"):
+                await a.run(noop, 1)
+                await b.run(noop, 1)
+                await a.run(noop, 1)
+
+        with tracing.record() as tracer:
+            tracer.name_stream(a, "a")
+            tracer.name_stream(b, "b")
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(handle, i)
+    assert [scope.name for scope in tracer.requests] != []
+    assert {scope.name for scope in tracer.requests} == {f"req {i}" for i in range(4)}
+    summary = check_trace(tracer.trace())
+    assert summary["tracks"]["requests"] == {"requests": 4}
+    assert len(summary["flows"]) == 4
+    for chain in summary["flows"].values():
+        assert chain == ["requests", "a", "b", "a"]
+    records = tracer.records
+    assert {r.request for r in records} == {f"req {i}" for i in range(4)}
+    for i in range(4):
+        mine = [r for r in records if r.request == f"req {i}"]
+        assert len(mine) == 3 and len({r.flow for r in mine}) == 1
+
+
+async def test_without_a_request_block_the_tasks_of_one_async_task_are_one_flow(
+    sim_device: Any,
+) -> None:
+    async with sim_device() as dev:
+        s = dev.stream()
+        noop = dev.function("noop")
+
+        async def worker() -> None:
+            await s.run(noop, 1)
+            await s.run(noop, 1)
+
+        with tracing.record() as tracer:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(worker)
+                tg.start_soon(worker)
+    flows = check_trace(tracer.trace())["flows"]
+    assert sorted(len(chain) for chain in flows.values()) == [2, 2]
+    with tracing.record(flows=False) as quiet:
+        pass
+    assert check_trace(quiet.trace())["flows"] == {}
+
+
+async def test_failures_and_tasks_nobody_awaited(sim_device: Any) -> None:
+    async with sim_device() as dev:
+        s = dev.stream()
+        with tracing.record() as tracer:
+            with testing.paused(dev):
+                quiet = await s.launch(dev.function("noop"), 1)
+                fault = await testing.inject_fault(s)
+            with pytest.raises(aa.DeviceFaultError):
+                await fault
+            await quiet
+    by_kind = {r.kernel: r for r in tracer.records}
+    assert by_kind["noop"].error is None and by_kind["noop"].wake is None  # nobody waited
+    error = fault.exception()
+    assert isinstance(error, aa.DeviceFaultError)
+    assert by_kind["fault"].error == type(error).__name__
+    assert by_kind["fault"].completed is None and by_kind["fault"].on_device is None
+    trace = tracer.trace()
+    check_trace(trace)
+    instants = [e for e in trace["traceEvents"] if e["ph"] == "n"]
+    assert [e["name"] for e in instants] == [f"failed: {type(error).__name__}"]
+
+
+async def test_max_tasks_bounds_the_memory_and_counts_the_rest(sim_device: Any) -> None:
+    async with sim_device() as dev:
+        s = dev.stream()
+        with tracing.Tracer(max_tasks=3) as tracer:
+            for _ in range(5):
+                await s.run(dev.function("noop"), 1)
+    assert len(tracer.records) == 3
+    assert tracer.dropped == 2
+    assert tracer.trace()["otherData"]["dropped_tasks"] == 2
+
+
+async def test_a_tracer_can_record_twice_and_two_can_record_at_once(sim_device: Any) -> None:
+    async with sim_device() as dev:
+        s = dev.stream()
+        noop = dev.function("noop")
+        outer = tracing.Tracer()
+        async with outer:
+            await s.run(noop, 1)
+            with tracing.record() as inner:
+                await s.run(noop, 1)
+        assert HOOKS.observers == ()
+        await s.run(noop, 1)
+        with outer:
+            await s.run(noop, 1)
+    assert len(outer.records) == 3 and len(inner.records) == 1
+
+
+async def test_the_recording_ends_with_the_block_even_on_an_error(
+    sim_device: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "t.json"
+
+    async def fails(dev: aa.Device) -> None:
+        with tracing.record(path):
+            await dev.stream().run(dev.function("noop"), 1)
+            raise ZeroDivisionError
+
+    async with sim_device() as dev:
+        with pytest.raises(ZeroDivisionError):
+            await fails(dev)
+    assert HOOKS.observers == () and HOOKS.capture is None
+    assert check_trace(json.loads(path.read_text()))["tracks"]  # written all the same
+
+
+async def test_an_observer_that_raises_is_dropped_and_logged(
+    sim_device: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Broken:
+        wants_capture = True
+
+        def capture(self) -> object:
+            raise RuntimeError("capture broke")
+
+        def delivered(self, source: Any, deliveries: Any) -> None:
+            raise RuntimeError("delivered broke")
+
+        def resumed(self, task: Any) -> None:
+            raise RuntimeError("resumed broke")
+
+    broken = Broken()
+    caplog.set_level(logging.ERROR, "aio_ascend")
+    async with sim_device() as dev:
+        s = dev.stream()
+        HOOKS.add(broken)
+        try:
+            await s.run(dev.function("noop"), 1)  # the work is unaffected
+            assert broken not in HOOKS.observers
+        finally:
+            HOOKS.remove(broken)
+    assert "failed" in caplog.text and "broke" in caplog.text
+
+
+def test_a_request_block_without_a_tracer_is_harmless() -> None:
+    with tracing.request("alone") as scope:
+        assert scope.name == "alone" and scope.end is None
+    assert scope.end is not None and scope.end >= scope.start
+    with pytest.raises(ValueError, match="max_tasks"):
+        tracing.Tracer(max_tasks=-1)
