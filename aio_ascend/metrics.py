@@ -31,10 +31,9 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
-from ._sched.hooks import HOOKS, Source
+from ._sched.hooks import HOOKS, ObserverContext, Source
 from ._sched.work import Outcome
 from ._version import __version__
 
@@ -80,7 +79,7 @@ def _need(module: str, extra: str) -> Any:
         ) from exc
 
 
-class _Observing:
+class _Observing(ObserverContext):
     """Start/stop as an observer of every device's tasks (see ``aio_ascend._sched.hooks``)."""
 
     wants_capture = False
@@ -97,29 +96,6 @@ class _Observing:
         if self.observing:
             self.observing = False
             HOOKS.remove(self)
-
-    def __enter__(self) -> Any:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Any:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def capture(self) -> object:
         return None

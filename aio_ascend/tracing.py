@@ -46,10 +46,9 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
-from types import TracebackType
 from typing import Any, NamedTuple
 
-from ._sched.hooks import HOOKS, Source
+from ._sched.hooks import HOOKS, ObserverContext, Source
 from ._sched.task import Task
 from ._sched.work import Outcome
 
@@ -177,7 +176,7 @@ class TaskRecord(NamedTuple):
         return max(t for t in stamps if t is not None)
 
 
-class Tracer:
+class Tracer(ObserverContext):
     """Records the tasks of every device in this process while started.
 
     ``with Tracer() as tracer:`` (or ``async with``, or :meth:`start`/:meth:`stop`; it may be
@@ -233,29 +232,6 @@ class Tracer:
         with self._lock:
             pending, self._pending = self._pending, []
         self._records.extend(self._finish(pending))
-
-    def __enter__(self) -> Tracer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Tracer:
-        return self.__enter__()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def name_stream(self, stream: Any, name: str) -> None:
         """Show ``stream`` (an ``aio_ascend.Stream``) as the track ``name``."""

@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from types import TracebackType
+from typing import Any, Protocol, Self
 
-__all__ = ["HOOKS", "Hooks", "Observer", "Source"]
+__all__ = ["HOOKS", "Hooks", "Observer", "ObserverContext", "Source"]
 
 log = logging.getLogger("aio_ascend")
 
@@ -141,3 +142,36 @@ def _capture(observers: tuple[Observer, ...]) -> dict[Observer, object]:
 
 #: the one set of observers of this process
 HOOKS = Hooks()
+
+
+class ObserverContext:
+    """``with``/``async with`` around an observer's ``start()``/``stop()`` (tracing, metrics)."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
