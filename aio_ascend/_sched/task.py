@@ -39,6 +39,9 @@ class Task:
     Cancellation: cancelling an ``await task`` only stops that waiter. The work itself cannot be
     recalled: it runs to the end, everything it uses stays alive until then, and other waiters
     and :meth:`done` are unaffected. Any number of coroutines may await the same task.
+    Awaiting a finished task returns at once, except that every 128th such await on a loop
+    yields to the loop once (a checkpoint, where a cancellation can be delivered), so that
+    awaiting thousands of finished tasks in a row does not hold the loop.
 
     An error nobody retrieves (no ``await``, no :meth:`exception`, no ``synchronize()`` that
     raised it) is logged at ERROR on the ``aio_ascend`` logger when the task is collected, or
