@@ -115,8 +115,8 @@ def _refusing(exc_type: type[AscendError], message: str) -> dict[str, Any]:
 
 
 class AclRuntime(AclGraphs):
-    """One device through ``libascendcl.so``. Create with :func:`open_acl_runtime`; the graph
-    calls (model-RI capture) are :class:`~.graphs.AclGraphs`'."""
+    """One device through ``libascendcl.so``. Create with :func:`open_acl_runtime`. The graph
+    calls (model-RI capture) come from :class:`~.graphs.AclGraphs`."""
 
     name = "acl"
 
