@@ -27,6 +27,9 @@ __all__ = [
     "ACL_DEV_ATTR_CUBE_CORE_NUM",
     "ACL_DEV_ATTR_VECTOR_CORE_NUM",
     "ACL_ERROR_RT_FEATURE_NOT_SUPPORT",
+    "ACL_MODEL_RI_CAPTURE_MODE_GLOBAL",
+    "ACL_MODEL_RI_CAPTURE_MODE_RELAXED",
+    "ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL",
     "ACL_PKG_NAME_CANN",
     "ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD",
     "ACL_RT_BINARY_LOAD_OPT_MAGIC",
@@ -130,6 +133,10 @@ ACL_DEV_ATTR_CUBE_CORE_NUM: Final = 102
 ACL_DEV_ATTR_VECTOR_CORE_NUM: Final = 201
 # aclrtLastErrLevel (aclrtGetLastError / aclrtPeekAtLastError)
 ACL_RT_THREAD_LEVEL: Final = 0
+# aclmdlRICaptureMode (aclmdlRICaptureBegin; acl_prototypes_more.json "types")
+ACL_MODEL_RI_CAPTURE_MODE_GLOBAL: Final = 0
+ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL: Final = 1
+ACL_MODEL_RI_CAPTURE_MODE_RELAXED: Final = 2
 # aclrtBinaryLoadOptionType and the magics of ACL_RT_BINARY_LOAD_OPT_MAGIC (acl-runtime.md §1.2,
 # cann-support.md §5.1: the CANN 8.5.0+ headers)
 ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD: Final = 1

@@ -284,7 +284,7 @@ class Runtime(Protocol):
     # --- graphs ----------------------------------------------------------------------------
 
     def begin_capture(self, stream: int) -> None:
-        """Start capturing ``stream`` (acl: ``aclmdlRICaptureBegin``, thread-local mode; cuda:
+        """Start capturing ``stream`` (acl: ``aclmdlRICaptureBegin``, relaxed mode; cuda:
         ``cuStreamBeginCapture``, relaxed mode): launches, copies between pinned host and
         device memory and memsets submitted to it from now on are recorded, not run. The
         stream must be idle. Event records and waits, pageable copies and syncs on a

@@ -41,7 +41,8 @@
  *    aclInit, NULL before it.
  *  - Built with -DACL_DOUBLE_LEGACY, the six functions above (aclrtSetStreamAttribute,
  *    aclrtDeviceGetStreamPriorityRange, aclrtMemsetAsync, aclrtGetVersion, aclrtGetMemInfo,
- *    aclrtGetSocName) are not exported: a stand-in for an older CANN release.
+ *    aclrtGetSocName) and model-RI capture (aclmdlRI*) are not exported: a stand-in for an
+ *    older CANN release.
  *  - aclrtLaunchKernelWithHostArgs validates like CANN, writes devArgs + dataOffset into the
  *    CALLER's buffer at each addrOffset, then copies [0, argsSize) (the kernel reads the copy).
  *  - Every ACL call is logged with its raw arguments (uint64, signed values sign-extended) and
@@ -333,7 +334,7 @@ static aclError take_injection(const char *name) {
 
 /* ---- live-handle registry (open addressing hash set) -------------------------------------- */
 
-enum { K_CTX = 1, K_STREAM, K_EVENT, K_BIN, K_FUNC };
+enum { K_CTX = 1, K_STREAM, K_EVENT, K_BIN, K_FUNC, K_MODEL };
 typedef struct { uintptr_t key; int kind; } slot_t;
 #define TOMB ((uintptr_t)1)
 static slot_t *g_live;
@@ -407,7 +408,7 @@ typedef struct ctx {
     struct ctx *next;
 } ctx_t;
 
-enum { T_KERNEL = 1, T_RECORD, T_WAIT, T_COPY, T_MEMSET };
+enum { T_KERNEL = 1, T_RECORD, T_WAIT, T_COPY, T_MEMSET, T_MODEL };
 enum { KN_VECTOR_ADD, KN_AXPY, KN_SCALE, KN_MATMUL, KN_SLEEP, KN_FAULT, KN_HANG, KN_NOOP, KN_MIX_ADD,
        KN_COUNT };
 static const char *const KERNEL_NAMES[KN_COUNT] = {
@@ -415,6 +416,7 @@ static const char *const KERNEL_NAMES[KN_COUNT] = {
 
 struct stream;
 struct event;
+struct model;
 
 typedef struct task {
     struct task *next;
@@ -445,7 +447,21 @@ typedef struct task {
     size_t count;
     /* memset */
     unsigned char fill;
+    /* model replay (aclmdlRIExecuteAsync): the model, its next recorded task, the running copy */
+    struct model *model;
+    struct task *next_rec;
+    struct task *cur;
 } task_t;
+
+/* A captured model (aclmdlRI): the tasks recorded on a capturing stream, in order. Live from
+   aclmdlRICaptureEnd until aclmdlRIDestroy; queued replays hold a reference (refs). */
+typedef struct model {
+    ctx_t *ctx;
+    int refs;
+    int mode; /* the aclmdlRICaptureMode it was captured in */
+    task_t *head, *tail;
+    size_t ntasks;
+} model_t;
 
 typedef struct stream {
     ctx_t *ctx;
@@ -459,6 +475,7 @@ typedef struct stream {
     task_t *head, *tail;
     size_t depth;
     uint64_t submitted, completed;
+    model_t *capture; /* aclmdlRICaptureBegin..End: tasks are recorded here, not queued */
     struct stream *next_all;
 } stream_t;
 
@@ -514,6 +531,7 @@ static halloc_t *g_hallocs;
 static size_t g_nhallocs, g_hallocs_cap;
 
 static size_t g_live_streams, g_live_events, g_live_binaries, g_live_contexts, g_queued_tasks;
+static size_t g_live_models;
 
 static pthread_t g_device_thread;
 static int g_device_thread_running;
@@ -599,11 +617,40 @@ static void event_unref(event_t *e) {
     }
 }
 
+static void task_free(task_t *t);
+
+static void model_unref(model_t *m) {
+    if (--m->refs) return;
+    for (task_t *t = m->head, *next; t; t = next) {
+        next = t->next;
+        task_free(t);
+    }
+    free(m);
+}
+
 static void task_free(task_t *t) {
     if (t->kind == T_RECORD && t->event) event_unref(t->event);
     if (t->kind == T_WAIT && t->wait_stream) stream_unref(t->wait_stream);
+    if (t->kind == T_MODEL) {
+        if (t->cur) task_free(t->cur);
+        model_unref(t->model);
+    }
     free(t->args);
     free(t);
+}
+
+/* aclmdlRIDestroy, or the model's context going away: no longer a live handle (queued replays
+   keep what they run). g_mu held. */
+static void model_kill(model_t *m) {
+    live_del(m);
+    g_live_models--;
+    model_unref(m);
+}
+
+/* The capture open on s, discarded (stream destroyed, or its context). g_mu held. */
+static void capture_discard(stream_t *s) {
+    if (s->capture) model_unref(s->capture);
+    s->capture = NULL;
 }
 
 static void wake_device(void) { pthread_cond_signal(&g_work_cv); }
@@ -639,6 +686,7 @@ static void stream_kill(stream_t *s) {
     }
     s->head = s->tail = NULL;
     s->depth = 0;
+    capture_discard(s);
     if (s->completed < s->submitted) s->aborted = 1;
     s->alive = 0;
     live_del(s);
@@ -680,6 +728,18 @@ static void destroy_context_locked(ctx_t *c) {
         }
     }
     for (size_t i = 0; i < n; i++) event_kill(events[i]);
+    /* and its models */
+    n = 0;
+    for (size_t i = 0; i < g_live_cap; i++) {
+        if (g_live[i].key && g_live[i].key != TOMB && g_live[i].kind == K_MODEL &&
+            ((model_t *)g_live[i].key)->ctx == c) {
+            event_t **grown = realloc(events, (n + 1) * sizeof *events);
+            if (!grown) abort();
+            events = grown;
+            events[n++] = (event_t *)g_live[i].key;
+        }
+    }
+    for (size_t i = 0; i < n; i++) model_kill((model_t *)events[i]);
     free(events);
     live_del(c);
     g_live_contexts--;
@@ -742,8 +802,19 @@ static event_t *need_event(void *handle, aclError *rc) {
     return handle;
 }
 
-/* Append a task, blocking while the stream's queue is full (as the real runtime does). */
+/* Append a task, blocking while the stream's queue is full (as the real runtime does). On a
+   capturing stream the task is recorded into the capture instead (it does not run). */
 static aclError enqueue(stream_t *s, task_t *t) {
+    if (s->capture) {
+        model_t *m = s->capture;
+        t->seq = 0;
+        t->next = NULL;
+        if (m->tail) m->tail->next = t;
+        else m->head = t;
+        m->tail = t;
+        m->ntasks++;
+        return 0;
+    }
     while (s->depth >= g_max_depth && s->alive && !s->ctx->fault_code) cv_wait(&g_done_cv, UINT64_MAX);
     if (!s->alive) {
         task_free(t);
@@ -1037,6 +1108,30 @@ static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
     case T_MEMSET:
         run_memset(t, &r);
         break;
+    case T_MODEL:
+        /* one stream task running the model's recorded tasks in order, each on a fresh copy
+           (a kernel's args as copied at capture; a pinned copy reads its host side now) */
+        for (;;) {
+            if (!t->cur) {
+                if (!t->next_rec) return 1;
+                task_t *c = malloc(sizeof *c);
+                if (!c) abort();
+                *c = *t->next_rec;
+                c->next = NULL;
+                c->seq = t->seq;
+                if (c->args) {
+                    c->args = malloc(c->args_size);
+                    if (!c->args) abort();
+                    memcpy(c->args, t->next_rec->args, c->args_size);
+                }
+                t->cur = c;
+                t->next_rec = t->next_rec->next;
+            }
+            if (!step(s, t->cur, now, next_deadline)) return 0;
+            task_free(t->cur);
+            t->cur = NULL;
+            if (s->ctx->fault_code) return 0; /* stop-on-failure: the rest never runs */
+        }
     case T_KERNEL:
         if (t->started) {
             if (t->times_out && now >= t->until_ns) { /* the kernel timeout of its cfg ran out */
@@ -1115,6 +1210,12 @@ static int event_done(const event_t *e) {
     if (e->rec_stream->completed >= e->rec_seq) return 1;
     if (e->rec_stream->aborted) return -ACL_ERROR_RT_STREAM_ABORT;
     return 0;
+}
+
+/* What a capturing stream refuses (the double's choice of code: the docs give "107024-107038
+   capture errors" without names, so 107000 as for every other invalid call). */
+static aclError capture_refusal(const char *what) {
+    return fail(ACL_ERROR_RT_PARAM_INVALID, "stream is capturing (aclmdlRICaptureBegin): %s cannot be captured", what);
 }
 
 /* ================================ the ACL API ================================================ */
@@ -1314,6 +1415,7 @@ EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t ti
     if (!s) LEAVE_UNLOCK(rc);
     if (timeout == 0 || timeout < -1)
         LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "timeout %d ms: must be -1 or > 0", timeout));
+    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtSynchronizeStreamWithTimeout"));
     uint64_t deadline = deadline_after_ms(timeout);
     s->refs++;
     for (;;) {
@@ -1385,6 +1487,7 @@ EXPORT aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
     stream_t *s = need_stream(stream, c, &rc);
     if (!s) LEAVE_UNLOCK(rc);
     if (e->ctx != c) LEAVE_UNLOCK(fail(ACL_ERROR_RT_STREAM_CONTEXT, "event belongs to another context"));
+    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtRecordEvent"));
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
     task_t *t = calloc(1, sizeof *t);
     if (!t) abort();
@@ -1462,6 +1565,7 @@ EXPORT aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     if (!s) LEAVE_UNLOCK(rc);
     event_t *e = need_event(event, &rc);
     if (!e) LEAVE_UNLOCK(rc);
+    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtStreamWaitEvent"));
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
     task_t *t = calloc(1, sizeof *t);
     if (!t) abort();
@@ -1635,6 +1739,9 @@ EXPORT aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, siz
     default:
         LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "memcpy kind %d is not supported asynchronously", (int)kind));
     }
+    if (pageable && s->capture)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID,
+                          "stream is capturing: a copy from or to pageable host memory cannot be captured"));
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
     task_t *t = calloc(1, sizeof *t);
     if (!t) abort();
@@ -2305,8 +2412,9 @@ EXPORT void double_set_max_depth(size_t depth) {
 }
 
 /* contexts, streams, events, device allocations, pinned allocations, binaries, queued tasks,
-   device refcount of device 0 */
-EXPORT void double_live_counts(int64_t *out8) {
+   device refcount of device 0, models (aclmdlRI) */
+EXPORT void double_live_counts(int64_t *out9) {
+    int64_t *out8 = out9;
     pthread_mutex_lock(&g_mu);
     out8[0] = (int64_t)g_live_contexts;
     out8[1] = (int64_t)g_live_streams;
@@ -2316,7 +2424,20 @@ EXPORT void double_live_counts(int64_t *out8) {
     out8[5] = (int64_t)g_live_binaries;
     out8[6] = (int64_t)g_queued_tasks;
     out8[7] = (int64_t)g_dev_refs[0];
+    out9[8] = (int64_t)g_live_models;
     pthread_mutex_unlock(&g_mu);
+}
+
+/* the number of tasks a live model recorded (-1: not a live model), and its capture mode */
+EXPORT int64_t double_model_tasks(void *modelRI, int *mode) {
+    pthread_mutex_lock(&g_mu);
+    int64_t n = -1;
+    if (modelRI && live_is(modelRI, K_MODEL)) {
+        n = (int64_t)((model_t *)modelRI)->ntasks;
+        if (mode) *mode = ((model_t *)modelRI)->mode;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return n;
 }
 
 EXPORT uint64_t double_event_generation(void *event) {

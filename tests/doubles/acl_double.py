@@ -214,6 +214,7 @@ class DoubleControl:
             "double_set_device_count": (None, [ctypes.c_int]),
             "double_set_max_depth": (None, [sz]),
             "double_live_counts": (None, [vp]),
+            "double_model_tasks": (i64, [vp, vp]),
             "double_event_generation": (u64, [vp]),
             "double_context_fault": (ctypes.c_int, [vp]),
             "double_last_stream_attr": (ctypes.c_int, [vp]),
@@ -370,7 +371,7 @@ class DoubleControl:
         return int(self.lib.double_dev_base())
 
     def live_counts(self) -> dict[str, int]:
-        out = (ctypes.c_int64 * 8)()
+        out = (ctypes.c_int64 * 9)()
         self.lib.double_live_counts(out)
         keys = (
             "contexts",
@@ -381,8 +382,15 @@ class DoubleControl:
             "binaries",
             "queued_tasks",
             "device0_refs",
+            "models",
         )
         return dict(zip(keys, out, strict=True))
+
+    def model_tasks(self, model: int) -> tuple[int, int] | None:
+        """``(recorded tasks, capture mode)`` of a live aclmdlRI, ``None`` if not live."""
+        mode = ctypes.c_int(-1)
+        count = int(self.lib.double_model_tasks(model, ctypes.byref(mode)))
+        return None if count < 0 else (count, mode.value)
 
     def event_generation(self, event: int) -> int:
         return int(self.lib.double_event_generation(event))

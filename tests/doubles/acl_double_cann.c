@@ -22,10 +22,22 @@
  *    thread, inline, when a task fails (before the fault is visible to queries), with the
  *    stream id and the task's 0-based index on its stream as task id (§7).
  *    aclrtGetLastError / PeekAtLastError: the thread's last code.
+ *  - Model-RI capture (8.3+, not in the -DACL_DOUBLE_LEGACY build; §9 row 45): aclmdlRICaptureBegin
+ *    (any of the three modes; 107000 on a stream already capturing) makes the stream record the
+ *    launches, copies and memsets submitted to it instead of queueing them: a launch's args are
+ *    copied at the call (as the runtime copies host args), a pinned copy's host side is read when
+ *    the recorded copy runs (each replay). On a capturing stream aclrtRecordEvent,
+ *    aclrtStreamWaitEvent, aclrtSynchronizeStreamWithTimeout, pageable copies and
+ *    aclmdlRIExecuteAsync fail with 107000 (the docs list "107024-107038 capture errors" without
+ *    names). aclmdlRICaptureEnd (107000 when not capturing) returns the model; a stream destroyed
+ *    while capturing discards its capture. aclmdlRIExecuteAsync queues ONE stream task that runs
+ *    the recorded tasks in order (a fault stops it like any task); aclmdlRIDestroy frees the
+ *    handle at once (queued replays keep what they run); a destroyed or unknown handle: 107017.
+ *    Models are counted in double_live_counts and die with their context.
  *  - Stubs, failing with 200006 ("not modelled"): the legacy loader (aclrtCreateBinary,
  *    aclrtBinaryLoad), device-args launches (aclrtLaunchKernel, V2), aclrtKernelArgsInitByUserMem,
- *    aclrtLaunchKernelWithArgsArray, aclmdlRI*: exported so that each persona's symbol set is
- *    exactly the documented one.
+ *    aclrtLaunchKernelWithArgsArray: exported so that each persona's symbol set is exactly the
+ *    documented one.
  */
 
 #define ACL_ERROR_FEATURE_UNSUPPORTED 200006
@@ -37,6 +49,9 @@ typedef void *aclrtArgsHandle;
 typedef void *aclrtParamHandle;
 typedef void *aclrtBinary;
 typedef void *aclmdlRI;
+typedef enum {
+    ACL_MODEL_RI_CAPTURE_MODE_GLOBAL = 0, ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL, ACL_MODEL_RI_CAPTURE_MODE_RELAXED
+} aclmdlRICaptureMode;
 
 /* ---- stubs of what the double does not model ------------------------------------------------ */
 
@@ -68,25 +83,82 @@ EXPORT aclError aclrtKernelArgsInitByUserMem(aclrtFuncHandle funcHandle, aclrtAr
     LEAVE(NOT_MODELLED("aclrtKernelArgsInitByUserMem"));
 }
 
-EXPORT aclError aclmdlRICaptureBegin(aclrtStream stream, int mode) {
+#endif
+
+/* ---- model-RI capture (8.3+; not in the -DACL_DOUBLE_LEGACY build) --------------------------- */
+
+#if HAS_83 && !defined(ACL_DOUBLE_LEGACY)
+EXPORT aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode) {
     ENTER("aclmdlRICaptureBegin", 2, P(stream), I(mode));
-    LEAVE(NOT_MODELLED("aclmdlRICaptureBegin"));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if ((int)mode < ACL_MODEL_RI_CAPTURE_MODE_GLOBAL || (int)mode > ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "capture mode %d is not an aclmdlRICaptureMode", (int)mode));
+    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclmdlRICaptureBegin"));
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+    model_t *m = calloc(1, sizeof *m);
+    if (!m) abort();
+    m->ctx = c;
+    m->refs = 1;
+    m->mode = (int)mode;
+    s->capture = m;
+    LEAVE_UNLOCK(0);
 }
 
 EXPORT aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI *modelRI) {
     ENTER("aclmdlRICaptureEnd", 2, P(stream), P(modelRI));
-    LEAVE(NOT_MODELLED("aclmdlRICaptureEnd"));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (!modelRI) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "modelRI is NULL"));
+    if (!s->capture) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "stream %p is not capturing", stream));
+    model_t *m = s->capture;
+    s->capture = NULL;
+    live_add(m, K_MODEL);
+    g_live_models++;
+    *modelRI = m;
+    LEAVE_UNLOCK(0);
 }
 
 EXPORT aclError aclmdlRIExecuteAsync(aclmdlRI modelRI, aclrtStream stream) {
     ENTER("aclmdlRIExecuteAsync", 2, P(modelRI), P(stream));
-    LEAVE(NOT_MODELLED("aclmdlRIExecuteAsync"));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!modelRI || !live_is(modelRI, K_MODEL))
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "modelRI %p is not a live model", modelRI));
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    model_t *m = modelRI;
+    if (m->ctx != c) LEAVE_UNLOCK(fail(ACL_ERROR_RT_STREAM_CONTEXT, "modelRI belongs to another context"));
+    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclmdlRIExecuteAsync"));
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) abort();
+    t->kind = T_MODEL;
+    t->model = m;
+    m->refs++;
+    t->next_rec = m->head;
+    LEAVE_UNLOCK(enqueue(s, t));
 }
 
 EXPORT aclError aclmdlRIDestroy(aclmdlRI modelRI) {
     ENTER("aclmdlRIDestroy", 1, P(modelRI));
-    LEAVE(NOT_MODELLED("aclmdlRIDestroy"));
+    pthread_mutex_lock(&g_mu);
+    if (!modelRI || !live_is(modelRI, K_MODEL))
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "modelRI %p is not a live model", modelRI));
+    model_kill(modelRI);
+    LEAVE_UNLOCK(0);
 }
+
 #endif
 
 #if HAS_85

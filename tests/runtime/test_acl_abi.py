@@ -210,6 +210,9 @@ _TYPEDEFS = {
     "aclrtLastErrLevel": "int",
     "aclCANNPackageName": "int",
     "aclrtDevAttr": "int",
+    "aclmdlRICaptureMode": "int",
+    # model-RI handle
+    "aclmdlRI": "void*",
 }
 
 
@@ -329,6 +332,8 @@ def test_the_optional_functions_are_what_the_releases_differ_in() -> None:
         "aclrtSetExceptionInfoCallback", "aclrtGetTaskIdFromExceptionInfo",
         "aclrtGetStreamIdFromExceptionInfo", "aclrtGetDeviceIdFromExceptionInfo",
         "aclrtGetErrorCodeFromExceptionInfo", "aclrtGetLastError", "aclrtPeekAtLastError",
+        # model-RI capture (graphs)
+        "aclmdlRICaptureBegin", "aclmdlRICaptureEnd", "aclmdlRIExecuteAsync", "aclmdlRIDestroy",
     }  # fmt: skip
     restype, argtypes = ffi.OPTIONAL_PROTOTYPES["aclrtGetSocName"]
     assert (restype, argtypes) == (ctypes.c_char_p, ())
@@ -392,6 +397,35 @@ def test_the_new_abi_constants_match_the_headers(more: dict[str, Any], runtime_d
         assert match, name
         assert getattr(_base, name) == int(match.group(1)), name
     assert _base.KernelType.MIX.magic == _base.ACL_RT_BINARY_MAGIC_ELF_AICORE
+
+
+#: the model-RI capture functions the graph calls bind, as the headers declare them
+_MODEL_RI = {
+    "aclmdlRICaptureBegin": ("aclError", ["aclrtStream stream", "aclmdlRICaptureMode mode"]),
+    "aclmdlRICaptureEnd": ("aclError", ["aclrtStream stream", "aclmdlRI* modelRI"]),
+    "aclmdlRIExecuteAsync": ("aclError", ["aclmdlRI modelRI", "aclrtStream stream"]),
+    "aclmdlRIDestroy": ("aclError", ["aclmdlRI modelRI"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MODEL_RI))
+def test_the_model_ri_functions_have_the_header_prototype(more: dict[str, Any], name: str) -> None:
+    returns, params = _MODEL_RI[name]
+    assert more["prototypes"][name] == {"returns": returns, "params": params}
+    _check_prototype(name, ffi.OPTIONAL_PROTOTYPES[name], more["prototypes"][name])
+    assert name not in ffi.PROTOTYPES, "optional: CANN 8.0 lacks it (cann-support.md row 45)"
+
+
+def test_the_model_ri_types_match_the_headers(more: dict[str, Any]) -> None:
+    types = more["types"]
+    assert re.fullmatch(r"typedef void\s*\*\s*aclmdlRI;", types["aclmdlRI"].strip())
+    modes = _enum_values(types["aclmdlRICaptureMode"])
+    assert modes == {
+        "ACL_MODEL_RI_CAPTURE_MODE_GLOBAL": _base.ACL_MODEL_RI_CAPTURE_MODE_GLOBAL,
+        "ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL": _base.ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL,
+        "ACL_MODEL_RI_CAPTURE_MODE_RELAXED": _base.ACL_MODEL_RI_CAPTURE_MODE_RELAXED,
+    }
+    assert _base.ACL_MODEL_RI_CAPTURE_MODE_RELAXED == 2
 
 
 def test_the_backends_own_constants_match_the_docs(more: dict[str, Any], runtime_doc: str) -> None:
@@ -468,5 +502,6 @@ def test_bind_skips_missing_optional_functions() -> None:
     legacy_lacks = {
         "aclrtSetStreamAttribute", "aclrtDeviceGetStreamPriorityRange", "aclrtMemsetAsync",
         "aclrtGetVersion", "aclrtGetMemInfo", "aclrtGetSocName",
+        "aclmdlRICaptureBegin", "aclmdlRICaptureEnd", "aclmdlRIExecuteAsync", "aclmdlRIDestroy",
     }  # fmt: skip
     assert set(functions) == (set(ffi.PROTOTYPES) | set(ffi.OPTIONAL_PROTOTYPES)) - legacy_lacks

@@ -1290,6 +1290,7 @@ def test_a_library_without_the_optional_functions_still_opens(legacy: AclRuntime
     assert legacy._library.missing == {
         "aclrtSetStreamAttribute", "aclrtDeviceGetStreamPriorityRange", "aclrtMemsetAsync",
         "aclrtGetVersion", "aclrtGetMemInfo", "aclrtGetSocName",
+        "aclmdlRICaptureBegin", "aclmdlRICaptureEnd", "aclmdlRIExecuteAsync", "aclmdlRIDestroy",
     }  # fmt: skip
 
 
@@ -1341,15 +1342,194 @@ def test_a_closed_legacy_runtime_says_closed(legacy: AclRuntime) -> None:
         legacy.info()
 
 
-def test_graph_capture_is_refused_loudly_until_it_is_bound(rt: AclRuntime) -> None:
-    """Model-RI capture is not bound yet: every graph call says so, nothing is half done."""
-    stream = rt.create_stream()
-    for call in (
+# --- graphs (model-RI capture) ---------------------------------------------------------------
+
+
+def _model_ri(rt: AclRuntime, graph: int) -> int:
+    model: int = rt._graphs[graph]
+    return model
+
+
+def test_capture_begins_relaxed_and_the_model_round_trips(kit: Kit, ctl: DoubleControl) -> None:
+    rt, stream = kit.rt, kit.stream
+    n = 8
+    x, y = kit.upload(np.arange(n, dtype=F32)), rt.malloc(4 * n)
+    rt.synchronize_stream(stream, 5000)
+    mark = ctl.mark()
+    rt.begin_capture(stream)
+    (begin,) = ctl.calls(mark, "aclmdlRICaptureBegin")
+    assert begin.args == (stream, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED) and begin.rc == 0
+    kit.launch("scale", HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, 2.0)))
+    rt.memset_async(x, 4 * n, 0, 4, stream)  # x[0] = 0 from the first replay on
+    graph = rt.end_capture(stream)
+    (end,) = ctl.calls(mark, "aclmdlRICaptureEnd")
+    assert end.args[0] == stream and end.args[1] != 0 and end.rc == 0
+    model = _model_ri(rt, graph)
+    assert model != graph  # the backend's own handle: a destroyed one never aliases a model
+    assert ctl.model_tasks(model) == (2, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
+    assert ctl.live_counts()["models"] == 1
+    rt.synchronize_stream(stream, 5000)
+    assert kit.download(y, n).tolist() == [0.0] * n  # recorded, not run
+    other = rt.create_stream()
+    mark = ctl.mark()
+    rt.launch_graph(graph, other)
+    rt.launch_graph(graph, other)
+    assert [c.args for c in ctl.calls(mark, "aclmdlRIExecuteAsync")] == [(model, other)] * 2
+    rt.synchronize_stream(other, 5000)
+    expected = 2.0 * np.arange(n, dtype=F32)
+    expected[0] = 0.0
+    np.testing.assert_array_equal(kit.download(y, n), expected)
+    mark = ctl.mark()
+    rt.destroy_graph(graph)
+    assert [c.args for c in ctl.calls(mark, "aclmdlRIDestroy")] == [(model,)]
+    assert ctl.live_counts()["models"] == 0 and rt.graph_count() == 0
+    rt.destroy_stream(other)
+
+
+def test_a_capturing_stream_refuses_before_the_runtime(kit: Kit, ctl: DoubleControl) -> None:
+    rt, stream = kit.rt, kit.stream
+    event = rt.create_event(abi.ACL_EVENT_SYNC)
+    buf = rt.malloc(16)
+    pageable = np.zeros(16, np.uint8)
+    pinned = rt.malloc_host(16)
+    rt.begin_capture(stream)
+    graph_other = rt.end_capture(stream)  # an empty model to replay
+    rt.begin_capture(stream)
+    mark = ctl.mark()
+    refused: list[Callable[[], object]] = [
+        lambda: rt.record_event(event, stream),
+        lambda: rt.stream_wait_event(stream, event),
+        lambda: rt.synchronize_stream(stream, 5000),
+        lambda: rt.memcpy_async(buf, 16, pageable.ctypes.data, 16, H2D, stream),
+        lambda: rt.memcpy_async(pageable.ctypes.data, 16, buf, 16, D2H, stream),
+        lambda: rt.launch_graph(graph_other, stream),
         lambda: rt.begin_capture(stream),
-        lambda: rt.end_capture(stream),
-        lambda: rt.launch_graph(0x1234, stream),
-        lambda: rt.destroy_graph(0x1234),
-    ):
-        with pytest.raises(BackendUnavailableError, match="graph capture is not supported"):
+    ]
+    for call in refused:
+        with pytest.raises(InvalidParamError, match="capturing"):
             call()
-    rt.destroy_stream(stream)
+    assert ctl.calls(mark) == []  # nothing reached ACL
+    rt.memcpy_async(buf, 16, pinned, 16, H2D, stream)  # pinned: recorded
+    rt.memcpy_async(pinned, 16, buf, 16, D2H, stream)
+    graph = rt.end_capture(stream)
+    assert ctl.model_tasks(_model_ri(rt, graph)) == (2, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
+    with pytest.raises(InvalidParamError, match="not capturing"):
+        rt.end_capture(stream)
+    rt.record_event(event, stream)  # usable again
+    rt.synchronize_event(event, 5000)
+    for handle in (graph, graph_other):
+        rt.destroy_graph(handle)
+    rt.destroy_event(event)
+    rt.free_host(pinned)
+
+
+def test_the_double_refuses_what_a_capture_cannot_hold(kit: Kit, ctl: DoubleControl) -> None:
+    """The same refusals in the double itself (the calls made straight through the bindings)."""
+    rt, stream, fn = kit.rt, kit.stream, kit.rt._fn
+    event = rt.create_event(abi.ACL_EVENT_SYNC)
+    buf, pageable = rt.malloc(16), np.zeros(16, np.uint8)
+    fn["aclmdlRICaptureBegin"](stream, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
+    for name, args in (
+        ("aclrtRecordEvent", (event, stream)),
+        ("aclrtStreamWaitEvent", (stream, event)),
+        ("aclrtSynchronizeStreamWithTimeout", (stream, 1000)),
+        ("aclrtMemcpyAsync", (buf, 16, pageable.ctypes.data, 16, H2D, stream)),
+        ("aclmdlRICaptureBegin", (stream, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED)),
+    ):
+        with pytest.raises(InvalidParamError) as info:
+            fn[name](*args)
+        assert info.value.code == abi.ACL_ERROR_RT_PARAM_INVALID, name
+    model = ctypes.c_void_p()
+    fn["aclmdlRICaptureEnd"](stream, ctypes.byref(model))
+    assert model.value and ctl.model_tasks(model.value) == (0, 2)
+    with pytest.raises(InvalidParamError):
+        fn["aclmdlRICaptureEnd"](stream, ctypes.byref(model))
+    with pytest.raises(InvalidParamError):
+        fn["aclmdlRICaptureBegin"](stream, 3)  # not an aclmdlRICaptureMode
+    fn["aclmdlRIDestroy"](model.value)
+    with pytest.raises(InvalidHandleError):
+        fn["aclmdlRIExecuteAsync"](model.value, stream)
+    with pytest.raises(InvalidHandleError):
+        fn["aclmdlRIDestroy"](model.value)
+    rt.destroy_event(event)
+
+
+def test_a_destroyed_graph_is_refused_before_acl(kit: Kit, ctl: DoubleControl) -> None:
+    rt = kit.rt
+    rt.begin_capture(kit.stream)
+    graph = rt.end_capture(kit.stream)
+    rt.destroy_graph(graph)
+    mark = ctl.mark()
+    with pytest.raises(InvalidHandleError):
+        rt.launch_graph(graph, kit.stream)
+    with pytest.raises(InvalidHandleError):
+        rt.destroy_graph(graph)
+    assert ctl.calls(mark) == []
+
+
+def test_a_replay_that_faults_fails_the_stream(kit: Kit) -> None:
+    rt = kit.rt
+    rt.begin_capture(kit.stream)
+    kit.launch("fault", HostArgs())
+    graph = rt.end_capture(kit.stream)
+    rt.launch_graph(graph, kit.stream)
+    with pytest.raises(DeviceFaultError):
+        rt.synchronize_stream(kit.stream, 5000)
+
+
+def test_captures_and_graphs_left_open_go_with_their_stream_and_close(ctl: DoubleControl) -> None:
+    rt = open_acl_runtime(0, library_path=build_double().library)
+    before = ctl.live_counts()["models"]
+    stream = rt.create_stream()
+    rt.begin_capture(stream)
+    rt.destroy_stream(stream)  # its capture is ended and the model destroyed first
+    assert ctl.live_counts()["models"] == before and not rt._capturing
+    kept, capturing = rt.create_stream(), rt.create_stream()
+    rt.begin_capture(kept)
+    rt.end_capture(kept)
+    rt.begin_capture(capturing)
+    assert ctl.live_counts()["models"] == before + 1
+    mark = ctl.mark()
+    rt.close()
+    assert rt.close_errors == ()
+    names = [call.name for call in ctl.calls(mark)]
+    assert names.index("aclmdlRIDestroy") < names.index("aclrtDestroyStreamForce")
+    assert ctl.live_counts()["models"] == before
+
+
+@pytest.mark.parametrize("persona", ["8.3", "8.5"])
+def test_a_captured_launch_with_placeholders_replays_on_each_path(persona: str) -> None:
+    """8.3: the args-handle path (aclrtLaunchKernelWithConfig inside the capture); 8.5: host
+    args. The placeholder data is read from the capture's copy at every replay."""
+    rt = open_acl_runtime(0, library_path=build_double(persona).library)
+    try:
+        kit = Kit(rt)
+        n = 8
+        x, y = kit.upload(np.arange(n, dtype=F32)), rt.malloc(4 * n)
+        rt.begin_capture(kit.stream)
+        buf, _ = kit.launch(
+            "scale", HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, 3.0))
+        )
+        graph = rt.end_capture(kit.stream)
+        ctypes.memset(buf, 0, len(buf))  # the runtime copied the args during the call
+        for _ in range(2):
+            rt.launch_graph(graph, kit.stream)
+        np.testing.assert_array_equal(kit.download(y, n), 3.0 * np.arange(n, dtype=F32))
+        rt.destroy_graph(graph)
+    finally:
+        rt.close()
+
+
+def test_a_library_without_model_ri_refuses_capture_naming_the_symbol(legacy: AclRuntime) -> None:
+    stream = legacy.create_stream()
+    with pytest.raises(BackendUnavailableError) as info:
+        legacy.begin_capture(stream)
+    assert info.value.func == "aclmdlRICaptureBegin"
+    assert "aclmdlRICaptureBegin" in str(info.value)
+    assert str(build_legacy_double().library) in str(info.value)
+    assert not legacy._capturing
+    event = legacy.create_event(abi.ACL_EVENT_SYNC)
+    legacy.record_event(event, stream)  # the stream is not capturing
+    legacy.synchronize_event(event, 5000)
+    legacy.destroy_event(event)
+    legacy.destroy_stream(stream)

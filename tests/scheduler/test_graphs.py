@@ -21,7 +21,7 @@ import aio_ascend as aa
 pytestmark = pytest.mark.anyio
 
 F32 = np.float32
-GRAPH_BACKENDS = ("sim", "cuda-fake")
+GRAPH_BACKENDS = ("sim", "cuda-fake", "acl")
 
 
 @pytest.fixture(params=GRAPH_BACKENDS)

@@ -280,6 +280,11 @@ OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     # aclrtLastErrLevel -> the code itself (VALUE_RETURNING: not a failure)
     "aclrtGetLastError": (_ERR, (_ENUM,)),
     "aclrtPeekAtLastError": (_ERR, (_ENUM,)),
+    # model-RI capture (graphs): stream, aclmdlRICaptureMode
+    "aclmdlRICaptureBegin": (_ERR, (_PTR, _ENUM)),
+    "aclmdlRICaptureEnd": (_ERR, (_PTR, _PTR)),  # stream, aclmdlRI *modelRI
+    "aclmdlRIExecuteAsync": (_ERR, (_PTR, _PTR)),  # aclmdlRI modelRI, stream
+    "aclmdlRIDestroy": (_ERR, (_PTR,)),  # aclmdlRI modelRI
 }
 
 #: functions whose ``int`` result is a value (an error code read back), not a failure to raise

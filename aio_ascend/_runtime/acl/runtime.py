@@ -53,6 +53,7 @@ from . import ffi as ffi
 from .argshandle import launch_with_args_handle
 from .exceptions import exception_log
 from .facts import ACL_HBM_MEM, device_facts
+from .graphs import AclGraphs
 from .kernels import json_kernel_type, load_options, read_function_info
 from .library import (
     LIBRARY_NAME,
@@ -113,8 +114,9 @@ def _refusing(exc_type: type[AscendError], message: str) -> dict[str, Any]:
     return {name: make(name) for name in (*ffi.PROTOTYPES, *ffi.OPTIONAL_PROTOTYPES)}
 
 
-class AclRuntime:
-    """One device through ``libascendcl.so``. Create with :func:`open_acl_runtime`."""
+class AclRuntime(AclGraphs):
+    """One device through ``libascendcl.so``. Create with :func:`open_acl_runtime`. The graph
+    calls (model-RI capture) come from :class:`~.graphs.AclGraphs`."""
 
     name = "acl"
 
@@ -148,7 +150,8 @@ class AclRuntime:
         self._streams: set[int] = set()
         self._events: set[int] = set()
         self._device_memory: set[int] = set()
-        self._host_memory: set[int] = set()
+        self._host_memory: dict[int, int] = {}  # pinned: address -> size
+        self._init_graphs()
         #: binary -> (its data when loaded from bytes, its kernel type if known)
         self._binaries: dict[int, tuple[bytes | None, KernelType | None]] = {}
         self._function_binary: dict[int, int] = {}  # function handle -> its binary
@@ -243,6 +246,7 @@ class AclRuntime:
         except AscendError:
             previous.value = None
         attempt("aclrtSetCurrentContext", self._context)
+        self._close_graphs(attempt)
         for stream in list(self._streams):
             attempt("aclrtDestroyStreamForce", stream)
         for event in list(self._events):
@@ -336,11 +340,13 @@ class AclRuntime:
 
     def destroy_stream(self, stream: int) -> None:
         stream = _ptr("stream", stream)
+        self._abort_capture(stream)
         self._fn["aclrtDestroyStream"](stream)
         self._forget_stream(stream)
 
     def destroy_stream_force(self, stream: int) -> None:
         stream = _ptr("stream", stream)
+        self._abort_capture(stream)
         self._fn["aclrtDestroyStreamForce"](stream)
         self._forget_stream(stream)
 
@@ -352,8 +358,10 @@ class AclRuntime:
 
     def synchronize_stream(self, stream: int, timeout_ms: int) -> None:
         func = "aclrtSynchronizeStreamWithTimeout"
+        stream = _ptr("stream", stream)
+        self._not_capturing(stream, func)
         try:
-            self._fn[func](_ptr("stream", stream), _timeout(func, timeout_ms))
+            self._fn[func](stream, _timeout(func, timeout_ms))
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
 
@@ -381,6 +389,8 @@ class AclRuntime:
             and 0 <= stream <= PTR_MAX
         ):
             event, stream = _ptr("event", event), _ptr("stream", stream)
+        if stream in self._capturing:
+            self._not_capturing(stream, "aclrtRecordEvent")
         try:
             self._fn["aclrtRecordEvent"](event, stream)
         except DeviceFaultError as exc:
@@ -437,8 +447,10 @@ class AclRuntime:
             del self._stream_ids[number]
 
     def stream_wait_event(self, stream: int, event: int) -> None:
+        stream = _ptr("stream", stream)
+        self._not_capturing(stream, "aclrtStreamWaitEvent")
         try:
-            self._fn["aclrtStreamWaitEvent"](_ptr("stream", stream), _ptr("event", event))
+            self._fn["aclrtStreamWaitEvent"](stream, _ptr("event", event))
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
 
@@ -468,13 +480,13 @@ class AclRuntime:
         handle, ref = self._new_handle()
         self._fn["aclrtMallocHost"](ref, size)
         pointer = self._handle_value(handle, "aclrtMallocHost")
-        self._host_memory.add(pointer)
+        self._host_memory[pointer] = size
         return pointer
 
     def free_host(self, ptr: int) -> None:
         ptr = _ptr("ptr", ptr)
         self._fn["aclrtFreeHost"](ptr)
-        self._host_memory.discard(ptr)
+        self._host_memory.pop(ptr, None)
 
     def memcpy_async(
         self, dst: int, dst_max: int, src: int, count: int, kind: int, stream: int
@@ -499,6 +511,8 @@ class AclRuntime:
             count = _in_range("count", count, 0, SIZE_MAX)
             kind = _as_int("kind", kind)
             check_memcpy("aclrtMemcpyAsync", dst, dst_max, src, count, kind)
+        if stream in self._capturing:
+            self._check_capture_copy(dst, src, count, kind, "aclrtMemcpyAsync")
         try:
             self._fn["aclrtMemcpyAsync"](dst, dst_max, src, count, kind, stream)
         except DeviceFaultError as exc:
@@ -530,28 +544,6 @@ class AclRuntime:
         facts["launch_path"] = self.launch_path
         facts["library_path"] = self.library_path
         return facts
-
-    # --- graphs ------------------------------------------------------------------------
-    # Model-RI capture (aclmdlRICaptureBegin/End, aclmdlRIExecuteAsync, aclmdlRIDestroy) is
-    # not bound yet: capturing on acl is refused, loudly, before anything reaches the runtime.
-
-    def _no_capture(self, func: str) -> NoReturn:
-        raise BackendUnavailableError(
-            f"{func}: graph capture is not supported by the acl backend yet (model-RI capture "
-            "is not bound); launch the operations one by one"
-        )
-
-    def begin_capture(self, stream: int) -> None:
-        self._no_capture("aclmdlRICaptureBegin")
-
-    def end_capture(self, stream: int) -> int:
-        self._no_capture("aclmdlRICaptureEnd")
-
-    def launch_graph(self, graph: int, stream: int) -> None:
-        self._no_capture("aclmdlRIExecuteAsync")
-
-    def destroy_graph(self, graph: int) -> None:
-        self._no_capture("aclmdlRIDestroy")
 
     # --- kernels -----------------------------------------------------------------------
 
