@@ -30,8 +30,9 @@ async def test_an_awaited_task_has_every_stamp_in_order(open_dev: OpenDevice) ->
         stamps = [task.admitted_at, task.submitted_at, task.completed_at, task.resumed_at]
         assert all(isinstance(t, float) for t in stamps), stamps
         assert before <= stamps[0] <= stamps[1] <= stamps[2] <= stamps[3] <= after  # type: ignore[operator]
-        # a 2 ms kernel: the device phase holds it (liveness margin: >= not ==)
-        assert stamps[2] - stamps[1] >= 0.002  # type: ignore[operator]
+        # a 2 ms kernel runs between admission and its observed completion (the device may
+        # start it before the batch's submitted_at: only admitted -> completed is bounded)
+        assert stamps[2] - stamps[0] >= 0.002  # type: ignore[operator]
         assert task.captured is None  # nobody observes: nothing captured
 
 
