@@ -30,6 +30,7 @@ import itertools
 import threading
 import time
 import weakref
+from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -100,8 +101,9 @@ class _Observing(ObserverContext):
     def capture(self) -> object:
         return None
 
+    @abstractmethod
     def delivered(self, source: Source, deliveries: Sequence[Any]) -> None:
-        raise NotImplementedError
+        """A round of deliveries (``aio_ascend._sched.hooks.Observer``)."""
 
     def resumed(self, task: Any) -> None:
         pass

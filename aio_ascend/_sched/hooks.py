@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -144,14 +145,16 @@ def _capture(observers: tuple[Observer, ...]) -> dict[Observer, object]:
 HOOKS = Hooks()
 
 
-class ObserverContext:
+class ObserverContext(ABC):
     """``with``/``async with`` around an observer's ``start()``/``stop()`` (tracing, metrics)."""
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start observing."""
 
+    @abstractmethod
     def stop(self) -> None:
-        raise NotImplementedError
+        """Stop observing. Idempotent."""
 
     def __enter__(self) -> Self:
         self.start()

@@ -66,6 +66,8 @@ class AclGraphs:
     _fn: dict[str, Any]
     #: pinned host allocations: address -> size
     _host_memory: dict[int, int]
+    #: the runtime's fault reporting (the first fault's text on later reports of it)
+    _sticky: Callable[[DeviceFaultError], RuntimeAPIError]
 
     def _init_graphs(self) -> None:
         #: streams with a capture open
@@ -73,10 +75,6 @@ class AclGraphs:
         #: graph handle -> aclmdlRI
         self._graphs: dict[int, int] = {}
         self._graph_ids = itertools.count(GRAPH_HANDLE_BASE)
-
-    def _sticky(self, exc: DeviceFaultError) -> RuntimeAPIError:
-        """The runtime's (the first fault's text on later reports of it)."""
-        raise NotImplementedError
 
     # --- refusals on a capturing stream (called by the runtime before ACL) ---------------
 
