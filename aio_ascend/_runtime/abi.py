@@ -23,6 +23,7 @@ from typing import Final
 from .._errors import AclCode, InvalidParamError
 
 __all__ = [
+    "hex_or_repr",
     "ACL_DEV_ATTR_AICORE_CORE_NUM",
     "ACL_DEV_ATTR_CUBE_CORE_NUM",
     "ACL_DEV_ATTR_VECTOR_CORE_NUM",
@@ -223,6 +224,11 @@ _PLACEHOLDER_INFO = struct.Struct("<II")
 assert _PLACEHOLDER_INFO.size == PLACEHOLDER_INFO_SIZE
 
 # --- argument checks ----------------------------------------------------------------------------
+
+
+def hex_or_repr(value: object) -> str:
+    """A handle or address for a message: hex for an int, ``repr`` for anything else."""
+    return f"{value:#x}" if isinstance(value, int) else repr(value)
 
 
 def param_error(func: str, message: str) -> InvalidParamError:

@@ -29,6 +29,7 @@ from ..abi import (
     check_alloc_size,
     param_error,
 )
+from ..abi import hex_or_repr as _hex
 from ..base import PLAIN_FUNCTION, FunctionInfo
 from .errors import CUDA_ERROR_NOT_READY, CUDA_FAULT_CODES, CUDA_SUCCESS, cuda_error
 from .kernels import CONTROL_FAULT_OFFSET, CONTROL_RELEASE_OFFSET, CONTROL_SIZE
@@ -584,7 +585,3 @@ class CudaCore:
         except (IndexError, KeyError):  # freed concurrently
             return False
         return addr + count <= start + size
-
-
-def _hex(value: object) -> str:
-    return f"{value:#x}" if isinstance(value, int) else repr(value)

@@ -689,10 +689,6 @@ def _looks_like_ptx(image: bytes) -> bool:
     return not image.startswith((_ELF_MAGIC, _FATBIN_MAGIC))
 
 
-def _hex(value: object) -> str:
-    return f"{value:#x}" if isinstance(value, int) else repr(value)
-
-
 def open_cuda_runtime(
     device_id: int,
     *,

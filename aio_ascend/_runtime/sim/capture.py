@@ -7,6 +7,7 @@ list in order (``DeviceExecutor._run_graph``).
 
 from __future__ import annotations
 
+from ..abi import hex_or_repr as _hex
 from .executor import (
     GRAPH,
     GRAPH_HANDLE,
@@ -19,10 +20,6 @@ from .executor import (
 from .memory import is_device_address
 
 __all__ = ["CaptureAndFill"]
-
-
-def _hex(value: object) -> str:
-    return f"{value:#x}" if isinstance(value, int) else repr(value)
 
 
 class CaptureAndFill(DeviceExecutor):

@@ -58,6 +58,7 @@ from ..abi import (
     check_timeout,
     param_error,
 )
+from ..abi import hex_or_repr as _hex
 from .capture import CaptureAndFill
 from .executor import (
     COPY,
@@ -726,10 +727,6 @@ def _package_version() -> str:
         return importlib.metadata.version("aio_ascend")
     except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source checkout
         return "unknown"
-
-
-def _hex(value: object) -> str:
-    return f"{value:#x}" if isinstance(value, int) else repr(value)
 
 
 def open_sim_runtime(
