@@ -213,12 +213,10 @@ class GraphCapture:
         if fn.device is not self._stream.device:
             raise ValueError(f"{fn!r} belongs to a different device")
         blocks = _check_blocks(blocks)
-        if fn.info is not None:  # the kernel has hidden arguments or declared parameters
-            packed = _pack_for(fn, HostArgs() if args is None else args)
-        elif args is None:
+        if args is None and fn.info is None:
             packed = _EMPTY_PACKED
-        else:
-            packed = _pack_for(fn, args)
+        else:  # (Stream.launch inlines the same choice: its hot path)
+            packed = _pack_for(fn, HostArgs() if args is None else args)
         cfg = None if config is None else LaunchConfig.coerce(config)
         scheduler = self._scheduler
         buffers = allocations_of(
