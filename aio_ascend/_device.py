@@ -19,7 +19,6 @@ from ._runtime.base import FunctionInfo
 from ._sched.loop import current_loop_adapter
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
-from ._sched.unseen import raise_failures
 from ._stream import Stream
 
 if TYPE_CHECKING:
@@ -288,10 +287,7 @@ class Device:
         scheduler = self._scheduler
         for lane in list(scheduler.lanes):
             await scheduler.drain_lane(lane)
-        errors = scheduler.failures.take()
-        if scheduler.faults.first is not None:
-            errors.append(scheduler.fault_error())
-        raise_failures(errors, "tasks of this device")
+        scheduler.raise_unseen(None, "tasks of this device")
 
     async def aclose(
         self,

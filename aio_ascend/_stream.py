@@ -21,7 +21,6 @@ from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.graphs import CaptureGraph, LaunchGraph
 from ._sched.scheduler import Scheduler
 from ._sched.task import Task
-from ._sched.unseen import raise_failures
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -554,10 +553,7 @@ class Stream:
         """
         scheduler = self._scheduler
         await scheduler.drain_lane(self._lane)
-        errors = scheduler.failures.take(self._ref)
-        if scheduler.faults.first is not None:
-            errors.append(scheduler.fault_error())
-        raise_failures(errors, "tasks of this stream")
+        scheduler.raise_unseen(self._ref, "tasks of this stream")
 
     async def aclose(self) -> None:
         """Wait for this stream's work, then destroy it. Idempotent."""

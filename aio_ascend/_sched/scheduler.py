@@ -42,7 +42,7 @@ from .loop import LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .submitter import Submitter
 from .task import Task, resolve_task
-from .unseen import FailureLog
+from .unseen import FailureLog, raise_failures
 from .waiter import Waiter
 from .work import (
     CopyDevice,
@@ -206,12 +206,16 @@ class Scheduler:
                 "aio_ascend device used from a different event loop (or thread) than the one "
                 "that opened it"
             )
-        self.raise_fault()
-
-    def raise_fault(self) -> None:
-        """Raise the device's fault (as caused by the first fault), if it has one."""
         if self.faults.first is not None:
             raise self.fault_error()
+
+    def raise_unseen(self, stream_ref: Any, what: str) -> None:
+        """What ``synchronize()`` raises: the unretrieved failures of one stream's tasks (all
+        streams' for None), once, and the device's fault, every time."""
+        errors = self.failures.take(stream_ref)
+        if self.faults.first is not None:
+            errors.append(self.fault_error())
+        raise_failures(errors, what)
 
     def fault_error(self) -> BaseException:
         """The error for work refused because the device has faulted (caused by the fault)."""
