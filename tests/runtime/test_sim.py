@@ -706,3 +706,33 @@ def test_args_regions_are_exact_and_released_after_the_kernel(rt: SimRuntime) ->
             fresh.synchronize_stream(h.stream, SYNC_MS)
     finally:
         fresh.close()
+
+
+def test_args_inside_a_pinned_slab_are_read_when_the_kernel_runs(rt: SimRuntime) -> None:
+    # The scheduler's pooled args buffers sit inside one pinned slab; the launch path's O(1)
+    # lookup of the slab must give the same late read as PinnedMemory.find, and never a
+    # freed slab.
+    lib = KernelLibrary()
+    seen: list[bytes] = []
+
+    @lib.kernel("record")
+    def record(ctx: KernelContext) -> None:
+        seen.append(bytes(ctx.args))
+
+    h = Harness(rt, lib)
+    fn = rt.get_function(h.binary, "record")
+    slab = rt.malloc_host(256)
+    for offset in (64, 128, 64):  # the second and third hit the cached slab
+        host_view(slab + offset, 8)[:] = b"early..."
+        rt.pause()
+        try:
+            rt.launch_kernel_with_host_args(fn, 1, h.stream, None, slab + offset, 8, 0, 0)
+            host_view(slab + offset, 8)[:] = struct.pack("<Q", offset)  # before it runs
+        finally:
+            rt.resume()
+        rt.synchronize_stream(h.stream, SYNC_MS)
+    assert seen == [struct.pack("<Q", offset) for offset in (64, 128, 64)]
+    with pytest.raises(InvalidParamError, match="past the end"):
+        rt.launch_kernel_with_host_args(fn, 1, h.stream, None, slab + 240, 24, 0, 0)
+    rt.free_host(slab)
+    assert rt._pinned.last_view is None  # noqa: SLF001 - the cache must not outlive the slab

@@ -209,6 +209,9 @@ class PinnedMemory:
         self.views: dict[int, memoryview] = {}
         #: the allocation ``find`` hit last (pool buffers are looked up again and again)
         self._last: tuple[int, U8Array] | None = None
+        #: the same allocation as ``(start, end, memoryview)``: the launch path's O(1) check
+        #: for args that sit inside a pooled slab (never a stale one: free() clears it)
+        self.last_view: tuple[int, int, memoryview] | None = None
 
     def malloc(self, size: int) -> int:
         raw = np.empty(size + _ALIGN, dtype=np.uint8)
@@ -232,6 +235,7 @@ class PinnedMemory:
             self.views.pop(addr, None)
             if self._last is not None and self._last[0] == addr:
                 self._last = None
+                self.last_view = None
             del self._starts[bisect.bisect_left(self._starts, addr)]
         # Queued work may still hold the array: a late reader sees poison, never freed memory.
         data.fill(POISON_BYTE)
@@ -243,6 +247,7 @@ class PinnedMemory:
     def clear(self) -> None:
         with self._lock:
             self._last = None
+            self.last_view = None
             self._arrays.clear()
             self.views.clear()
             self._starts.clear()
@@ -274,6 +279,7 @@ class PinnedMemory:
                 base = self._starts[index]
                 data = self._arrays[base]
                 self._last = (base, data)
+                self.last_view = (base, base + data.shape[0], self.views[base])
         offset = addr - base
         if offset >= data.shape[0]:
             return None

@@ -623,6 +623,13 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         view = self._pinned_views.get(args_addr)
         offset = 0
         if view is None or len(view) < args_size:
+            # inside the pinned slab looked up last (the scheduler's pooled args buffers):
+            # O(1), the same answer as PinnedMemory.find
+            last = self._pinned.last_view
+            if last is not None and last[0] <= args_addr and args_addr + args_size <= last[1]:
+                view, offset = last[2], args_addr - last[0]
+        if view is None or len(view) < args_size + offset:
+            offset = 0
             found = self._host_side(args_addr, args_size, "hostArgs", name)
             if found is not None:
                 view, offset = found[0].data, found[1]
