@@ -8,9 +8,9 @@ from typing import Any
 
 from ._errors import ClosedError
 from ._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE, ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE
+from ._sched.events import EventRecord
 from ._sched.scheduler import DeviceState, Scheduler
 from ._sched.task import Task
-from ._sched.work import EventRecord
 
 __all__ = ["Event", "event_flags"]
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from .._runtime import Runtime
 from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS
 
-__all__ = ["BatchEvents", "UserEvents"]
+__all__ = ["BatchEvents", "EventRecord", "UserEvents"]
 
 #: spare user-event handles kept per flag set; more are destroyed
 MAX_SPARE_EVENTS = 1024
@@ -94,3 +94,19 @@ class UserEvents:
         self.retired.clear()
         self._spare.clear()
         return handles
+
+
+class EventRecord:
+    """What the scheduler knows of one user event: its handle and how its recording went.
+
+    :ivar recorded: the record call reached the runtime (a query can tell its status)
+    :ivar error: why it was never recorded, if it was refused
+    """
+
+    __slots__ = ("error", "flags", "handle", "recorded")
+
+    def __init__(self, handle: int, flags: int) -> None:
+        self.handle = handle
+        self.flags = flags
+        self.recorded = False
+        self.error: BaseException | None = None

@@ -25,6 +25,7 @@ from .._host.hostargs import PackedArgs
 from .._host.pool import HostBufferPool
 from .._host.snapshot import snapshot_args
 from .._launch_config import LaunchConfig
+from .compiled import interpreted
 from .lifetimes import Allocation, Lifetimes
 from .work import CopyDevice, CopyToDevice, Launch, Memset, Request
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["CaptureGraph", "GraphBook", "GraphRecord", "LaunchGraph"]
 
 
+@interpreted
 class GraphRecord(Allocation):
     """A captured graph, tracked like a device allocation: queued replays keep it in use, and
     closing it while replays are queued is deferred until they are done.
@@ -44,28 +46,32 @@ class GraphRecord(Allocation):
     :ivar ops: the recorded requests (what replays read: their host buffers and allocations)
     """
 
-    __slots__ = ("handle", "ops")
+    __slots__ = ("_destroy_graph", "_forget", "handle", "ops")
 
     def __init__(self, registry: Lifetimes, ops: list[Request]) -> None:
         super().__init__(registry, 0, 0)
         self.handle = 0
         self.ops = ops
+        self._destroy_graph: Callable[[int], None] | None = None
+        self._forget: Callable[[GraphRecord], None] | None = None
 
     def bind_disposer(
         self, destroy_graph: Callable[[int], None], forget: Callable[[GraphRecord], None]
     ) -> None:
         """What retiring the record does: destroy the runtime graph, release what it held."""
+        self._destroy_graph = destroy_graph
+        self._forget = forget
+        self.disposer = self._dispose
 
-        def dispose() -> None:
-            forget(self)
-            handle, self.handle = self.handle, 0
-            if handle:
-                with contextlib.suppress(Exception):  # the device may have faulted or closed
-                    destroy_graph(handle)
-            ops, self.ops = self.ops, []
-            self.registry.release(ops)
-
-        self.disposer = dispose
+    def _dispose(self) -> None:
+        if self._forget is not None:
+            self._forget(self)
+        handle, self.handle = self.handle, 0
+        if handle and self._destroy_graph is not None:
+            with contextlib.suppress(Exception):  # the device may have faulted or closed
+                self._destroy_graph(handle)
+        ops, self.ops = self.ops, []
+        self.registry.release(ops)
 
 
 class CaptureGraph(Request):

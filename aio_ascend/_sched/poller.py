@@ -277,7 +277,7 @@ class Poller:
                 if req.needs_completion:
                     try:
                         req.on_complete()
-                    except BaseException as exc:
-                        error = InternalError(f"completing failed: {exc!r}")
+                    except BaseException as err:  # (not `exc`: the argument's name)
+                        error = InternalError(f"completing failed: {err!r}")
                         deliveries[index] = (req, error, outcome)
         self._post(deliveries, self.counters)

@@ -32,7 +32,7 @@ from .batching import Hop, form_batches
 from .binding import ContextBinding
 from .counters import Counters, total
 from .delivery import DeliveryQueue
-from .events import BatchEvents, UserEvents
+from .events import BatchEvents, EventRecord, UserEvents
 from .faults import FaultState
 from .graphs import GraphBook
 from .hooks import Source
@@ -49,7 +49,6 @@ from .work import (
     CopyToDevice,
     CopyToHost,
     Delivery,
-    EventRecord,
     Launch,
     Memset,
     RecordEvent,

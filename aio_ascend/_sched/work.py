@@ -20,6 +20,7 @@ from .._runtime.abi import (
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
 )
+from .events import EventRecord
 
 if TYPE_CHECKING:
     from .._host.pool import HostBuffer
@@ -35,7 +36,6 @@ __all__ = [
     "CopyToDevice",
     "CopyToHost",
     "Delivery",
-    "EventRecord",
     "Launch",
     "Memset",
     "Outcome",
@@ -305,22 +305,6 @@ class Memset(Request):
     def submit(self, runtime: Runtime, stream: int) -> None:
         ptr, room = self.dst
         runtime.memset_async(ptr, room, self.value, self.count, stream)
-
-
-class EventRecord:
-    """What the scheduler knows of one user event: its handle and how its recording went.
-
-    :ivar recorded: the record call reached the runtime (a query can tell its status)
-    :ivar error: why it was never recorded, if it was refused
-    """
-
-    __slots__ = ("error", "flags", "handle", "recorded")
-
-    def __init__(self, handle: int, flags: int) -> None:
-        self.handle = handle
-        self.flags = flags
-        self.recorded = False
-        self.error: BaseException | None = None
 
 
 class _EventRequest(Request):

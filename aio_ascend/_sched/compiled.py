@@ -1,0 +1,45 @@
+"""The optional compiled build of the hot path (mypyc), and what it needs from the code.
+
+``AIO_ASCEND_COMPILE=1 pip install .`` compiles the modules of :data:`COMPILED_MODULES` with
+mypyc (``setup.py``); a default install runs the same modules as plain Python. Both run the
+same tests. A compiled class is native: no weak references to it, no Python subclass, no
+attribute added or patched from outside. A class that needs any of that is marked
+:func:`interpreted`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TypeVar
+
+__all__ = ["COMPILED_MODULES", "compiled", "interpreted"]
+
+_C = TypeVar("_C", bound=type)
+
+#: the modules ``setup.py`` compiles when asked to (the scheduler's hot path)
+COMPILED_MODULES: tuple[str, ...] = (
+    "aio_ascend._host.pool",
+    "aio_ascend._sched.admission",
+    "aio_ascend._sched.batching",
+    "aio_ascend._sched.delivery",
+    "aio_ascend._sched.graphs",
+    "aio_ascend._sched.lane",
+    "aio_ascend._sched.poller",
+    "aio_ascend._sched.scheduler",
+    "aio_ascend._sched.submitter",
+    "aio_ascend._sched.work",
+)
+
+
+def interpreted(cls: _C) -> _C:
+    """Keep ``cls`` a regular Python class in the compiled build (mypyc makes a class with
+    a decorator it does not know non-native). A no-op otherwise."""
+    return cls
+
+
+def compiled() -> bool:
+    """Whether the hot path runs compiled (every module of :data:`COMPILED_MODULES`)."""
+    return all(
+        not (importlib.import_module(name).__file__ or "").endswith(".py")
+        for name in COMPILED_MODULES
+    )
