@@ -183,8 +183,9 @@ def _refuse_cfg(cfg: object) -> None:
         raise BackendUnavailableError(
             f"{cfg!r} cannot be applied on this CANN release: its launch "
             "(aclrtLaunchKernel, the device-args path of CANN 8.0) takes no launch config, and "
-            "aclrtLaunchKernelV2, which does, is CANN 8.5+. Launch without a config (a timeout "
-            "becomes a deadline on the host: Stream.run(..., timeout=)), or install a newer CANN.",
+            "aclrtLaunchKernelV2, which does, is CANN 8.5+. Launch without a config (a kernel "
+            "timeout can only become a bound on the host's wait, e.g. anyio.fail_after around "
+            "the task's wait, while the kernel runs on), or install CANN 8.5 or newer.",
             func="aclrtLaunchKernelV2",
         )
 
