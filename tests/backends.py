@@ -6,9 +6,10 @@ clear reason when the backend cannot run on this machine:
 - ``sim``: the embedded simulator (always);
 - ``acl``: the acl backend over the C test double (``tests/doubles/acl_double.c``, built with
   the system cc) as its default persona, CANN 9.1 (host args, parameter info);
-- ``acl-8.5``, ``acl-8.3``: the same over the double built as CANN 8.5 (host args, no parameter
-  info, priorities through ``aclrtCreateStreamWithConfig``) and CANN 8.3 (the args-handle
-  launch path); CANN 8.0 has no usable launch path and is tested for its refusal instead;
+- ``acl-8.5``, ``acl-8.3``, ``acl-8.0``: the same over the double built as CANN 8.5 (host args,
+  no parameter info, priorities through ``aclrtCreateStreamWithConfig``), CANN 8.3 (the
+  args-handle launch path) and CANN 8.0 (the device-args path: ``aclrtLaunchKernel`` over the
+  backend's staging ring);
 - ``cuda-fake``: the cuda backend over the CPU fake of the driver (``tests/doubles/cuda_fake.py``);
   one fake driver per test (one "process"), so a runtime re-opened within a test finds the
   driver state the previous one left, as on a real GPU;
@@ -89,6 +90,7 @@ RUNTIME_FACTORIES: dict[str, Callable[[], Runtime]] = {
     "acl": _acl_double(),
     "acl-8.5": _acl_double("8.5"),
     "acl-8.3": _acl_double("8.3"),
+    "acl-8.0": _acl_double("8.0"),
     "cuda-fake": _open_cuda_fake,
     "cuda": _open_cuda,
 }

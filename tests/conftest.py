@@ -10,7 +10,8 @@
 - The backend x loop matrix: a test that takes ``open_dev`` runs once per device backend of
   ``helpers.DEVICE_BACKENDS`` (sim, acl over its C double as CANN 9.1) and per loop; one marked
   ``personas`` also runs on the acl backend over the double's other usable personas
-  (``helpers.PERSONA_BACKENDS``: CANN 8.5, and 8.3 with its args-handle launch path);
+  (``helpers.PERSONA_BACKENDS``: CANN 8.5, 8.3 with its args-handle launch path, 8.0 with its
+  device-args launch path);
   ``sim_only`` tests are skipped on the others with the marker's reason.
 - An asyncio exception-handler call or a "Task was destroyed but it is pending" log fails the
   test.

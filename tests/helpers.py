@@ -21,8 +21,9 @@ OpenDevice = Callable[..., Any]
 #: the device backends every scheduler test runs on: the sim, and acl over its C test double
 DEVICE_BACKENDS = ("sim", "acl")
 #: the acl backend over the double's other usable personas (``@pytest.mark.personas`` tests):
-#: CANN 8.5 (host args) and 8.3 (the args-handle path); ``acl`` itself is CANN 9.1
-PERSONA_BACKENDS = ("acl-8.5", "acl-8.3")
+#: CANN 8.5 (host args), 8.3 (the args-handle path) and 8.0 (the device-args path); ``acl``
+#: itself is CANN 9.1
+PERSONA_BACKENDS = ("acl-8.5", "acl-8.3", "acl-8.0")
 
 
 def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:

@@ -53,8 +53,8 @@
  * launch-path choice and BackendUnavailableError are exercised (what each persona adds, and the
  * args-handle path, hidden MIX arguments, exception info and the rest of the newer API, are in
  * acl_double_cann.c, included at the end):
- *  - 800 (CANN 8.0): the legacy loader and device-args launch only (as stubs): no launch path
- *    aio_ascend implements;
+ *  - 800 (CANN 8.0): the legacy loader (aclrtCreateBinary + aclrtBinaryLoad) and the device-args
+ *    launch (aclrtLaunchKernel: args in device memory, read when the kernel runs);
  *  - 830 (CANN 8.3.RC1): + aclrtBinaryLoadFrom{File,Data}, the args-handle path, CANN version,
  *    device info, stream ids, stream attributes (priority refused);
  *  - 850 (CANN 8.5.0): + aclrtLaunchKernelWithHostArgs, hardware sync and overflow addresses,
@@ -64,7 +64,8 @@
  *    attribute; aclrtGetVersion 1.17.0.
  *
  * Built-in kernels come from any binary whose content starts with DOUBLE_BUILTINS_MAGIC
- * (aclrtBinaryLoadFromData, or aclrtBinaryLoadFromFile with an absolute path to such a file).
+ * (aclrtBinaryLoadFromData, aclrtBinaryLoadFromFile with an absolute path to such a file, or
+ * aclrtCreateBinary + aclrtBinaryLoad).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -334,7 +335,7 @@ static aclError take_injection(const char *name) {
 
 /* ---- live-handle registry (open addressing hash set) -------------------------------------- */
 
-enum { K_CTX = 1, K_STREAM, K_EVENT, K_BIN, K_FUNC, K_MODEL };
+enum { K_CTX = 1, K_STREAM, K_EVENT, K_BIN, K_FUNC, K_MODEL, K_BINDESC };
 typedef struct { uintptr_t key; int kind; } slot_t;
 #define TOMB ((uintptr_t)1)
 static slot_t *g_live;
@@ -428,6 +429,7 @@ typedef struct task {
     unsigned char *args;
     size_t args_size;
     uint64_t dev_args;
+    int late_args;       /* aclrtLaunchKernel: args in device memory, read when the kernel runs */
     int started;
     uint64_t until_ns;
     uint64_t overflow;   /* the launching context's overflow address (mix_add checks it) */
@@ -852,9 +854,10 @@ static void kfault(kres_t *r, aclError code, const char *fmt, ...) {
     r->code = code;
 }
 
-/* Translate a device address seen by a kernel: its own args slot, or live device memory. */
+/* Translate a device address seen by a kernel: its own args slot, or live device memory (a
+   device-args kernel reads everything, placeholder data included, from live device memory). */
 static unsigned char *kaddr(task_t *t, uint64_t addr, uint64_t len) {
-    if (addr >= t->dev_args && addr - t->dev_args <= t->args_size &&
+    if (!t->late_args && addr >= t->dev_args && addr - t->dev_args <= t->args_size &&
         len <= t->args_size - (addr - t->dev_args))
         return t->args + (addr - t->dev_args);
     if (len > SIZE_MAX) return NULL;
@@ -1087,6 +1090,38 @@ static void note_exception(stream_t *s, task_t *t, aclError code) {
     g_exc_cb(&info);
 }
 
+/* ---- device args (aclrtLaunchKernel) --------------------------------------------------------- */
+
+/* A device-args kernel starts: read its args from device memory now (they must be a live device
+   allocation; the copy that fills them ran before it on the stream). 0: the kernel faulted. */
+static int late_args_read(task_t *t, kres_t *r) {
+    unsigned char *p = dev_range(t->dev_args, t->args_size);
+    if (!p) {
+        kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION,
+               "%s: illegal args address 0x%llx (+%zu bytes): not inside one live device allocation",
+               KERNEL_NAMES[t->kernel], (unsigned long long)t->dev_args, t->args_size);
+        return 0;
+    }
+    free(t->args);
+    t->args = malloc(t->args_size);
+    if (!t->args) abort();
+    memcpy(t->args, p, t->args_size);
+    return 1;
+}
+
+/* A device-args kernel that ran for a while ends: a real kernel may read its args at any time
+   while it runs, so args freed or overwritten meanwhile (a reused staging slot) fault it. */
+static int late_args_intact(task_t *t, kres_t *r) {
+    unsigned char *p = dev_range(t->dev_args, t->args_size);
+    if (!p || memcmp(p, t->args, t->args_size) != 0) {
+        kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION,
+               "%s: its args at 0x%llx were %s while the kernel ran", KERNEL_NAMES[t->kernel],
+               (unsigned long long)t->dev_args, p ? "overwritten" : "freed");
+        return 0;
+    }
+    return 1;
+}
+
 /* ---- the device thread --------------------------------------------------------------------- */
 
 /* Try to finish the head task of s. Returns 1 when it completed. */
@@ -1140,11 +1175,15 @@ static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
                 break;
             }
             if (t->until_ns == UINT64_MAX) return 0; /* hang */
-            if (now >= t->until_ns) return 1;
+            if (now >= t->until_ns) {
+                if (t->late_args && !late_args_intact(t, &r)) break;
+                return 1;
+            }
             if (t->until_ns < *next_deadline) *next_deadline = t->until_ns;
             return 0;
         }
         t->started = 1;
+        if (t->late_args && !late_args_read(t, &r)) break;
         run_kernel(t, now, &r);
         if (r.state == KS_HANG || r.state == KS_SLEEP) {
             t->until_ns = r.state == KS_HANG ? UINT64_MAX : r.until_ns;
@@ -2306,8 +2345,8 @@ EXPORT int double_set_fault(void *ctx, int code, const char *msg) {
     return n;
 }
 
-/* raw arguments of the last aclrtLaunchKernelWithHostArgs call; 0 if there was none */
-EXPORT int double_last_launch(uint64_t *out8) { /* 1 host args, 2 args handle */
+/* raw arguments of the last launch; 0 if there was none (aclrtLaunchKernel: func, numBlocks, stream, 0, argsData, argsSize, 0, 0) */
+EXPORT int double_last_launch(uint64_t *out8) { /* 1 host args, 2 args handle, 3 device args */
     pthread_mutex_lock(&g_mu);
     int valid = g_last.valid;
     memcpy(out8, g_last.raw, sizeof g_last.raw);

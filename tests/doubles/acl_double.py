@@ -12,7 +12,9 @@ attributes, priority range, memset, version, memory info or SoC name).
 Personas: ``build_double(persona)`` builds the double as one CANN generation
 (``-DACL_PERSONA=...``), exporting exactly the symbols ``docs/cann-support.md`` §9 lists for it
 (:data:`PERSONA_SYMBOLS`): ``"9.1"`` (the default: host args, parameter info), ``"8.5"`` (host
-args), ``"8.3"`` (the args-handle path) and ``"8.0"`` (no launch path aio_ascend implements).
+args), ``"8.3"`` (the args-handle path) and ``"8.0"`` (the device-args path: the legacy loader and
+``aclrtLaunchKernel``). ``build_unusable_double()`` builds 8.0 without ``aclrtLaunchKernel``: an
+install with no launch path at all, for the refusal tests.
 Each persona is its own library (own state, device thread and call log).
 Without a C compiler every user is skipped with the reason.
 """
@@ -45,6 +47,7 @@ __all__ = [
     "DoubleControl",
     "build_double",
     "build_legacy_double",
+    "build_unusable_double",
     "control_for",
     "double_control",
     "open_double_runtime",
@@ -55,8 +58,10 @@ BUILTINS_MAGIC = b"AIO_ASCEND_ACL_DOUBLE_BUILTINS"
 #: persona name -> its ACL_PERSONA number
 PERSONAS = {"8.0": 800, "8.3": 830, "8.5": 850, "9.1": 910}
 DEFAULT_PERSONA = "9.1"
-#: the personas with a launch path aio_ascend implements (8.0 has none)
-USABLE_PERSONAS = ("8.3", "8.5", "9.1")
+#: the personas with a launch path aio_ascend implements (all of them since the device-args path)
+USABLE_PERSONAS = ("8.0", "8.3", "8.5", "9.1")
+#: the define of the double without any launch path (8.0 without aclrtLaunchKernel)
+UNUSABLE_DEFINE = "-DACL_PERSONA=800 -DACL_DOUBLE_NO_LAUNCH_KERNEL"
 
 _COMMON = """
 aclInit aclFinalize aclGetRecentErrMsg
@@ -83,7 +88,7 @@ aclsysGetCANNVersion aclrtGetDeviceInfo aclrtStreamGetId aclrtSetStreamAttribute
 aclmdlRICaptureBegin aclmdlRICaptureEnd aclmdlRIExecuteAsync aclmdlRIDestroy
 """
 _ADDED_85 = """
-aclrtLaunchKernelWithHostArgs aclrtLaunchKernelV2
+aclrtLaunchKernelWithHostArgs aclrtLaunchKernelV2 aclrtDestroyBinary
 aclrtGetHardwareSyncAddr aclrtCtxGetFloatOverflowAddr
 aclrtGetVersion aclrtGetMemInfo aclrtCreateStreamWithConfig aclrtDeviceGetStreamPriorityRange
 """
@@ -134,6 +139,12 @@ def build_legacy_double() -> Built:
     return _build("-DACL_DOUBLE_LEGACY")
 
 
+def build_unusable_double() -> Built:
+    """The 8.0 persona without ``aclrtLaunchKernel`` (``-DACL_DOUBLE_NO_LAUNCH_KERNEL``): a
+    library no launch path is complete for, which the backend must refuse loudly."""
+    return _build(UNUSABLE_DEFINE)
+
+
 def _build(define: str) -> Built:
     global _build_error
     with _build_lock:
@@ -146,13 +157,15 @@ def _build(define: str) -> Built:
         if compiler is None:
             _build_error = "no C compiler (cc/gcc/clang) to build the acl test double"
             pytest.skip(_build_error)
-        tag = define.rpartition("=")[2].lower().strip("-d") if define else ""
+        tag = "_".join(
+            part.rpartition("=")[2].lower().removeprefix("-d") for part in define.split()
+        )
         prefix = f"aio_ascend_acl_double_{tag}_" if tag else "aio_ascend_acl_double_"
         home = Path(tempfile.mkdtemp(prefix=prefix))
         atexit.register(shutil.rmtree, home, True)
         library = home / "lib64" / "libascendcl.so"
         library.parent.mkdir()
-        defines = [define] if define else []
+        defines = define.split()
         command = [compiler, *CFLAGS, *defines, "-o", str(library), str(SOURCE)]
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
@@ -283,9 +296,11 @@ class DoubleControl:
         return tuple(raw)
 
     def last_launch_path(self) -> str | None:
-        """``"host_args"`` or ``"args_handle"``: how the last launch came in (None: none yet)."""
+        """``"host_args"``, ``"args_handle"`` or ``"device_args"``: how the last launch came in
+        (None: none yet)."""
         raw = (ctypes.c_uint64 * 8)()
-        return {0: None, 1: "host_args", 2: "args_handle"}[int(self.lib.double_last_launch(raw))]
+        kinds = {0: None, 1: "host_args", 2: "args_handle", 3: "device_args"}
+        return kinds[int(self.lib.double_last_launch(raw))]
 
     def last_cfg(self) -> bytes | None:
         """The attribute array of the last launch's cfg (None when cfg was NULL)."""

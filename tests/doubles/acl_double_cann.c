@@ -34,8 +34,17 @@
  *    the recorded tasks in order (a fault stops it like any task); aclmdlRIDestroy frees the
  *    handle at once (queued replays keep what they run); a destroyed or unknown handle: 107017.
  *    Models are counted in double_live_counts and die with their context.
- *  - Stubs, failing with 200006 ("not modelled"): the legacy loader (aclrtCreateBinary,
- *    aclrtBinaryLoad), device-args launches (aclrtLaunchKernel, V2), aclrtKernelArgsInitByUserMem,
+ *  - The legacy loader and the device-args launch (every persona; the launch path of 8.0, §2):
+ *    aclrtCreateBinary returns a descriptor of the pointer and length (NULL + 100000 for NULL data
+ *    or length 0), aclrtBinaryLoad loads it like aclrtBinaryLoadFromData without options,
+ *    aclrtDestroyBinary (8.5+: H850; unknown in 8.0, so not in its persona) frees it.
+ *    aclrtLaunchKernel takes its args in DEVICE memory and checks only handles and sizes at the
+ *    call; the kernel reads the args from device memory when it starts (a range outside one live
+ *    allocation faults it with 507015) and every address in them (placeholder data included)
+ *    from live device memory; a kernel that runs for a while faults if its args were freed or
+ *    overwritten before it ended. -DACL_DOUBLE_NO_LAUNCH_KERNEL leaves aclrtLaunchKernel out (an
+ *    install with no launch path at all, for the refusal tests).
+ *  - Stubs, failing with 200006 ("not modelled"): aclrtLaunchKernelV2, aclrtKernelArgsInitByUserMem,
  *    aclrtLaunchKernelWithArgsArray: exported so that each persona's symbol set is exactly the
  *    documented one.
  */
@@ -57,24 +66,96 @@ typedef enum {
 
 #define NOT_MODELLED(name) fail(ACL_ERROR_FEATURE_UNSUPPORTED, "%s is not modelled by the test double", name)
 
+/* ---- the legacy loader and the device-args launch (every persona; the 8.0 path) ------------- */
+
+/* aclrtCreateBinary's descriptor: the pointer and length only, like rtDevBinary_t (the data is
+   read by aclrtBinaryLoad) */
+typedef struct { const void *data; size_t length; } bindesc_t;
+
 EXPORT aclrtBinary aclrtCreateBinary(const void *data, size_t dataLen) {
     uint64_t args_[2] = {P(data), Z(dataLen)};
-    log_ret(log_call("aclrtCreateBinary", args_, 2), ACL_ERROR_FEATURE_UNSUPPORTED);
+    uint64_t log_index_ = log_call("aclrtCreateBinary", args_, 2);
     t_fn = "aclrtCreateBinary";
-    NOT_MODELLED("aclrtCreateBinary");
-    return NULL;
+    if (!data || !dataLen) {
+        log_ret(log_index_, fail(ACL_ERROR_INVALID_PARAM, "data is NULL or dataLen is 0"));
+        return NULL;
+    }
+    bindesc_t *d = malloc(sizeof *d);
+    if (!d) abort();
+    d->data = data;
+    d->length = dataLen;
+    pthread_mutex_lock(&g_mu);
+    live_add(d, K_BINDESC);
+    pthread_mutex_unlock(&g_mu);
+    log_ret(log_index_, 0);
+    return d;
 }
 
 EXPORT aclError aclrtBinaryLoad(const aclrtBinary binary, aclrtBinHandle *binHandle) {
     ENTER("aclrtBinaryLoad", 2, P(binary), P(binHandle));
-    LEAVE(NOT_MODELLED("aclrtBinaryLoad"));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!binHandle) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "binHandle is NULL"));
+    if (!live_is(binary, K_BINDESC))
+        LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "binary %p is not a descriptor of aclrtCreateBinary", binary));
+    const bindesc_t *d = binary;
+    g_last_load_path[0] = 0;
+    note_options(NULL); /* the legacy loader has no options: the chip's default kernel type */
+    LEAVE_UNLOCK(load_blob(d->data, d->length, default_kernel_type(), 0, binHandle));
 }
 
+#if HAS_85 /* in H850 on; not seen in an 8.0 page (cann-support.md §9) */
+EXPORT aclError aclrtDestroyBinary(aclrtBinary binary) {
+    ENTER("aclrtDestroyBinary", 1, P(binary));
+    pthread_mutex_lock(&g_mu);
+    if (!live_is(binary, K_BINDESC))
+        LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "binary %p is not a live descriptor", binary));
+    live_del(binary);
+    free(binary);
+    LEAVE_UNLOCK(0);
+}
+#endif
+
+#ifndef ACL_DOUBLE_NO_LAUNCH_KERNEL
+/* aclrtLaunchKernel (aclrtLaunchKernelImpl -> rtLaunchKernelByFuncHandleV3, isNoNeedH2DCopy = 1):
+   argsData is DEVICE memory, passed to the kernel as is; nothing is copied or checked at the call
+   beyond the handles and sizes. The kernel reads the args (and placeholder data through the
+   addresses in them) from device memory when it runs, and faults if they are not a live device
+   allocation then, or were freed or overwritten before it ended. */
 EXPORT aclError aclrtLaunchKernel(aclrtFuncHandle funcHandle, uint32_t numBlocks, const void *argsData,
                                   size_t argsSize, aclrtStream stream) {
     ENTER("aclrtLaunchKernel", 5, P(funcHandle), Z(numBlocks), P(argsData), Z(argsSize), P(stream));
-    LEAVE(NOT_MODELLED("aclrtLaunchKernel"));
+    pthread_mutex_lock(&g_mu);
+    uint64_t raw8[8] = {P(funcHandle), Z(numBlocks), P(stream), 0, P(argsData), Z(argsSize), 0, 0};
+    note_launch(3, raw8, NULL, NULL, argsSize, NULL, 0);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    if (!funcHandle || !argsData) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "funcHandle or argsData is NULL"));
+    if (!live_is(funcHandle, K_FUNC)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "function %p is not valid", funcHandle));
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (argsSize == 0 || argsSize > 0xFFFFFFFFu) /* the runtime keeps it as a uint32 */
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "argsSize %zu out of range 1..2**32-1", argsSize));
+    if (numBlocks == 0 || numBlocks > 65535)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "numBlocks %u out of range 1..65535", numBlocks));
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+    task_t *t = calloc(1, sizeof *t);
+    if (!t) abort();
+    t->kind = T_KERNEL;
+    t->kernel = ((func_t *)funcHandle)->kernel;
+    t->func = funcHandle;
+    t->blocks = numBlocks;
+    t->args_size = argsSize;
+    t->dev_args = P(argsData);
+    t->late_args = 1;
+    t->overflow = c->overflow_addr;
+    g_last.dev_args = P(argsData);
+    LEAVE_UNLOCK(enqueue(s, t));
 }
+#endif
 
 #if HAS_83
 EXPORT aclError aclrtKernelArgsInitByUserMem(aclrtFuncHandle funcHandle, aclrtArgsHandle argsHandle,

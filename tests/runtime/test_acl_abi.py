@@ -198,6 +198,7 @@ _TYPEDEFS = {
     "aclrtBinHandle": "void*",
     "aclrtFuncHandle": "void*",
     "aclrtArgsHandle": "void*",
+    "aclrtBinary": "void*",
     "aclrtParamHandle": "void*",
     "aclrtCallback": "void*",
     "aclrtExceptionInfoCallback": "void*",
@@ -281,7 +282,7 @@ def _check_prototype(name: str, declared: tuple[Any, tuple[Any, ...]], c_proto: 
 
 #: optional functions whose prototype neither JSON carries: checked against their declaration
 #: in acl-runtime.md instead (a list that must not grow silently)
-_DOC_ONLY = {"aclrtDeviceGetStreamPriorityRange", "aclrtStreamGetId"}
+_DOC_ONLY = {"aclrtDeviceGetStreamPriorityRange", "aclrtStreamGetId", "aclrtDestroyBinary"}
 
 
 def _doc_prototype(doc: str, name: str) -> dict[str, Any]:
@@ -317,8 +318,9 @@ def test_the_optional_functions_are_what_the_releases_differ_in() -> None:
         # v0.2 seam methods
         "aclrtSetStreamAttribute", "aclrtDeviceGetStreamPriorityRange", "aclrtMemsetAsync",
         "aclrtGetVersion", "aclrtGetMemInfo", "aclrtGetSocName",
-        # loaders and the two launch paths
+        # loaders and the three launch paths
         "aclrtBinaryLoadFromFile", "aclrtBinaryLoadFromData", "aclrtLaunchKernelWithHostArgs",
+        "aclrtCreateBinary", "aclrtBinaryLoad", "aclrtDestroyBinary", "aclrtLaunchKernel",
         "aclrtKernelArgsInit", "aclrtKernelArgsAppend", "aclrtKernelArgsAppendPlaceHolder",
         "aclrtKernelArgsGetPlaceHolderBuffer", "aclrtKernelArgsFinalize",
         "aclrtLaunchKernelWithConfig",
@@ -337,6 +339,19 @@ def test_the_optional_functions_are_what_the_releases_differ_in() -> None:
     }  # fmt: skip
     restype, argtypes = ffi.OPTIONAL_PROTOTYPES["aclrtGetSocName"]
     assert (restype, argtypes) == (ctypes.c_char_p, ())
+    # the legacy loader returns its descriptor (NULL on failure), not an aclError
+    assert ffi.OPTIONAL_PROTOTYPES["aclrtCreateBinary"] == (
+        ctypes.c_void_p,
+        (ctypes.c_void_p, ctypes.c_size_t),
+    )
+    # device args: funcHandle, uint32 numBlocks, device argsData, size_t argsSize, stream
+    assert ffi.OPTIONAL_PROTOTYPES["aclrtLaunchKernel"][1] == (
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+    )
     assert set(ffi.OPTIONAL_PROTOTYPES) >= ffi.VALUE_RETURNING
 
 

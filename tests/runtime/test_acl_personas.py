@@ -20,6 +20,7 @@ from doubles.acl_double import (
     PERSONAS,
     DoubleControl,
     build_double,
+    build_unusable_double,
     double_control,
     open_double_runtime,
 )
@@ -52,6 +53,11 @@ def _home(persona: str) -> Path:
     return build_double(persona).home
 
 
+def _unusable_home() -> Path:
+    """An install no launch path is complete for: 8.0's symbols without aclrtLaunchKernel."""
+    return build_unusable_double().home
+
+
 # --- what each persona exports ---------------------------------------------------------------
 
 
@@ -71,11 +77,14 @@ def test_each_persona_exports_exactly_its_releases_symbols(persona: str) -> None
 
 def test_the_persona_lists_follow_the_research() -> None:
     # cann-support.md §9: 8.3 has no host args, 8.5 no parameter info, 8.0 no args handle
+    # (only the legacy loader and aclrtLaunchKernel, without aclrtDestroyBinary)
     assert "aclrtLaunchKernelWithHostArgs" not in PERSONA_SYMBOLS["8.3"]
     assert "aclrtKernelArgsInit" in PERSONA_SYMBOLS["8.3"]
     assert "aclrtFunctionGetParamCount" not in PERSONA_SYMBOLS["8.5"]
     assert "aclrtFunctionGetParamCount" in PERSONA_SYMBOLS["9.1"]
     assert not {"aclrtKernelArgsInit", "aclrtBinaryLoadFromFile"} & PERSONA_SYMBOLS["8.0"]
+    assert {"aclrtCreateBinary", "aclrtBinaryLoad", "aclrtLaunchKernel"} <= PERSONA_SYMBOLS["8.0"]
+    assert "aclrtDestroyBinary" not in PERSONA_SYMBOLS["8.0"]
     assert PERSONA_SYMBOLS["8.0"] < PERSONA_SYMBOLS["8.3"] < PERSONA_SYMBOLS["8.5"]
     assert PERSONA_SYMBOLS["8.5"] < PERSONA_SYMBOLS["9.1"]
 
@@ -86,12 +95,15 @@ def test_the_persona_lists_follow_the_research() -> None:
 @pytest.mark.parametrize(
     ("persona", "version", "path"),
     [
+        ("8.0", None, "device_args"),
         ("8.3", "8.3.RC1", "args_handle"),
         ("8.5", "8.5.0", "host_args"),
         ("9.1", "9.1.0", "host_args"),
     ],
 )
-def test_the_release_and_its_launch_path_are_read(persona: str, version: str, path: str) -> None:
+def test_the_release_and_its_launch_path_are_read(
+    persona: str, version: str | None, path: str
+) -> None:
     runtime = open_double_runtime(persona=persona)
     try:
         assert runtime.cann_version == version
@@ -103,21 +115,23 @@ def test_the_release_and_its_launch_path_are_read(persona: str, version: str, pa
 
 
 def test_a_release_without_a_usable_path_is_refused_loudly() -> None:
+    library = build_unusable_double().library
     with pytest.raises(BackendUnavailableError) as info:
-        open_acl_runtime(0, library_path=build_double("8.0").library)
+        open_acl_runtime(0, library_path=library)
     message = str(info.value)
-    assert str(build_double("8.0").library) in message
+    assert str(library) in message
     assert "CANN release unknown" in message  # no aclsysGetCANNVersion: older than 8.2
     assert "host args" in message
     assert "args handle" in message
     assert "missing aclrtLaunchKernelWithHostArgs, aclrtBinaryLoadFromFile" in message
     assert "aclrtKernelArgsInit" in message
-    assert "device args (aclrtLaunchKernel, CANN 8.0): not implemented by aio_ascend" in message
-    assert "present: aclrtCreateBinary, aclrtBinaryLoad, aclrtLaunchKernel" in message
+    # the device-args path is tried last and names the one symbol it lacks
+    assert "device args (aclrtCreateBinary + aclrtBinaryLoad + aclrtLaunchKernel" in message
+    assert message.count("missing aclrtLaunchKernel\n") == 1
 
 
 def test_auto_never_simulates_a_found_but_unusable_install(clean_env: pytest.MonkeyPatch) -> None:
-    clean_env.setenv("ASCEND_HOME_PATH", str(_home("8.0")))
+    clean_env.setenv("ASCEND_HOME_PATH", str(_unusable_home()))
     with pytest.raises(BackendUnavailableError, match="was found") as info:
         choose_backend("auto")
     assert "backend='sim'" in str(info.value)
@@ -133,7 +147,7 @@ def test_auto_never_simulates_a_found_but_unusable_install(clean_env: pytest.Mon
 async def test_open_device_auto_raises_on_an_unusable_install(
     clean_env: pytest.MonkeyPatch, anyio_backend: object
 ) -> None:
-    clean_env.setenv("ASCEND_TOOLKIT_HOME", str(_home("8.0")))
+    clean_env.setenv("ASCEND_TOOLKIT_HOME", str(_unusable_home()))
     with pytest.raises(BackendUnavailableError, match="cannot be used"):
         async with aa.open_device(0):
             pass  # pragma: no cover - never reached
@@ -142,7 +156,7 @@ async def test_open_device_auto_raises_on_an_unusable_install(
 def test_the_sim_is_chosen_explicitly_beside_an_unusable_install(
     clean_env: pytest.MonkeyPatch,
 ) -> None:
-    clean_env.setenv("ASCEND_HOME_PATH", str(_home("8.0")))
+    clean_env.setenv("ASCEND_HOME_PATH", str(_unusable_home()))
     clean_env.setenv("AIO_ASCEND_BACKEND", "sim")
     assert choose_backend("auto")[0] == "sim"
     assert choose_backend("sim")[0] == "sim"
@@ -154,7 +168,7 @@ def test_without_an_install_auto_is_the_sim(clean_env: pytest.MonkeyPatch) -> No
     assert "no CANN install found" in why
 
 
-@pytest.mark.parametrize("persona", ["8.3", "8.5", "9.1"])
+@pytest.mark.parametrize("persona", ["8.0", "8.3", "8.5", "9.1"])
 def test_auto_picks_a_usable_install(clean_env: pytest.MonkeyPatch, persona: str) -> None:
     clean_env.setenv("ASCEND_HOME_PATH", str(_home(persona)))
     name, why = choose_backend("auto")
@@ -398,7 +412,7 @@ def test_the_cli_says_why_an_install_cannot_be_used(
 ) -> None:
     from aio_ascend._tools.cli import main
 
-    clean_env.setenv("ASCEND_HOME_PATH", str(_home("8.0")))
+    clean_env.setenv("ASCEND_HOME_PATH", str(_unusable_home()))
     assert main(["info"]) == 0
     out = capsys.readouterr().out
     assert "auto picks: nothing" in out

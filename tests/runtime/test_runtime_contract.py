@@ -23,6 +23,7 @@ from backends import (
 )
 
 from aio_ascend._errors import (
+    BackendUnavailableError,
     ContextNullError,
     DeviceFaultError,
     EventSyncTimeoutError,
@@ -236,8 +237,8 @@ def test_in_place_scale_interleaved_with_axpy_follows_stream_order(
 
 
 def test_placeholder_addresses_are_patched_into_the_callers_buffer(dev: Dev) -> None:
-    if getattr(dev.rt, "launch_path", "host_args") == "args_handle":
-        pytest.skip("on the args-handle path the runtime patches its own buffer, not the caller's")
+    if getattr(dev.rt, "launch_path", "host_args") in ("args_handle", "device_args"):
+        pytest.skip("on the args-handle and device-args paths the caller's buffer is not patched")
     n = 16
     x, y = dev.upload(np.ones(n, F32)), dev.upload(np.zeros(n, F32))
     args = (
@@ -306,6 +307,13 @@ def test_launch_accepts_a_launch_config(dev: Dev) -> None:
     n = 8
     x, y = dev.upload(np.ones(n, F32)), dev.upload(np.ones(n, F32))
     cfg = LaunchConfig(schedule_mode="batch", timeout_s=5)
+    if getattr(dev.rt, "launch_path", None) == "device_args":
+        # aclrtLaunchKernel takes no config (aclrtLaunchKernelV2 is 8.5+): refused, not ignored
+        with pytest.raises(BackendUnavailableError, match="aclrtLaunchKernelV2"):
+            dev.launch("axpy", axpy_args(x, y, 1.0, n), cfg=cfg)
+        dev.launch("axpy", axpy_args(x, y, 1.0, n), cfg=LaunchConfig())  # no attributes: none
+        np.testing.assert_array_equal(dev.download(y, n), np.full(n, 2.0, F32))
+        return
     dev.launch("axpy", axpy_args(x, y, 1.0, n), cfg=cfg)
     np.testing.assert_array_equal(dev.download(y, n), np.full(n, 2.0, F32))
 

@@ -13,8 +13,8 @@ by ``tests/runtime/test_acl_abi.py``:
 :data:`PROTOTYPES` are required: every CANN release the backend supports has them (8.0 on,
 ``docs/cann-support.md`` §1), and a library lacking one is refused. :data:`OPTIONAL_PROTOTYPES`
 are functions some releases lack (checked against ``acl_prototypes_more.json``): the launch
-paths (host args, args handle), the loaders, version and device queries, hidden MIX arguments,
-parameter info, exception info. Each is looked up on its own, when first used
+paths (host args, args handle, device args), the loaders, version and device queries, hidden
+MIX arguments, parameter info, exception info. Each is looked up on its own, when first used
 (:func:`bind_one`); the runtime method that needs a missing one raises
 ``BackendUnavailableError`` naming it, and the launch path is chosen by which are present.
 
@@ -242,6 +242,13 @@ OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     # loaders (8.2/8.3 on: cann-support.md rows 14-15)
     "aclrtBinaryLoadFromFile": (_ERR, (c_char_p, _PTR, _PTR)),  # path, options *, aclrtBinHandle *
     "aclrtBinaryLoadFromData": (_ERR, (_PTR, c_size_t, _PTR, _PTR)),
+    # the legacy loader and the device-args launch (CANN 8.0; cann-support.md rows 30, 47):
+    # aclrtBinary aclrtCreateBinary(const void *data, size_t dataLen) (NULL on failure)
+    "aclrtCreateBinary": (_PTR, (_PTR, c_size_t)),
+    "aclrtBinaryLoad": (_ERR, (_PTR, _PTR)),  # const aclrtBinary, aclrtBinHandle *
+    "aclrtDestroyBinary": (_ERR, (_PTR,)),  # aclrtBinary (acl-runtime.md §1.2; 8.0: unknown)
+    # funcHandle, numBlocks, const void *argsData (DEVICE memory), argsSize, stream
+    "aclrtLaunchKernel": (_ERR, (_PTR, c_uint32, _PTR, c_size_t, _PTR)),
     # the host-args launch (8.5 on): func, numBlocks, stream, cfg *, hostArgs, argsSize,
     # placeHolderArray *, placeHolderNum
     "aclrtLaunchKernelWithHostArgs": (

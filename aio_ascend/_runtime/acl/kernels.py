@@ -13,7 +13,9 @@
   inter-core sync address (``aclrtGetHardwareSyncAddr``) in slot 0 and the context's overflow
   address (``aclrtCtxGetFloatOverflowAddr``) after the parameters. On the args-handle path
   ``aclrtKernelArgsFinalize`` writes both, and the placeholder data must follow the parameters
-  (``FunctionInfo.data_align``).
+  (``FunctionInfo.data_align``). On the device-args path (CANN 8.0) neither address can be read
+  (both getters are 8.5+) and ``aclrtLaunchKernel`` adds nothing, so a MIX kernel is refused
+  (``BackendUnavailableError``) when its function is looked up.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 from ctypes import byref, c_size_t, c_void_p
 from typing import Any
 
-from ..._errors import RuntimeAPIError
+from ..._errors import BackendUnavailableError, RuntimeAPIError
 from ..abi import (
     ACL_ERROR_RT_FEATURE_NOT_SUPPORT,
     ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD,
@@ -131,7 +133,16 @@ def read_function_info(
     prefix: tuple[int, ...] = ()
     suffix: tuple[int, ...] = ()
     data_align = None
-    if path is LaunchPath.ARGS_HANDLE:
+    if path is LaunchPath.DEVICE_ARGS:
+        if kind is KernelType.MIX:
+            raise BackendUnavailableError(
+                "a MIX kernel needs the inter-core sync and overflow addresses among its args "
+                "(docs/cann-support.md §4), and this CANN release (device-args path, 8.0) can "
+                "neither read them (aclrtGetHardwareSyncAddr, aclrtCtxGetFloatOverflowAddr: "
+                "8.5+) nor have the runtime add them (aclrtKernelArgsFinalize: 8.1+)",
+                func="aclrtGetHardwareSyncAddr",
+            )
+    elif path is LaunchPath.ARGS_HANDLE:
         data_align = ARGS_HANDLE_DATA_ALIGN  # Finalize adds the hidden arguments itself
     elif kind in (KernelType.MIX, KernelType.AICORE):
         # The AI Core magic means MIX on chips with the inter-core sync feature (A2/A3), which

@@ -154,9 +154,7 @@ class AclLibrary:
         self.launch_path: LaunchPath | None
         self.launch_path, missing = choose_path(self.has)
         self.path_error = (
-            None
-            if self.launch_path is not None
-            else unusable_error(path, self.release, missing, self.has)
+            None if self.launch_path is not None else unusable_error(path, self.release, missing)
         )
 
     @property

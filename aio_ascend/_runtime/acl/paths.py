@@ -9,8 +9,8 @@ Three ways to launch a kernel exist across CANN releases (``docs/cann-support.md
   ``aclrtBinaryLoadFromFile`` from 8.2): the runtime builds the buffer (8-byte slots) and adds
   the hidden MIX arguments itself;
 * **device args** (``aclrtLaunchKernel``, CANN 8.0): args in device memory that must outlive the
-  kernel, with the legacy loader (``aclrtCreateBinary`` + ``aclrtBinaryLoad``). aio_ascend does
-  not implement it, so CANN 8.0 is refused (loudly) rather than half supported.
+  kernel, with the legacy loader (``aclrtCreateBinary`` + ``aclrtBinaryLoad``); the library
+  stages the image in a fenced per-stream device ring (:mod:`.devargs`).
 
 The choice is made by symbol presence (``dlsym``), never by the version string, which is only
 reported (``aclsysGetCANNVersion`` exists from 8.2). The first complete path of
@@ -43,8 +43,10 @@ class LaunchPath(enum.Enum):
     DEVICE_ARGS = "device_args"
 
 
-#: the loaders both implemented paths need (the legacy loader is the device-args path's)
+#: the loaders of the host-args and args-handle paths (the legacy loader is the device-args path's)
 LOADERS: Final = ("aclrtBinaryLoadFromFile", "aclrtBinaryLoadFromData")
+#: the legacy loader (``aclrtBinaryGetFunction`` and ``aclrtBinaryUnLoad`` are required anyway)
+LEGACY_LOADER: Final = ("aclrtCreateBinary", "aclrtBinaryLoad")
 
 #: the symbols each implemented path needs, beyond ``ffi.PROTOTYPES``
 PATH_SYMBOLS: Final[dict[LaunchPath, tuple[str, ...]]] = {
@@ -58,10 +60,11 @@ PATH_SYMBOLS: Final[dict[LaunchPath, tuple[str, ...]]] = {
         "aclrtLaunchKernelWithConfig",
         *LOADERS,
     ),
+    LaunchPath.DEVICE_ARGS: ("aclrtLaunchKernel", *LEGACY_LOADER),
 }
 
 #: the implemented paths, best first
-PREFERENCE: Final = (LaunchPath.HOST_ARGS, LaunchPath.ARGS_HANDLE)
+PREFERENCE: Final = (LaunchPath.HOST_ARGS, LaunchPath.ARGS_HANDLE, LaunchPath.DEVICE_ARGS)
 
 #: what each path is called in messages, with the releases that have it
 _DESCRIPTION: Final = {
@@ -69,10 +72,10 @@ _DESCRIPTION: Final = {
     LaunchPath.ARGS_HANDLE: (
         "args handle (aclrtKernelArgs* + aclrtLaunchKernelWithConfig, CANN 8.2/8.3)"
     ),
-    LaunchPath.DEVICE_ARGS: "device args (aclrtLaunchKernel, CANN 8.0)",
+    LaunchPath.DEVICE_ARGS: (
+        "device args (aclrtCreateBinary + aclrtBinaryLoad + aclrtLaunchKernel, CANN 8.0)"
+    ),
 }
-#: the device-args path's symbols, named when a release offers only it
-_DEVICE_ARGS_SYMBOLS: Final = ("aclrtCreateBinary", "aclrtBinaryLoad", "aclrtLaunchKernel")
 
 
 def choose_path(
@@ -93,17 +96,15 @@ def unusable_error(
     library: str,
     release: str,
     missing: dict[LaunchPath, list[str]],
-    has: Callable[[str], bool],
 ) -> BackendUnavailableError:
-    """The error for a library that has no launch path aio_ascend implements."""
+    """The error for a library that has no complete launch path: each path tried and what it
+    lacks."""
     lines = [f"{library} ({release}) was found, but aio_ascend has no launch path for it. Tried:"]
     for path, lacking in missing.items():
         lines.append(f"  {_DESCRIPTION[path]}: missing {', '.join(lacking)}")
-    present = [name for name in _DEVICE_ARGS_SYMBOLS if has(name)]
-    note = f" (present: {', '.join(present)})" if present else ""
-    lines.append(f"  {_DESCRIPTION[LaunchPath.DEVICE_ARGS]}: not implemented by aio_ascend{note}")
     lines.append(
-        "Install CANN 8.5.0 or newer (8.3 works through the args-handle path), or use "
+        "Install CANN 8.5.0 or newer (8.3 works through the args-handle path, 8.0 through the "
+        "device-args path), or use "
         "backend='sim' (AIO_ASCEND_BACKEND=sim) to simulate beside this install. "
         "See docs/cann-support.md."
     )

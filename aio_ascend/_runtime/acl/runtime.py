@@ -51,6 +51,7 @@ from ..abi import (
 from ..base import FunctionInfo
 from . import ffi as ffi
 from .argshandle import launch_with_args_handle
+from .devargs import DeviceArgsPath, load_legacy
 from .exceptions import exception_log
 from .facts import ACL_HBM_MEM, device_facts
 from .graphs import AclGraphs
@@ -159,6 +160,18 @@ class AclRuntime(AclGraphs):
         #: the runtime's exception reports (the callback is registered before any launch)
         self._exceptions = exception_log(library.path, library.functions, library.has)
         self._stream_ids: dict[int, int] = {}  # aclrtStreamGetId -> stream handle
+        #: the device-args path (CANN 8.0: :mod:`.devargs`), None on the others
+        self._devargs: DeviceArgsPath | None = None
+        if self._path is LaunchPath.DEVICE_ARGS:
+            self._devargs = DeviceArgsPath(
+                self,
+                table=lambda: self._fn,
+                streams=self._streams,
+                functions=self._function_binary,
+                capturing=self._capturing,
+                sticky=self._sticky,
+            )
+            self.launch_kernel_with_host_args = self._devargs.launch  # type: ignore[method-assign]
         #: errors swallowed by the last close() (it never raises for leftovers)
         self.close_errors: tuple[AscendError, ...] = ()
         #: the context current on the opening thread before the open bound this one (the
@@ -178,8 +191,9 @@ class AclRuntime(AclGraphs):
     @property
     def launch_path(self) -> str:
         """How kernels are launched on the loaded release: ``"host_args"``
-        (``aclrtLaunchKernelWithHostArgs``) or ``"args_handle"`` (``aclrtKernelArgs*`` +
-        ``aclrtLaunchKernelWithConfig``); see ``docs/cann-support.md``."""
+        (``aclrtLaunchKernelWithHostArgs``), ``"args_handle"`` (``aclrtKernelArgs*`` +
+        ``aclrtLaunchKernelWithConfig``) or ``"device_args"`` (``aclrtLaunchKernel``, CANN 8.0);
+        see ``docs/cann-support.md``."""
         return self._path.value
 
     @property
@@ -247,6 +261,8 @@ class AclRuntime(AclGraphs):
             previous.value = None
         attempt("aclrtSetCurrentContext", self._context)
         self._close_graphs(attempt)
+        if self._devargs is not None:
+            self._devargs.forget_all()  # its memory and fences are freed below
         for stream in list(self._streams):
             attempt("aclrtDestroyStreamForce", stream)
         for event in list(self._events):
@@ -342,13 +358,13 @@ class AclRuntime(AclGraphs):
         stream = _ptr("stream", stream)
         self._abort_capture(stream)
         self._fn["aclrtDestroyStream"](stream)
-        self._forget_stream(stream)
+        self._forget_stream(stream, drained=True)
 
     def destroy_stream_force(self, stream: int) -> None:
         stream = _ptr("stream", stream)
         self._abort_capture(stream)
         self._fn["aclrtDestroyStreamForce"](stream)
-        self._forget_stream(stream)
+        self._forget_stream(stream, drained=False)
 
     def set_stream_failure_mode(self, stream: int, mode: int) -> None:
         self._fn["aclrtSetStreamFailureMode"](
@@ -441,8 +457,10 @@ class AclRuntime(AclGraphs):
             self._stream_ids[number.value & 0xFFFFFFFF] = stream  # the info's id is a uint32
         return stream
 
-    def _forget_stream(self, stream: int) -> None:
+    def _forget_stream(self, stream: int, *, drained: bool) -> None:
         self._streams.discard(stream)
+        if self._devargs is not None:
+            self._devargs.forget_stream(stream, drained=drained)
         for number in [n for n, handle in self._stream_ids.items() if handle == stream]:
             del self._stream_ids[number]
 
@@ -562,7 +580,7 @@ class AclRuntime(AclGraphs):
         ``$AIO_ASCEND_ACL_BUILTINS``. ``kernel_type`` and ``lazy`` become
         ``aclrtBinaryLoadOptions`` (:mod:`.kernels`): a ``kernel_type`` for a file is refused
         (``ValueError``: the runtime refuses the magic option for files); a file's kernel type
-        is read from the JSON beside it.
+        is read from the JSON beside it. CANN 8.0: the legacy loader, no options (:mod:`.devargs`).
         """
         kind, lazy = check_load_options(kernel_type, lazy)
         if source is None:
@@ -574,6 +592,12 @@ class AclRuntime(AclGraphs):
                     "(vector_add, axpy, scale, matmul, sleep, fault, hang, noop)"
                 )
             source = builtins
+        if self._devargs is not None:  # CANN 8.0: the legacy loader (.devargs)
+            binary, kept, kind = load_legacy(
+                self._fn, self._library.has, source, kind, lazy, self.get_recent_error_message
+            )
+            self._binaries[binary] = (kept, kind)
+            return binary
         handle, ref = self._new_handle()
         data: bytes | None = None
         if isinstance(source, bytes | bytearray | memoryview):

@@ -1,12 +1,13 @@
 """The host side of a ``cuLaunchKernel`` parameter-buffer launch: the ``extra`` array and the
-placeholder patches written into the caller's args buffer. Pure: no cuda-bindings needed."""
+placeholder patches written into the caller's args buffer (:mod:`..staging`'s, re-exported).
+Pure: no cuda-bindings needed."""
 
 from __future__ import annotations
 
 import ctypes
-import struct
-from collections.abc import Sequence
 from typing import Any
+
+from ..staging import apply_patches, placeholder_patches
 
 __all__ = [
     "CU_LAUNCH_PARAM_BUFFER_POINTER",
@@ -21,8 +22,6 @@ __all__ = [
 CU_LAUNCH_PARAM_BUFFER_POINTER = 0x01
 CU_LAUNCH_PARAM_BUFFER_SIZE = 0x02
 CU_LAUNCH_PARAM_END = 0x00
-
-_U64 = struct.Struct("<Q")
 
 
 class LaunchExtra:
@@ -75,18 +74,3 @@ class LaunchExtra:
     def entries(self) -> list[int]:
         """The five pointer values as ints (for diagnostics and tests)."""
         return [int(v or 0) for v in self.array]
-
-
-def placeholder_patches(entries: Sequence[tuple[int, int]], region: int) -> list[tuple[int, bytes]]:
-    """``(addrOffset, uint64 little-endian bytes)`` to write into the caller's args buffer.
-
-    The args image ``[0, argsSize)`` is copied to device address ``region``, so the data of
-    each placeholder lies at ``region + dataOffset``.
-    """
-    return [(addr_offset, _U64.pack(region + data_offset)) for addr_offset, data_offset in entries]
-
-
-def apply_patches(args_addr: int, patches: Sequence[tuple[int, bytes]]) -> None:
-    """Write each patch at ``args_addr + offset`` (host memory the caller owns)."""
-    for offset, data in patches:
-        ctypes.memmove(args_addr + offset, data, len(data))
