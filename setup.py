@@ -1,0 +1,37 @@
+"""The optional compiled hot path: ``AIO_ASCEND_COMPILE=1 pip install .`` compiles the modules
+listed in ``aio_ascend/_sched/compiled.py`` with mypyc (a C compiler and the Python headers are
+needed); without the variable the package is pure Python. Everything else is in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+from setuptools import setup
+
+
+def compiled_module_paths() -> list[str]:
+    """The source files of ``COMPILED_MODULES`` (read without importing the package)."""
+    source = Path(__file__).with_name("aio_ascend") / "_sched" / "compiled.py"
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        target = getattr(node, "target", None)
+        if (
+            isinstance(node, ast.AnnAssign)
+            and node.value
+            and getattr(target, "id", "") == ("COMPILED_MODULES")
+        ):
+            names = ast.literal_eval(node.value)
+            return [name.replace(".", "/") + ".py" for name in names]
+    raise RuntimeError(f"no COMPILED_MODULES in {source}")
+
+
+ext_modules = []
+if os.environ.get("AIO_ASCEND_COMPILE", "0") not in ("", "0"):
+    from mypyc.build import mypycify
+
+    # one shared library inside the package: aio_ascend/_sched__mypyc.*.so
+    ext_modules = mypycify(compiled_module_paths(), opt_level="3", group_name="aio_ascend._sched")
+
+setup(ext_modules=ext_modules)
