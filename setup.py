@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -29,9 +30,19 @@ def compiled_module_paths() -> list[str]:
 
 ext_modules = []
 if os.environ.get("AIO_ASCEND_COMPILE", "0") not in ("", "0"):
-    from mypyc.build import mypycify
-
-    # one shared library inside the package: aio_ascend/_sched__mypyc.*.so
-    ext_modules = mypycify(compiled_module_paths(), opt_level="3", group_name="aio_ascend._sched")
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        # Asking for the build requirements (egg_info) comes before mypy is installed; a build
+        # without mypyc must not quietly produce the pure-Python package it was not asked for.
+        if any(command.endswith(("wheel", "build_ext", "install")) for command in sys.argv):
+            raise SystemExit(
+                "AIO_ASCEND_COMPILE=1 needs mypy (mypyc) to build: pip install mypy"
+            ) from None
+    else:
+        # one shared library inside the package: aio_ascend/_sched__mypyc.*.so
+        ext_modules = mypycify(
+            compiled_module_paths(), opt_level="3", group_name="aio_ascend._sched"
+        )
 
 setup(ext_modules=ext_modules)
