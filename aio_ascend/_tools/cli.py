@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__
+from .._sched.compiled import compiled
 
 __all__ = ["build_parser", "main", "subcommands"]
 
@@ -240,6 +241,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"{sys.executable})"
     )
     print(f"  {'aio_ascend':<12} {__version__}")
+    print(
+        f"  {'hot path':<12} compiled (mypyc)"
+        if compiled()
+        else f"  {'hot path':<12} pure Python (AIO_ASCEND_COMPILE=1 at install compiles it)"
+    )
     for dist, note in [
         ("numpy", ""),
         ("anyio", ""),

@@ -1,0 +1,59 @@
+"""The optional compiled build (``AIO_ASCEND_COMPILE=1``, mypyc): what it compiles, and the
+constraints the compiled classes put on the code. CI builds it and runs the whole suite on it
+(``.ci/run``); these tests run on either build."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+import aio_ascend
+from aio_ascend._sched.compiled import COMPILED_MODULES, compiled
+
+ROOT = Path(aio_ascend.__file__).parent.parent
+
+
+def _setup_module() -> object:
+    spec = importlib.util.spec_from_file_location("aio_ascend_setup", ROOT / "setup.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    setup_calls: list[object] = []
+    import setuptools
+
+    real = setuptools.setup
+    setuptools.setup = lambda **kwargs: setup_calls.append(kwargs)  # type: ignore[assignment]
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        setuptools.setup = real
+    assert setup_calls == [{"ext_modules": []}]  # no AIO_ASCEND_COMPILE: a pure build
+    return module
+
+
+@pytest.mark.skipif(not (ROOT / "setup.py").exists(), reason="an installed copy, not a checkout")
+def test_setup_compiles_exactly_the_listed_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIO_ASCEND_COMPILE", raising=False)
+    monkeypatch.setattr(sys, "argv", ["setup.py", "egg_info"])
+    setup = _setup_module()
+    paths = setup.compiled_module_paths()  # type: ignore[attr-defined]
+    assert paths == [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
+    assert all((ROOT / path).is_file() for path in paths)
+
+
+def test_compiled_reports_the_build_that_runs() -> None:
+    files = [importlib.import_module(name).__file__ or "" for name in COMPILED_MODULES]
+    assert compiled() == all(not name.endswith(".py") for name in files)
+    # all or nothing: a half-compiled install is a broken one
+    assert len({name.endswith(".py") for name in files}) == 1
+
+
+def test_public_classes_stay_python_classes() -> None:
+    # Users may weak-reference, subclass and introspect them, which native classes forbid:
+    # they live in modules that are never compiled.
+    for cls in (aio_ascend.Task, aio_ascend.Event, aio_ascend.DeviceBuffer, aio_ascend.Stream):
+        assert cls.__module__ + ".py" not in {m + ".py" for m in COMPILED_MODULES}
+        assert cls.__doc__ and "mypyc" not in cls.__doc__
