@@ -30,6 +30,7 @@ from ._host.hostargs import HostArgs as HostArgs
 from ._launch_config import LaunchConfig as LaunchConfig
 from ._launch_config import LaunchConfigDict as LaunchConfigDict
 from ._runtime import available_backends as available_backends
+from ._sched.compiled import compiled as is_compiled
 from ._sched.task import Task as Task
 from ._stream import Stream as Stream
 from ._version import __version__ as __version__
@@ -59,6 +60,7 @@ __all__ = (
     "Task",
     "TaskTimeoutError",
     "available_backends",
+    "is_compiled",
     "open_device",
     "sim",
 )

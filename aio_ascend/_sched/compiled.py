@@ -38,7 +38,9 @@ def interpreted(cls: _C) -> _C:
 
 
 def compiled() -> bool:
-    """Whether the hot path runs compiled (every module of :data:`COMPILED_MODULES`)."""
+    """Whether this install runs the scheduler's hot path compiled with mypyc (installed with
+    ``AIO_ASCEND_COMPILE=1``) rather than as pure Python; public as ``aio_ascend.is_compiled``.
+    True only when every module of :data:`COMPILED_MODULES` is compiled."""
     return all(
         not (importlib.import_module(name).__file__ or "").endswith(".py")
         for name in COMPILED_MODULES

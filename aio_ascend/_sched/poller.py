@@ -19,7 +19,7 @@ from typing import Any
 from .._errors import InternalError
 from .._runtime import Runtime
 from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
-from .._runtime.threads import GIL_SLICE_S, reduce_timer_slack, yield_gil
+from .._runtime.threads import GIL_SLICE_S, LoopPulse, reduce_timer_slack, yield_gil
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
@@ -54,6 +54,7 @@ class Poller:
     :param inbox: where the submitter puts recorded batches
     :param expire_waiting: the watchdog's look at hops the submitter has not taken yet
     :param watch: block mode: told the oldest outstanding batch event after every round
+    :param pulse: the loop's heartbeat: when to hand it the GIL
     """
 
     def __init__(
@@ -71,8 +72,11 @@ class Poller:
         task_timeout: float,
         poll_min_interval: float = 5e-6,
         poll_max_interval: float = 1e-3,
+        pulse: LoopPulse | None = None,
     ) -> None:
         self._runtime = runtime
+        self._pulse = pulse or LoopPulse()
+        self._slice_end = 0.0  # when this thread's GIL slice is used up (see _round)
         self._faults = faults
         self._lifetimes = lifetimes
         self._events = batch_events
@@ -168,7 +172,6 @@ class Poller:
                 break
             if not self._file(item):
                 return False
-        started = time.perf_counter()
         try:
             done = self._collect_completed()
         except BaseException as exc:
@@ -181,8 +184,11 @@ class Poller:
             if self._watch is not None:
                 self._watch_oldest()
             self._interval = self._min_interval
-            if time.perf_counter() - started > GIL_SLICE_S:
-                yield_gil()  # a big round: let the loop take the GIL before the next
+            # rounds that complete work follow each other without a wait: their time adds up
+            now = time.perf_counter()
+            if now > self._slice_end and self._pulse.starved(now):  # see LoopPulse
+                yield_gil()
+                self._slice_end = time.perf_counter() + GIL_SLICE_S
             return True
         now = time.monotonic()
         if now >= self._next_deadline_check:
@@ -197,7 +203,8 @@ class Poller:
         # Nothing finished: wait (GIL released) for the interval or for new work.
         try:
             item = inbox.get(timeout=self._interval)
-        except queue.Empty:
+        except queue.Empty:  # waited out, GIL released: a fresh slice
+            self._slice_end = time.perf_counter() + GIL_SLICE_S
             self._interval = min(self._interval * 2, self._max_interval)
             return True
         self._interval = self._min_interval

@@ -1,10 +1,9 @@
 """``Scheduler``: one device's scheduling core, on the event-loop side.
 
 It owns the pending batch (flushed once per loop tick, or at once when full), admission
-accounting, the delivery of completions, the shutdown sequence, and the parts that carry its
-decisions out: the submitter and poller threads, the host buffer pool, the lifetimes of
-device allocations and event handles. The public facades validate user input and call it.
-"""
+accounting, the delivery of completions, the shutdown sequence, and what carries its decisions
+out: the submitter and poller threads, the host buffer pool, the lifetimes of device
+allocations and event handles. The public facades validate user input and call it."""
 
 from __future__ import annotations
 
@@ -27,6 +26,7 @@ from .._host.pool import HostBuffer, HostBufferPool
 from .._launch_config import LaunchConfig
 from .._runtime import Runtime
 from .._runtime.abi import ACL_STOP_ON_FAILURE
+from .._runtime.threads import LoopPulse
 from .admission import ENTRIES_PER_REQUEST
 from .batching import Hop, form_batches
 from .binding import ContextBinding
@@ -150,6 +150,7 @@ class Scheduler:
         self._idle_waiters: list[Any] = []
         self._close_waiters: list[Any] = []
         batches: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pulse = pulse = LoopPulse()  # beats in flush() and after each drain
         self._submitter = Submitter(
             runtime=runtime,
             device_id=self.device_id,
@@ -160,6 +161,7 @@ class Scheduler:
             stage=self.pool.acquire,
             to_poller=batches.put,
             task_timeout=task_timeout,
+            pulse=pulse,
         )
         self._waiter: Waiter | None = None
         if completion is CompletionMode.BLOCK:
@@ -180,6 +182,7 @@ class Scheduler:
             # block mode: the waiter catches the oldest work at once, so the others can be
             # polled less often (idle CPU) without one long task delaying them
             poll_max_interval=1e-3 if self._waiter is None else 4e-3,
+            pulse=pulse,
         )
         self._submitter.thread.start()
         self._poller.thread.start()
@@ -486,6 +489,7 @@ class Scheduler:
 
     def flush(self) -> None:
         """Hand the pending requests to the submitter in one hop."""
+        self._pulse.beat()
         if self._pending:
             pending, self._pending = self._pending, []
             for lane, entries in form_batches(pending, self._batch_cap).items():
@@ -543,6 +547,7 @@ class Scheduler:
 
     def _on_settled(self, count: int) -> None:
         # After each drain: `count` requests no longer count towards aclose()'s wait.
+        self._pulse.beat()
         self.unsettled -= count
         if self.unsettled == 0 and self._idle_waiters:
             waiters, self._idle_waiters = self._idle_waiters, []
@@ -587,14 +592,10 @@ class Scheduler:
         counters = total(*parts)
         pool = self.pool.stats()
         return {
-            "launches": counters["launches"],
-            "copies": counters["copies"],
-            "batches": counters["batches"],
-            "wakeups": counters["wakeups"],
+            **{key: counters[key] for key in ("launches", "copies", "batches", "wakeups")},
             "in_flight": sum(lane.admission.in_flight for lane in self.lanes),
             "peak_in_flight": self.peak_in_flight,
-            "timeouts": counters["timeouts"],
-            "sync_timeouts": counters["sync_timeouts"],
+            **{key: counters[key] for key in ("timeouts", "sync_timeouts")},
             "streams": len(self.lanes),
             "device_buffers": self.lifetimes.live_count,
             "graphs": len(self.graphs),

@@ -25,7 +25,7 @@ from .._errors import (
 )
 from .._host.pool import HostBuffer
 from .._runtime import Runtime
-from .._runtime.threads import GIL_SLICE_S, yield_gil
+from .._runtime.threads import GIL_SLICE_S, LoopPulse, yield_gil
 from .batching import Hop
 from .counters import Counters
 from .events import BatchEvents
@@ -46,6 +46,7 @@ class Submitter:
     :param post: hands deliveries to the loop (non-blocking; counts a wake-up when it did)
     :param stage: a pooled staging buffer for a big copy (the loop leaves those to us)
     :param to_poller: passes a recorded batch to the poller
+    :param pulse: the loop's heartbeat: when to hand it the GIL
     """
 
     def __init__(
@@ -60,8 +61,10 @@ class Submitter:
         stage: Callable[[int], HostBuffer],
         to_poller: Callable[[Batch], None],
         task_timeout: float,
+        pulse: LoopPulse | None = None,
     ) -> None:
         self._runtime = runtime
+        self._pulse = pulse or LoopPulse()
         self._faults = faults
         self._lifetimes = lifetimes
         self._events = batch_events
@@ -79,6 +82,8 @@ class Submitter:
         #: hops handed over and not yet taken, oldest first (read by the watchdog)
         self.waiting: deque[Hop] = deque()
         self._current: Hop | None = None  # the hop being submitted
+        #: when this thread's GIL slice is used up: hops that follow each other add up
+        self._slice_end = 0.0
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
@@ -188,11 +193,13 @@ class Submitter:
         open_batches: dict[Lane, list[Request]] = {}
         broken: dict[Lane, BaseException] = {}
         failures: list[Delivery] = []
-        slice_end = time.perf_counter() + GIL_SLICE_S
+        pulse = self._pulse
         for index, req in enumerate(hop.requests):
-            if index & 31 == 31 and time.perf_counter() > slice_end:
-                yield_gil()
-                slice_end = time.perf_counter() + GIL_SLICE_S
+            if index & 31 == 31:
+                now = time.perf_counter()
+                if now > self._slice_end and pulse.starved(now):  # see LoopPulse
+                    yield_gil()
+                    self._slice_end = time.perf_counter() + GIL_SLICE_S
             lane = req.lane
             error = broken.get(lane)
             if error is None and faults.first is not None:

@@ -24,12 +24,11 @@ from typing import Any, TextIO
 import anyio
 import anyio.to_thread
 
-from .. import HostArgs, __version__, open_device
+from .. import HostArgs, __version__, is_compiled, open_device
 from .._host.pool import HostBufferPool
 from .._host.snapshot import snapshot_args
 from .._runtime import open_runtime
 from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS
-from .._sched.compiled import compiled
 from ..tracing import Tracer
 from .bench_shapes import (
     bench_fanout,
@@ -523,7 +522,7 @@ def machine_metadata() -> dict[str, Any]:
         "platform": platform.platform(),
         "aio_ascend": __version__,
         # the hot path compiled with mypyc (AIO_ASCEND_COMPILE=1 at install) or pure Python
-        "compiled": compiled(),
+        "compiled": is_compiled(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -540,7 +539,7 @@ def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]
         "loop": cfg.loop,
         "repeats": cfg.repeats,
         "python": sys.version.split()[0],
-        "compiled": compiled(),
+        "compiled": is_compiled(),
     }
     results["machine"] = machine_metadata()
     for key, label, fn in steps:

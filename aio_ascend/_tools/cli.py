@@ -32,8 +32,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import __version__
-from .._sched.compiled import compiled
+from .. import __version__, is_compiled
 
 __all__ = ["build_parser", "main", "subcommands"]
 
@@ -243,7 +242,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"  {'aio_ascend':<12} {__version__}")
     print(
         f"  {'hot path':<12} compiled (mypyc)"
-        if compiled()
+        if is_compiled()
         else f"  {'hot path':<12} pure Python (AIO_ASCEND_COMPILE=1 at install compiles it)"
     )
     for dist, note in [

@@ -24,6 +24,7 @@ EXPORTED = {
     "Task",
     "TaskTimeoutError",
     "available_backends",
+    "is_compiled",
     "open_device",
     "sim",
 }

@@ -1,0 +1,93 @@
+"""When library threads hand the GIL to the event loop (``_runtime/threads.LoopPulse``): only
+once their slice is used up, however many hops it spans, and only if the loop has not run for
+``LOOP_STARVED_S`` (a loop that runs needs no turn; giving it one costs CPU)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from aio_ascend._host.pool import HostBuffer
+from aio_ascend._runtime.threads import LOOP_STARVED_S, LoopPulse
+from aio_ascend._sched import submitter as submitter_module
+from aio_ascend._sched.batching import Hop, form_batches
+from aio_ascend._sched.faults import FaultState
+from aio_ascend._sched.lane import Lane
+from aio_ascend._sched.submitter import Submitter
+from aio_ascend._sched.task import Task
+from aio_ascend._sched.work import Batch, Launch, Request
+
+
+def test_the_pulse_says_starved_only_after_the_loop_has_been_away() -> None:
+    pulse = LoopPulse()
+    pulse.beat()
+    assert not pulse.starved(pulse.last + LOOP_STARVED_S / 2)
+    assert pulse.starved(pulse.last + LOOP_STARVED_S * 1.5)
+
+
+class _Runtime:
+    def __init__(self) -> None:
+        self.launches = 0
+
+    def launch_kernel_with_host_args(self, *args: Any) -> None:
+        self.launches += 1
+
+    def record_event(self, event: int, stream: int) -> None:
+        pass
+
+
+class _Events:
+    def take(self) -> int:
+        return 1
+
+
+def _hops(count: int, size: int) -> list[Hop]:
+    lane = Lane(1, 100_000, 200_000)
+    host = HostBuffer(0, 4096, 4096, 64, memoryview(bytearray(64)))
+    task: Any = Task.__new__(Task)  # never resolved here
+    hops = []
+    for _ in range(count):
+        requests: list[Request] = [
+            Launch(lane, task, host, (), 7, 1, None, 8, 8, 0) for _ in range(size)
+        ]
+        form_batches(requests, 512)
+        hops.append(Hop(requests, time.monotonic() + 60))
+    return hops
+
+
+@pytest.mark.parametrize("starved", [True, False])
+def test_the_submitter_yields_to_a_starved_loop_only(
+    monkeypatch: pytest.MonkeyPatch, starved: bool
+) -> None:
+    yields: list[float] = []
+    monkeypatch.setattr(submitter_module, "yield_gil", lambda: yields.append(1.0))
+    pulse = LoopPulse()
+    pulse.last = -1e9 if starved else 1e18  # the loop never ran / always just ran
+    runtime = _Runtime()
+    batches: list[Batch] = []
+    submitter = Submitter(
+        runtime=runtime,  # type: ignore[arg-type]
+        device_id=0,
+        faults=FaultState(),
+        lifetimes=None,  # type: ignore[arg-type]
+        batch_events=_Events(),  # type: ignore[arg-type]
+        post=lambda deliveries, counters: None,
+        stage=None,  # type: ignore[arg-type]
+        to_poller=batches.append,
+        task_timeout=60.0,
+        pulse=pulse,
+    )
+    # many small hops, each far shorter than a slice: their time adds up
+    deadline = time.perf_counter() + 5 * submitter_module.GIL_SLICE_S
+    hops = 0
+    while time.perf_counter() < deadline:
+        for hop in _hops(1, 64):
+            submitter._hop(hop)
+            hops += 1
+    assert runtime.launches == 64 * hops and len(batches) == hops
+    if starved:
+        assert len(yields) >= 2  # one per slice used up, across hops
+    else:
+        assert yields == []
