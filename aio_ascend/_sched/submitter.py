@@ -175,6 +175,7 @@ class Submitter:
                     self._current = item
                     self._hop(item)
                     self._current = None
+                    self._offer_gil()  # hops of a few requests add up too
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
                 failures: list[Delivery] = [
                     (req, InternalError(f"submitter failed: {exc!r}"), Outcome.FINISHED)
@@ -193,13 +194,9 @@ class Submitter:
         open_batches: dict[Lane, list[Request]] = {}
         broken: dict[Lane, BaseException] = {}
         failures: list[Delivery] = []
-        pulse = self._pulse
         for index, req in enumerate(hop.requests):
             if index & 31 == 31:
-                now = time.perf_counter()
-                if now > self._slice_end and pulse.starved(now):  # see LoopPulse
-                    yield_gil()
-                    self._slice_end = time.perf_counter() + GIL_SLICE_S
+                self._offer_gil()
             lane = req.lane
             error = broken.get(lane)
             if error is None and faults.first is not None:
@@ -256,6 +253,14 @@ class Submitter:
             if batch:
                 self._close_batch(lane, batch, deadline, failures)
         self._post(failures, counters)
+
+    def _offer_gil(self) -> None:
+        # Yield the GIL once this thread's slice is used up (counted since its last yield,
+        # across hops) and only to a loop that has not run for a while (see LoopPulse).
+        now = time.perf_counter()
+        if now > self._slice_end and self._pulse.starved(now):
+            yield_gil()
+            self._slice_end = time.perf_counter() + GIL_SLICE_S
 
     def _classify(self, exc: BaseException) -> BaseException:
         return classify_refusal(exc, self._faults, self._context_is_healthy)

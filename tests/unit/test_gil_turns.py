@@ -31,6 +31,9 @@ class _Runtime:
     def __init__(self) -> None:
         self.launches = 0
 
+    def set_current_context(self) -> None:
+        pass
+
     def launch_kernel_with_host_args(self, *args: Any) -> None:
         self.launches += 1
 
@@ -57,17 +60,8 @@ def _hops(count: int, size: int) -> list[Hop]:
     return hops
 
 
-@pytest.mark.parametrize("starved", [True, False])
-def test_the_submitter_yields_to_a_starved_loop_only(
-    monkeypatch: pytest.MonkeyPatch, starved: bool
-) -> None:
-    yields: list[float] = []
-    monkeypatch.setattr(submitter_module, "yield_gil", lambda: yields.append(1.0))
-    pulse = LoopPulse()
-    pulse.last = -1e9 if starved else 1e18  # the loop never ran / always just ran
-    runtime = _Runtime()
-    batches: list[Batch] = []
-    submitter = Submitter(
+def _submitter(runtime: _Runtime, batches: list[Batch], pulse: LoopPulse) -> Submitter:
+    return Submitter(
         runtime=runtime,  # type: ignore[arg-type]
         device_id=0,
         faults=FaultState(),
@@ -79,6 +73,39 @@ def test_the_submitter_yields_to_a_starved_loop_only(
         task_timeout=60.0,
         pulse=pulse,
     )
+
+
+def test_hops_of_one_request_still_give_a_starved_loop_its_turns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    yields: list[float] = []
+    monkeypatch.setattr(submitter_module, "yield_gil", lambda: yields.append(1.0))
+    pulse = LoopPulse()
+    pulse.last = -1e9
+    runtime, batches = _Runtime(), []
+    submitter = _submitter(runtime, batches, pulse)
+    hops = _hops(2000, 1)  # far more than a slice's worth of work, in tiny hops
+    for hop in hops:
+        submitter.submit(hop)
+    submitter.stop()
+    submitter.thread.start()
+    submitter.thread.join(30)
+    assert not submitter.thread.is_alive()
+    assert runtime.launches == len(hops) == len(batches)
+    assert len(yields) >= 2
+
+
+@pytest.mark.parametrize("starved", [True, False])
+def test_the_submitter_yields_to_a_starved_loop_only(
+    monkeypatch: pytest.MonkeyPatch, starved: bool
+) -> None:
+    yields: list[float] = []
+    monkeypatch.setattr(submitter_module, "yield_gil", lambda: yields.append(1.0))
+    pulse = LoopPulse()
+    pulse.last = -1e9 if starved else 1e18  # the loop never ran / always just ran
+    runtime = _Runtime()
+    batches: list[Batch] = []
+    submitter = _submitter(runtime, batches, pulse)
     # many small hops, each far shorter than a slice: their time adds up
     deadline = time.perf_counter() + 5 * submitter_module.GIL_SLICE_S
     hops = 0
