@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .compiled import mypyc_attr
 from .lane import Lane
 from .work import Request
 
@@ -46,6 +47,7 @@ def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
     return refunds
 
 
+@mypyc_attr(acyclic=True)  # never in a cycle: not tracked by the collector when compiled
 class Hop:
     """One tick's requests on their way to the submitter, with the deadline of their tasks.
 

@@ -10,11 +10,23 @@ attribute added or patched from outside. A class that needs any of that is marke
 from __future__ import annotations
 
 import importlib
-from typing import TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
-__all__ = ["COMPILED_MODULES", "compiled", "interpreted"]
+__all__ = ["COMPILED_MODULES", "compiled", "interpreted", "mypyc_attr"]
 
 _C = TypeVar("_C", bound=type)
+
+if TYPE_CHECKING:  # what mypyc reads: the real decorator
+    from mypy_extensions import mypyc_attr
+else:
+
+    def mypyc_attr(*attrs: str, **options: object) -> Callable[[_C], _C]:
+        """``mypy_extensions.mypyc_attr`` at run time: a no-op (mypyc acts on it when it
+        compiles; this module itself is never compiled), so the package does not depend on
+        mypy_extensions."""
+        return lambda cls: cls
+
 
 #: the modules ``setup.py`` compiles when asked to (the scheduler's hot path)
 COMPILED_MODULES: tuple[str, ...] = (

@@ -9,7 +9,7 @@ allocations it references, user arrays) until then: nothing is released on cance
 from __future__ import annotations
 
 import enum
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,6 +20,7 @@ from .._runtime.abi import (
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
 )
+from .compiled import mypyc_attr
 from .events import EventRecord
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ class Outcome(enum.Enum):
     FINISHED_LATE = enum.auto()
 
 
-class Request(ABC):
+@mypyc_attr(acyclic=True)  # never in a cycle: not tracked by the collector when compiled
+class Request:
     """One operation on one stream. Subclasses implement :meth:`submit`."""
 
     __slots__ = (
@@ -104,16 +106,17 @@ class Request(ABC):
     def submit(self, runtime: Runtime, stream: int) -> None:
         """Queue the operation on ``stream`` (submitter thread)."""
 
-    def on_complete(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+    def on_complete(self) -> None:
         """Finish host-side work after the device completed it (poller thread)."""
 
-    def on_refused(self, exc: BaseException) -> None:  # noqa: B027 - optional hook
+    def on_refused(self, exc: BaseException) -> None:
         """The request will never reach the device (submitter thread)."""
 
 
 Delivery = tuple[Request, BaseException | None, Outcome]
 
 
+@mypyc_attr(acyclic=True)
 class Launch(Request):
     """A kernel launch with a snapshot of its host args in a pooled pinned buffer."""
 
@@ -346,6 +349,7 @@ class WaitEvent(_EventRequest):
         runtime.stream_wait_event(stream, self.event.handle)
 
 
+@mypyc_attr(acyclic=True)
 class Batch:
     """Requests submitted to one stream in one hop, followed by one recorded event.
 
