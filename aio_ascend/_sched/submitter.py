@@ -199,8 +199,11 @@ class Submitter:
                 self._offer_gil()
             lane = req.lane
             error = broken.get(lane)
-            if error is None and faults.first is not None:
-                error = derived_error(faults.first, "device faulted earlier")
+            first = faults.first
+            if first is not None:
+                # the device fault is every later task's cause, directly: also when the refusal
+                # that broke this stream's hop was that fault noted by the poller in between
+                error = derived_error(first, "device faulted earlier")
             elif error is not None:
                 error = derived_error(error, "not submitted: an earlier request was refused")
             if error is None:
