@@ -85,15 +85,15 @@ from aio_ascend._runtime.cuda.launch import (
     placeholder_patches,
 )
 from aio_ascend._runtime.cuda.runtime import CudaRuntime, open_cuda_runtime
-from aio_ascend._runtime.cuda.staging import (
+from aio_ascend._runtime.hostmem import host_view
+from aio_ascend._runtime.sim.kernels import BUILTIN_KERNELS
+from aio_ascend._runtime.staging import (
     MAX_STAGING_ALIGN,
     MIN_STAGING_ALIGN,
     CaptureStaging,
     StagingRing,
     staging_alignment,
 )
-from aio_ascend._runtime.hostmem import host_view
-from aio_ascend._runtime.sim.kernels import BUILTIN_KERNELS
 
 F32 = np.float32
 _HAVE_BINDINGS = importlib.util.find_spec("cuda") is not None and (

@@ -31,11 +31,11 @@ from ..abi import (
 )
 from ..abi import hex_or_repr as _hex
 from ..base import PLAIN_FUNCTION, FunctionInfo
+from ..staging import DEFAULT_STAGING_BYTES, CaptureStaging, StagingRing
 from .errors import CUDA_ERROR_NOT_READY, CUDA_FAULT_CODES, CUDA_SUCCESS, cuda_error
 from .kernels import CONTROL_FAULT_OFFSET, CONTROL_RELEASE_OFFSET, CONTROL_SIZE
 from .launch import LaunchExtra
 from .nvrtc import compile_cuda_source
-from .staging import DEFAULT_STAGING_BYTES, CaptureStaging, StagingRing
 
 __all__ = [
     "DEFAULT_BLOCK_DIM",

@@ -36,9 +36,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ..abi import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
+from ..staging import CaptureStaging, staging_alignment
 from .core import CudaCore, CudaFunction, CudaStream
 from .launch import apply_patches, placeholder_patches
-from .staging import CaptureStaging, staging_alignment
 
 __all__ = ["GRAPH_HANDLE_BASE", "CudaGraph", "CudaGraphs"]
 

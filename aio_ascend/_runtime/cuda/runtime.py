@@ -88,6 +88,7 @@ from ..abi import (
     check_placeholder_table,
     check_timeout,
 )
+from ..staging import DEFAULT_STAGING_BYTES, MAX_STAGING_ALIGN, StagingRing, staging_alignment
 from .core import (
     CU_EVENT_DISABLE_TIMING,
     CU_STREAM_NON_BLOCKING,
@@ -113,7 +114,6 @@ from .graphs import CudaGraphs
 from .kernels import BUILTIN_NAMES, CONTROL_SYMBOL, KERNEL_SOURCE, PARAM_SIZES
 from .launch import apply_patches, placeholder_patches
 from .nvrtc import compile_cuda_source
-from .staging import DEFAULT_STAGING_BYTES, MAX_STAGING_ALIGN, StagingRing, staging_alignment
 
 __all__ = [
     "DEFAULT_BLOCK_DIM",
