@@ -735,4 +735,4 @@ def test_args_inside_a_pinned_slab_are_read_when_the_kernel_runs(rt: SimRuntime)
     with pytest.raises(InvalidParamError, match="past the end"):
         rt.launch_kernel_with_host_args(fn, 1, h.stream, None, slab + 240, 24, 0, 0)
     rt.free_host(slab)
-    assert rt._pinned.last_view is None  # the cache must not outlive the slab
+    assert rt._pinned.last_hit is None  # the cache must not outlive the slab

@@ -207,11 +207,10 @@ class PinnedMemory:
         self._arrays: dict[int, U8Array] = {}  # real process address -> aligned view
         #: the same buffers as memoryviews (cheap slicing on the launch path); read-only use
         self.views: dict[int, memoryview] = {}
-        #: the allocation ``find`` hit last (pool buffers are looked up again and again)
-        self._last: tuple[int, U8Array] | None = None
-        #: the same allocation as ``(start, end, memoryview)``: the launch path's O(1) check
-        #: for args that sit inside a pooled slab (never a stale one: free() clears it)
-        self.last_view: tuple[int, int, memoryview] | None = None
+        #: the allocation ``find`` hit last, ``(start, end, array, memoryview)``: pool buffers
+        #: are looked up again and again, and the launch path checks args inside a pooled slab
+        #: against it in O(1) (never a stale one: free() clears it)
+        self.last_hit: tuple[int, int, U8Array, memoryview] | None = None
 
     def malloc(self, size: int) -> int:
         raw = np.empty(size + _ALIGN, dtype=np.uint8)
@@ -233,9 +232,8 @@ class PinnedMemory:
             if data is None:
                 return False
             self.views.pop(addr, None)
-            if self._last is not None and self._last[0] == addr:
-                self._last = None
-                self.last_view = None
+            if self.last_hit is not None and self.last_hit[0] == addr:
+                self.last_hit = None
             del self._starts[bisect.bisect_left(self._starts, addr)]
         # Queued work may still hold the array: a late reader sees poison, never freed memory.
         data.fill(POISON_BYTE)
@@ -246,8 +244,7 @@ class PinnedMemory:
 
     def clear(self) -> None:
         with self._lock:
-            self._last = None
-            self.last_view = None
+            self.last_hit = None
             self._arrays.clear()
             self.views.clear()
             self._starts.clear()
@@ -268,9 +265,9 @@ class PinnedMemory:
                     f"allocation ({data.shape[0]} bytes)"
                 )
             return data, 0
-        last = self._last
-        if last is not None and 0 <= addr - last[0] < last[1].shape[0]:
-            base, data = last
+        last = self.last_hit
+        if last is not None and last[0] <= addr < last[1]:
+            base, data = last[0], last[2]
         else:
             with self._lock:
                 index = bisect.bisect_right(self._starts, addr) - 1
@@ -278,8 +275,7 @@ class PinnedMemory:
                     return None
                 base = self._starts[index]
                 data = self._arrays[base]
-                self._last = (base, data)
-                self.last_view = (base, base + data.shape[0], self.views[base])
+                self.last_hit = (base, base + data.shape[0], data, self.views[base])
         offset = addr - base
         if offset >= data.shape[0]:
             return None

@@ -625,9 +625,9 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         if view is None or len(view) < args_size:
             # inside the pinned slab looked up last (the scheduler's pooled args buffers):
             # O(1), the same answer as PinnedMemory.find
-            last = self._pinned.last_view
+            last = self._pinned.last_hit
             if last is not None and last[0] <= args_addr and args_addr + args_size <= last[1]:
-                view, offset = last[2], args_addr - last[0]
+                view, offset = last[3], args_addr - last[0]
         if view is None or len(view) < args_size + offset:
             offset = 0
             found = self._host_side(args_addr, args_size, "hostArgs", name)
