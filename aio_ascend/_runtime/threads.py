@@ -15,7 +15,14 @@ import ctypes.util
 import sys
 import time
 
-__all__ = ["GIL_SLICE_S", "LOOP_STARVED_S", "LoopPulse", "reduce_timer_slack", "yield_gil"]
+__all__ = [
+    "GIL_SLICE_S",
+    "LOOP_STARVED_S",
+    "GilTurns",
+    "LoopPulse",
+    "reduce_timer_slack",
+    "yield_gil",
+]
 
 #: how long a library thread may run Python code before it offers the GIL to others
 GIL_SLICE_S = 0.0005
@@ -72,3 +79,25 @@ class LoopPulse:
     def starved(self, now: float) -> bool:
         """Whether the loop has not run for :data:`LOOP_STARVED_S` before ``now``."""
         return now - self.last > LOOP_STARVED_S
+
+
+class GilTurns:
+    """One library thread's turns at the GIL under :class:`LoopPulse`'s rule: its slice
+    counts from its last yield or wait, and it yields only to a starved loop."""
+
+    __slots__ = ("_pulse", "_slice_end")
+
+    def __init__(self, pulse: LoopPulse) -> None:
+        self._pulse = pulse
+        self._slice_end = 0.0  # when the slice is used up
+
+    def offer(self) -> None:
+        """Yield the GIL if the slice is used up and the loop has not run for a while."""
+        now = time.perf_counter()
+        if now > self._slice_end and self._pulse.starved(now):
+            yield_gil()
+            self._slice_end = time.perf_counter() + GIL_SLICE_S
+
+    def waited(self) -> None:
+        """The thread waited with the GIL released: a fresh slice."""
+        self._slice_end = time.perf_counter() + GIL_SLICE_S

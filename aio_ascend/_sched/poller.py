@@ -19,7 +19,7 @@ from typing import Any
 from .._errors import InternalError
 from .._runtime import Runtime
 from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
-from .._runtime.threads import GIL_SLICE_S, LoopPulse, reduce_timer_slack, yield_gil
+from .._runtime.threads import GilTurns, LoopPulse, reduce_timer_slack
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
@@ -75,8 +75,8 @@ class Poller:
         pulse: LoopPulse | None = None,
     ) -> None:
         self._runtime = runtime
-        self._pulse = pulse or LoopPulse()
-        self._slice_end = 0.0  # when this thread's GIL slice is used up (see _round)
+        #: when to hand the loop the GIL: rounds that follow each other add up (see LoopPulse)
+        self._turns = GilTurns(pulse or LoopPulse())
         self._faults = faults
         self._lifetimes = lifetimes
         self._events = batch_events
@@ -184,11 +184,7 @@ class Poller:
             if self._watch is not None:
                 self._watch_oldest()
             self._interval = self._min_interval
-            # rounds that complete work follow each other without a wait: their time adds up
-            now = time.perf_counter()
-            if now > self._slice_end and self._pulse.starved(now):  # see LoopPulse
-                yield_gil()
-                self._slice_end = time.perf_counter() + GIL_SLICE_S
+            self._turns.offer()  # rounds that complete work follow each other without a wait
             return True
         now = time.monotonic()
         if now >= self._next_deadline_check:
@@ -203,8 +199,8 @@ class Poller:
         # Nothing finished: wait (GIL released) for the interval or for new work.
         try:
             item = inbox.get(timeout=self._interval)
-        except queue.Empty:  # waited out, GIL released: a fresh slice
-            self._slice_end = time.perf_counter() + GIL_SLICE_S
+        except queue.Empty:  # waited out, GIL released
+            self._turns.waited()
             self._interval = min(self._interval * 2, self._max_interval)
             return True
         self._interval = self._min_interval

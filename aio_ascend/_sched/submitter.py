@@ -25,7 +25,7 @@ from .._errors import (
 )
 from .._host.pool import HostBuffer
 from .._runtime import Runtime
-from .._runtime.threads import GIL_SLICE_S, LoopPulse, yield_gil
+from .._runtime.threads import GilTurns, LoopPulse
 from .batching import Hop
 from .counters import Counters
 from .events import BatchEvents
@@ -64,7 +64,8 @@ class Submitter:
         pulse: LoopPulse | None = None,
     ) -> None:
         self._runtime = runtime
-        self._pulse = pulse or LoopPulse()
+        #: when to hand the loop the GIL: hops that follow each other add up (see LoopPulse)
+        self._turns = GilTurns(pulse or LoopPulse())
         self._faults = faults
         self._lifetimes = lifetimes
         self._events = batch_events
@@ -82,8 +83,6 @@ class Submitter:
         #: hops handed over and not yet taken, oldest first (read by the watchdog)
         self.waiting: deque[Hop] = deque()
         self._current: Hop | None = None  # the hop being submitted
-        #: when this thread's GIL slice is used up: hops that follow each other add up
-        self._slice_end = 0.0
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
@@ -175,7 +174,7 @@ class Submitter:
                     self._current = item
                     self._hop(item)
                     self._current = None
-                    self._offer_gil()  # hops of a few requests add up too
+                    self._turns.offer()  # hops of a few requests add up too
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
                 failures: list[Delivery] = [
                     (req, InternalError(f"submitter failed: {exc!r}"), Outcome.FINISHED)
@@ -196,7 +195,7 @@ class Submitter:
         failures: list[Delivery] = []
         for index, req in enumerate(hop.requests):
             if index & 31 == 31:
-                self._offer_gil()
+                self._turns.offer()
             lane = req.lane
             error = broken.get(lane)
             first = faults.first
@@ -256,14 +255,6 @@ class Submitter:
             if batch:
                 self._close_batch(lane, batch, deadline, failures)
         self._post(failures, counters)
-
-    def _offer_gil(self) -> None:
-        # Yield the GIL once this thread's slice is used up (counted since its last yield,
-        # across hops) and only to a loop that has not run for a while (see LoopPulse).
-        now = time.perf_counter()
-        if now > self._slice_end and self._pulse.starved(now):
-            yield_gil()
-            self._slice_end = time.perf_counter() + GIL_SLICE_S
 
     def _classify(self, exc: BaseException) -> BaseException:
         return classify_refusal(exc, self._faults, self._context_is_healthy)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from aio_ascend._host.pool import HostBuffer
+from aio_ascend._runtime import threads
 from aio_ascend._runtime.threads import LOOP_STARVED_S, LoopPulse
-from aio_ascend._sched import submitter as submitter_module
 from aio_ascend._sched.batching import Hop, form_batches
 from aio_ascend._sched.faults import FaultState
 from aio_ascend._sched.lane import Lane
@@ -79,7 +79,7 @@ def test_hops_of_one_request_still_give_a_starved_loop_its_turns(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     yields: list[float] = []
-    monkeypatch.setattr(submitter_module, "yield_gil", lambda: yields.append(1.0))
+    monkeypatch.setattr(threads, "yield_gil", lambda: yields.append(1.0))
     pulse = LoopPulse()
     pulse.last = -1e9
     runtime, batches = _Runtime(), []
@@ -100,14 +100,14 @@ def test_the_submitter_yields_to_a_starved_loop_only(
     monkeypatch: pytest.MonkeyPatch, starved: bool
 ) -> None:
     yields: list[float] = []
-    monkeypatch.setattr(submitter_module, "yield_gil", lambda: yields.append(1.0))
+    monkeypatch.setattr(threads, "yield_gil", lambda: yields.append(1.0))
     pulse = LoopPulse()
     pulse.last = -1e9 if starved else 1e18  # the loop never ran / always just ran
     runtime = _Runtime()
     batches: list[Batch] = []
     submitter = _submitter(runtime, batches, pulse)
     # many small hops, each far shorter than a slice: their time adds up
-    deadline = time.perf_counter() + 5 * submitter_module.GIL_SLICE_S
+    deadline = time.perf_counter() + 5 * threads.GIL_SLICE_S
     hops = 0
     while time.perf_counter() < deadline:
         for hop in _hops(1, 64):
