@@ -211,9 +211,17 @@ class Runtime(Protocol):
         ...
 
     def fault_site(self) -> tuple[int, int] | None:
-        """Which task faulted the device, if the backend knows: ``(stream, index)``, the index
-        counting from 0 every task submitted to that stream (launches, copies, event records
-        and waits) in submission order; ``None`` before a fault or when it cannot tell."""
+        """Which task faulted the device, if the backend knows: ``(stream, task id)``, the id
+        being what :meth:`last_task_id` returned right after that task's submission (the sim:
+        the task's 0-based index on its stream; acl: the runtime's ``(flip << 16) | id``, which
+        wraps and counts the runtime's own tasks too); ``None`` before a fault or when it cannot
+        tell. The id is only ever matched exactly: it says nothing of the tasks before it."""
+        ...
+
+    def last_task_id(self) -> int | None:
+        """The id :meth:`fault_site` would name for the last task the calling thread submitted
+        (acl: ``aclrtGetThreadLastTaskId``); ``None`` when the backend cannot tell (CANN 8.0,
+        CUDA): a fault report then names a stream, not a task."""
         ...
 
     def stream_wait_event(self, stream: int, event: int) -> None:

@@ -64,6 +64,10 @@ def classify_refusal(
     return exc if first is exc else derived_error(first, "device faulted earlier")
 
 
+#: a task id no report names (the runtime's "no task", and ours for "not known")
+NO_TASK = 0xFFFFFFFF
+
+
 def fail_batches(
     batches: Iterable[Batch],
     fault: BaseException,
@@ -72,27 +76,27 @@ def fail_batches(
 ) -> list[Delivery]:
     """Deliveries for every request of ``batches`` after ``fault`` broke the context.
 
-    With a fault report ``site`` (stream handle, task index): the request at that position
-    gets the device's first fault, the ones before it on that stream completed (no error),
-    everybody else gets a DeviceFaultError caused by the first fault. Without one: the first
-    request gets the first fault when ``fault`` is it (nobody else was given it yet).
+    None of them is a success: a fault report says which task failed, never which finished
+    (the runtime's ids wrap and count its own tasks too); what finished was delivered by the
+    event queries before. With a report ``site`` (stream handle, task id): the request whose
+    recorded runtime id (``position``) is exactly that id gets the device's first fault; if the
+    stream's requests carry no ids (the runtime cannot tell: CANN 8.0), the first of that
+    stream's requests gets it. Without a report: the first request gets the first fault when
+    ``fault`` is it. Everybody else gets a DeviceFaultError caused by the first fault.
     """
+    requests = [request for batch in batches for request in batch.requests]
+    blamed: object | None = None
+    if site is not None and site[1] != NO_TASK:
+        on_stream = [request for request in requests if request.lane.handle == site[0]]
+        exact = [request for request in on_stream if request.position == site[1]]
+        if exact:
+            blamed = exact[0]
+        elif on_stream and all(request.position < 0 for request in on_stream):
+            blamed = on_stream[0]  # no ids to match: the first fault for the stream
+    elif site is None and first is fault and requests:
+        blamed = requests[0]
     deliveries: list[Delivery] = []
-    given_first = first is not fault
-    for batch in batches:
-        for request in batch.requests:
-            error: BaseException | None
-            if site is not None and request.lane.handle == site[0]:
-                if request.position < site[1]:
-                    error = None  # done before the fault, on a FIFO stream
-                elif request.position == site[1]:
-                    error = first
-                else:
-                    error = derived_error(first, "device faulted")
-            elif site is None and not given_first:
-                error = first
-                given_first = True
-            else:
-                error = derived_error(first, "device faulted")
-            deliveries.append((request, error, Outcome.FINISHED))
+    for request in requests:
+        error = first if request is blamed else derived_error(first, "device faulted")
+        deliveries.append((request, error, Outcome.FINISHED))
     return deliveries

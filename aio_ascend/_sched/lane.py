@@ -32,8 +32,7 @@ class Lane:
         self.admission = Admission(max_in_flight, entry_budget)
         self.closed = False
         self.last: Task | None = None
-        #: runtime tasks submitted to the stream so far (the submitter thread's count): the
-        #: position a fault report names
+        #: runtime tasks submitted to the stream so far (the submitter thread's count)
         self.submitted = 0
 
     def __repr__(self) -> str:

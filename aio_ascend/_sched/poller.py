@@ -260,9 +260,21 @@ class Poller:
         # whatever its code: it becomes the device's (sticky) fault.
         fault = as_device_fault(exc)
         first = self._faults.note(fault)
-        batches = [batch for queued in self._outstanding.values() for batch in queued]
+        # What finished is what an event query still says completed (a batch the fault's round
+        # had not reached yet); a fault report never says it.
+        done: list[Batch] = []
+        batches: list[Batch] = []
+        for queued in self._outstanding.values():
+            for batch in queued:
+                if not batches or batches[-1].lane is not batch.lane:
+                    finished = self._still_completes(batch)
+                else:
+                    finished = False  # FIFO: after an unfinished batch of its stream
+                (done if finished else batches).append(batch)
         self._outstanding.clear()
         self._pending = 0
+        if done:
+            self._complete(done)
         for batch in batches:
             self.orphans.extend(batch.requests)
         try:
@@ -270,17 +282,14 @@ class Poller:
         except Exception:
             site = None
         deliveries = fail_batches(batches, fault, first, site)
-        now = time.perf_counter()
         for batch in batches:
             for req in batch.requests:
                 req.task.submitted_at = batch.submitted
-        for index, (req, error, outcome) in enumerate(deliveries):
-            if error is None:  # finished before the fault
-                req.task.completed_at = now
-                if req.needs_completion:
-                    try:
-                        req.on_complete()
-                    except BaseException as err:  # (not `exc`: the argument's name)
-                        error = InternalError(f"completing failed: {err!r}")
-                        deliveries[index] = (req, error, outcome)
         self._post(deliveries, self.counters)
+
+    def _still_completes(self, batch: Batch) -> bool:
+        try:
+            status = self._runtime.query_event_status(batch.event)
+        except Exception:
+            return False  # a halted context answers with the fault: nothing more is known
+        return status == ACL_EVENT_RECORDED_STATUS_COMPLETE

@@ -187,6 +187,7 @@ class Submitter:
     def _hop(self, hop: Hop) -> None:
         runtime = self._runtime
         launch = runtime.launch_kernel_with_host_args
+        task_id = runtime.last_task_id  # the runtime's id of what this thread just submitted
         counters = self.counters
         faults = self._faults
         deadline = hop.deadline
@@ -235,7 +236,8 @@ class Submitter:
                     error = InternalError(f"submitting {req.kind} failed: {exc!r}")
                     error.__cause__ = exc
                 else:
-                    req.position = lane.submitted
+                    tid = task_id()
+                    req.position = -1 if tid is None else tid
                     lane.submitted += req.runtime_tasks
             if error is not None:
                 req.on_refused(error)

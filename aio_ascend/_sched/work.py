@@ -100,7 +100,9 @@ class Request:
         # formed), and whether the batch's completion event is recorded after it
         self.entries = 2
         self.closes_batch = False
-        self.position = -1  # its index among the stream's runtime tasks, once submitted
+        #: the runtime's id of its (last) task once submitted (what a fault report names);
+        #: -1: not submitted, or the runtime does not tell
+        self.position = -1
 
     @abstractmethod
     def submit(self, runtime: Runtime, stream: int) -> None:

@@ -422,6 +422,7 @@ struct model;
 typedef struct task {
     struct task *next;
     uint64_t seq;
+    uint32_t rt_id; /* the runtime's task id, (flip << 16) | id (see next_task_id) */
     int kind;
     /* kernel */
     int kernel;
@@ -436,6 +437,8 @@ typedef struct task {
     uint64_t timeout_ns; /* kernel timeout from the cfg (0: none) */
     int times_out;       /* it runs longer than timeout_ns: fails with 507014 at the timeout */
     void *func;          /* the function handle (exception info) */
+    uint64_t touched[4]; /* device allocations the kernel read at its start: written at its end */
+    int ntouched;
     /* record */
     struct event *event;
     uint64_t gen;
@@ -477,6 +480,7 @@ typedef struct stream {
     task_t *head, *tail;
     size_t depth;
     uint64_t submitted, completed;
+    uint32_t rt_next, rt_flip; /* the next task id (0..65534) and the flip count (next_task_id) */
     model_t *capture; /* aclmdlRICaptureBegin..End: tasks are recorded here, not queued */
     struct stream *next_all;
 } stream_t;
@@ -567,11 +571,15 @@ static dalloc_t *dev_find(uint64_t addr) {
     return NULL;
 }
 
+static struct task *g_starting; /* the kernel being started: dev_range notes what it touches */
+static void note_touched(struct task *t, uint64_t base);
+
 /* host pointer for [addr, addr+len) of device memory, or NULL */
 static unsigned char *dev_range(uint64_t addr, size_t len) {
     dalloc_t *a = dev_find(addr);
     if (!a) return NULL;
     if (len > a->size - (addr - a->dev)) return NULL;
+    if (g_starting) note_touched(g_starting, a->dev);
     return a->host + (addr - a->dev);
 }
 
@@ -758,7 +766,10 @@ static void destroy_context_locked(ctx_t *c) {
     c->next = NULL;
 }
 
+static void drop_zombies(int device); /* acl_double_faults.h */
+
 static void reset_device_locked(int device) {
+    drop_zombies(device);
     for (ctx_t *c = g_contexts, *next; c; c = next) {
         next = c->next;
         if (c->device == device) destroy_context_locked(c);
@@ -804,6 +815,8 @@ static event_t *need_event(void *handle, aclError *rc) {
     return handle;
 }
 
+#include "acl_double_faults.h"
+
 /* Append a task, blocking while the stream's queue is full (as the real runtime does). On a
    capturing stream the task is recorded into the capture instead (it does not run). */
 static aclError enqueue(stream_t *s, task_t *t) {
@@ -817,6 +830,10 @@ static aclError enqueue(stream_t *s, task_t *t) {
         m->ntasks++;
         return 0;
     }
+    if (g_full_refusal && s->depth >= g_max_depth && s->alive && !s->ctx->fault_code) {
+        task_free(t);
+        return fail(g_full_refusal, "stream queue full (%zu tasks): refused (double_set_full_refusal)", s->depth);
+    }
     while (s->depth >= g_max_depth && s->alive && !s->ctx->fault_code) cv_wait(&g_done_cv, UINT64_MAX);
     if (!s->alive) {
         task_free(t);
@@ -828,6 +845,8 @@ static aclError enqueue(stream_t *s, task_t *t) {
         return rc;
     }
     t->seq = ++s->submitted;
+    t->rt_id = next_task_id(s);
+    t_last_task_id = t->rt_id;
     t->next = NULL;
     if (s->tail) s->tail->next = t;
     else s->head = t;
@@ -1082,12 +1101,16 @@ static aclrtExceptionInfoCallback g_exc_cb;
    the callback must not call back into the runtime (the docs forbid it; the getters take no
    lock). */
 static void note_exception(stream_t *s, task_t *t, aclError code) {
-    if (!g_exc_cb) return;
+    if (!g_exc_cb && !g_exc_registered_n) return;
+    /* the task id is the runtime's (flip << 16) | id of the task (CovertToFlipTaskId:
+       hicann/runtime@681ef76:src/runtime/core/src/task/task_info/task_manager.cc:477-495, 729-744),
+       not its index on the stream */
     aclrtExceptionInfo info = {
-        (uint32_t)(t->seq - 1), (uint32_t)s->id, 0u, (uint32_t)s->ctx->device, (uint32_t)code,
+        t->rt_id, (uint32_t)s->id, 0u, (uint32_t)s->ctx->device, (uint32_t)code,
         t->kind == T_KERNEL ? t->func : NULL, t->kind == T_KERNEL ? t->dev_args : 0,
         t->kind == T_KERNEL ? (uint32_t)t->args_size : 0u};
-    g_exc_cb(&info);
+    if (g_exc_cb) g_exc_cb(&info);
+    for (size_t i = 0; i < g_exc_registered_n; i++) g_exc_registered[i](&info);
 }
 
 /* ---- device args (aclrtLaunchKernel) --------------------------------------------------------- */
@@ -1177,14 +1200,20 @@ static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
             if (t->until_ns == UINT64_MAX) return 0; /* hang */
             if (now >= t->until_ns) {
                 if (t->late_args && !late_args_intact(t, &r)) break;
+                check_touched(t);
                 return 1;
             }
             if (t->until_ns < *next_deadline) *next_deadline = t->until_ns;
             return 0;
         }
         t->started = 1;
-        if (t->late_args && !late_args_read(t, &r)) break;
+        g_starting = t;
+        if (t->late_args && !late_args_read(t, &r)) {
+            g_starting = NULL;
+            break;
+        }
         run_kernel(t, now, &r);
+        g_starting = NULL;
         if (r.state == KS_HANG || r.state == KS_SLEEP) {
             t->until_ns = r.state == KS_HANG ? UINT64_MAX : r.until_ns;
             if (t->timeout_ns && t->until_ns - now > t->timeout_ns) {
@@ -1231,6 +1260,7 @@ static void *device_main(void *arg) {
                 progress = 1;
             }
         }
+        progress |= step_zombies(now, &next_deadline);
         if (progress) {
             pthread_cond_broadcast(&g_done_cv);
             continue;
@@ -1427,6 +1457,8 @@ static aclError destroy_stream(void *stream, int force) {
         int alive = s->alive;
         stream_unref(s);
         if (!alive) return 0; /* destroyed meanwhile (device reset) */
+    } else {
+        keep_running(s);
     }
     stream_kill(s);
     return 0;
@@ -1678,6 +1710,7 @@ EXPORT aclError aclrtFree(void *devPtr) {
     uint64_t addr = (uint64_t)(uintptr_t)devPtr;
     for (size_t i = 0; i < g_ndallocs; i++) {
         if (g_dallocs[i].dev == addr) {
+            check_free_under_running(addr);
             g_dev_used[g_dallocs[i].device] -= rounded64(g_dallocs[i].size);
             free(g_dallocs[i].host);
             g_dallocs[i] = g_dallocs[--g_ndallocs];

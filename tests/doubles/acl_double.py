@@ -78,6 +78,7 @@ aclrtDestroyStreamForce aclrtSynchronizeStreamWithTimeout aclrtSetStreamFailureM
 aclrtQueryEventStatus aclrtSynchronizeEventWithTimeout
 aclrtGetLastError aclrtPeekAtLastError
 aclrtCreateBinary aclrtBinaryLoad aclrtBinaryGetFunction aclrtBinaryUnLoad aclrtLaunchKernel
+aclrtSynchronizeDeviceWithTimeout
 """
 _ADDED_83 = """
 aclrtBinaryLoadFromFile aclrtBinaryLoadFromData
@@ -86,6 +87,7 @@ aclrtKernelArgsAppendPlaceHolder
 aclrtKernelArgsGetPlaceHolderBuffer aclrtKernelArgsFinalize aclrtLaunchKernelWithConfig
 aclsysGetCANNVersion aclrtGetDeviceInfo aclrtStreamGetId aclrtSetStreamAttribute
 aclmdlRICaptureBegin aclmdlRICaptureEnd aclmdlRIExecuteAsync aclmdlRIDestroy
+aclrtGetThreadLastTaskId
 """
 _ADDED_85 = """
 aclrtLaunchKernelWithHostArgs aclrtLaunchKernelV2 aclrtDestroyBinary
@@ -95,6 +97,7 @@ aclrtGetVersion aclrtGetMemInfo aclrtCreateStreamWithConfig aclrtDeviceGetStream
 _ADDED_91 = """
 aclrtGetArgsFromExceptionInfo aclrtGetFuncHandleFromExceptionInfo
 aclrtFunctionGetParamCount aclrtFunctionGetParamInfo aclrtLaunchKernelWithArgsArray
+aclrtExceptionInfoCallbackRegister aclrtExceptionInfoCallbackUnregister
 """
 #: the ACL symbols each persona exports: docs/cann-support.md §9, exactly
 PERSONA_SYMBOLS: dict[str, frozenset[str]] = {
@@ -415,6 +418,39 @@ class DoubleControl:
 
     def set_max_depth(self, depth: int) -> None:
         self.lib.double_set_max_depth(depth)
+
+    # --- task ids, forced destruction (acl_double_faults.h) -----------------------------
+
+    def _faults_fn(self, name: str, restype: Any, argtypes: list[Any]) -> Any:
+        function = getattr(self.lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+        return function
+
+    def set_next_task_id(self, stream: int, task_id: int, flip: int = 0) -> None:
+        """Start ``stream``'s next task id at ``(flip << 16) | task_id`` (to cross the wrap)."""
+        fn = self._faults_fn(
+            "double_set_next_task_id",
+            ctypes.c_int,
+            [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32],
+        )
+        assert fn(stream, task_id, flip) == 0
+
+    def set_internal_tasks(self, every: int) -> None:
+        """Precede every ``every``-th submission of a stream by a runtime-internal task (0: off)."""
+        self._faults_fn("double_set_internal_tasks", None, [ctypes.c_uint32])(every)
+
+    def set_full_refusal(self, code: int) -> None:
+        """A full stream queue refuses a submission with ``code`` (0: it blocks again)."""
+        self._faults_fn("double_set_full_refusal", None, [ctypes.c_int])(code)
+
+    def use_after_free(self) -> int:
+        """Frees of device memory a running kernel still uses (counted since the build)."""
+        return int(self._faults_fn("double_use_after_free", ctypes.c_uint64, [])())
+
+    def zombies(self) -> int:
+        """Tasks still running after their stream was destroyed by force."""
+        return int(self._faults_fn("double_zombies", ctypes.c_int64, [])())
 
     def set_mem_total(self, total: int | None) -> None:
         """Device memory per device (None: back to the default 32 GiB)."""

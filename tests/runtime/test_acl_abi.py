@@ -282,12 +282,23 @@ def _check_prototype(name: str, declared: tuple[Any, tuple[Any, ...]], c_proto: 
 
 #: optional functions whose prototype neither JSON carries: checked against their declaration
 #: in acl-runtime.md instead (a list that must not grow silently)
-_DOC_ONLY = {"aclrtDeviceGetStreamPriorityRange", "aclrtStreamGetId", "aclrtDestroyBinary"}
+_DOC_ONLY = {
+    "aclrtDeviceGetStreamPriorityRange",
+    "aclrtStreamGetId",
+    "aclrtDestroyBinary",
+    "aclrtExceptionInfoCallbackRegister",
+    "aclrtExceptionInfoCallbackUnregister",
+    "aclrtGetThreadLastTaskId",
+    "aclrtSynchronizeDeviceWithTimeout",
+}
 
 
 def _doc_prototype(doc: str, name: str) -> dict[str, Any]:
     """``{"returns", "params"}`` of ``name`` as declared in a C block of acl-runtime.md."""
-    match = re.search(rf"^(\w[\w\s\*]*?)\s*\b{name}\s*\(([^)]*)\)\s*;", doc, re.MULTILINE)
+    # a declaration starts a line or follows another one on it (``aclError f(void); ...``)
+    match = re.search(
+        rf"(?:^|;[ \t]*)(\w[\w\s\*]*?)\s*\b{name}\s*\(([^)]*)\)\s*;", doc, re.MULTILINE
+    )
     assert match, f"{name} is not declared in {RUNTIME_DOC.name}"
     params = [param.strip() for param in match.group(2).split(",") if param.strip()]
     if params == ["void"]:
@@ -334,6 +345,9 @@ def test_the_optional_functions_are_what_the_releases_differ_in() -> None:
         "aclrtSetExceptionInfoCallback", "aclrtGetTaskIdFromExceptionInfo",
         "aclrtGetStreamIdFromExceptionInfo", "aclrtGetDeviceIdFromExceptionInfo",
         "aclrtGetErrorCodeFromExceptionInfo", "aclrtGetLastError", "aclrtPeekAtLastError",
+        "aclrtExceptionInfoCallbackRegister", "aclrtExceptionInfoCallbackUnregister",
+        # exact fault attribution, the device synchronize after a forced close
+        "aclrtGetThreadLastTaskId", "aclrtSynchronizeDeviceWithTimeout",
         # model-RI capture (graphs)
         "aclmdlRICaptureBegin", "aclmdlRICaptureEnd", "aclmdlRIExecuteAsync", "aclmdlRIDestroy",
     }  # fmt: skip

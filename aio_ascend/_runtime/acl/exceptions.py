@@ -1,35 +1,47 @@
 """Exception info: which task faulted the device, from the runtime's exception callback.
 
-``aclrtSetExceptionInfoCallback`` registers one callback per process (the last one set wins;
-``docs/cann-support.md`` §7), which the runtime calls on one of its own threads, possibly several
-at once, while it processes a task failure; the ``aclrtExceptionInfo *`` is valid only during the
-call. The callback here does the least it can: it reads the four ids it needs with the getters
-(C calls, needed before the info goes away) and appends them to a ``deque`` (a thread-safe
+The runtime calls the callback on one of its own threads, possibly several at once, while it
+processes a task failure; the ``aclrtExceptionInfo *`` is valid only during the call. The
+callback here does the least it can: it reads the four ids it needs with the getters (C calls,
+needed before the info goes away) and appends them, numbered, to a ``deque`` (a thread-safe
 hand-off); nothing else runs there. ``AclRuntime.fault_site`` then maps the stream id to one of
-its streams (``aclrtStreamGetId``) and the task id to the task's index on that stream.
+its streams (``aclrtStreamGetId``); the task id is the runtime's own, matched exactly against the
+ids ``aclrtGetThreadLastTaskId`` gave for our submissions.
 
-The callback object is kept alive for the life of the process (a deregistration API exists
-only after CANN 9.2.0-beta.1), and is cleared with ``aclrtSetExceptionInfoCallback(NULL)`` at
-exit, before ``aclFinalize``. Exception info is an accelerator for attribution, never the way a
-fault is detected: another library may replace the callback; the stop-on-failure query stays the
-source of truth, and without a report the scheduler attributes the fault as before.
+Registration, and what coexisting with other libraries costs (``docs/cann-support.md`` §7):
 
-[INF, to confirm on hardware] the task id of the info is the task's 0-based index on its stream
-among the tasks submitted to it (the double numbers them so); a device-level failure reports the
-stream id ``0xFFFFFFFF`` and is not a site.
+- Where the library exports ``aclrtExceptionInfoCallbackRegister``, the callback is added to
+  the runtime's list (callbacks are keyed by their pointer, so HCCL's, aclshmem's and ours all
+  run) and removed with ``...Unregister`` at exit, which removes nobody else's.
+- Otherwise ``aclrtSetExceptionInfoCallback`` is the one slot of the process, and the last
+  library to set it wins: setting ours replaces whoever set theirs before, and a later one
+  replaces ours (then attribution falls back to "the first fault for the stream"). Opening a
+  device with ``runtime_options={"exception_callback": False}`` leaves the slot alone. The
+  runtime has no getter for the slot, so we cannot know whether ours is still the one set: we
+  never clear it (clearing would remove another library's). At exit the library's
+  ``aclFinalize`` stops the runtime's threads before the interpreter goes away.
+
+Reports are scoped: each carries a serial number, a runtime only reads the reports that arrived
+while it was open and after the stream was created (:meth:`ExceptionLog.mark`), and a runtime's
+reports are dropped when it closes, so a stale report never matches a recycled stream id.
+A device-level failure reports the stream id ``0xFFFFFFFF`` and is not a site; a task id of
+``0xFFFFFFFF`` names no task either.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
+import itertools
 import threading
 from collections import deque
+from collections.abc import Iterable
 from typing import Any, Final
 
 from ..._errors import AscendError
 from . import ffi as ffi
 
-__all__ = ["DEVICE_LEVEL", "ExceptionLog", "exception_log"]
+__all__ = ["DEVICE_LEVEL", "ExceptionLog", "Sites", "exception_log"]
 
 #: the stream / task id of a device-level failure (heartbeat lost, OOM): no task to blame
 DEVICE_LEVEL: Final = 0xFFFFFFFF
@@ -38,62 +50,143 @@ _KEPT = 1024
 
 
 class ExceptionLog:
-    """The exception reports of one library: ``(device, stream id, task id, code)`` tuples."""
+    """The exception reports of one library: ``(serial, device, stream id, task id, code)``."""
 
-    def __init__(self, functions: dict[str, Any]) -> None:
-        self.reports: deque[tuple[int, int, int, int]] = deque(maxlen=_KEPT)
+    def __init__(self, functions: dict[str, Any], *, register: bool) -> None:
+        self.reports: deque[tuple[int, int, int, int, int]] = deque(maxlen=_KEPT)
         task = functions["aclrtGetTaskIdFromExceptionInfo"]
         stream = functions["aclrtGetStreamIdFromExceptionInfo"]
         device = functions["aclrtGetDeviceIdFromExceptionInfo"]
         code = functions["aclrtGetErrorCodeFromExceptionInfo"]
         append = self.reports.append
+        serials = itertools.count(1)
+        self._serials = serials
 
         def on_exception(info: int | None) -> None:
             # a runtime thread: read what is needed while the info is valid, hand it off
-            append((device(info), stream(info), task(info), code(info)))
+            append((next(serials), device(info), stream(info), task(info), code(info)))
 
         #: the ctypes trampoline: must stay referenced while the runtime may call it
         self.callback = ffi.EXCEPTION_CALLBACK(on_exception)
-        self._set = functions["aclrtSetExceptionInfoCallback"]
-        self._set(self.callback)
-        atexit.register(self.clear)
+        #: how it was registered: "register" (one of many), "set" (the process's one slot)
+        self.mode = "register" if register else "set"
+        if register:
+            functions["aclrtExceptionInfoCallbackRegister"](self.callback)
+            unregister = functions["aclrtExceptionInfoCallbackUnregister"]
+            atexit.register(self._unregister, unregister)
+        else:
+            functions["aclrtSetExceptionInfoCallback"](self.callback)
 
-    def clear(self) -> None:
-        """Unregister (``NULL``), so that the runtime never calls into a finished interpreter."""
+    def _unregister(self, unregister: Any) -> None:
         try:
-            self._set(None)
+            unregister(self.callback)  # ours only: another library's stays registered
         except AscendError:
             pass
 
-    def site(self, device: int, streams: dict[int, int]) -> tuple[int, int] | None:
-        """The first report of a task on one of ``streams`` (stream id -> handle) of
-        ``device``: ``(stream handle, task index)``; ``None`` if there is none."""
-        for dev, stream_id, task_id, _ in list(self.reports):
-            if dev == device and stream_id != DEVICE_LEVEL:
-                handle = streams.get(stream_id)
-                if handle is not None:
-                    return handle, task_id
+    def mark(self) -> int:
+        """The serial number the next report will have at least (reports below it are older)."""
+        last = self.reports[-1][0] if self.reports else 0
+        return last + 1
+
+    def site(self, device: int, streams: dict[int, tuple[int, int]]) -> tuple[int, int] | None:
+        """The first report of a task on one of ``streams`` (stream id -> (handle, the mark
+        at its creation)) of ``device``: ``(stream handle, task id)``; ``None`` if none."""
+        for serial, dev, stream_id, task_id, _ in list(self.reports):
+            if dev != device or stream_id == DEVICE_LEVEL or task_id == DEVICE_LEVEL:
+                continue
+            known = streams.get(stream_id)
+            if known is not None and serial >= known[1]:
+                return known[0], task_id
         return None
+
+    def drop(self, device: int, stream_ids: Iterable[int], since: int) -> None:
+        """Forget the reports of a closing runtime: ``device``'s, about ``stream_ids``, from
+        serial ``since`` on (a report about a stream id is stale once the stream is gone)."""
+        ids = set(stream_ids)
+        keep = [
+            report
+            for report in list(self.reports)
+            if not (report[1] == device and report[0] >= since and report[2] in ids)
+        ]
+        self.reports.clear()
+        self.reports.extend(keep)
 
 
 _LOGS: dict[str, ExceptionLog] = {}
 _LOGS_LOCK = threading.Lock()
 
+_GETTERS = (
+    "aclrtGetTaskIdFromExceptionInfo",
+    "aclrtGetStreamIdFromExceptionInfo",
+    "aclrtGetDeviceIdFromExceptionInfo",
+    "aclrtGetErrorCodeFromExceptionInfo",
+)
 
-def exception_log(path: str, functions: dict[str, Any], has: Any) -> ExceptionLog | None:
+
+def exception_log(
+    path: str, functions: dict[str, Any], has: Any, *, allow_set: bool = True
+) -> ExceptionLog | None:
     """The library's exception log, registered once per library (``None`` where the library
-    lacks the callback or its getters)."""
-    needed = (
-        "aclrtSetExceptionInfoCallback",
-        "aclrtGetTaskIdFromExceptionInfo",
-        "aclrtGetStreamIdFromExceptionInfo",
-        "aclrtGetDeviceIdFromExceptionInfo",
-        "aclrtGetErrorCodeFromExceptionInfo",
-    )
-    if not all(has(name) for name in needed):
+    lacks a way to register or the getters, or where only the process-wide slot exists and
+    ``allow_set`` is false)."""
+    if not all(has(name) for name in _GETTERS):
         return None
+    register = has("aclrtExceptionInfoCallbackRegister") and has(
+        "aclrtExceptionInfoCallbackUnregister"
+    )
     with _LOGS_LOCK:
         log = _LOGS.get(path)
-        if log is None:
-            log = _LOGS[path] = ExceptionLog(functions)
+        if log is not None:
+            return log if log.mode == "register" or allow_set else None
+        if not register and not (allow_set and has("aclrtSetExceptionInfoCallback")):
+            return None
+        log = _LOGS[path] = ExceptionLog(functions, register=register)
         return log
+
+
+class Sites:
+    """One runtime's view of the reports: its streams' ids, from when each was created."""
+
+    def __init__(self, library: Any, *, exception_callback: bool) -> None:
+        self.log = exception_log(
+            library.path, library.functions, library.has, allow_set=exception_callback
+        )
+        self._has_ids = library.has("aclrtStreamGetId")
+        self._since = 0 if self.log is None else self.log.mark()  # reports before the open
+        #: aclrtStreamGetId -> (stream handle, the first report serial that may concern it)
+        self.stream_ids: dict[int, tuple[int, int]] = {}
+        self._seen: set[int] = set()  # every stream id this runtime had (dropped at close)
+        name = "aclrtGetThreadLastTaskId"
+        self.get_last_task: Any = library.functions[name] if library.has(name) else None
+
+    def note(self, stream: int, functions: dict[str, Any]) -> None:
+        """A new stream: its id (``aclrtStreamGetId``), the reports from now on."""
+        if self.log is None or not self._has_ids:
+            return
+        number = ctypes.c_int32()
+        functions["aclrtStreamGetId"](stream, ctypes.byref(number))
+        stream_id = number.value & 0xFFFFFFFF  # the info's id is a uint32
+        # a report from before the stream existed is about another stream with that id
+        self.stream_ids[stream_id] = (stream, self.log.mark())
+        self._seen.add(stream_id)
+
+    def forget(self, stream: int) -> None:
+        for number in [n for n, (handle, _) in self.stream_ids.items() if handle == stream]:
+            del self.stream_ids[number]
+
+    def last_task_id(self, scratch: Any) -> int | None:
+        """``aclrtGetThreadLastTaskId`` into the thread's ``scratch``; ``None`` without it."""
+        get = self.get_last_task
+        if get is None:
+            return None
+        get(scratch.task_id_ref)
+        task_id: int = scratch.task_id.value
+        return task_id
+
+    def site(self, device: int) -> tuple[int, int] | None:
+        return None if self.log is None else self.log.site(device, self.stream_ids)
+
+    def drop(self, device: int) -> None:
+        """At close: this runtime's reports are stale from now on."""
+        if self.log is not None:
+            self.log.drop(device, self._seen, self._since)

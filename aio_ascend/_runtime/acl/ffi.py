@@ -284,6 +284,13 @@ OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "aclrtGetStreamIdFromExceptionInfo": (c_uint32, (_PTR,)),
     "aclrtGetDeviceIdFromExceptionInfo": (c_uint32, (_PTR,)),
     "aclrtGetErrorCodeFromExceptionInfo": (c_uint32, (_PTR,)),
+    # exception callbacks that coexist (acl_rt.h: several may be registered), 9.x
+    "aclrtExceptionInfoCallbackRegister": (_ERR, (_PTR,)),
+    "aclrtExceptionInfoCallbackUnregister": (_ERR, (_PTR,)),
+    # uint32_t *taskId: the calling thread's last task (8.2 on)
+    "aclrtGetThreadLastTaskId": (_ERR, (_PTR,)),
+    # int32_t timeout (ms, -1: none): every task of the current context's device
+    "aclrtSynchronizeDeviceWithTimeout": (_ERR, (c_int32,)),
     # aclrtLastErrLevel -> the code itself (VALUE_RETURNING: not a failure)
     "aclrtGetLastError": (_ERR, (_ENUM,)),
     "aclrtPeekAtLastError": (_ERR, (_ENUM,)),

@@ -12,7 +12,7 @@ import os
 import threading
 import weakref
 from ctypes import byref, c_int32, c_void_p
-from typing import Any, Final, NoReturn
+from typing import Any, Final
 
 from ..._errors import (
     AscendError,
@@ -52,7 +52,7 @@ from ..base import FunctionInfo
 from . import ffi as ffi
 from .argshandle import launch_with_args_handle
 from .devargs import DeviceArgsPath, load_legacy
-from .exceptions import exception_log
+from .exceptions import Sites
 from .facts import ACL_HBM_MEM, device_facts
 from .graphs import AclGraphs
 from .kernels import json_kernel_type, load_options, read_function_info
@@ -65,6 +65,7 @@ from .library import (
     usable_library,
 )
 from .paths import LaunchPath
+from .settle import Settle
 from .values import LAUNCH as _LAUNCH
 from .values import Scratch as _Scratch
 from .values import as_int as _as_int
@@ -72,6 +73,7 @@ from .values import cfg_arg as _cfg_arg
 from .values import check_launch as _check_launch
 from .values import in_range as _in_range
 from .values import ptr as _ptr
+from .values import refusing as _refusing
 from .values import timeout as _timeout
 
 __all__ = [
@@ -103,18 +105,6 @@ ACL_STREAM_ATTR_PRIORITY: Final = 5
 _LIVE: weakref.WeakSet[AclRuntime] = weakref.WeakSet()
 
 
-def _refusing(exc_type: type[AscendError], message: str) -> dict[str, Any]:
-    """A function table whose every entry raises ``exc_type(message)``."""
-
-    def make(name: str) -> Any:
-        def refuse(*args: object) -> NoReturn:
-            raise exc_type(message, func=name)
-
-        return refuse
-
-    return {name: make(name) for name in (*ffi.PROTOTYPES, *ffi.OPTIONAL_PROTOTYPES)}
-
-
 class AclRuntime(AclGraphs):
     """One device through ``libascendcl.so``. Create with :func:`open_acl_runtime`. The graph
     calls (model-RI capture) come from :class:`~.graphs.AclGraphs`."""
@@ -127,6 +117,7 @@ class AclRuntime(AclGraphs):
         device_id: int,
         context: int,
         stream_capacity: int = ACL_STREAM_CAPACITY,
+        exception_callback: bool = True,
     ) -> None:
         self.device_id = device_id
         self.stream_capacity = stream_capacity
@@ -157,9 +148,10 @@ class AclRuntime(AclGraphs):
         self._binaries: dict[int, tuple[bytes | None, KernelType | None]] = {}
         self._function_binary: dict[int, int] = {}  # function handle -> its binary
         self._first_fault: DeviceFaultError | None = None
-        #: the runtime's exception reports (the callback is registered before any launch)
-        self._exceptions = exception_log(library.path, library.functions, library.has)
-        self._stream_ids: dict[int, int] = {}  # aclrtStreamGetId -> stream handle
+        #: the runtime's exception reports (registered before any launch), scoped to this open
+        self._sites = Sites(library, exception_callback=exception_callback)
+        #: frees wait for the device after a stream was destroyed by force (settle.py)
+        self.settle = Settle(device_id, library.functions, library.has)
         #: the device-args path (CANN 8.0: :mod:`.devargs`), None on the others
         self._devargs: DeviceArgsPath | None = None
         if self._path is LaunchPath.DEVICE_ARGS:
@@ -264,22 +256,25 @@ class AclRuntime(AclGraphs):
         if self._devargs is not None:
             self._devargs.forget_all()  # its memory and fences are freed below
         for stream in list(self._streams):
-            attempt("aclrtDestroyStreamForce", stream)
+            self.settle.force(stream, lambda s: attempt("aclrtDestroyStreamForce", s))
         for event in list(self._events):
             attempt("aclrtDestroyEvent", event)
-        for binary in list(self._binaries):
-            attempt("aclrtBinaryUnLoad", binary)
-        for pointer in list(self._device_memory):
-            attempt("aclrtFree", pointer)
-        for pointer in list(self._host_memory):
-            attempt("aclrtFreeHost", pointer)
-        self._streams.clear()
-        self._events.clear()
-        self._binaries.clear()
-        self._device_memory.clear()
-        self._host_memory.clear()
-        attempt("aclrtDestroyContext", self._context)
-        attempt("aclrtResetDevice", self.device_id)
+        self._sites.drop(self.device_id)
+        memory, host, binaries = self._device_memory, self._host_memory, self._binaries
+        if self.settle.may_free():
+            for name, handles in (
+                ("aclrtBinaryUnLoad", binaries),
+                ("aclrtFree", memory),
+                ("aclrtFreeHost", host),
+            ):
+                for handle in list(handles):
+                    attempt(name, handle)
+            attempt("aclrtDestroyContext", self._context)
+            attempt("aclrtResetDevice", self.device_id)
+        else:  # leak what the device may still use, its context included
+            self.settle.leak_all(binary=binaries, device=memory, host=host)
+        for held in (self._streams, self._events, binaries, memory, host):
+            held.clear()
         if previous.value and previous.value != self._context:
             # leave the calling thread bound to whatever it used before (another device)
             attempt("aclrtSetCurrentContext", previous.value)
@@ -363,7 +358,7 @@ class AclRuntime(AclGraphs):
     def destroy_stream_force(self, stream: int) -> None:
         stream = _ptr("stream", stream)
         self._abort_capture(stream)
-        self._fn["aclrtDestroyStreamForce"](stream)
+        self.settle.force(stream, self._fn["aclrtDestroyStreamForce"])
         self._forget_stream(stream, drained=False)
 
     def set_stream_failure_mode(self, stream: int, mode: int) -> None:
@@ -435,8 +430,11 @@ class AclRuntime(AclGraphs):
     def fault_site(self) -> tuple[int, int] | None:
         """See the protocol: from the runtime's exception info (:mod:`.exceptions`): the first
         report of a task on one of this runtime's streams; ``None`` before one arrives."""
-        log = self._exceptions
-        return None if log is None else log.site(self.device_id, self._stream_ids)
+        return self._sites.site(self.device_id)
+
+    def last_task_id(self) -> int | None:
+        """See the protocol: ``aclrtGetThreadLastTaskId`` (8.2 on; ``None`` before)."""
+        return self._sites.last_task_id(self._tls)
 
     def last_error(self, *, clear: bool = False) -> int | None:
         """``aclrtPeekAtLastError`` (``clear``: ``aclrtGetLastError``) at thread level: the last
@@ -451,18 +449,14 @@ class AclRuntime(AclGraphs):
     def _note_stream(self, stream: int) -> int:
         """Keep ``stream`` for close, and its id for exception reports (8.2 on)."""
         self._streams.add(stream)
-        if self._exceptions is not None and self._library.has("aclrtStreamGetId"):
-            number = c_int32()
-            self._fn["aclrtStreamGetId"](stream, byref(number))
-            self._stream_ids[number.value & 0xFFFFFFFF] = stream  # the info's id is a uint32
+        self._sites.note(stream, self._fn)
         return stream
 
     def _forget_stream(self, stream: int, *, drained: bool) -> None:
         self._streams.discard(stream)
         if self._devargs is not None:
             self._devargs.forget_stream(stream, drained=drained)
-        for number in [n for n, handle in self._stream_ids.items() if handle == stream]:
-            del self._stream_ids[number]
+        self._sites.forget(stream)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         stream = _ptr("stream", stream)
@@ -490,6 +484,9 @@ class AclRuntime(AclGraphs):
 
     def free(self, ptr: int) -> None:
         ptr = _ptr("ptr", ptr)
+        if not self.settle.may_free():
+            self._device_memory.discard(ptr)
+            return self.settle.leak("device", ptr)
         self._fn["aclrtFree"](ptr)
         self._device_memory.discard(ptr)
 
@@ -503,6 +500,9 @@ class AclRuntime(AclGraphs):
 
     def free_host(self, ptr: int) -> None:
         ptr = _ptr("ptr", ptr)
+        if not self.settle.may_free():
+            self._host_memory.pop(ptr, None)
+            return self.settle.leak("host", ptr)
         self._fn["aclrtFreeHost"](ptr)
         self._host_memory.pop(ptr, None)
 
@@ -630,6 +630,9 @@ class AclRuntime(AclGraphs):
 
     def unload_binary(self, binary: int) -> None:
         binary = _ptr("binary", binary)
+        if not self.settle.may_free():
+            self._binaries.pop(binary, None)
+            return self.settle.leak("binary", binary)
         self._fn["aclrtBinaryUnLoad"](binary)
         self._binaries.pop(binary, None)
         for func in [f for f, b in self._function_binary.items() if b == binary]:
@@ -747,6 +750,7 @@ def open_acl_runtime(
     *,
     library_path: str | os.PathLike[str] | None = None,
     stream_capacity: int = ACL_STREAM_CAPACITY,
+    exception_callback: bool = True,
 ) -> AclRuntime:
     """Open ``device_id`` through ``libascendcl.so`` and bind its new context to this thread.
 
@@ -761,6 +765,8 @@ def open_acl_runtime(
     """
     device_id = _in_range("device_id", device_id, 0, INT32_MAX)
     stream_capacity = _in_range("stream_capacity", stream_capacity, 2, INT32_MAX)
+    if not isinstance(exception_callback, bool):
+        raise TypeError(f"exception_callback must be a bool, got {exception_callback!r}")
     library = usable_library(library_path)
     fn = library.functions
     before = c_void_p()
@@ -780,7 +786,7 @@ def open_acl_runtime(
         raise
     if not context.value:
         raise InternalError("aclrtCreateContext returned a NULL context", func="aclrtCreateContext")
-    runtime = AclRuntime(library, device_id, context.value, stream_capacity)
+    runtime = AclRuntime(library, device_id, context.value, stream_capacity, exception_callback)
     runtime.context_before_open = before.value or None
     return runtime
 

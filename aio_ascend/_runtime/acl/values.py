@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from ctypes import byref, c_float, c_int, c_void_p
-from typing import Any
+from ctypes import byref, c_float, c_int, c_uint32, c_void_p
+from typing import Any, NoReturn
 
+from ..._errors import AscendError
 from ..._launch_config import LaunchConfig
 from ..abi import PTR_MAX, check_args, check_num_blocks, check_timeout, param_error
 from . import ffi as ffi
@@ -67,6 +68,8 @@ class Scratch(threading.local):
         self.status_ref = byref(self.status)
         self.ms = c_float()
         self.ms_ref = byref(self.ms)
+        self.task_id = c_uint32()
+        self.task_id_ref = byref(self.task_id)
 
 
 # --- launch configs -------------------------------------------------------------------------
@@ -127,3 +130,15 @@ def check_launch(
         size,
         ptr("placeholders_addr", placeholders_addr),
     )
+
+
+def refusing(exc_type: type[AscendError], message: str) -> dict[str, Any]:
+    """A function table whose every entry raises ``exc_type(message)``."""
+
+    def make(name: str) -> Any:
+        def refuse(*args: object) -> NoReturn:
+            raise exc_type(message, func=name)
+
+        return refuse
+
+    return {name: make(name) for name in (*ffi.PROTOTYPES, *ffi.OPTIONAL_PROTOTYPES)}

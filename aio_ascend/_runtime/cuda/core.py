@@ -379,6 +379,10 @@ class CudaCore:
         """See the protocol."""
         return None  # CUDA reports a sticky error per context, not which kernel raised it
 
+    def last_task_id(self) -> int | None:
+        """See the protocol: CUDA does not number tasks."""
+        return None
+
     def function_info(self, func: int) -> FunctionInfo:
         """Nothing to follow: CUDA kernels take the parameter buffer as packed."""
         return PLAIN_FUNCTION

@@ -451,6 +451,7 @@ class DeviceExecutor:
                 raise self._bad_handle(func, "the stream was destroyed")
             s.queue.append(task)
             s.submitted += 1
+            self._tls.last_task = s.submitted - 1  # the sim's task id: the index on the stream
             self._work_seq += 1
             if task[0] == COPY:
                 self._copies += 1
@@ -700,6 +701,11 @@ class DeviceExecutor:
         else:
             device = self._memory.view(src, count, "memcpy source")
             ctypes.memmove(dst, device.ctypes.data, count)
+
+    def last_task_id(self) -> int | None:
+        """See the protocol: the sim numbers a stream's tasks 0, 1, ... (its fault site's id)."""
+        last: int | None = getattr(self._tls, "last_task", None)
+        return last
 
     def _note_fault_site(self, s: SimStream) -> None:
         # The task that faulted is the one after the `completed` finished ones (FIFO).

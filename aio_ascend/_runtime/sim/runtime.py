@@ -675,6 +675,7 @@ class SimRuntime(CaptureAndFill, KernelLoader):
                 return
             s.queue.append(task)
             s.submitted += 1
+            self._tls.last_task = s.submitted - 1  # the sim's task id: the index on the stream
             self._work_seq += 1
             self._launches += 1
             if self._idle:  # wake the device thread once, not on every submission
