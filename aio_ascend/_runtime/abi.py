@@ -218,7 +218,7 @@ PLACEHOLDER_INFO_SIZE: Final = 8
 #: runtime queue entries one stream holds before a submitting call blocks: maxTaskNumPerStream,
 #: 2013 on A2/A3 (2042 on Atlas training, 2014 on 950; acl-runtime.md §8). Every launch, copy,
 #: event record or wait takes one entry; the lowest of the published values is used.
-ACL_STREAM_CAPACITY: Final = 2013
+ACL_STREAM_CAPACITY: Final = 1536
 
 _PLACEHOLDER_INFO = struct.Struct("<II")
 assert _PLACEHOLDER_INFO.size == PLACEHOLDER_INFO_SIZE

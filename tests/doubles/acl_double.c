@@ -986,6 +986,11 @@ static void run_kernel(task_t *t, uint64_t now, kres_t *r) {
     }
     case KN_SLEEP:
         if (!rd_u32(t, 0, &u, r)) return;
+        if (t->args_size >= 16) { /* sleep(us, buffer): it uses the buffer until it ends */
+            uint64_t buffer;
+            if (!rd_u64(t, 8, &buffer, r)) return;
+            if (buffer) (void)kaddr(t, buffer, 4);
+        }
         r->state = KS_SLEEP;
         r->until_ns = now + (uint64_t)u * 1000ull;
         return;

@@ -444,6 +444,10 @@ class DoubleControl:
         """A full stream queue refuses a submission with ``code`` (0: it blocks again)."""
         self._faults_fn("double_set_full_refusal", None, [ctypes.c_int])(code)
 
+    def set_next_stream_id(self, stream_id: int) -> None:
+        """The next stream created gets ``stream_id`` (as the runtime reuses ids)."""
+        self._faults_fn("double_set_next_stream_id", None, [ctypes.c_int32])(stream_id)
+
     def use_after_free(self) -> int:
         """Frees of device memory a running kernel still uses (counted since the build)."""
         return int(self._faults_fn("double_use_after_free", ctypes.c_uint64, [])())

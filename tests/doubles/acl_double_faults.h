@@ -158,6 +158,7 @@ static void check_free_under_running(uint64_t base) {
 /* hicann/runtime@681ef76:docs/zh/api_ref/04_device_management.md:1174-1200: blocks until the
    device of the current context has finished; returns ACL_ERROR_RT_STREAM_SYNC_TIMEOUT when the
    timeout runs out (-1: no timeout). A faulted context answers with its fault. */
+#ifndef ACL_DOUBLE_LEGACY /* the legacy build stands for a release without it */
 EXPORT aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout) {
     ENTER("aclrtSynchronizeDeviceWithTimeout", 1, I(timeout));
     pthread_mutex_lock(&g_mu);
@@ -178,6 +179,7 @@ EXPORT aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout) {
     }
     LEAVE_UNLOCK(rc);
 }
+#endif
 
 #if HAS_83 && !defined(ACL_DOUBLE_LEGACY)
 /* hicann/runtime@681ef76:src/runtime/api/impl/api_impl.cc:8353-8357: the calling thread's
@@ -248,6 +250,13 @@ EXPORT void double_set_internal_tasks(uint32_t every) {
 EXPORT void double_set_full_refusal(int code) {
     pthread_mutex_lock(&g_mu);
     g_full_refusal = code;
+    pthread_mutex_unlock(&g_mu);
+}
+
+/* The next stream created gets this id (the runtime reuses a destroyed stream's id). */
+EXPORT void double_set_next_stream_id(int32_t id) {
+    pthread_mutex_lock(&g_mu);
+    g_next_stream_id = id;
     pthread_mutex_unlock(&g_mu);
 }
 

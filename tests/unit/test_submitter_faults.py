@@ -36,6 +36,9 @@ class _FaultingRuntime:
         self.faults.note(self.poller_fault)  # the poller got there first
         raise DeviceFaultError("aclrtLaunchKernelWithHostArgs: the device has faulted", code=507015)
 
+    def last_task_id(self) -> int | None:
+        return None
+
 
 def test_every_unsubmitted_request_is_caused_by_the_first_fault() -> None:
     faults = FaultState()

@@ -1,0 +1,342 @@
+"""Fault attribution by the runtime's own task ids, frees after a forced stream destruction,
+scoped exception reports and coexisting exception callbacks, on the C double's model of the
+CANN runtime (``tests/doubles/acl_double_faults.h``, each behaviour cited there)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from doubles.acl_double import build_double, build_legacy_double, double_control
+from helpers import open_backend
+
+import aio_ascend as aa
+from aio_ascend._runtime.acl.runtime import AclRuntime, open_acl_runtime
+from aio_ascend._sched.faults import NO_TASK, fail_batches
+from aio_ascend._sched.lane import Lane
+from aio_ascend._sched.work import Batch
+
+pytestmark = [pytest.mark.runtime_source, pytest.mark.anyio]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+WRAP = 0xFFFF - 1  # the largest task id before the flip (task_submit.cc:232-233)
+
+
+@pytest.fixture
+def runtime() -> Iterator[AclRuntime]:
+    rt = open_acl_runtime(0, library_path=build_double().library)
+    try:
+        yield rt
+    finally:
+        rt.close()
+        double_control().set_internal_tasks(0)
+
+
+def _image(rt: AclRuntime, *words: int) -> int:
+    data = b"".join(struct.pack("<Q", w) for w in words) or b"\0" * 8
+    image = rt.malloc_host(max(len(data), 8))
+    ctypes.memmove(image, data, len(data))
+    return image
+
+
+def _launch(rt: AclRuntime, stream: int, name: str, image: int, size: int = 8) -> None:
+    binary = getattr(rt, "_test_binary", None)
+    if binary is None:
+        binary = rt.load_binary(build_double().builtins)
+        rt._test_binary = binary  # type: ignore[attr-defined]
+    rt.launch_kernel_with_host_args(rt.get_function(binary, name), 1, stream, None, image, size, 0, 0)
+
+
+# --- task ids --------------------------------------------------------------------------------
+
+
+def test_task_ids_flip_past_the_wrap(runtime: AclRuntime) -> None:
+    stream = runtime.create_stream()
+    double_control().set_next_task_id(stream, WRAP - 1, flip=3)
+    image = _image(runtime, 0)
+    ids = []
+    for _ in range(3):
+        _launch(runtime, stream, "noop", image)
+        ids.append(runtime.last_task_id())
+    assert ids == [(3 << 16) | (WRAP - 1), (3 << 16) | WRAP, 4 << 16]
+
+
+def test_the_last_task_id_is_the_calling_threads(runtime: AclRuntime) -> None:
+    stream = runtime.create_stream()
+    image = _image(runtime, 0)
+    _launch(runtime, stream, "noop", image)
+    mine = runtime.last_task_id()
+    seen: list[int | None] = []
+    thread = threading.Thread(target=lambda: seen.append(runtime.last_task_id()))
+    thread.start()
+    thread.join()
+    assert mine == 0
+    assert seen == [0]  # a thread that submitted nothing: the runtime's initial 0
+
+
+def test_event_records_and_internal_tasks_take_ids(runtime: AclRuntime) -> None:
+    stream = runtime.create_stream()
+    image = _image(runtime, 0)
+    event = runtime.create_event(0)
+    _launch(runtime, stream, "noop", image)
+    runtime.record_event(event, stream)
+    assert runtime.last_task_id() == 1
+    double_control().set_internal_tasks(3)  # the third submission is preceded by one
+    _launch(runtime, stream, "noop", image)
+    assert runtime.last_task_id() == 3  # id 2 went to the runtime's internal task
+    runtime.destroy_event(event)
+
+
+def test_the_report_names_the_flip_id_of_the_failed_task(runtime: AclRuntime) -> None:
+    stream = runtime.create_stream()
+    double_control().set_next_task_id(stream, WRAP, flip=0)
+    noop, bad = _image(runtime, 0), _image(runtime, 507035)
+    _launch(runtime, stream, "noop", noop)
+    _launch(runtime, stream, "fault", bad)
+    failed = runtime.last_task_id()
+    with pytest.raises(aa.DeviceFaultError):
+        runtime.synchronize_stream(stream, 10_000)
+    assert failed == 1 << 16
+    assert runtime.fault_site() == (stream, 1 << 16)
+
+
+@pytest.mark.parametrize("backend", ["acl", "acl-8.3"])
+async def test_only_the_exact_task_is_blamed_across_the_wrap(backend: str) -> None:
+    async with open_backend(backend, batch_cap=64) as dev:
+        s = dev.stream()
+        double_control(backend.partition("-")[2] or "9.1").set_next_task_id(
+            s._lane.handle, WRAP - 2
+        )
+        sleep = dev.function("sleep")
+        first = await s.launch(sleep, 1, aa.HostArgs().u32(200_000))
+        noops = [await s.launch(dev.function("noop"), 1) for _ in range(4)]
+        bad = await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015))
+        with pytest.raises(aa.DeviceFaultError) as info:
+            await bad
+        assert info.value.code == 507015 and info.value.__cause__ is None
+        for task in [first, *noops]:  # ran (the double says so), but no event said it
+            with pytest.raises(aa.DeviceFaultError) as other:
+                await task
+            assert other.value.__cause__ is info.value
+        site = dev.runtime.fault_site()
+        assert site is not None and site[1] == (1 << 16) | 2  # ids W-2, W-1, W, 0, 1 | 2
+        with pytest.raises(aa.DeviceFaultError):
+            await dev.synchronize()
+
+
+async def test_without_task_ids_the_first_task_of_the_stream_is_blamed() -> None:
+    # CANN 8.0 lacks aclrtGetThreadLastTaskId: the report names a stream, not a task of ours
+    async with open_backend("acl-8.0") as dev:
+        assert dev.runtime.last_task_id() is None
+        s = dev.stream()
+        first = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(100_000))
+        bad = await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015))
+        with pytest.raises(aa.DeviceFaultError) as info:
+            await first
+        assert info.value.__cause__ is None  # the first fault for the stream
+        with pytest.raises(aa.DeviceFaultError) as later:
+            await bad
+        assert later.value.__cause__ is info.value
+        with pytest.raises(aa.DeviceFaultError):
+            await dev.synchronize()
+
+
+def test_a_report_without_a_task_blames_nobody() -> None:
+    lane = Lane(7, 10, 100)
+    request: Any = type("R", (), {"lane": lane, "position": 0})()
+    batch = Batch(lane, [request], 1, 0.0, 0.0)
+    fault = aa.DeviceFaultError("device faulted", code=507015)
+    ((_, error, _),) = fail_batches([batch], fault, fault, (7, NO_TASK))
+    assert error is not fault and error.__cause__ is fault
+    ((_, error, _),) = fail_batches([batch], fault, fault, (7, 0))
+    assert error is fault
+
+
+# --- forced destruction ----------------------------------------------------------------------
+
+
+def test_a_forced_destroy_leaves_the_running_kernel_running(runtime: AclRuntime) -> None:
+    control = double_control()
+    stream = runtime.create_stream()
+    _launch(runtime, stream, "sleep", _image(runtime, 200_000), 8)
+    time.sleep(0.05)
+    runtime.destroy_stream_force(stream)
+    assert control.zombies() == 1
+    deadline = time.monotonic() + 10
+    while control.zombies() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert control.zombies() == 0
+
+
+def test_a_free_after_a_forced_destroy_waits_for_the_running_kernel(runtime: AclRuntime) -> None:
+    control = double_control()
+    before = control.use_after_free()
+    stream = runtime.create_stream()
+    buffer = runtime.malloc(64)
+    _launch(runtime, stream, "sleep", _image(runtime, 200_000, buffer), 16)
+    time.sleep(0.05)
+    runtime.destroy_stream_force(stream)
+    start = time.monotonic()
+    runtime.free(buffer)
+    assert time.monotonic() - start > 0.05  # it waited for the kernel
+    assert control.use_after_free() == before
+    assert runtime.settle.leaked == []
+
+
+def test_a_hung_kernel_after_a_forced_destroy_leaks_and_logs_once(
+    runtime: AclRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    control = double_control()
+    before = control.use_after_free()
+    stream = runtime.create_stream()
+    buffer, other = runtime.malloc(64), runtime.malloc(64)
+    _launch(runtime, stream, "hang", _image(runtime, 0, buffer), 16)
+    time.sleep(0.05)
+    runtime.destroy_stream_force(stream)
+    with caplog.at_level(logging.ERROR, logger="aio_ascend"):
+        runtime.free(buffer)
+        runtime.free(other)
+    assert control.use_after_free() == before
+    assert ("device", buffer) in runtime.settle.leaked and ("device", other) in runtime.settle.leaked
+    assert len([r for r in caplog.records if "destroyed by force" in r.getMessage()]) == 1
+
+
+def test_without_a_device_synchronize_a_forced_destroy_leaks() -> None:
+    rt = open_acl_runtime(0, library_path=build_legacy_double().library)
+    try:
+        stream = rt.create_stream()
+        buffer = rt.malloc(64)
+        _launch(rt, stream, "sleep", _image(rt, 100_000, buffer), 16)
+        time.sleep(0.02)
+        rt.destroy_stream_force(stream)
+        rt.free(buffer)
+        assert ("device", buffer) in rt.settle.leaked
+    finally:
+        rt.close()
+
+
+async def test_a_forced_close_frees_nothing_a_running_kernel_uses() -> None:
+    # 8.5: no parameter info, so the sleep kernel may be given the buffer it uses
+    control = double_control("8.5")
+    before = control.use_after_free()
+    async with open_backend("acl-8.5") as dev:
+        s = dev.stream()
+        buf = dev.malloc(64)
+        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(300_000).ptr(buf))
+        buf.free()  # deferred: the launch still holds it
+        await dev.aclose(timeout=0.05)
+        with pytest.raises(aa.AscendError):
+            await task
+    assert control.use_after_free() == before
+
+
+# --- scoped reports, callbacks -----------------------------------------------------------------
+
+
+def test_a_stale_report_never_matches_a_recycled_stream_id() -> None:
+    control = double_control()
+    rt = open_acl_runtime(0, library_path=build_double().library)
+    stream = rt.create_stream()
+    number = ctypes.c_int32()
+    rt._fn["aclrtStreamGetId"](stream, ctypes.byref(number))
+    _launch(rt, stream, "fault", _image(rt, 507035))
+    with pytest.raises(aa.DeviceFaultError):
+        rt.synchronize_stream(stream, 10_000)
+    assert rt.fault_site() is not None
+    rt.close()
+    again = open_acl_runtime(0, library_path=build_double().library)
+    try:
+        control.set_next_stream_id(number.value)
+        recycled = again.create_stream()
+        assert again.fault_site() is None  # the report was the closed runtime's
+        _launch(again, recycled, "noop", _image(again, 0))
+        again.synchronize_stream(recycled, 10_000)
+        assert again.fault_site() is None
+    finally:
+        again.close()
+
+
+def test_the_callback_is_one_of_many_where_the_runtime_allows_it(runtime: AclRuntime) -> None:
+    log = runtime._sites.log
+    assert log is not None and log.mode == "register"
+    seen: list[int] = []
+    lib = ctypes.CDLL(str(build_double().library))
+    other = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(lambda info: seen.append(1))
+    lib.aclrtExceptionInfoCallbackRegister.argtypes = [ctypes.c_void_p]
+    lib.aclrtExceptionInfoCallbackUnregister.argtypes = [ctypes.c_void_p]
+    assert lib.aclrtExceptionInfoCallbackRegister(other) == 0
+    try:
+        stream = runtime.create_stream()
+        _launch(runtime, stream, "fault", _image(runtime, 507035))
+        with pytest.raises(aa.DeviceFaultError):
+            runtime.synchronize_stream(stream, 10_000)
+        assert seen == [1]  # the other library's callback ran too
+        assert runtime.fault_site() is not None  # and ours
+    finally:
+        assert lib.aclrtExceptionInfoCallbackUnregister(other) == 0
+
+
+def test_the_process_wide_slot_can_be_left_alone() -> None:
+    control = double_control("8.5")
+    mark = control.mark()
+    rt = open_acl_runtime(
+        0, library_path=build_double("8.5").library, exception_callback=False
+    )
+    try:
+        assert not control.calls(mark, "aclrtSetExceptionInfoCallback")
+    finally:
+        rt.close()
+    with pytest.raises(TypeError):
+        open_acl_runtime(0, library_path=build_double("8.5").library, exception_callback=1)
+
+
+# --- the entry budget --------------------------------------------------------------------------
+
+
+def test_the_default_entry_budget_is_below_every_known_queue() -> None:
+    from aio_ascend._runtime.abi import ACL_STREAM_CAPACITY
+
+    assert ACL_STREAM_CAPACITY < 1792 < 2013
+
+
+async def test_a_full_queue_refusal_fails_its_batch_in_order_and_no_other_stream() -> None:
+    # Batches of two (+ their event): the sleep's batch and the next fill a queue of six; the
+    # third batch's first launch is refused for the full queue. The budget (64) is above the
+    # queue on purpose: the runtime's refusal, not admission, is under test.
+    control = double_control()
+    control.set_max_depth(6)
+    control.set_full_refusal(507899)
+    try:
+        options = {"stream_capacity": 64}
+        async with open_backend("acl", batch_cap=2, runtime_options=options) as dev:
+            a, b = dev.stream(), dev.stream()
+            tasks = [await a.launch(dev.function("sleep"), 1, aa.HostArgs().u32(50_000))]
+            tasks += [await a.launch(dev.function("noop"), 1) for _ in range(7)]
+            others = [await b.launch(dev.function("noop"), 1) for _ in range(3)]
+            results: list[BaseException | None] = []
+            for task in tasks:
+                try:
+                    await task
+                    results.append(None)
+                except aa.AscendError as exc:
+                    results.append(exc)
+            assert results[:4] == [None] * 4  # two batches fitted
+            for refused, rest in (results[4:6], results[6:8]):  # the next two batches
+                # each: its refused launch, then the rest of its batch caused by it, in order
+                assert isinstance(refused, aa.RuntimeAPIError) and refused.code == 507899
+                assert rest is not None and rest.__cause__ is refused
+            for task in others:  # another stream is never affected
+                await task
+    finally:
+        control.set_full_refusal(0)
+        control.set_max_depth(2013)
