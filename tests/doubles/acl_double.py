@@ -452,6 +452,11 @@ class DoubleControl:
         """Frees of device memory a running kernel still uses (counted since the build)."""
         return int(self._faults_fn("double_use_after_free", ctypes.c_uint64, [])())
 
+    def drop_zombies(self, device: int = 0) -> None:
+        """End the tasks that outlived their stream on ``device`` (a hung kernel's, after a
+        test that leaked for it), as a device reset would."""
+        self._faults_fn("double_drop_zombies", None, [ctypes.c_int])(device)
+
     def zombies(self) -> int:
         """Tasks still running after their stream was destroyed by force."""
         return int(self._faults_fn("double_zombies", ctypes.c_int64, [])())

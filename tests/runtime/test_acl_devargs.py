@@ -267,7 +267,7 @@ def test_close_frees_the_rings_and_their_fences(ctl: DoubleControl) -> None:
     y = kit.upload(np.zeros(n, dtype=F32))
     for index in range(100):
         kit.launch("scale", _scale(x, y, n, float(index)), stream=(kit.stream, forced)[index % 2])
-    kit.launch("hang", HostArgs(), stream=forced)
+    kit.launch("sleep", HostArgs().u32(100_000), stream=forced)
     runtime.destroy_stream_force(forced)  # its ring stays until close: a kernel may read it
     runtime.synchronize_stream(kit.stream, SYNC_MS)
     assert ctl.live_counts()["events"] > before["events"]  # the fences

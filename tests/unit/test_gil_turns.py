@@ -37,6 +37,9 @@ class _Runtime:
     def launch_kernel_with_host_args(self, *args: Any) -> None:
         self.launches += 1
 
+    def last_task_id(self) -> int | None:
+        return None
+
     def record_event(self, event: int, stream: int) -> None:
         pass
 

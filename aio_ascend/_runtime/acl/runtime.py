@@ -151,7 +151,7 @@ class AclRuntime(AclGraphs):
         #: the runtime's exception reports (registered before any launch), scoped to this open
         self._sites = Sites(library, exception_callback=exception_callback)
         #: frees wait for the device after a stream was destroyed by force (settle.py)
-        self.settle = Settle(device_id, library.functions, library.has)
+        self.settle = Settle(device_id, library)
         #: the device-args path (CANN 8.0: :mod:`.devargs`), None on the others
         self._devargs: DeviceArgsPath | None = None
         if self._path is LaunchPath.DEVICE_ARGS:

@@ -18,19 +18,24 @@ from typing import Any, Final
 
 from ..._errors import AscendError, DeviceFaultError
 
-__all__ = ["SETTLE_TIMEOUT_MS", "Settle"]
+__all__ = ["LEAKED", "SETTLE_TIMEOUT_MS", "Settle"]
 
 log = logging.getLogger("aio_ascend")
 
 #: how long a free after a forced stream destruction waits for the device to finish
 SETTLE_TIMEOUT_MS: Final = 500
+#: everything any runtime of the process leaked this way: (library path, kind, address), kind
+#: "device", "host" or "binary" (a diagnostic: each runtime keeps its own list too)
+LEAKED: list[tuple[str, str, int]] = []
 
 
 class Settle:
     """Whether memory may be freed on one runtime's device (the caller's lock, if any)."""
 
-    def __init__(self, device_id: int, functions: dict[str, Any], has: Any) -> None:
+    def __init__(self, device_id: int, library: Any) -> None:
         self._device_id = device_id
+        self._path: str = library.path
+        functions, has = library.functions, library.has
         self._functions = functions
         self._has = has
         #: a stream with unfinished work was destroyed by force since the device last settled
@@ -87,8 +92,10 @@ class Settle:
     def leak_all(self, **kinds: Any) -> None:
         """Keep every address of each kind (``device=``, ``host=``, ``binary=``)."""
         for kind, addresses in kinds.items():
-            self.leaked.extend((kind, address) for address in addresses)
+            for address in addresses:
+                self.leak(kind, address)
 
     def leak(self, kind: str, address: int) -> None:
         """Keep ``address`` (never freed: the device may still use it)."""
         self.leaked.append((kind, address))
+        LEAKED.append((self._path, kind, address))
