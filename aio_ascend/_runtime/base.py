@@ -86,6 +86,10 @@ class Runtime(Protocol):
     #: queue entries one stream holds before a submitting call blocks (each launch, copy,
     #: event record or wait takes one); the scheduler never lets a stream reach it
     stream_capacity: int
+    #: the ids :meth:`last_task_id` gives are each stream's tasks counted 0, 1, ... in
+    #: submission order (the sim): a fault report then also says the tasks before it on its
+    #: stream finished. False where ids wrap or the runtime's own tasks take some (acl).
+    ordered_task_ids: bool
 
     @property
     def context(self) -> int:

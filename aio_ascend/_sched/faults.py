@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from .._errors import DeviceFaultError, RuntimeAPIError, derived_error
-from .work import Batch, Delivery, Outcome
+from .work import Batch, Delivery, Outcome, Request
 
 __all__ = ["FaultState", "as_device_fault", "classify_refusal", "fail_batches"]
 
@@ -73,12 +73,16 @@ def fail_batches(
     fault: BaseException,
     first: BaseException,
     site: tuple[int, int] | None = None,
+    *,
+    ordered: bool = False,
 ) -> list[Delivery]:
     """Deliveries for every request of ``batches`` after ``fault`` broke the context.
 
     None of them is a success: a fault report says which task failed, never which finished
     (the runtime's ids wrap and count its own tasks too); what finished was delivered by the
-    event queries before. With a report ``site`` (stream handle, task id): the request whose
+    event queries before. Only where the ids are ``ordered`` (each stream's tasks counted in
+    submission order: the sim) are the stream's requests before the reported one finished.
+    With a report ``site`` (stream handle, task id): the request whose
     recorded runtime id (``position``) is exactly that id gets the device's first fault; if the
     stream's requests carry no ids (the runtime cannot tell: CANN 8.0), the first of that
     stream's requests gets it. Without a report: the first request gets the first fault when
@@ -97,6 +101,16 @@ def fail_batches(
         blamed = requests[0]
     deliveries: list[Delivery] = []
     for request in requests:
-        error = first if request is blamed else derived_error(first, "device faulted")
+        error: BaseException | None
+        if request is blamed:
+            error = first
+        elif ordered and site is not None and _before(request, site):
+            error = None  # finished before the fault, on a FIFO stream
+        else:
+            error = derived_error(first, "device faulted")
         deliveries.append((request, error, Outcome.FINISHED))
     return deliveries
+
+
+def _before(request: Request, site: tuple[int, int]) -> bool:
+    return request.lane.handle == site[0] and 0 <= request.position < site[1]

@@ -281,10 +281,21 @@ class Poller:
             site = self._runtime.fault_site()
         except Exception:
             site = None
-        deliveries = fail_batches(batches, fault, first, site)
+        ordered = getattr(self._runtime, "ordered_task_ids", False)
+        deliveries = fail_batches(batches, fault, first, site, ordered=ordered)
+        now = time.perf_counter()
         for batch in batches:
             for req in batch.requests:
                 req.task.submitted_at = batch.submitted
+        for index, (req, error, outcome) in enumerate(deliveries):
+            if error is None:  # finished before the fault (ordered ids only)
+                req.task.completed_at = now
+                if req.needs_completion:
+                    try:
+                        req.on_complete()
+                    except BaseException as err:  # (not `exc`: the argument's name)
+                        error = InternalError(f"completing failed: {err!r}")
+                        deliveries[index] = (req, error, outcome)
         self._post(deliveries, self.counters)
 
     def _still_completes(self, batch: Batch) -> bool:

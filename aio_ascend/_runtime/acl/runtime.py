@@ -110,6 +110,7 @@ class AclRuntime(AclGraphs):
     calls (model-RI capture) come from :class:`~.graphs.AclGraphs`."""
 
     name = "acl"
+    ordered_task_ids = False  # (flip << 16) | id: wraps, and counts the runtime's own tasks
 
     def __init__(
         self,
@@ -262,11 +263,12 @@ class AclRuntime(AclGraphs):
         self._sites.drop(self.device_id)
         memory, host, binaries = self._device_memory, self._host_memory, self._binaries
         if self.settle.may_free():
-            for name, handles in (
+            frees = (
                 ("aclrtBinaryUnLoad", binaries),
                 ("aclrtFree", memory),
                 ("aclrtFreeHost", host),
-            ):
+            )
+            for name, handles in frees:
                 for handle in list(handles):
                     attempt(name, handle)
             attempt("aclrtDestroyContext", self._context)

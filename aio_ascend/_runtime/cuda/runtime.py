@@ -138,6 +138,7 @@ class CudaRuntime(CudaGraphs):
     #: CUDA documents no limit; its launch queue blocks the host at about a thousand pending
     #: launches per stream, so the scheduler stays below that
     stream_capacity = 1024
+    ordered_task_ids = False  # no task ids at all
 
     # --- streams -----------------------------------------------------------------------
 

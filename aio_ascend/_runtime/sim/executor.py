@@ -254,6 +254,7 @@ class DeviceExecutor:
         self.time_model = bool(time_model)
         self.max_queue_depth = max_queue_depth
         self.stream_capacity = max_queue_depth
+        self.ordered_task_ids = True  # last_task_id: the index on the stream
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
