@@ -262,19 +262,10 @@ class AclRuntime(AclGraphs):
             attempt("aclrtDestroyEvent", event)
         self._sites.drop(self.device_id)
         memory, host, binaries = self._device_memory, self._host_memory, self._binaries
-        if self.settle.may_free():
-            frees = (
-                ("aclrtBinaryUnLoad", binaries),
-                ("aclrtFree", memory),
-                ("aclrtFreeHost", host),
-            )
-            for name, handles in frees:
-                for handle in list(handles):
-                    attempt(name, handle)
+        # freed once the device settled; else leaked, and the context with them
+        if self.settle.release(attempt, binary=binaries, device=memory, host=host):
             attempt("aclrtDestroyContext", self._context)
             attempt("aclrtResetDevice", self.device_id)
-        else:  # leak what the device may still use, its context included
-            self.settle.leak_all(binary=binaries, device=memory, host=host)
         for held in (self._streams, self._events, binaries, memory, host):
             held.clear()
         if previous.value and previous.value != self._context:

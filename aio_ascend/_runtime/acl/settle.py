@@ -13,7 +13,7 @@ returning on time wins over freeing, as for a thread stuck in a runtime call.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from ..._errors import AscendError, DeviceFaultError
@@ -27,6 +27,9 @@ SETTLE_TIMEOUT_MS: Final = 500
 #: everything any runtime of the process leaked this way: (library path, kind, address), kind
 #: "device", "host" or "binary" (a diagnostic: each runtime keeps its own list too)
 LEAKED: list[tuple[str, str, int]] = []
+
+
+_FREE: Final = {"binary": "aclrtBinaryUnLoad", "device": "aclrtFree", "host": "aclrtFreeHost"}
 
 
 class Settle:
@@ -88,6 +91,18 @@ class Settle:
             reason,
         )
         return False
+
+    def release(self, attempt: Callable[..., Any], **kinds: Iterable[int]) -> bool:
+        """At close: free every address of each kind (``binary=``, ``device=``, ``host=``)
+        through ``attempt(function name, address)`` once the device settled (True), else leak
+        them all (False)."""
+        if not self.may_free():
+            self.leak_all(**kinds)
+            return False
+        for kind, addresses in kinds.items():
+            for address in list(addresses):
+                attempt(_FREE[kind], address)
+        return True
 
     def leak_all(self, **kinds: Any) -> None:
         """Keep every address of each kind (``device=``, ``host=``, ``binary=``)."""
