@@ -286,8 +286,6 @@ _DOC_ONLY = {
     "aclrtDeviceGetStreamPriorityRange",
     "aclrtStreamGetId",
     "aclrtDestroyBinary",
-    "aclrtExceptionInfoCallbackRegister",
-    "aclrtExceptionInfoCallbackUnregister",
     "aclrtGetThreadLastTaskId",
     "aclrtSynchronizeDeviceWithTimeout",
 }
@@ -532,5 +530,7 @@ def test_bind_skips_missing_optional_functions() -> None:
         "aclrtSetStreamAttribute", "aclrtDeviceGetStreamPriorityRange", "aclrtMemsetAsync",
         "aclrtGetVersion", "aclrtGetMemInfo", "aclrtGetSocName",
         "aclmdlRICaptureBegin", "aclmdlRICaptureEnd", "aclmdlRIExecuteAsync", "aclmdlRIDestroy",
+        "aclrtGetThreadLastTaskId", "aclrtSynchronizeDeviceWithTimeout",
+        "aclrtExceptionInfoCallbackRegister", "aclrtExceptionInfoCallbackUnregister",
     }  # fmt: skip
     assert set(functions) == (set(ffi.PROTOTYPES) | set(ffi.OPTIONAL_PROTOTYPES)) - legacy_lacks
