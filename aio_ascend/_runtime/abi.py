@@ -215,9 +215,10 @@ MAX_NUM_BLOCKS: Final = 65535
 MAX_PLACEHOLDERS: Final = 128
 #: ``sizeof(aclrtPlaceHolderInfo)``: two uint32 (addrOffset, dataOffset).
 PLACEHOLDER_INFO_SIZE: Final = 8
-#: runtime queue entries one stream holds before a submitting call blocks: maxTaskNumPerStream,
-#: 2013 on A2/A3 (2042 on Atlas training, 2014 on 950; acl-runtime.md §8). Every launch, copy,
-#: event record or wait takes one entry; the lowest of the published values is used.
+#: the entry budget of a stream: below every queue depth known for the supported chips (2013
+#: maxTaskNumPerStream on A2/A3, 2042 on Atlas training, 2014 on 950, 1,792 usable slots
+#: reported on A2/A3 with CANN 9.0.0; an ini's normalStreamDepth may set less: cann-support.md
+#: §12.1). Every launch, copy, event record or wait takes one entry.
 ACL_STREAM_CAPACITY: Final = 1536
 
 _PLACEHOLDER_INFO = struct.Struct("<II")

@@ -747,8 +747,11 @@ def open_acl_runtime(
 ) -> AclRuntime:
     """Open ``device_id`` through ``libascendcl.so`` and bind its new context to this thread.
 
-    :param stream_capacity: runtime queue entries per stream (the SoC's maxTaskNumPerStream;
-        default the lowest published value, 2013)
+    :param stream_capacity: runtime queue entries per stream (default 1536: below every
+        queue depth known, cann-support.md §12.1)
+    :param exception_callback: set the process-wide ``aclrtSetExceptionInfoCallback`` where
+        the release has no ``aclrtExceptionInfoCallbackRegister`` (it replaces another
+        library's callback); ``False`` leaves it alone (faults are attributed per stream)
 
     ``aclInit`` (once per process), ``aclrtSetDevice``, ``aclrtCreateContext``.
     :raises BackendUnavailableError: the library cannot be loaded (the message lists every
