@@ -157,7 +157,9 @@ class Sites:
         self.stream_ids: dict[int, tuple[int, int]] = {}
         self._seen: set[int] = set()  # every stream id this runtime had (dropped at close)
         name = "aclrtGetThreadLastTaskId"
-        self.get_last_task: Any = library.functions[name] if library.has(name) else None
+        # bound without the error checker: called after every launch, and a failure here only
+        # means "cannot tell" (None), never an error of the launch
+        self.get_last_task: Any = ffi.bind_one(library.cdll, name) if library.has(name) else None
 
     def note(self, stream: int, functions: dict[str, Any]) -> None:
         """A new stream: its id (``aclrtStreamGetId``), the reports from now on."""
@@ -177,9 +179,8 @@ class Sites:
     def last_task_id(self, scratch: Any) -> int | None:
         """``aclrtGetThreadLastTaskId`` into the thread's ``scratch``; ``None`` without it."""
         get = self.get_last_task
-        if get is None:
+        if get is None or get(scratch.task_id_ref):
             return None
-        get(scratch.task_id_ref)
         task_id: int = scratch.task_id.value
         return task_id
 
