@@ -181,22 +181,33 @@ def test_a_forced_destroy_leaves_the_running_kernel_running(runtime: AclRuntime)
     assert control.zombies() == 0
 
 
-def test_a_free_after_a_forced_destroy_waits_for_the_running_kernel(runtime: AclRuntime) -> None:
+def test_a_free_while_a_forced_kernel_runs_is_deferred_until_it_ends(
+    runtime: AclRuntime,
+) -> None:
     control = double_control()
     before = control.use_after_free()
     stream = runtime.create_stream()
-    buffer = runtime.malloc(64)
+    buffer, other = runtime.malloc(64), runtime.malloc(64)
     _launch(runtime, stream, "sleep", _image(runtime, 200_000, buffer), 16)
     time.sleep(0.05)
     runtime.destroy_stream_force(stream)
+    allocated = control.live_counts()["device_allocs"]
     start = time.monotonic()
     runtime.free(buffer)
-    assert time.monotonic() - start > 0.05  # it waited for the kernel
+    assert time.monotonic() - start < 0.15  # never waits for the kernel (200 ms)
+    assert runtime.settle.deferred == [("device", buffer)]
+    assert control.live_counts()["device_allocs"] == allocated  # not freed under the kernel
+    deadline = time.monotonic() + 10
+    while control.zombies() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    runtime.free(other)  # the device is idle now: the deferred free is done too
+    assert runtime.settle.deferred == []
+    assert control.live_counts()["device_allocs"] == allocated - 2
     assert control.use_after_free() == before
     assert runtime.settle.leaked == []
 
 
-def test_a_hung_kernel_after_a_forced_destroy_leaks_and_logs_once(
+def test_a_hung_kernel_after_a_forced_destroy_leaks_at_close_and_logs_once(
     runtime: AclRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:
     control = double_control()
@@ -208,7 +219,9 @@ def test_a_hung_kernel_after_a_forced_destroy_leaks_and_logs_once(
     runtime.destroy_stream_force(stream)
     with caplog.at_level(logging.ERROR, logger="aio_ascend"):
         runtime.free(buffer)
-        runtime.free(other)
+        start = time.monotonic()
+        runtime.close()
+        assert time.monotonic() - start < 5  # 0.5 s for the device, then it gives up
     assert control.use_after_free() == before
     leaked = runtime.settle.leaked
     assert ("device", buffer) in leaked and ("device", other) in leaked
@@ -224,10 +237,11 @@ def test_without_a_device_synchronize_a_forced_destroy_leaks() -> None:
         time.sleep(0.02)
         rt.destroy_stream_force(stream)
         rt.free(buffer)
-        assert ("device", buffer) in rt.settle.leaked
+        assert rt.settle.deferred == [("device", buffer)]
     finally:
         rt.close()
         DoubleControl(build_legacy_double().library).drop_zombies()
+    assert ("device", buffer) in rt.settle.leaked
 
 
 async def test_a_forced_close_frees_nothing_a_running_kernel_uses() -> None:

@@ -477,9 +477,8 @@ class AclRuntime(AclGraphs):
 
     def free(self, ptr: int) -> None:
         ptr = _ptr("ptr", ptr)
-        if not self.settle.may_free():
-            self._device_memory.discard(ptr)
-            return self.settle.leak("device", ptr)
+        if not self.settle.free("device", ptr):  # deferred: a forced stream may still use it
+            return self._device_memory.discard(ptr)
         self._fn["aclrtFree"](ptr)
         self._device_memory.discard(ptr)
 
@@ -493,9 +492,9 @@ class AclRuntime(AclGraphs):
 
     def free_host(self, ptr: int) -> None:
         ptr = _ptr("ptr", ptr)
-        if not self.settle.may_free():
+        if not self.settle.free("host", ptr):
             self._host_memory.pop(ptr, None)
-            return self.settle.leak("host", ptr)
+            return None
         self._fn["aclrtFreeHost"](ptr)
         self._host_memory.pop(ptr, None)
 
@@ -623,10 +622,8 @@ class AclRuntime(AclGraphs):
 
     def unload_binary(self, binary: int) -> None:
         binary = _ptr("binary", binary)
-        if not self.settle.may_free():
-            self._binaries.pop(binary, None)
-            return self.settle.leak("binary", binary)
-        self._fn["aclrtBinaryUnLoad"](binary)
+        if self.settle.free("binary", binary):  # else deferred: a forced stream may use it
+            self._fn["aclrtBinaryUnLoad"](binary)
         self._binaries.pop(binary, None)
         for func in [f for f, b in self._function_binary.items() if b == binary]:
             del self._function_binary[func]

@@ -5,14 +5,21 @@
 ``docs/zh/api_ref/06_stream_management.md:8``, ``11-01_device_memory_malloc_and_free.md``): a
 kernel or a DMA still running would write memory that was handed to someone else. So once a
 stream with unfinished work was forced, device memory, pinned memory, staging rings and binaries
-are freed only after ``aclrtSynchronizeDeviceWithTimeout`` said the device is idle. When it
-times out (a hung kernel), or the release lacks it, they are leaked instead, with one ERROR log:
-returning on time wins over freeing, as for a thread stuck in a runtime call.
+are freed only when ``aclrtSynchronizeDeviceWithTimeout`` says the device is idle:
+
+- during the device's life a free asks with a 1 ms timeout and, while the device is busy,
+  defers the free (done by the first later free that finds it idle, or at close), so that a
+  free never waits for other streams' work;
+- at close it waits up to :data:`SETTLE_TIMEOUT_MS`; when that runs out (a hung kernel), or the
+  release lacks the call, everything is leaked instead, with one ERROR log: returning on time
+  wins over freeing, as for a thread stuck in a runtime call.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Final
 
@@ -38,13 +45,13 @@ class Settle:
     def __init__(self, device_id: int, library: Any) -> None:
         self._device_id = device_id
         self._path: str = library.path
-        functions, has = library.functions, library.has
-        self._functions = functions
-        self._has = has
+        self._functions: dict[str, Any] = library.functions
+        self._has = library.has
         #: a stream with unfinished work was destroyed by force since the device last settled
         self.unsettled = False
-        #: the device did not settle in time: everything freed from now on is leaked
-        self.leaking = False
+        #: frees put off while the device was busy: (kind, address)
+        self.deferred: list[tuple[str, int]] = []
+        self._lock = threading.Lock()  # frees come from the loop and the library's threads
         #: what was leaked: (kind, address)
         self.leaked: list[tuple[str, int]] = []
 
@@ -60,57 +67,56 @@ class Settle:
             self.unsettled = True  # still running, faulted or aborted: settle before frees
         destroy(stream)
 
-    def may_free(self) -> bool:
-        """True when nothing the device still runs can use memory freed now."""
+    def free(self, kind: str, address: int) -> bool:
+        """During the device's life: True when ``address`` may be freed now; else it is
+        deferred. A device found idle also frees what was deferred before."""
         if not self.unsettled:
             return True
-        if self.leaking:
-            return False
-        name = "aclrtSynchronizeDeviceWithTimeout"
-        reason: str
-        if self._has(name):
-            try:
-                self._functions[name](SETTLE_TIMEOUT_MS)
-            except DeviceFaultError:
-                # stop-on-failure halted the context: none of its tasks runs any more
-                self.unsettled = False
-                return True
-            except AscendError as exc:
-                reason = f"{name} failed: {exc}"
-            else:
-                self.unsettled = False
-                return True
-        else:
-            reason = f"this CANN release lacks {name}"
-        self.leaking = True
-        log.error(
-            "device %d: work of a stream destroyed by force may still be running (%s); "
-            "leaking its device memory, pinned memory, staging and binaries instead of "
-            "freeing them under it",
-            self._device_id,
-            reason,
-        )
-        return False
-
-    def release(self, attempt: Callable[..., Any], **kinds: Iterable[int]) -> bool:
-        """At close: free every address of each kind (``binary=``, ``device=``, ``host=``)
-        through ``attempt(function name, address)`` once the device settled (True), else leak
-        them all (False)."""
-        if not self.may_free():
-            self.leak_all(**kinds)
-            return False
-        for kind, addresses in kinds.items():
-            for address in list(addresses):
-                attempt(_FREE[kind], address)
+        with self._lock:
+            if self._settled(1) is not True:
+                self.deferred.append((kind, address))
+                return False
+            deferred, self.deferred = self.deferred, []
+        for earlier_kind, earlier in deferred:
+            with contextlib.suppress(AscendError):
+                self._functions[_FREE[earlier_kind]](earlier)
         return True
 
-    def leak_all(self, **kinds: Any) -> None:
-        """Keep every address of each kind (``device=``, ``host=``, ``binary=``)."""
-        for kind, addresses in kinds.items():
-            for address in addresses:
-                self.leak(kind, address)
+    def _settled(self, timeout_ms: int) -> bool | str:
+        """Wait up to ``timeout_ms`` for the device: True, or why it did not settle."""
+        name = "aclrtSynchronizeDeviceWithTimeout"
+        if not self._has(name):
+            return f"this CANN release lacks {name}"
+        try:
+            self._functions[name](timeout_ms)
+        except DeviceFaultError:
+            pass  # stop-on-failure halted the context: none of its tasks runs any more
+        except AscendError as exc:
+            return f"{name} failed: {exc}"
+        self.unsettled = False
+        return True
 
-    def leak(self, kind: str, address: int) -> None:
-        """Keep ``address`` (never freed: the device may still use it)."""
-        self.leaked.append((kind, address))
-        LEAKED.append((self._path, kind, address))
+    def release(self, attempt: Callable[..., Any], **kinds: Iterable[int]) -> bool:
+        """At close: free every address of each kind (``binary=``, ``device=``, ``host=``) and
+        what was deferred, through ``attempt(function name, address)``, once the device settled
+        (True); else leak them all, logging once (False)."""
+        pending = [(kind, address) for kind, addresses in kinds.items() for address in addresses]
+        with self._lock:
+            pending += self.deferred
+            self.deferred = []
+        settled = True if not self.unsettled else self._settled(SETTLE_TIMEOUT_MS)
+        if settled is not True:
+            log.error(
+                "device %d: work of a stream destroyed by force may still be running (%s); "
+                "leaking its device memory, pinned memory, staging and binaries instead of "
+                "freeing them under it",
+                self._device_id,
+                settled,
+            )
+            for kind, address in pending:
+                self.leaked.append((kind, address))
+                LEAKED.append((self._path, kind, address))
+            return False
+        for kind, address in pending:
+            attempt(_FREE[kind], address)
+        return True
