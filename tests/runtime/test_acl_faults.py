@@ -285,6 +285,20 @@ def test_a_stale_report_never_matches_a_recycled_stream_id() -> None:
         again.close()
 
 
+def test_a_report_from_before_a_stream_was_created_is_not_about_it(runtime: AclRuntime) -> None:
+    stream = runtime.create_stream()
+    number = ctypes.c_int32()
+    runtime._fn["aclrtStreamGetId"](stream, ctypes.byref(number))
+    _launch(runtime, stream, "fault", _image(runtime, 507035))
+    with pytest.raises(aa.DeviceFaultError):
+        runtime.synchronize_stream(stream, 10_000)
+    assert runtime.fault_site() == (stream, 0)
+    runtime.destroy_stream_force(stream)
+    double_control().set_next_stream_id(number.value)
+    recycled = runtime.create_stream()  # the same id, a new stream
+    assert runtime.fault_site() is None
+
+
 def test_the_callback_is_one_of_many_where_the_runtime_allows_it(runtime: AclRuntime) -> None:
     log = runtime._sites.log
     assert log is not None and log.mode == "register"
