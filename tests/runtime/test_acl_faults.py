@@ -295,7 +295,7 @@ def test_a_report_from_before_a_stream_was_created_is_not_about_it(runtime: AclR
     assert runtime.fault_site() == (stream, 0)
     runtime.destroy_stream_force(stream)
     double_control().set_next_stream_id(number.value)
-    recycled = runtime.create_stream()  # the same id, a new stream
+    runtime.create_stream()  # the same id, a new stream
     assert runtime.fault_site() is None
 
 
