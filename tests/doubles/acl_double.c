@@ -47,6 +47,10 @@
  *    CALLER's buffer at each addrOffset, then copies [0, argsSize) (the kernel reads the copy).
  *  - Every ACL call is logged with its raw arguments (uint64, signed values sign-extended) and
  *    its return code.
+ *  - Task ids, aclrtGetThreadLastTaskId, the task a forced stream destruction leaves running,
+ *    aclrtSynchronizeDeviceWithTimeout, the coexisting exception callbacks and a full queue's
+ *    refusal follow the CANN runtime's source, cited there: acl_double_faults.h.
+ *    Built with -DACL_DOUBLE_LEGACY, aclrtSynchronizeDeviceWithTimeout is not exported either.
  *
  * Personas (-DACL_PERSONA=800|830|850|910, default 910): the double exports exactly the symbol
  * set docs/cann-support.md §9 lists for that CANN generation, so the backend's symbol probing,

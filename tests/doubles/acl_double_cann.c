@@ -20,7 +20,7 @@
  *    (offset, size), as the double's kernels decode them.
  *  - aclrtSetExceptionInfoCallback (all): the last callback set wins; called on the device
  *    thread, inline, when a task fails (before the fault is visible to queries), with the
- *    stream id and the task's 0-based index on its stream as task id (§7).
+ *    stream id and the task's runtime id as task id (§7; acl_double_faults.h).
  *    aclrtGetLastError / PeekAtLastError: the thread's last code.
  *  - Model-RI capture (8.3+, not in the -DACL_DOUBLE_LEGACY build; §9 row 45): aclmdlRICaptureBegin
  *    (any of the three modes; 107000 on a stream already capturing) makes the stream record the
