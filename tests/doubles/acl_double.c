@@ -157,6 +157,9 @@ _Static_assert(_Alignof(aclrtStreamAttrValue) == 8, "aclrtStreamAttrValue alignm
 #define ACL_ERROR_RT_STREAM_CONTEXT 107003
 #define ACL_ERROR_RT_INVALID_HANDLE 107017
 #define ACL_ERROR_RT_STREAM_ABORT 107023
+#define ACL_ERROR_RT_STREAM_CAPTURED 107027          /* rt_error_codes.h:47 */
+#define ACL_ERROR_RT_STREAM_NOT_CAPTURED 107029      /* rt_error_codes.h:49 */
+#define ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED 507903 /* rt_error_codes.h:154 */
 #define ACL_ERROR_RT_SYMBOL_NOT_FOUND 107042
 #define ACL_ERROR_RT_MEMORY_ALLOCATION 207001
 #define ACL_ERROR_RT_EVENT_NOT_COMPLETE 507006
@@ -461,6 +464,7 @@ typedef struct model {
     ctx_t *ctx;
     int refs;
     int mode; /* the aclmdlRICaptureMode it was captured in */
+    int invalidated; /* an error invalidated the capture (CaptureEnd returns 507903) */
     task_t *head, *tail;
     size_t ntasks;
 } model_t;
@@ -1251,10 +1255,12 @@ static int event_done(const event_t *e) {
     return 0;
 }
 
-/* What a capturing stream refuses (the double's choice of code: the docs give "107024-107038
-   capture errors" without names, so 107000 as for every other invalid call). */
+/* What a capturing stream refuses, with ACL_ERROR_RT_STREAM_CAPTURED (107027) as the runtime does:
+   a stream sync (hicann/runtime@681ef76:src/runtime/api/impl/api_error.cc:1446-1449), a model
+   execution (api_error.cc:4056-4058), a second capture begin
+   (src/runtime/feature/aclgraph/context_aclgraph.cc:292-296), a stream destroy (api_error.cc:1390-1392). */
 static aclError capture_refusal(const char *what) {
-    return fail(ACL_ERROR_RT_PARAM_INVALID, "stream is capturing (aclmdlRICaptureBegin): %s cannot be captured", what);
+    return fail(ACL_ERROR_RT_STREAM_CAPTURED, "stream is capturing (aclmdlRICaptureBegin): %s is not supported", what);
 }
 
 /* ================================ the ACL API ================================================ */
@@ -1421,6 +1427,7 @@ static aclError destroy_stream(void *stream, int force) {
     if (!c) return rc;
     stream_t *s = need_stream(stream, c, &rc);
     if (!s) return rc;
+    if (s->capture) return capture_refusal(force ? "aclrtDestroyStreamForce" : "aclrtDestroyStream");
     if (!force) {
         s->refs++;
         while (s->alive && s->completed < s->submitted && !s->ctx->fault_code) cv_wait(&g_done_cv, UINT64_MAX);
@@ -1526,13 +1533,19 @@ EXPORT aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
     stream_t *s = need_stream(stream, c, &rc);
     if (!s) LEAVE_UNLOCK(rc);
     if (e->ctx != c) LEAVE_UNLOCK(fail(ACL_ERROR_RT_STREAM_CONTEXT, "event belongs to another context"));
-    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtRecordEvent"));
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
     task_t *t = calloc(1, sizeof *t);
     if (!t) abort();
     t->kind = T_RECORD;
     t->event = e;
     e->refs++;
+    if (s->capture) {
+        /* A record on a capturing stream is captured, not refused: it becomes a task of the model
+           (hicann/runtime@681ef76:src/runtime/api/impl/api_impl.cc:2150-2160 checks the capture
+           only for the external-record flag); it records the event when the model runs. */
+        t->gen = e->gen;
+        LEAVE_UNLOCK(enqueue(s, t));
+    }
     t->gen = e->gen + 1;
     if ((rc = enqueue(s, t))) LEAVE_UNLOCK(rc);
     e->gen = t->gen;
@@ -1604,7 +1617,8 @@ EXPORT aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     if (!s) LEAVE_UNLOCK(rc);
     event_t *e = need_event(event, &rc);
     if (!e) LEAVE_UNLOCK(rc);
-    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtStreamWaitEvent"));
+    /* a wait on a capturing stream is captured like any task (api_impl.cc:1605-1620 checks the
+       capture only for the external-wait flag) */
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
     task_t *t = calloc(1, sizeof *t);
     if (!t) abort();

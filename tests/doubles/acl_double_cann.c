@@ -169,6 +169,8 @@ EXPORT aclError aclrtKernelArgsInitByUserMem(aclrtFuncHandle funcHandle, aclrtAr
 /* ---- model-RI capture (8.3+; not in the -DACL_DOUBLE_LEGACY build) --------------------------- */
 
 #if HAS_83 && !defined(ACL_DOUBLE_LEGACY)
+static int g_invalidate_captures; /* double_invalidate_captures: every capture begun is invalidated */
+
 EXPORT aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mode) {
     ENTER("aclmdlRICaptureBegin", 2, P(stream), I(mode));
     pthread_mutex_lock(&g_mu);
@@ -186,6 +188,7 @@ EXPORT aclError aclmdlRICaptureBegin(aclrtStream stream, aclmdlRICaptureMode mod
     m->ctx = c;
     m->refs = 1;
     m->mode = (int)mode;
+    m->invalidated = g_invalidate_captures;
     s->capture = m;
     LEAVE_UNLOCK(0);
 }
@@ -199,9 +202,19 @@ EXPORT aclError aclmdlRICaptureEnd(aclrtStream stream, aclmdlRI *modelRI) {
     stream_t *s = need_stream(stream, c, &rc);
     if (!s) LEAVE_UNLOCK(rc);
     if (!modelRI) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "modelRI is NULL"));
-    if (!s->capture) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "stream %p is not capturing", stream));
+    /* not capturing: 107029 (hicann/runtime@681ef76:src/runtime/feature/aclgraph/context_aclgraph.cc:514-517) */
+    if (!s->capture)
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_STREAM_NOT_CAPTURED, "stream %p is not in capture status", stream));
     model_t *m = s->capture;
-    s->capture = NULL;
+    s->capture = NULL; /* the stream leaves capture mode whatever the outcome (CaptureModeExit, :531) */
+    if (m->invalidated) {
+        /* an invalidated capture: the model is cleared and 507903 returned, no model handed out
+           (context_aclgraph.cc:544-561, ClearCaptureModel) */
+        model_unref(m);
+        *modelRI = NULL;
+        LEAVE_UNLOCK(fail(ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED,
+                          "an error has invalidated the stream capture sequence"));
+    }
     live_add(m, K_MODEL);
     g_live_models++;
     *modelRI = m;
@@ -648,6 +661,30 @@ EXPORT aclError aclrtFunctionGetParamInfo(const void *func, size_t paramIndex, s
 #endif
 
 /* ---- controls for the tests --------------------------------------------------------------------- */
+
+#if HAS_83 && !defined(ACL_DOUBLE_LEGACY)
+/* Invalidate the capture open on a stream, as the runtime does when a captured task cannot be
+   allocated (hicann/runtime@681ef76:src/runtime/feature/aclgraph/stream_capture.cc:20-29, 113-118):
+   1 if the stream was capturing. */
+EXPORT int double_invalidate_capture(void *stream) {
+    pthread_mutex_lock(&g_mu);
+    int done = 0;
+    if (live_is(stream, K_STREAM) && ((stream_t *)stream)->capture) {
+        ((stream_t *)stream)->capture->invalidated = 1;
+        done = 1;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return done;
+}
+
+/* While on, every capture begun is invalidated at once (as above), for tests that cannot reach
+   the stream between the begin and the end. */
+EXPORT void double_invalidate_captures(int on) {
+    pthread_mutex_lock(&g_mu);
+    g_invalidate_captures = on != 0;
+    pthread_mutex_unlock(&g_mu);
+}
+#endif
 
 EXPORT int double_persona(void) { return ACL_PERSONA; }
 EXPORT uint64_t double_ffts_addr(void) { return FFTS_ADDR; }
