@@ -1433,11 +1433,13 @@ def test_the_double_refuses_what_a_capture_cannot_hold(kit: Kit, ctl: DoubleCont
     event = rt.create_event(abi.ACL_EVENT_SYNC)
     buf, pageable = rt.malloc(16), np.zeros(16, np.uint8)
     fn["aclmdlRICaptureBegin"](stream, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
+    captured, invalid = abi.ACL_ERROR_RT_STREAM_CAPTURED, abi.ACL_ERROR_RT_PARAM_INVALID
+    relaxed = abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED
     for name, args, code in (
-        ("aclrtSynchronizeStreamWithTimeout", (stream, 1000), abi.ACL_ERROR_RT_STREAM_CAPTURED),
-        ("aclrtMemcpyAsync", (buf, 16, pageable.ctypes.data, 16, H2D, stream), abi.ACL_ERROR_RT_PARAM_INVALID),
-        ("aclmdlRICaptureBegin", (stream, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED), abi.ACL_ERROR_RT_STREAM_CAPTURED),
-        ("aclrtDestroyStream", (stream,), abi.ACL_ERROR_RT_STREAM_CAPTURED),
+        ("aclrtSynchronizeStreamWithTimeout", (stream, 1000), captured),
+        ("aclrtMemcpyAsync", (buf, 16, pageable.ctypes.data, 16, H2D, stream), invalid),
+        ("aclmdlRICaptureBegin", (stream, relaxed), captured),
+        ("aclrtDestroyStream", (stream,), captured),
     ):
         with pytest.raises(RuntimeAPIError) as info:
             fn[name](*args)

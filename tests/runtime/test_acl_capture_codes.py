@@ -57,15 +57,21 @@ def _invalidate_all(ctl: DoubleControl, on: bool) -> None:
 def _launch_scale(rt: AclRuntime, stream: int, x: int, y: int, n: int, a: float) -> None:
     binary = rt.load_binary(build_double().builtins)
     func = rt.get_function(binary, "scale")
-    packed = HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, a)).pack(
-        rt.function_info(func)
+    packed = (
+        HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, a)).pack(rt.function_info(func))
     )
     image = ctypes.create_string_buffer(packed.image, len(packed.image))
     table = b"".join(struct.pack("<II", a_, d) for a_, d in packed.placeholders)
     tbuf = ctypes.create_string_buffer(table, max(len(table), 1))
     rt.launch_kernel_with_host_args(
-        func, 1, stream, None, ctypes.addressof(image), len(packed.image),
-        ctypes.addressof(tbuf) if table else 0, len(packed.placeholders),
+        func,
+        1,
+        stream,
+        None,
+        ctypes.addressof(image),
+        len(packed.image),
+        ctypes.addressof(tbuf) if table else 0,
+        len(packed.placeholders),
     )
 
 
