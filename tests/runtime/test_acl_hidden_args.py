@@ -26,6 +26,7 @@ from helpers import open_backend
 
 import aio_ascend as aa
 from aio_ascend._errors import InvalidParamError
+from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._runtime.abi import (
     ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD,
     ACL_RT_BINARY_MAGIC_ELF_AICORE,
@@ -303,3 +304,90 @@ async def test_8_5_still_loads_bytes_from_data(ctl: DoubleControl, anyio_backend
         assert [c.name for c in ctl85.calls(mark) if "Load" in c.name] == [
             "aclrtBinaryLoadFromData"
         ]
+
+
+# --- an empty HostArgs on the args-handle path; the 8.0 overflow argument ------------------------
+
+
+def _seam_launch(
+    rt: AclRuntime, stream: int, func: int, args: HostArgs
+) -> tuple[ctypes.Array[ctypes.c_char], ctypes.Array[ctypes.c_char]]:
+    packed = args.pack(rt.function_info(func))
+    image = ctypes.create_string_buffer(packed.image, len(packed.image))
+    table = b"".join(struct.pack("<II", a, d) for a, d in packed.placeholders)
+    tbuf = ctypes.create_string_buffer(table, max(len(table), 1))
+    rt.launch_kernel_with_host_args(
+        func, 1, stream, None, ctypes.addressof(image), len(packed.image),
+        ctypes.addressof(tbuf) if table else 0, len(packed.placeholders),
+    )  # fmt: skip
+    return image, tbuf
+
+
+@pytest.mark.runtime_source
+def test_an_empty_host_args_appends_nothing_on_the_args_handle_path() -> None:
+    """api_impl.cc:8422-8458: Finalize puts the overflow slot right after the appended
+    parameters, so a kernel without parameters finds it at offset 0 only if nothing was
+    appended (8.3's thread handle would take the 8 zero bytes of HostArgs() as a parameter)."""
+    runtime = open_acl_runtime(0, library_path=build_double("8.3").library)
+    ctl = double_control("8.3")
+    try:
+        stream = runtime.create_stream()
+        func = _function(runtime, "noop")
+        assert runtime.function_info(func).params == ()  # the probe's marker was refused
+        mark = ctl.mark()
+        _seam_launch(runtime, stream, func, HostArgs())
+        assert ctl.calls(mark, "aclrtKernelArgsAppend") == []
+        image = ctl.last_args(patched=False)
+        assert image == ctl.context_overflow(runtime.context).to_bytes(8, "little")
+        runtime.synchronize_stream(stream, 5000)
+        with pytest.raises(ValueError, match="declares 0 parameter"):
+            HostArgs().u32(1).pack(runtime.function_info(func))  # refused before the runtime
+        vector_add = _function(runtime, "vector_add")
+        assert runtime.function_info(vector_add).params is None  # it takes parameters
+    finally:
+        runtime.close()
+
+
+@pytest.mark.anyio
+async def test_an_empty_host_args_launch_runs_on_8_3(anyio_backend: object) -> None:
+    async with open_backend("acl-8.3") as dev:
+        await dev.stream().run(dev.function("noop"), 1)
+        await dev.stream().run(dev.function("noop"), 1, HostArgs())
+
+
+def test_8_0_args_end_with_an_overflow_argument_before_the_placeholder_data() -> None:
+    """The asc-devkit launchers pass an overflow address after the parameters; 8.0 cannot read
+    the context's (aclrtCtxGetFloatOverflowAddr is 8.5+), so a device buffer of the runtime's
+    own is passed, after the parameters and before any placeholder data."""
+    runtime = open_acl_runtime(0, library_path=build_double("8.0").library)
+    ctl = double_control("8.0")
+    try:
+        devices = ctl.live_counts()
+        stream = runtime.create_stream()
+        binary = runtime.load_binary(None)
+        scale, noop = runtime.get_function(binary, "scale"), runtime.get_function(binary, "noop")
+        info = runtime.function_info(scale)
+        (overflow,) = info.suffix
+        assert info.prefix == () and runtime.function_info(noop).suffix == (overflow,)
+        assert overflow in runtime._device_memory
+        n = 4
+        host = runtime.malloc_host(64)
+        x, y = runtime.malloc(4 * n), runtime.malloc(4 * n)
+        ctypes.memmove(host, np.arange(n, dtype=F32).tobytes(), 4 * n)
+        runtime.memcpy_async(x, 4 * n, host, 4 * n, 1, stream)
+        args = HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, 2.0))
+        _seam_launch(runtime, stream, scale, args)
+        dev_args = ctl.last_dev_args()
+        runtime.memcpy_async(host, 40, dev_args, 40, 2, stream)
+        runtime.synchronize_stream(stream, 5000)
+        image = ctypes.string_at(host, 40)
+        slot, tail = struct.unpack_from("<QQ", image, 16)
+        assert tail == overflow and slot == dev_args + 32
+        assert struct.unpack_from("<If", image, 32) == (n, 2.0)
+        runtime.memcpy_async(host, 4 * n, y, 4 * n, 2, stream)
+        runtime.synchronize_stream(stream, 5000)
+        result = np.frombuffer(ctypes.string_at(host, 4 * n), dtype=F32)
+        np.testing.assert_array_equal(result, 2.0 * np.arange(n, dtype=F32))
+    finally:
+        runtime.close()
+    assert ctl.live_counts()["device_allocs"] == devices["device_allocs"]

@@ -149,8 +149,9 @@ def _address(fn: dict[str, Any], name: str) -> int | None:
 
 def probe_hidden_args(
     fn: dict[str, Any], func: int, overflow: int | None
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The hidden arguments the runtime lays out for ``func``: ``(prefix, suffix)``.
+) -> tuple[tuple[int, ...], tuple[int, ...], bool]:
+    """The hidden arguments the runtime lays out for ``func``: ``(prefix, suffix)``, and whether
+    the kernel takes parameters at all.
 
     ``aclrtKernelArgsInitByUserMem`` builds the kernel's args handle over a buffer of ours
     (filled with :data:`_FILL`; the runtime writes nothing at init) and reserves the leading
@@ -158,8 +159,9 @@ def probe_hidden_args(
     address into slot 0 (where the chip has it) and the overflow address into the next 8-aligned
     slot after the marker. The marker's offset gives the leading slots (a reserved slot the
     runtime left unwritten is passed as 0), the slot after it the overflow argument. A kernel
-    that takes no parameters refuses the marker; its overflow slot then directly follows the
-    leading ones, found by its value (``overflow``, the context's address) where it is known.
+    that takes no parameters refuses the marker (the handle's ``maxUserParamNum`` is the kernel's
+    parameter count); its overflow slot then directly follows the leading ones, found by its
+    value (``overflow``, the context's address) where it is known.
     """
     handle_size, buffer_size = c_size_t(), c_size_t()
     fn["aclrtKernelArgsGetHandleMemSize"](func, byref(handle_size))
@@ -189,7 +191,7 @@ def probe_hidden_args(
         tail = lead
     prefix = tuple(0 if value == _UNWRITTEN else value for value in slots[:lead])
     suffix = () if tail >= len(slots) or slots[tail] == _UNWRITTEN else (slots[tail],)
-    return prefix, suffix
+    return prefix, suffix, appended
 
 
 def read_function_info(
@@ -198,23 +200,33 @@ def read_function_info(
     func: int,
     kind: KernelType | None,
     path: LaunchPath,
+    overflow: int | None = None,
 ) -> FunctionInfo:
-    """What the host args of ``func`` (from a binary of type ``kind``) must follow on ``path``."""
+    """What the host args of ``func`` (from a binary of type ``kind``) must follow on ``path``.
+
+    ``overflow``: on the device-args path, the address passed as the trailing overflow argument.
+    On the args-handle path a kernel that takes no parameters is given ``params=()`` when the
+    probe can tell: an empty ``HostArgs`` is then launched without any ``Append`` (one 8-byte
+    argument would move the overflow slot the runtime appends after the parameters)."""
     params = None
     if has("aclrtFunctionGetParamCount") and has("aclrtFunctionGetParamInfo"):
         params = _param_info(fn, func)
     prefix: tuple[int, ...] = ()
     suffix: tuple[int, ...] = ()
     data_align = None
-    hidden = None
-    if path is LaunchPath.HOST_ARGS and all(has(name) for name in PROBE_SYMBOLS):
-        overflow = None
+    hidden: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+    if path is not LaunchPath.DEVICE_ARGS and all(has(name) for name in PROBE_SYMBOLS):
+        known = None
         if has("aclrtCtxGetFloatOverflowAddr"):
-            overflow = _address(fn, "aclrtCtxGetFloatOverflowAddr")
+            known = _address(fn, "aclrtCtxGetFloatOverflowAddr")
         try:
-            hidden = probe_hidden_args(fn, func, overflow)
+            lead, tail, takes_params = probe_hidden_args(fn, func, known)
         except RuntimeAPIError:
-            hidden = None  # a runtime that cannot answer: the load magic decides, as before
+            pass  # a runtime that cannot answer: the load magic decides, as before
+        else:
+            hidden = (lead, tail)
+            if not takes_params and params is None and path is LaunchPath.ARGS_HANDLE:
+                params = ()
     if path is LaunchPath.DEVICE_ARGS:
         if kind is KernelType.MIX:
             raise BackendUnavailableError(
@@ -224,6 +236,7 @@ def read_function_info(
                 "8.5+) nor have the runtime add them (aclrtKernelArgsFinalize: 8.1+)",
                 func="aclrtGetHardwareSyncAddr",
             )
+        suffix = () if overflow is None else (overflow,)
     elif path is LaunchPath.ARGS_HANDLE:
         data_align = ARGS_HANDLE_DATA_ALIGN  # Finalize adds the hidden arguments itself
     elif hidden is not None:

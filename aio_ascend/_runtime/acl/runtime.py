@@ -625,7 +625,8 @@ class AclRuntime(AclGraphs):
         if info is None:
             binary = self._function_binary.get(func)
             kind = None if binary is None else self._binaries.get(binary, (None, None))[1]
-            info = read_function_info(self._fn, self._library.has, func, kind, self._path)
+            overflow = None if self._devargs is None else self._devargs.overflow_address()
+            info = read_function_info(self._fn, self._library.has, func, kind, self._path, overflow)
             self._infos[func] = info
         return info
 
@@ -714,6 +715,7 @@ class AclRuntime(AclGraphs):
         )
         entries = check_placeholder_table(_LAUNCH, placeholders_addr, placeholder_count, args_size)
         try:
+            info = self._infos.get(func)
             launch_with_args_handle(
                 self._fn,
                 func,
@@ -721,7 +723,7 @@ class AclRuntime(AclGraphs):
                 stream,
                 None if cfg is None else _cfg_arg(cfg),
                 args_addr,
-                args_size,
+                0 if info is not None and info.params == () else args_size,
                 entries,
             )
         except DeviceFaultError as exc:
