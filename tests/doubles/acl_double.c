@@ -338,7 +338,7 @@ static aclError take_injection(const char *name) {
 
 /* ---- live-handle registry (open addressing hash set) -------------------------------------- */
 
-enum { K_CTX = 1, K_STREAM, K_EVENT, K_BIN, K_FUNC, K_MODEL, K_BINDESC, K_ARGS };
+enum { K_CTX = 1, K_STREAM, K_EVENT, K_BIN, K_FUNC, K_MODEL, K_BINDESC };
 typedef struct { uintptr_t key; int kind; } slot_t;
 #define TOMB ((uintptr_t)1)
 static slot_t *g_live;

@@ -406,7 +406,10 @@ typedef struct {
 
 /* An args handle: the thread's own (aclrtKernelArgsInit, its buffer MAX_ARGS_BUFF_SIZE bytes) or
    one in the caller's memory over the caller's buffer (aclrtKernelArgsInitByUserMem). */
+#define USER_ARGS_MAGIC 0x5553455241524753ull /* an initialised user-memory handle */
+
 typedef struct {
+    uint64_t magic; /* USER_ARGS_MAGIC in a user-memory handle */
     func_t *func;
     int finalized;
     int overflow_done;
@@ -422,7 +425,9 @@ static __thread args_handle_t *t_args; /* aclrtKernelArgsInit's thread_local han
 
 static args_handle_t *need_handle(aclrtArgsHandle h, aclError *rc) {
     args_handle_t *a = h;
-    if (!a || (a != t_args && !live_is(a, K_ARGS)) || !a->func) {
+    /* a user-memory handle lives in the caller's memory, which may be freed and reused at any
+       time: it is recognised by its magic, never kept in the live table */
+    if (!a || (a != t_args && a->magic != USER_ARGS_MAGIC) || !a->func) {
         *rc = fail(ACL_ERROR_RT_PARAM_INVALID, "argsHandle %p is not an initialised args handle", h);
         return NULL;
     }
@@ -460,7 +465,7 @@ EXPORT aclError aclrtKernelArgsInit(aclrtFuncHandle funcHandle, aclrtArgsHandle 
     if (!live_is(funcHandle, K_FUNC)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "function %p is not valid", funcHandle));
     if (!argsHandle) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "argsHandle is NULL"));
     if (!t_args) {
-        if (!(t_args = malloc(sizeof *t_args)) || !(t_args->buf = malloc(MAX_ARGS_BUFF_SIZE))) abort();
+        if (!(t_args = calloc(1, sizeof *t_args)) || !(t_args->buf = malloc(MAX_ARGS_BUFF_SIZE))) abort();
     }
     t_args->func = funcHandle;
     t_args->finalized = t_args->overflow_done = 0;
@@ -521,8 +526,7 @@ EXPORT aclError aclrtKernelArgsInitByUserMem(aclrtFuncHandle funcHandle, aclrtAr
     a->cap = actualArgsSize;
     a->max_params = (size_t)KERNEL_PARAMS[((func_t *)funcHandle)->kernel].n;
     a->size = kernel_lead(funcHandle);
-    /* the caller's memory becomes a handle until it is initialised again (never freed here) */
-    if (!live_is(a, K_ARGS)) live_add(a, K_ARGS);
+    a->magic = USER_ARGS_MAGIC;
     LEAVE_UNLOCK(0);
 }
 
