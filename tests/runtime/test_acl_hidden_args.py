@@ -211,6 +211,55 @@ async def test_host_args_carry_exactly_the_runtimes_hidden_slots(
 
 
 @pytest.mark.runtime_source
+@pytest.mark.parametrize(
+    ("kernel", "kernel_type", "cross_core_sync", "own_ffts"),
+    [
+        ("vector_add", None, False, False),
+        ("vector_add", KernelType.MIX, False, False),
+        ("vector_add", None, True, False),
+        ("mix_add", KernelType.MIX, True, True),
+        ("mix_add", None, True, False),
+    ],
+)
+def test_the_host_args_image_is_the_runtimes_args_buffer(
+    rt: AclRuntime,
+    ctl: DoubleControl,
+    kernel: str,
+    kernel_type: KernelType | None,
+    cross_core_sync: bool,
+    own_ffts: bool,
+) -> None:
+    """Byte for byte (padding aside): the image the library packs for the host-args launch and
+    the buffer the runtime's own args handle holds after Append of the same parameters and
+    Finalize (api_impl.cc:8489-8556, 8700-8750)."""
+    _set_meta(ctl, kernel, cross_core_sync=cross_core_sync, own_ffts=own_ffts)
+    func = _function(rt, kernel, kernel_type)
+    params = [0x1111, 0x2222, 0x3333]
+    image = HostArgs().u64(params[0]).u64(params[1]).u64(params[2]).u32(16)
+    packed = image.pack(rt.function_info(func)).image
+    fn = rt._fn
+    handle_size, size = ctypes.c_size_t(), ctypes.c_size_t()
+    fn["aclrtKernelArgsGetHandleMemSize"](func, ctypes.byref(handle_size))
+    fn["aclrtKernelArgsGetMemSize"](func, 32, ctypes.byref(size))
+    handle = ctypes.create_string_buffer(handle_size.value)
+    buffer = ctypes.create_string_buffer(size.value)
+    fn["aclrtKernelArgsInitByUserMem"](func, handle, buffer, size.value)
+    param = ctypes.c_void_p()
+    for value, width in ((params[0], 8), (params[1], 8), (params[2], 8), (16, 4)):
+        word = ctypes.create_string_buffer(value.to_bytes(width, "little"), width)
+        fn["aclrtKernelArgsAppend"](handle, word, width, ctypes.byref(param))
+    fn["aclrtKernelArgsFinalize"](handle)
+    lead = len(packed) - 40  # the parameters take 32 bytes (28 and padding), the overflow 8
+    assert lead in (0, 8)
+    expected = buffer.raw[: lead + 40]
+    mask = set(range(lead + 28, lead + 32))  # the padding after the u32
+    assert len(packed) == len(expected)
+    assert [b for i, b in enumerate(packed) if i not in mask] == [
+        b for i, b in enumerate(expected) if i not in mask
+    ]
+
+
+@pytest.mark.runtime_source
 def test_a_kernel_without_parameters_is_probed_without_a_marker(
     rt: AclRuntime, ctl: DoubleControl
 ) -> None:
