@@ -18,6 +18,8 @@ __all__ = [
     "AICoreTimeoutError",
     "AscendError",
     "BackendUnavailableError",
+    "CaptureError",
+    "CaptureInvalidatedError",
     "ClosedError",
     "ContextNullError",
     "DeviceFaultError",
@@ -50,6 +52,25 @@ class AclCode(IntEnum):
     RT_DEVICE_TASK_ABORT = 107022
     RT_STREAM_ABORT = 107023
     RT_SYMBOL_NOT_FOUND = 107042
+    # model-RI capture (rt_error_codes.h:44-61, 154); 107035 is a task-abort code among them
+    RT_CAPTURE_DEPENDENCY = 107024
+    RT_STREAM_UNJOINED = 107025
+    RT_MODEL_CAPTURED = 107026
+    RT_STREAM_CAPTURED = 107027
+    RT_EVENT_CAPTURED = 107028
+    RT_STREAM_NOT_CAPTURED = 107029
+    RT_CAPTURE_MODE_NOT_SUPPORT = 107030
+    RT_STREAM_CAPTURE_IMPLICIT = 107031
+    STREAM_CAPTURE_CONFLICT = 107032
+    STREAM_TASK_GROUP_STATUS = 107033
+    STREAM_TASK_GROUP_INTR = 107034
+    RT_TASK_ABORT_STOP = 107035
+    RT_STREAM_CAPTURE_UNMATCHED = 107036
+    RT_MODEL_RUNNING = 107037
+    RT_STREAM_CAPTURE_WRONG_THREAD = 107038
+    RT_INSUFFICIENT_INPUT_ARRAY = 107039
+    RT_MODEL_UPDATE_FAILED = 107040
+    RT_STREAM_CAPTURE_INVALIDATED = 507903
     RT_FEATURE_NOT_SUPPORT = 207000
     RT_MEMORY_ALLOCATION = 207001
     RT_DEVICE_OOM = 207018
@@ -189,7 +210,7 @@ class MemoryAllocationError(RuntimeAPIError, MemoryError):
     """Device or host memory could not be allocated (ACL_ERROR_RT_MEMORY_ALLOCATION)."""
 
 
-@_register(AclCode.RT_STREAM_ABORT, AclCode.RT_DEVICE_TASK_ABORT)
+@_register(AclCode.RT_STREAM_ABORT, AclCode.RT_DEVICE_TASK_ABORT, AclCode.RT_TASK_ABORT_STOP)
 class StreamAbortError(RuntimeAPIError):
     """The stream (or the device's tasks) were aborted (ACL_ERROR_RT_STREAM_ABORT)."""
 
@@ -202,6 +223,37 @@ class StreamSyncTimeoutError(RuntimeAPIError, TimeoutError):
 @_register(AclCode.RT_EVENT_SYNC_TIMEOUT)
 class EventSyncTimeoutError(RuntimeAPIError, TimeoutError):
     """``aclrtSynchronizeEventWithTimeout`` ran out of time (ACL_ERROR_RT_EVENT_SYNC_TIMEOUT)."""
+
+
+@_register(
+    AclCode.RT_CAPTURE_DEPENDENCY,
+    AclCode.RT_STREAM_UNJOINED,
+    AclCode.RT_MODEL_CAPTURED,
+    AclCode.RT_STREAM_CAPTURED,
+    AclCode.RT_EVENT_CAPTURED,
+    AclCode.RT_STREAM_NOT_CAPTURED,
+    AclCode.RT_CAPTURE_MODE_NOT_SUPPORT,
+    AclCode.RT_STREAM_CAPTURE_IMPLICIT,
+    AclCode.STREAM_CAPTURE_CONFLICT,
+    AclCode.STREAM_TASK_GROUP_STATUS,
+    AclCode.STREAM_TASK_GROUP_INTR,
+    AclCode.RT_STREAM_CAPTURE_UNMATCHED,
+    AclCode.RT_MODEL_RUNNING,
+    AclCode.RT_STREAM_CAPTURE_WRONG_THREAD,
+    AclCode.RT_INSUFFICIENT_INPUT_ARRAY,
+    AclCode.RT_MODEL_UPDATE_FAILED,
+)
+class CaptureError(RuntimeAPIError):
+    """A graph capture call was refused: the stream is (or is not) capturing, the operation
+    cannot be captured, or the model is in the wrong state (ACL_ERROR_RT_STREAM_CAPTURED and the
+    other 1070xx capture codes)."""
+
+
+@_register(AclCode.RT_STREAM_CAPTURE_INVALIDATED)
+class CaptureInvalidatedError(CaptureError):
+    """An error during the capture invalidated it: ``aclmdlRICaptureEnd`` returns no graph, the
+    runtime has discarded the captured model and the stream has left capture mode
+    (ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED)."""
 
 
 @_register(AclCode.RT_AICORE_EXCEPTION)

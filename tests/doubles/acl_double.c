@@ -161,6 +161,9 @@ _Static_assert(_Alignof(aclrtStreamAttrValue) == 8, "aclrtStreamAttrValue alignm
 #define ACL_ERROR_RT_STREAM_CONTEXT 107003
 #define ACL_ERROR_RT_INVALID_HANDLE 107017
 #define ACL_ERROR_RT_STREAM_ABORT 107023
+#define ACL_ERROR_RT_STREAM_CAPTURED 107027          /* rt_error_codes.h:47 */
+#define ACL_ERROR_RT_STREAM_NOT_CAPTURED 107029      /* rt_error_codes.h:49 */
+#define ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED 507903 /* rt_error_codes.h:154 */
 #define ACL_ERROR_RT_SYMBOL_NOT_FOUND 107042
 #define ACL_ERROR_RT_MEMORY_ALLOCATION 207001
 #define ACL_ERROR_RT_EVENT_NOT_COMPLETE 507006
@@ -438,6 +441,7 @@ typedef struct task {
     int started;
     uint64_t until_ns;
     uint64_t overflow;   /* the launching context's overflow address (mix_add checks it) */
+    size_t lead;         /* leading system slot bytes before the user args (the sync address) */
     uint64_t timeout_ns; /* kernel timeout from the cfg (0: none) */
     int times_out;       /* it runs longer than timeout_ns: fails with 507014 at the timeout */
     void *func;          /* the function handle (exception info) */
@@ -468,6 +472,7 @@ typedef struct model {
     ctx_t *ctx;
     int refs;
     int mode; /* the aclmdlRICaptureMode it was captured in */
+    int invalidated; /* an error invalidated the capture (CaptureEnd returns 507903) */
     task_t *head, *tail;
     size_t ntasks;
 } model_t;
@@ -887,7 +892,10 @@ static unsigned char *kaddr(task_t *t, uint64_t addr, uint64_t len) {
     return dev_range(addr, (size_t)len);
 }
 
+/* The kernels read their user parameters after the leading system slot the runtime lays out for
+   them (t->lead: 8 bytes for a kernel with the inter-core sync slot, else 0). */
 static int rd_u32(task_t *t, size_t off, uint32_t *out, kres_t *r) {
+    off += t->lead;
     if (off + 4 > t->args_size) {
         kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION, "%s: args too short (%zu bytes, needs %zu)",
                KERNEL_NAMES[t->kernel], t->args_size, off + 4);
@@ -898,6 +906,7 @@ static int rd_u32(task_t *t, size_t off, uint32_t *out, kres_t *r) {
 }
 
 static int rd_u64(task_t *t, size_t off, uint64_t *out, kres_t *r) {
+    off += t->lead;
     if (off + 8 > t->args_size) {
         kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION, "%s: args too short (%zu bytes, needs %zu)",
                KERNEL_NAMES[t->kernel], t->args_size, off + 8);
@@ -1008,11 +1017,19 @@ static void run_kernel(task_t *t, uint64_t now, kres_t *r) {
         return;
     case KN_MIX_ADD: {
         /* a MIX (cube + vector) kernel as the Ascend C compiler builds it for A2/A3: the FFTS
-           sync address in slot 0, the user parameters, the overflow address in the next 8-aligned
-           slot (cann-support.md §4.2). It refuses to run without them. */
-        uint64_t ffts, overflow;
-        if (!rd_u64(t, 0, &ffts, r) || !rd_u64(t, 8, &x, r) || !rd_u64(t, 16, &y, r) ||
-            !rd_u64(t, 24, &z, r) || !rd_u32(t, 32, &n, r) || !rd_u64(t, 40, &overflow, r))
+           sync address in slot 0 (unless it carries its own g_sysFftsAddr: no slot), the user
+           parameters, the overflow address in the next 8-aligned slot (cann-support.md §4.2).
+           It refuses to run without them. */
+        uint64_t ffts = FFTS_ADDR, overflow;
+        if (t->lead) {
+            if (t->args_size < 8) {
+                kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION, "mix_add: args too short for the sync slot");
+                return;
+            }
+            memcpy(&ffts, t->args, 8);
+        }
+        if (!rd_u64(t, 0, &x, r) || !rd_u64(t, 8, &y, r) || !rd_u64(t, 16, &z, r) || !rd_u32(t, 24, &n, r) ||
+            !rd_u64(t, 32, &overflow, r))
             return;
         if (ffts != FFTS_ADDR) {
             kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION,
@@ -1022,8 +1039,9 @@ static void run_kernel(task_t *t, uint64_t now, kres_t *r) {
         }
         if (overflow != t->overflow) {
             kfault(r, ACL_ERROR_RT_AICORE_EXCEPTION,
-                   "mix_add: the overflow slot (offset 40) holds 0x%llx, not the context's overflow "
-                   "address 0x%llx", (unsigned long long)overflow, (unsigned long long)t->overflow);
+                   "mix_add: the overflow slot (offset %zu) holds 0x%llx, not the context's overflow "
+                   "address 0x%llx", t->lead + 32, (unsigned long long)overflow,
+                   (unsigned long long)t->overflow);
             return;
         }
         float *px = kfloats(t, x, n, "x", r);
@@ -1290,10 +1308,12 @@ static int event_done(const event_t *e) {
     return 0;
 }
 
-/* What a capturing stream refuses (the double's choice of code: the docs give "107024-107038
-   capture errors" without names, so 107000 as for every other invalid call). */
+/* What a capturing stream refuses, with ACL_ERROR_RT_STREAM_CAPTURED (107027) as the runtime does:
+   a stream sync (hicann/runtime@681ef76:src/runtime/api/impl/api_error.cc:1446-1449), a model
+   execution (api_error.cc:4056-4058), a second capture begin
+   (src/runtime/feature/aclgraph/context_aclgraph.cc:292-296), a stream destroy (api_error.cc:1390-1392). */
 static aclError capture_refusal(const char *what) {
-    return fail(ACL_ERROR_RT_PARAM_INVALID, "stream is capturing (aclmdlRICaptureBegin): %s cannot be captured", what);
+    return fail(ACL_ERROR_RT_STREAM_CAPTURED, "stream is capturing (aclmdlRICaptureBegin): %s is not supported", what);
 }
 
 /* ================================ the ACL API ================================================ */
@@ -1460,6 +1480,7 @@ static aclError destroy_stream(void *stream, int force) {
     if (!c) return rc;
     stream_t *s = need_stream(stream, c, &rc);
     if (!s) return rc;
+    if (s->capture) return capture_refusal(force ? "aclrtDestroyStreamForce" : "aclrtDestroyStream");
     if (!force) {
         s->refs++;
         while (s->alive && s->completed < s->submitted && !s->ctx->fault_code) cv_wait(&g_done_cv, UINT64_MAX);
@@ -1567,13 +1588,19 @@ EXPORT aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
     stream_t *s = need_stream(stream, c, &rc);
     if (!s) LEAVE_UNLOCK(rc);
     if (e->ctx != c) LEAVE_UNLOCK(fail(ACL_ERROR_RT_STREAM_CONTEXT, "event belongs to another context"));
-    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtRecordEvent"));
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
     task_t *t = calloc(1, sizeof *t);
     if (!t) abort();
     t->kind = T_RECORD;
     t->event = e;
     e->refs++;
+    if (s->capture) {
+        /* A record on a capturing stream is captured, not refused: it becomes a task of the model
+           (hicann/runtime@681ef76:src/runtime/api/impl/api_impl.cc:2150-2160 checks the capture
+           only for the external-record flag); it records the event when the model runs. */
+        t->gen = e->gen;
+        LEAVE_UNLOCK(enqueue(s, t));
+    }
     t->gen = e->gen + 1;
     if ((rc = enqueue(s, t))) LEAVE_UNLOCK(rc);
     e->gen = t->gen;
@@ -1645,7 +1672,8 @@ EXPORT aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     if (!s) LEAVE_UNLOCK(rc);
     event_t *e = need_event(event, &rc);
     if (!e) LEAVE_UNLOCK(rc);
-    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtStreamWaitEvent"));
+    /* a wait on a capturing stream is captured like any task (api_impl.cc:1605-1620 checks the
+       capture only for the external-wait flag) */
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
     task_t *t = calloc(1, sizeof *t);
     if (!t) abort();
@@ -2001,6 +2029,40 @@ EXPORT const char *aclrtGetSocName(void) {
 
 static int g_chip_a2a3 = 1; /* the modelled SoC is Atlas A2/A3 (CV separation, inter-core sync) */
 
+/* Each built-in kernel's ELF metadata as far as the hidden arguments go: crossCoreSync (the
+   function uses inter-core sync) and whether the ELF carries its own g_sysFftsAddr symbol
+   (IsMetaFlagSupprotFfts). double_set_kernel_meta changes them for a test. */
+static struct { int cross_core_sync; int own_ffts; } g_kernel_meta[KN_COUNT] = {
+    [KN_MIX_ADD] = {1, 0},
+};
+
+/* Whether the runtime gives a function the inter-core sync slot (IsNeedSetFftsAddrInArg): the chip
+   has FFTS+ (A2/A3 in the double), the ELF has no g_sysFftsAddr of its own, and the kernel is MIX
+   or uses cross-core sync (hicann/runtime@681ef76:src/runtime/core/src/kernel/program.cc:1105-1118;
+   a MIX kernel type here is what Magic2KernelAttrType makes of ELF_AICORE on A2/A3). Its overflow
+   slot needs nothing: every non-CPU kernel has one (isSupportOverFlow_ defaults to true,
+   src/runtime/core/inc/kernel/kernel.hpp:274; only CPU kernels clear it, program.cc:886). */
+MAYBE_UNUSED static int needs_ffts(const func_t *f) {
+    return g_chip_a2a3 && !g_kernel_meta[f->kernel].own_ffts &&
+           (f->bin->kernel_type == KT_MIX || g_kernel_meta[f->kernel].cross_core_sync);
+}
+
+/* the leading system slot bytes of a function's args (GetToBeCalSystemParaNum, api_impl.cc:8399-8420) */
+MAYBE_UNUSED static size_t kernel_lead(const func_t *f) { return needs_ffts(f) ? 8 : 0; }
+
+EXPORT int double_set_kernel_meta(const char *name, int cross_core_sync, int own_ffts) {
+    for (int k = 0; k < KN_COUNT; k++) {
+        if (strcmp(KERNEL_NAMES[k], name) == 0) {
+            pthread_mutex_lock(&g_mu);
+            g_kernel_meta[k].cross_core_sync = cross_core_sync != 0;
+            g_kernel_meta[k].own_ffts = own_ffts != 0;
+            pthread_mutex_unlock(&g_mu);
+            return 0;
+        }
+    }
+    return -1;
+}
+
 MAYBE_UNUSED static aclError load_blob(const unsigned char *data, size_t length, int kernel_type, int lazy,
                           aclrtBinHandle *binHandle) {
     size_t magic = strlen(DOUBLE_BUILTINS_MAGIC);
@@ -2147,6 +2209,15 @@ EXPORT aclError aclrtBinaryLoadFromData(const void *data, size_t length, const a
     note_options(options);
     int kernel_type = -1, lazy = 0;
     if ((rc = parse_options(options, 0, &kernel_type, &lazy))) LEAVE_UNLOCK(rc);
+#if !HAS_85
+    /* 8.2/8.3 document aclrtBinaryLoadFromData for AI CPU kernels only (pages 82RC1alpha003/1896,
+       83RC1alpha001/1896; docs/cann-support.md §1.2 row 15); the double's kernels are AI Core
+       kernels, so it refuses them (the code is the double's choice: no source of these releases
+       says which one) */
+    LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID,
+                      "aclrtBinaryLoadFromData loads AI CPU kernels only in this release: load AI Core "
+                      "kernels with aclrtBinaryLoadFromFile or aclrtCreateBinary + aclrtBinaryLoad"));
+#endif
     if (kernel_type < 0) kernel_type = default_kernel_type();
     LEAVE_UNLOCK(load_blob(data, length, kernel_type, lazy, binHandle));
 }
@@ -2301,6 +2372,7 @@ MAYBE_UNUSED static aclError launch_locked(aclrtFuncHandle funcHandle, uint32_t 
     t->args_size = argsSize;
     t->dev_args = dev_args;
     t->overflow = c->overflow_addr;
+    t->lead = kernel_lead(funcHandle);
     t->timeout_ns = timeout_ns;
     g_last.dev_args = dev_args;
     if (argsSize <= sizeof g_last.args_post) memcpy(g_last.args_post, hostArgs, argsSize);

@@ -332,7 +332,8 @@ def test_the_optional_functions_are_what_the_releases_differ_in() -> None:
         "aclrtCreateBinary", "aclrtBinaryLoad", "aclrtDestroyBinary", "aclrtLaunchKernel",
         "aclrtKernelArgsInit", "aclrtKernelArgsAppend", "aclrtKernelArgsAppendPlaceHolder",
         "aclrtKernelArgsGetPlaceHolderBuffer", "aclrtKernelArgsFinalize",
-        "aclrtLaunchKernelWithConfig",
+        "aclrtLaunchKernelWithConfig", "aclrtKernelArgsGetHandleMemSize",
+        "aclrtKernelArgsGetMemSize", "aclrtKernelArgsInitByUserMem",
         # release and device facts, stream ids and priorities
         "aclsysGetCANNVersion", "aclrtGetDeviceInfo", "aclrtStreamGetId",
         "aclrtCreateStreamWithConfig",

@@ -31,6 +31,7 @@ from doubles.acl_double import (
 from aio_ascend._errors import (
     AICoreExceptionError,
     BackendUnavailableError,
+    CaptureError,
     ClosedError,
     ContextNullError,
     DeviceFaultError,
@@ -1427,27 +1428,34 @@ def test_a_capturing_stream_refuses_before_the_runtime(kit: Kit, ctl: DoubleCont
     rt.free_host(pinned)
 
 
+@pytest.mark.runtime_source
 def test_the_double_refuses_what_a_capture_cannot_hold(kit: Kit, ctl: DoubleControl) -> None:
-    """The same refusals in the double itself (the calls made straight through the bindings)."""
+    """The double's own answers on a capturing stream (the calls made straight through the
+    bindings), as the runtime's source gives them: a sync or a second begin is refused with
+    107027, a pageable copy with 107000, an event record and wait are captured."""
     rt, stream, fn = kit.rt, kit.stream, kit.rt._fn
     event = rt.create_event(abi.ACL_EVENT_SYNC)
     buf, pageable = rt.malloc(16), np.zeros(16, np.uint8)
     fn["aclmdlRICaptureBegin"](stream, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
-    for name, args in (
-        ("aclrtRecordEvent", (event, stream)),
-        ("aclrtStreamWaitEvent", (stream, event)),
-        ("aclrtSynchronizeStreamWithTimeout", (stream, 1000)),
-        ("aclrtMemcpyAsync", (buf, 16, pageable.ctypes.data, 16, H2D, stream)),
-        ("aclmdlRICaptureBegin", (stream, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED)),
+    captured, invalid = abi.ACL_ERROR_RT_STREAM_CAPTURED, abi.ACL_ERROR_RT_PARAM_INVALID
+    relaxed = abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED
+    for name, args, code in (
+        ("aclrtSynchronizeStreamWithTimeout", (stream, 1000), captured),
+        ("aclrtMemcpyAsync", (buf, 16, pageable.ctypes.data, 16, H2D, stream), invalid),
+        ("aclmdlRICaptureBegin", (stream, relaxed), captured),
+        ("aclrtDestroyStream", (stream,), captured),
     ):
-        with pytest.raises(InvalidParamError) as info:
+        with pytest.raises(RuntimeAPIError) as info:
             fn[name](*args)
-        assert info.value.code == abi.ACL_ERROR_RT_PARAM_INVALID, name
+        assert info.value.code == code, name
+    fn["aclrtRecordEvent"](event, stream)  # captured, not refused
+    fn["aclrtStreamWaitEvent"](stream, event)
     model = ctypes.c_void_p()
     fn["aclmdlRICaptureEnd"](stream, ctypes.byref(model))
-    assert model.value and ctl.model_tasks(model.value) == (0, 2)
-    with pytest.raises(InvalidParamError):
+    assert model.value and ctl.model_tasks(model.value) == (2, 2)
+    with pytest.raises(CaptureError) as not_capturing:
         fn["aclmdlRICaptureEnd"](stream, ctypes.byref(model))
+    assert not_capturing.value.code == abi.ACL_ERROR_RT_STREAM_NOT_CAPTURED
     with pytest.raises(InvalidParamError):
         fn["aclmdlRICaptureBegin"](stream, 3)  # not an aclmdlRICaptureMode
     fn["aclmdlRIDestroy"](model.value)

@@ -162,12 +162,22 @@ async def test_mix_kernels_get_their_hidden_arguments_on_every_path(backend: str
             assert fn.info.suffix == (ctl.context_overflow(context),)
 
 
-@pytest.mark.parametrize("backend", ["acl", "acl-8.3"])
-async def test_a_mix_kernel_loaded_without_its_type_fails_on_the_device(backend: str) -> None:
+@pytest.mark.runtime_source
+@pytest.mark.parametrize("backend", ["acl", "acl-8.5", "acl-8.3"])
+async def test_a_cross_core_sync_kernel_gets_its_sync_slot_whatever_the_load_magic(
+    backend: str,
+) -> None:
+    """The runtime gives the sync slot per kernel, from its ELF metadata (crossCoreSync:
+    program.cc:1105-1118), not from the load magic: mix_add loaded without a type (the chip's
+    default, CUBE) still needs it, and the host-args path asks the runtime for it."""
+    ctl = double_control(_persona(backend))
     async with open_backend(backend) as dev:
-        fn = dev.load_module(BUILTINS).function("mix_add")  # no type: CUBE, no hidden slots
-        with pytest.raises(aa.DeviceFaultError, match="mix_add: args too short"):
-            await _mix_add(dev, fn)
+        fn = dev.load_module(BUILTINS).function("mix_add")  # no type: the chip's default
+        result = await _mix_add(dev, fn)
+        np.testing.assert_array_equal(result, np.arange(16, dtype=F32) + 10)
+        image = ctl.last_args(patched=False)
+        assert struct.unpack_from("<Q", image, 0)[0] == ctl.ffts_addr()
+        assert struct.unpack_from("<Q", image, 40)[0] == ctl.context_overflow(dev.runtime.context)
 
 
 async def test_a_mix_kernel_file_is_typed_by_its_json(tmp_path: Path) -> None:
@@ -220,7 +230,9 @@ async def test_args_that_do_not_match_the_kernel_are_refused_before_the_runtime(
 
 async def test_without_parameter_info_nothing_is_checked() -> None:
     async with open_backend("acl-8.5") as dev:
-        assert dev.function("vector_add").info is None  # 8.5: no aclrtFunctionGetParamInfo
+        info = dev.function("vector_add").info
+        assert info is not None and info.params is None  # 8.5: no aclrtFunctionGetParamInfo
+        await dev.stream().launch(dev.function("noop"), 1, aa.HostArgs().u32(1).u32(2).u64(3))
 
 
 # --- the loop thread's current context ----------------------------------------------------------

@@ -20,8 +20,10 @@ translated (``docs/cann-support.md`` §3.2, §3.4):
 The image's argument area must end where its first data block starts (rounded to 8): the
 ``HostArgs`` packing the library does for a function on this path guarantees it
 (``FunctionInfo.tail_align``). The caller's buffer is not patched with device addresses on this
-path (the runtime patches its own buffer). An image without arguments (``HostArgs()`` packs 8
-zero bytes) is appended as one 8-byte zero argument.
+path (the runtime patches its own buffer). For a kernel that takes no parameters
+(``FunctionInfo.params == ()``, which the runtime's probe tells) nothing is appended: the 8 zero
+bytes an empty ``HostArgs()`` packs would be taken for a parameter, and the overflow slot
+``Finalize`` appends after the parameters would move 8 bytes away from where the kernel reads it.
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def launch_with_args_handle(
     args_size: int,
     entries: list[tuple[int, int]],
 ) -> None:
-    """Build the args handle of ``func`` from the image at ``args_addr`` and launch it."""
+    """Build the args handle of ``func`` from the image at ``args_addr`` and launch it
+    (``args_size`` 0: the kernel takes no parameters, nothing is appended)."""
     params_end = min((data for _, data in entries), default=args_size)
     slots = sorted(entries)
     for addr_offset, _ in slots:

@@ -25,6 +25,11 @@ Rings are per stream, created at the stream's first launch. Their memory is ``ma
 with :meth:`~.runtime.AclRuntime.destroy_stream` (which waits for its work) frees its ring at once,
 one force-destroyed keeps it until ``close`` (a kernel may still read it).
 
+Each kernel's args end with an overflow argument: the address of an 8-byte device buffer of the
+runtime (:meth:`DeviceArgsPath.overflow_address`), laid out after the parameters and before any
+placeholder data (``FunctionInfo.suffix``), where the args-handle path's ``Finalize`` puts the
+context's overflow address.
+
 What ``aclrtLaunchKernel`` cannot carry is refused before anything is queued: a
 :class:`~aio_ascend.LaunchConfig` with attributes (kernel timeouts, schedule mode, ...) needs
 ``aclrtLaunchKernelV2`` (CANN 8.5+), so it raises ``BackendUnavailableError`` naming that
@@ -219,6 +224,7 @@ class DeviceArgsPath:
         self._staging: dict[int, _Staging] = {}
         self._lock = threading.Lock()
         self._fences: list[int] = []
+        self._overflow: int | None = None
 
     def _stream(self, stream: int) -> _Staging:
         staging = self._staging.get(stream)
@@ -291,11 +297,21 @@ class DeviceArgsPath:
             with staging.lock:
                 staging.ring.close(free=drained)
 
+    def overflow_address(self) -> int:
+        """An 8-byte device buffer passed as every kernel's trailing overflow argument, as the
+        asc-devkit launchers pass one (8.0 has no ``aclrtCtxGetFloatOverflowAddr`` to give the
+        context's): allocated once, freed at close with the rest of the runtime's memory."""
+        with self._lock:
+            if self._overflow is None:
+                self._overflow = self._rt.malloc(8)
+            return self._overflow
+
     def forget_all(self) -> None:
         """At close (the runtime frees the memory and the fence events itself)."""
         with self._lock:
             self._staging.clear()
             self._fences.clear()
+            self._overflow = None
 
     def stats(self, stream: int) -> dict[str, int]:
         """Counters of a stream's ring (zeros before its first launch): allocations, fences,

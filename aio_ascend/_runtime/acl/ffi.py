@@ -263,6 +263,12 @@ OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     # argsHandle, paramHandle, size_t dataSize, void **bufferAddr
     "aclrtKernelArgsGetPlaceHolderBuffer": (_ERR, (_PTR, _PTR, c_size_t, _PTR)),
     "aclrtKernelArgsFinalize": (_ERR, (_PTR,)),
+    # the args handle in the caller's memory (read back by the hidden-argument probe):
+    # func, size_t *memSize / func, size_t userArgsSize, size_t *actualArgsSize /
+    # func, aclrtArgsHandle argsHandle, void *userHostMem, size_t actualArgsSize
+    "aclrtKernelArgsGetHandleMemSize": (_ERR, (_PTR, _PTR)),
+    "aclrtKernelArgsGetMemSize": (_ERR, (_PTR, c_size_t, _PTR)),
+    "aclrtKernelArgsInitByUserMem": (_ERR, (_PTR, _PTR, _PTR, c_size_t)),
     # func, numBlocks, stream, cfg *, argsHandle, void *reserve (NULL)
     "aclrtLaunchKernelWithConfig": (_ERR, (_PTR, c_uint32, _PTR, _PTR, _PTR, _PTR)),
     # versions and device facts: aclCANNPackageName, aclCANNPackageVersion *

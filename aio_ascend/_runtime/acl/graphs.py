@@ -20,6 +20,12 @@ syncs and copies from or to pageable host memory (they would have to run now), a
 the same way. A stream destroyed while capturing has its capture ended and its model destroyed
 first; ``close`` does the same, and destroys the graphs left.
 
+The runtime's own capture codes (107024-107040, 507903) arrive as ``CaptureError`` and
+``CaptureInvalidatedError`` (``_errors.py``). An ``aclmdlRICaptureEnd`` that fails with 507903 (an
+error invalidated the capture) has still ended it: the runtime cleared the model and took the
+stream out of capture mode, so nothing of it is kept here and the stream takes work again. CANN
+documents this capture as an experimental feature (``docs/cann-support.md`` §10.1).
+
 Launches: on the host-args path (8.5+) ``aclrtLaunchKernelWithHostArgs`` copies the args and the
 placeholder data during the call; on the args-handle path (8.3) the args are built in the
 runtime's handle and launched with ``aclrtLaunchKernelWithConfig``, captured the same way.
@@ -116,7 +122,8 @@ class AclGraphs:
 
     def end_capture(self, stream: int) -> int:
         """``aclmdlRICaptureEnd``: the recorded work as a graph handle (the stream is not
-        capturing afterwards, whether or not the call succeeded)."""
+        capturing afterwards, whether or not the call succeeded; ``CaptureInvalidatedError``
+        when the runtime invalidated the capture, whose model it has discarded)."""
         stream = _ptr("stream", stream)
         if stream not in self._capturing:
             raise param_error(_END, f"stream {stream:#x} is not capturing")

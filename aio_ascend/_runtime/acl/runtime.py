@@ -55,7 +55,7 @@ from .devargs import DeviceArgsPath, load_legacy
 from .exceptions import Sites
 from .facts import ACL_HBM_MEM, device_facts
 from .graphs import AclGraphs
-from .kernels import json_kernel_type, load_options, read_function_info
+from .kernels import read_function_info
 from .library import (
     LIBRARY_NAME,
     AclLibrary,
@@ -64,6 +64,7 @@ from .library import (
     probe,
     usable_library,
 )
+from .loaders import load_binary_from
 from .paths import LaunchPath
 from .settle import Settle
 from .values import LAUNCH as _LAUNCH
@@ -148,6 +149,7 @@ class AclRuntime(AclGraphs):
         #: binary -> (its data when loaded from bytes, its kernel type if known)
         self._binaries: dict[int, tuple[bytes | None, KernelType | None]] = {}
         self._function_binary: dict[int, int] = {}  # function handle -> its binary
+        self._infos: dict[int, FunctionInfo] = {}  # function handle -> what function_info read
         self._first_fault: DeviceFaultError | None = None
         #: the runtime's exception reports (registered before any launch), scoped to this open
         self._sites = Sites(library, exception_callback=exception_callback)
@@ -568,7 +570,9 @@ class AclRuntime(AclGraphs):
 
         A path is made absolute (the runtime requires it) and loaded with
         ``aclrtBinaryLoadFromFile``; bytes-like data with ``aclrtBinaryLoadFromData`` (the data
-        is kept until the binary is unloaded). ``None`` loads the file named by
+        is kept until the binary is unloaded), or on the args-handle path (8.2/8.3, whose
+        ``aclrtBinaryLoadFromData`` is for AI CPU kernels) through a private temporary file
+        (:mod:`.loaders`). ``None`` loads the file named by
         ``$AIO_ASCEND_ACL_BUILTINS``. ``kernel_type`` and ``lazy`` become
         ``aclrtBinaryLoadOptions`` (:mod:`.kernels`): a ``kernel_type`` for a file is refused
         (``ValueError``: the runtime refuses the magic option for files); a file's kernel type
@@ -591,31 +595,7 @@ class AclRuntime(AclGraphs):
             self._binaries[binary] = (kept, kind)
             return binary
         handle, ref = self._new_handle()
-        data: bytes | None = None
-        if isinstance(source, bytes | bytearray | memoryview):
-            data = bytes(source)
-            if not data:
-                raise ValueError("load_binary: the kernel binary data is empty")
-            options = load_options(kind, lazy, from_file=False)
-            self._fn["aclrtBinaryLoadFromData"](
-                data, len(data), None if options is None else byref(options), ref
-            )
-            func = "aclrtBinaryLoadFromData"
-        elif isinstance(source, str | os.PathLike):
-            path = os.path.abspath(os.fspath(source))
-            options = load_options(kind, lazy, from_file=True)
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"load_binary: no kernel binary at {path!r}")
-            self._fn["aclrtBinaryLoadFromFile"](
-                os.fsencode(path), None if options is None else byref(options), ref
-            )
-            func = "aclrtBinaryLoadFromFile"
-            kind = json_kernel_type(path)
-        else:
-            raise TypeError(
-                "load_binary takes a path (str or os.PathLike), bytes-like data or None, "
-                f"got {type(source).__name__}"
-            )
+        func, data, kind = load_binary_from(self._fn, self._path, source, kind, lazy, ref)
         binary = self._handle_value(handle, func)
         self._binaries[binary] = (data, kind)
         return binary
@@ -627,14 +607,21 @@ class AclRuntime(AclGraphs):
         self._binaries.pop(binary, None)
         for func in [f for f, b in self._function_binary.items() if b == binary]:
             del self._function_binary[func]
+            self._infos.pop(func, None)
 
     def function_info(self, func: int) -> FunctionInfo:
         """See the protocol: the parameters the runtime reports (9.1 on), the hidden arguments
         of a MIX kernel on the host-args path, the data placement on the args-handle path
         (:func:`.kernels.read_function_info`)."""
-        binary = self._function_binary.get(_ptr("func", func))
-        kind = None if binary is None else self._binaries.get(binary, (None, None))[1]
-        return read_function_info(self._fn, self._library.has, func, kind, self._path)
+        func = _ptr("func", func)
+        info = self._infos.get(func)  # read once per function: the probe makes runtime calls
+        if info is None:
+            binary = self._function_binary.get(func)
+            kind = None if binary is None else self._binaries.get(binary, (None, None))[1]
+            overflow = None if self._devargs is None else self._devargs.overflow_address()
+            info = read_function_info(self._fn, self._library.has, func, kind, self._path, overflow)
+            self._infos[func] = info
+        return info
 
     def get_function(self, binary: int, name: str) -> int:
         if not isinstance(name, str):
@@ -721,6 +708,7 @@ class AclRuntime(AclGraphs):
         )
         entries = check_placeholder_table(_LAUNCH, placeholders_addr, placeholder_count, args_size)
         try:
+            info = self._infos.get(func)
             launch_with_args_handle(
                 self._fn,
                 func,
@@ -728,7 +716,7 @@ class AclRuntime(AclGraphs):
                 stream,
                 None if cfg is None else _cfg_arg(cfg),
                 args_addr,
-                args_size,
+                0 if info is not None and info.params == () else args_size,
                 entries,
             )
         except DeviceFaultError as exc:
