@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Stream"]
 
-_EMPTY_PACKED = HostArgs().pack()
+_EMPTY_ARGS = HostArgs()  # never changed: it caches its packing for the last kernel it met
+_EMPTY_PACKED = _EMPTY_ARGS.pack()
 
 
 def _pack_for(fn: Function, args: object) -> PackedArgs:
@@ -215,7 +216,7 @@ class GraphCapture:
         if args is None and fn.info is None:
             packed = _EMPTY_PACKED
         else:  # (Stream.launch inlines the same choice: its hot path)
-            packed = _pack_for(fn, HostArgs() if args is None else args)
+            packed = _pack_for(fn, _EMPTY_ARGS if args is None else args)
         cfg = None if config is None else LaunchConfig.coerce(config)
         scheduler = self._scheduler
         buffers = allocations_of(
@@ -343,7 +344,7 @@ class Stream:
         if type(blocks) is not int or not 0 < blocks <= MAX_NUM_BLOCKS:
             blocks = _check_blocks(blocks)
         if fn.info is not None:  # the kernel has hidden arguments or declared parameters
-            packed = _pack_for(fn, HostArgs() if args is None else args)
+            packed = _pack_for(fn, _EMPTY_ARGS if args is None else args)
         elif args is None:
             packed = _EMPTY_PACKED
         elif isinstance(args, HostArgs):

@@ -478,14 +478,13 @@ class HostArgs:
         if len(sizes) != len(expected):
             raise ValueError(
                 f"HostArgs has {len(sizes)} argument(s) but the kernel declares "
-                f"{len(expected)} parameter(s) (sizes {expected}, from "
-                "aclrtFunctionGetParamInfo)"
+                f"{len(expected)} parameter(s), of sizes {expected} bytes"
             )
         for index, (size, want) in enumerate(zip(sizes, expected, strict=True)):
             if size != want:
                 raise ValueError(
                     f"HostArgs argument {index} is {size} byte(s) but the kernel's parameter "
-                    f"{index} is {want} byte(s) (aclrtFunctionGetParamInfo)"
+                    f"{index} is {want} byte(s)"
                 )
 
     def _layout_for(self, info: FunctionInfo) -> PackedArgs:

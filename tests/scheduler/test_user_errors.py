@@ -1,0 +1,120 @@
+"""What a user's mistake gets: a typed error at the call, before anything reaches the runtime,
+with nothing lost and the device still healthy (wrong kernel arguments, calls from another
+thread, odd but valid integer types, sizes no device can have, calls after close).
+
+On the sim, the acl C double and the cuda backend over its fake driver where the backend
+matters, on asyncio, uvloop and trio.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from backends import backend_params
+from helpers import open_backend
+
+import aio_ascend as aa
+from aio_ascend.sim import KernelContext, KernelLibrary
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake"]))
+def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
+    """``open_device`` on this test's backend (sim, acl double, cuda fake) and loop."""
+    return functools.partial(open_backend, request.param)
+
+
+# --- kernel arguments against the kernel's declared parameters --------------------------------
+
+#: a HostArgs each built-in kernel does not declare (count or sizes differ)
+WRONG_ARGS: dict[str, Callable[[], aa.HostArgs]] = {
+    "vector_add": lambda: aa.HostArgs().u32(3),
+    "axpy": lambda: aa.HostArgs().ptr(0).ptr(0).u32(1).u32(1).u32(1),
+    "scale": lambda: aa.HostArgs().ptr(0).ptr(0),
+    "matmul": lambda: aa.HostArgs().ptr(0).ptr(0).ptr(0).u32(1),
+    "sleep": lambda: aa.HostArgs().u64(1000),
+    "fault": lambda: aa.HostArgs(),
+    "hang": lambda: aa.HostArgs().u32(1),
+    "noop": lambda: aa.HostArgs().ptr(0),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(WRONG_ARGS))
+async def test_wrong_args_for_a_builtin_kernel_fail_at_the_call_and_the_device_stays_healthy(
+    kernel: str, anyio_backend: object
+) -> None:
+    async with open_backend("sim") as dev:
+        s, other = dev.stream(), dev.stream()
+        with pytest.raises(ValueError, match=f"kernel {kernel!r}.*parameter"):
+            await s.launch(dev.function(kernel), 1, WRONG_ARGS[kernel]())
+        assert s.in_flight == 0
+        await other.run(dev.function("noop"), 1)  # another stream is unharmed
+        await s.run(dev.function("sleep"), 1, aa.HostArgs().u32(10))  # so is this one
+        assert dev.fault is None
+
+
+async def test_wrong_args_on_another_backend_fail_at_the_call_too(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        s, other = dev.stream(), dev.stream()
+        x = dev.malloc(64)
+        with pytest.raises(ValueError):
+            await s.launch(dev.function("vector_add"), 1, aa.HostArgs().ptr(x).u32(4))
+        await other.run(dev.function("noop"), 1)
+        assert dev.fault is None
+
+
+def test_cuda_builtins_declare_the_same_parameters_as_the_sim() -> None:
+    from aio_ascend._runtime.cuda.kernels import BUILTIN_INFO
+    from aio_ascend._runtime.sim.kernels import BUILTIN_LIBRARY
+
+    sim = BUILTIN_LIBRARY.snapshot()
+    assert set(sim) == set(BUILTIN_INFO)
+    for name, spec in sim.items():
+        assert spec.info.params == BUILTIN_INFO[name].params, name
+
+
+async def test_a_users_sim_kernel_may_declare_its_parameters(anyio_backend: object) -> None:
+    lib = KernelLibrary("mine")
+
+    @lib.kernel("fill", params=("ptr", "u32", "f32"))
+    def fill(ctx: KernelContext) -> None:
+        ctx.array(ctx.ptr(0), ctx.u32(8), np.float32)[:] = ctx.f32(12)
+
+    lib.add("loose", fill)  # declares nothing: any HostArgs is launched
+
+    async with open_backend("sim") as dev:
+        s = dev.stream()
+        module = dev.load_module(lib)
+        buf = dev.malloc(16)
+        with pytest.raises(ValueError, match="'fill'.*argument 2 is 8 byte"):
+            await s.launch(module.function("fill"), 1, aa.HostArgs().ptr(buf).u32(4).f64(1.0))
+        await s.run(module.function("fill"), 1, aa.HostArgs().ptr(buf).u32(4).f32(2.5))
+        assert (await s.download(buf, np.float32)).tolist() == [2.5] * 4
+        await s.run(module.function("loose"), 1, aa.HostArgs().ptr(buf).u32(4).f32(1.0))
+        assert dev.fault is None
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ("ptr", TypeError),
+        ([1.5], TypeError),
+        ([True], TypeError),
+        (["pointer"], ValueError),
+        ([0], ValueError),
+        (7, TypeError),
+    ],
+)
+def test_a_bad_declaration_is_refused_when_made(params: Any, error: type[Exception]) -> None:
+    lib = KernelLibrary()
+    with pytest.raises(error, match="kernel 'k'"):
+        lib.add("k", lambda ctx: None, params=params)
+    assert "k" not in lib
