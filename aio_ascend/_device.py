@@ -75,7 +75,9 @@ class Device:
     """An open device: the runtime, its library threads, buffer pools and streams.
 
     Open with ``async with aio_ascend.open_device(0) as dev:`` (or ``dev = await
-    open_device(0)`` and ``await dev.aclose()``). Use it from the event loop that opened it.
+    open_device(0)`` and ``await dev.aclose()``). Use it from the event loop that opened it:
+    its calls (awaitable or not) raise ``RuntimeError`` from another loop or thread, except
+    ``stats()``, ``fault`` and ``closed``, which any thread may read.
 
     Threads: a submitter (``aio_ascend-submit-<id>``) makes every runtime call that can wait on
     the device; a poller (``aio_ascend-poll-<id>``) observes completions. Both bind the device
@@ -145,8 +147,7 @@ class Device:
             raise TypeError(f"malloc(nbytes): expected an int, got {type(nbytes).__name__}")
         if nbytes <= 0:
             raise ValueError(f"malloc(nbytes={nbytes}): nbytes must be > 0")
-        scheduler = self._scheduler
-        scheduler.check_open()
+        scheduler = self._owned()
         scheduler.reap_buffers()
         ptr = scheduler.bound().malloc(nbytes)
         buffer = DeviceBuffer(scheduler.lifetimes, ptr, nbytes)
@@ -174,14 +175,20 @@ class Device:
         :raises TypeError: ``lazy`` that is not a bool
         """
         kind, lazy = check_load_options(kernel_type, lazy)
-        handle = self._scheduler.load_binary(source, kernel_type=kind, lazy=lazy)
-        return Module(
-            self, handle, source, self._get_function, None if kind is None else kind.value
-        )
+        handle = self._owned().load_binary(source, kernel_type=kind, lazy=lazy)
+        kind_name = None if kind is None else kind.value
+        return Module(self, handle, source, self._get_function, kind_name, self._owned)
 
-    def _get_function(self, module: int, name: str) -> tuple[int, FunctionInfo]:
+    def _owned(self) -> Scheduler:
+        """The scheduler, once the device is found open and the caller on its loop's thread
+        (``ClosedError``, ``RuntimeError``): what every synchronous call checks first."""
         scheduler = self._scheduler
         scheduler.check_open()
+        scheduler.adapter.check_thread()
+        return scheduler
+
+    def _get_function(self, module: int, name: str) -> tuple[int, FunctionInfo]:
+        scheduler = self._owned()
         runtime = scheduler.bound()
         handle = runtime.get_function(module, name)
         scheduler.source.kernels[handle] = name  # for traces and metrics
@@ -189,6 +196,7 @@ class Device:
 
     def function(self, name: str) -> Function:
         """A built-in kernel of the backend (sim: vector_add, axpy, scale, matmul, ...)."""
+        self._owned()
         if self._builtin is None:
             self._builtin = self.load_module(None)
         return self._builtin.function(name)
@@ -209,8 +217,7 @@ class Device:
             raise ValueError(f"wrap(ptr={ptr:#x}): not a device address")
         if nbytes <= 0 or ptr + nbytes > 1 << 64:
             raise ValueError(f"wrap(nbytes={nbytes}): must be > 0 and stay in the address space")
-        scheduler = self._scheduler
-        scheduler.check_open()
+        scheduler = self._owned()
         return DeviceBuffer(scheduler.lifetimes, ptr, nbytes, external=True, owner=owner)
 
     def stream(self, *, max_in_flight: int = 1024, priority: int | None = None) -> Stream:
@@ -224,7 +231,7 @@ class Device:
         if priority is not None:
             if isinstance(priority, bool) or not isinstance(priority, int):
                 raise TypeError(f"priority must be an int or None, got {type(priority).__name__}")
-            self._scheduler.check_open()
+            self._scheduler.check_usable()
             least, greatest = self._scheduler.bound().stream_priority_range()
             if not greatest <= priority <= least:
                 raise ValueError(
@@ -264,9 +271,7 @@ class Device:
         ``soc_name``, ``ai_core_count``, ``cube_core_count``, ``vector_core_count``; cuda:
         ``device_name``, ``compute_capability``). A fact the runtime cannot tell (an older CANN
         release lacking the function) is ``None``. Read afresh on each access."""
-        scheduler = self._scheduler
-        scheduler.check_open()
-        runtime = scheduler.bound()
+        runtime = self._owned().bound()
         facts: dict[str, object] = {
             "backend": self.backend,
             "device_id": self.device_id,

@@ -9,7 +9,6 @@ matters, on asyncio, uvloop and trio.
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +50,7 @@ async def test_wrong_args_for_a_builtin_kernel_fail_at_the_call_and_the_device_s
 ) -> None:
     async with open_backend("sim") as dev:
         s, other = dev.stream(), dev.stream()
-        with pytest.raises(ValueError, match=f"kernel {kernel!r}.*parameter"):
+        with pytest.raises(ValueError, match=rf"kernel {kernel!r}.*parameter"):
             await s.launch(dev.function(kernel), 1, WRONG_ARGS[kernel]())
         assert s.in_flight == 0
         await other.run(dev.function("noop"), 1)  # another stream is unharmed
@@ -65,7 +64,7 @@ async def test_wrong_args_on_another_backend_fail_at_the_call_too(
     async with open_any() as dev:
         s, other = dev.stream(), dev.stream()
         x = dev.malloc(64)
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="vector_add"):
             await s.launch(dev.function("vector_add"), 1, aa.HostArgs().ptr(x).u32(4))
         await other.run(dev.function("noop"), 1)
         assert dev.fault is None
@@ -94,7 +93,7 @@ async def test_a_users_sim_kernel_may_declare_its_parameters(anyio_backend: obje
         s = dev.stream()
         module = dev.load_module(lib)
         buf = dev.malloc(16)
-        with pytest.raises(ValueError, match="'fill'.*argument 2 is 8 byte"):
+        with pytest.raises(ValueError, match=r"'fill'.*argument 2 is 8 byte"):
             await s.launch(module.function("fill"), 1, aa.HostArgs().ptr(buf).u32(4).f64(1.0))
         await s.run(module.function("fill"), 1, aa.HostArgs().ptr(buf).u32(4).f32(2.5))
         assert (await s.download(buf, np.float32)).tolist() == [2.5] * 4
@@ -118,3 +117,78 @@ def test_a_bad_declaration_is_refused_when_made(params: Any, error: type[Excepti
     with pytest.raises(error, match="kernel 'k'"):
         lib.add("k", lambda ctx: None, params=params)
     assert "k" not in lib
+
+
+# --- the device's calls belong to its event loop's thread -------------------------------------
+
+
+def _other_thread_calls(
+    dev: aa.Device, buf: aa.DeviceBuffer, event: aa.Event, module: Any, graph: Any
+) -> dict[str, Callable[[], object]]:
+    """Every synchronous call the loop-thread rule covers, ready to make from another thread."""
+    return {
+        "malloc": lambda: dev.malloc(64),
+        "free": buf.free,
+        "wrap": lambda: dev.wrap(buf.ptr, 8),
+        "load_module": lambda: dev.load_module(None),
+        "function": lambda: dev.function("noop"),
+        "module.function": lambda: module.function("noop"),
+        "info": lambda: dev.info,
+        "stream": dev.stream,
+        "stream(priority=)": lambda: dev.stream(priority=0),
+        "event.query": event.query,
+        "event.elapsed_ms": lambda: event.elapsed_ms(event),
+        "graph.close": graph.close,
+    }
+
+
+CALLS = [
+    "malloc",
+    "free",
+    "wrap",
+    "load_module",
+    "function",
+    "module.function",
+    "info",
+    "stream",
+    "stream(priority=)",
+    "event.query",
+    "event.elapsed_ms",
+    "graph.close",
+]
+
+
+@pytest.mark.parametrize("call", CALLS)
+async def test_a_call_from_another_thread_raises_runtime_error_and_changes_nothing(
+    call: str, anyio_backend: object
+) -> None:
+    import anyio
+
+    async with open_backend("sim") as dev:
+        s = dev.stream()
+        buf = dev.malloc(64)
+        event = await s.record_event(timing=True)
+        await event
+        module = dev.load_module(None)
+        async with s.capture() as capture:
+            capture.memset(buf, 0)
+        graph = capture.graph
+        keys = ("streams", "device_buffers", "graphs", "in_flight", "launches", "copies")
+        before = {key: dev.stats()[key] for key in keys}
+        fn = _other_thread_calls(dev, buf, event, module, graph)[call]
+        with pytest.raises(RuntimeError, match="different event loop \\(or thread\\)"):
+            await anyio.to_thread.run_sync(fn)
+        assert {key: dev.stats()[key] for key in keys} == before
+        assert not buf.freed and not graph.closed
+        fn()  # the same call on the loop thread works
+        await s.run(dev.function("noop"), 1)
+
+
+async def test_stats_and_state_may_be_read_from_any_thread(anyio_backend: object) -> None:
+    """What metrics collectors read (stats, fault, closed) is not bound to the loop."""
+    import anyio
+
+    async with open_backend("sim") as dev:
+        stats = await anyio.to_thread.run_sync(dev.stats)
+        assert stats["in_flight"] == 0
+        assert await anyio.to_thread.run_sync(lambda: (dev.fault, dev.closed)) == (None, False)
