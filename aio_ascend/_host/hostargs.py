@@ -125,6 +125,11 @@ def _check_alignment(name: str, align: object) -> int:
 
 def _as_bytes(kind: str, data: object) -> bytes:
     if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:  # its bytes are host pointers to Python objects
+            raise TypeError(
+                f"{kind} data: an array of dtype {data.dtype} holds Python objects, which have "
+                "no device representation; use a numeric dtype"
+            )
         return np.ascontiguousarray(data).tobytes()
     if isinstance(data, bytes | bytearray | memoryview):
         return bytes(data)

@@ -192,3 +192,48 @@ async def test_stats_and_state_may_be_read_from_any_thread(anyio_backend: object
         stats = await anyio.to_thread.run_sync(dev.stats)
         assert stats["in_flight"] == 0
         assert await anyio.to_thread.run_sync(lambda: (dev.fault, dev.closed)) == (None, False)
+
+
+# --- paper cuts ---------------------------------------------------------------------------------
+
+
+def test_tracing_record_checks_its_path_before_the_block_runs(tmp_path: Any) -> None:
+    from aio_ascend import tracing
+
+    ran = []
+    with pytest.raises(FileNotFoundError), tracing.record(tmp_path / "missing" / "t.json"):
+        ran.append(True)
+    assert not ran
+    with pytest.raises(IsADirectoryError), tracing.record(tmp_path):
+        ran.append(True)
+    assert not ran
+
+
+def test_tracing_record_never_masks_the_blocks_exception(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    from aio_ascend import tracing
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    with pytest.raises(KeyError, match="the app's own") as info:  # noqa: PT012 - the block
+        with tracing.record(folder / "t.json"):
+            shutil.rmtree(folder)  # the trace cannot be written at the end any more
+            raise KeyError("the app's own")
+    assert any("could not write the trace" in note for note in info.value.__notes__)
+    assert "could not write the trace" in caplog.text
+
+
+@pytest.mark.parametrize("setter", ["raw", "placeholder"])
+@pytest.mark.parametrize(
+    "array",
+    [np.array([1, "x"], dtype=object), np.zeros(2, dtype=[("a", "i4"), ("b", object)])],
+    ids=["object", "struct-with-object"],
+)
+def test_hostargs_refuses_arrays_of_python_objects(setter: str, array: Any) -> None:
+    args = aa.HostArgs().u32(1)
+    with pytest.raises(TypeError, match=f"HostArgs.{setter}.*Python objects"):
+        getattr(args, setter)(array)
+    assert args.pack().nbytes == 8  # unchanged
