@@ -218,10 +218,13 @@ def test_tracing_record_never_masks_the_blocks_exception(
 
     folder = tmp_path / "traces"
     folder.mkdir()
-    with pytest.raises(KeyError, match="the app's own") as info:  # noqa: PT012 - the block
+    def app() -> None:
         with tracing.record(folder / "t.json"):
             shutil.rmtree(folder)  # the trace cannot be written at the end any more
             raise KeyError("the app's own")
+
+    with pytest.raises(KeyError, match="the app's own") as info:
+        app()
     assert any("could not write the trace" in note for note in info.value.__notes__)
     assert "could not write the trace" in caplog.text
 
