@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import warnings
 import weakref
 from collections.abc import Generator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ._buffer import DeviceBuffer
 from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._module import Function, Module
-from ._runtime import Runtime, choose_backend, open_runtime
-from ._runtime.abi import check_load_options
+from ._runtime import Runtime, check_runtime_options, choose_backend, open_runtime
+from ._runtime.abi import PTR_MAX, check_load_options
 from ._runtime.base import FunctionInfo
+from ._sched.admission import ENTRIES_PER_REQUEST
 from ._sched.loop import current_loop_adapter
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
@@ -39,6 +43,37 @@ def _completion_mode(completion: object) -> CompletionMode:
         raise ValueError(f"completion={completion!r}: expected 'poll' or 'block'") from None
 
 
+def _integer(what: str, value: object) -> int:
+    """``value`` as an int: any integer type (``operator.index``: numpy's included), never a
+    bool (``TypeError`` naming ``what``)."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool | np.bool_):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
+
+
+#: the runtime options that set a stream's runtime queue capacity (sim, acl)
+_CAPACITY_OPTIONS = ("max_queue_depth", "stream_capacity")
+
+
+def _check_runtime_options(backend: str, options: dict[str, Any]) -> None:
+    """Keys and types (the backend's factory), and a queue capacity the scheduler can use,
+    before the runtime opens."""
+    check_runtime_options(backend, options)
+    for key in _CAPACITY_OPTIONS:
+        value = options.get(key)
+        if isinstance(value, int) and value < ENTRIES_PER_REQUEST:
+            raise ValueError(
+                f"runtime_options[{key!r}]={value}: each stream needs room for at least "
+                f"{ENTRIES_PER_REQUEST} runtime queue entries (a request and the completion "
+                "event recorded after it)"
+            )
+
+
 def _check_seconds(name: str, seconds: object) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise TypeError(f"{name} must be a number of seconds, got {type(seconds).__name__}")
@@ -47,25 +82,22 @@ def _check_seconds(name: str, seconds: object) -> float:
     return float(seconds)
 
 
-def _check_pool_bytes(nbytes: object) -> int:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(f"pinned_pool_bytes must be an int, got {type(nbytes).__name__}")
+def _check_pool_bytes(value: object) -> int:
+    nbytes = _integer("pinned_pool_bytes", value)
     if nbytes < 0:
         raise ValueError(f"pinned_pool_bytes={nbytes} must be >= 0")
     return nbytes
 
 
-def _check_max_in_flight(max_in_flight: object) -> int:
-    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
-        raise TypeError("max_in_flight must be an int")
+def _check_max_in_flight(value: object) -> int:
+    max_in_flight = _integer("max_in_flight", value)
     if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
         raise ValueError(f"max_in_flight={max_in_flight} is out of range 1..{MAX_IN_FLIGHT}")
     return max_in_flight
 
 
-def _check_batch_cap(batch_cap: object) -> int:
-    if isinstance(batch_cap, bool) or not isinstance(batch_cap, int):
-        raise TypeError(f"batch_cap must be an int, got {type(batch_cap).__name__}")
+def _check_batch_cap(value: object) -> int:
+    batch_cap = _integer("batch_cap", value)
     if not 1 <= batch_cap <= MAX_IN_FLIGHT:
         raise ValueError(f"batch_cap={batch_cap} is out of range 1..{MAX_IN_FLIGHT}")
     return batch_cap
@@ -142,11 +174,20 @@ class Device:
         return self._scheduler.faults.first
 
     def malloc(self, nbytes: int) -> DeviceBuffer:
-        """Allocate ``nbytes`` of device memory (64-byte aligned)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-            raise TypeError(f"malloc(nbytes): expected an int, got {type(nbytes).__name__}")
+        """Allocate ``nbytes`` of device memory (64-byte aligned).
+
+        :param nbytes: any integer type (numpy's too), 1 .. 2**64-1
+        :raises ValueError: ``nbytes`` below 1, or more than a 64-bit address space holds
+        :raises RuntimeAPIError: the device has not that much memory free
+        """
+        nbytes = _integer("malloc(nbytes)", nbytes)
         if nbytes <= 0:
             raise ValueError(f"malloc(nbytes={nbytes}): nbytes must be > 0")
+        if nbytes > PTR_MAX:
+            raise ValueError(
+                f"malloc(nbytes={nbytes}): more than the 64-bit device address space holds "
+                f"(at most {PTR_MAX})"
+            )
         scheduler = self._owned()
         scheduler.reap_buffers()
         ptr = scheduler.bound().malloc(nbytes)
@@ -210,9 +251,8 @@ class Device:
         is let go once the wrapper is freed (after the work queued on it completes) or
         collected. The memory must stay valid for as long as work uses it.
         """
-        for name, value in (("ptr", ptr), ("nbytes", nbytes)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"wrap({name}): expected an int, got {type(value).__name__}")
+        ptr = _integer("wrap(ptr)", ptr)
+        nbytes = _integer("wrap(nbytes)", nbytes)
         if ptr <= 0 or ptr >= 1 << 64:
             raise ValueError(f"wrap(ptr={ptr:#x}): not a device address")
         if nbytes <= 0 or ptr + nbytes > 1 << 64:
@@ -229,8 +269,7 @@ class Device:
         """
         _check_max_in_flight(max_in_flight)
         if priority is not None:
-            if isinstance(priority, bool) or not isinstance(priority, int):
-                raise TypeError(f"priority must be an int or None, got {type(priority).__name__}")
+            priority = _integer("priority (an int or None)", priority)
             self._scheduler.check_usable()
             least, greatest = self._scheduler.bound().stream_priority_range()
             if not greatest <= priority <= least:
@@ -250,10 +289,7 @@ class Device:
         aio_ascend: work its owner queues on it directly is outside it. On the sim, ``handle``
         comes from ``dev.runtime.create_stream()``.
         """
-        if isinstance(handle, bool) or not isinstance(handle, int):
-            raise TypeError(
-                f"external_stream(handle): expected an int, got {type(handle).__name__}"
-            )
+        handle = _integer("external_stream(handle)", handle)
         if handle <= 0:
             raise ValueError(f"external_stream(handle={handle}): not a stream handle")
         _check_max_in_flight(max_in_flight)
@@ -368,6 +404,8 @@ class _DeviceOpener:
         runtime_options = options.pop("runtime_options", None) or {}
         name, why = choose_backend(self._backend)
         log.info("device %d: backend %s (%s)", self._device_id, name, why)
+        if self._backend == "auto":  # (an explicit backend's options were checked in the call)
+            _check_runtime_options(name, runtime_options)
         runtime = open_runtime(name, self._device_id, **runtime_options)
         try:
             return Device(runtime, **options)
@@ -418,7 +456,11 @@ def open_device(
         is dropped at once)
     :param pinned_pool_bytes: free pinned staging memory kept for reuse; what a burst of big
         copies allocated beyond it is given back when they finish
-    :param runtime_options: keyword options for the backend (sim: ``time_model=True``, ...)
+    :param runtime_options: keyword options for the backend, checked in this call (names
+        and types; ``TypeError`` lists the backend's options): sim ``time_model``,
+        ``max_queue_depth``, ``memory_bytes``; acl ``library_path`` (the ``libascendcl.so``
+        to load instead of searching the CANN install), ``stream_capacity``; cuda
+        ``block_dim``, ``staging_bytes`` (see the backends guide)
     """
     if backend != "auto":
         choose_backend(backend)  # validate the name early, with a clear error
@@ -432,6 +474,8 @@ def open_device(
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if runtime_options is not None and not isinstance(runtime_options, Mapping):
         raise TypeError(f"runtime_options must be a mapping, got {type(runtime_options).__name__}")
+    if backend != "auto":
+        _check_runtime_options(backend, dict(runtime_options or {}))
     kwargs = {
         "completion": completion,
         "task_timeout": task_timeout,

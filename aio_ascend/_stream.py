@@ -92,7 +92,16 @@ def _destination_bytes(dst: object) -> np.ndarray[Any, np.dtype[np.uint8]]:
 def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.ndarray[Any, Any]:
     """The array ``download`` fills: checked against ``src`` before anything is queued."""
     if not isinstance(src, DeviceBuffer):
-        raise TypeError(f"download src must be a DeviceBuffer, got {type(src).__name__}")
+        hint = ""
+        if isinstance(src, np.ndarray):
+            hint = (
+                "; to fill an existing array, pass it as out=: download(buf, out=array) "
+                "(or copy_to_host(array, buf))"
+            )
+        raise TypeError(
+            "download(src, dtype=None, shape=None, *, out=None) reads the DeviceBuffer src "
+            f"into a new array: src must be a DeviceBuffer, got {type(src).__name__}{hint}"
+        )
     try:
         kind = np.dtype(np.uint8 if dtype is None else dtype)
     except TypeError as exc:
@@ -131,6 +140,12 @@ def _upload_args(
     lifetimes: Lifetimes, dst: object, src: object
 ) -> tuple[DeviceBuffer, DeviceBuffer, np.ndarray[Any, np.dtype[np.uint8]], int]:
     """``copy_to_device``'s input, checked: (dst, its root, the source bytes, count)."""
+    if isinstance(src, DeviceBuffer) and not isinstance(dst, DeviceBuffer):
+        raise TypeError(
+            f"copy_to_device/upload(dst, src) writes host data src into the DeviceBuffer dst; "
+            f"got a {type(dst).__name__} as dst and a DeviceBuffer as src: swap them (to read "
+            "a buffer back: download(buf) or copy_to_host(array, buf))"
+        )
     dst_buf, root, room = byte_range(dst, lifetimes, "copy_to_device dst", None)
     source = _source_bytes(src)
     count = source.nbytes
@@ -392,6 +407,12 @@ class Stream:
         """
         scheduler = self._scheduler
         scheduler.check_open()
+        if isinstance(dst, DeviceBuffer) and not isinstance(src, DeviceBuffer):
+            raise TypeError(
+                "copy_to_host(dst, src) reads the DeviceBuffer src into the array dst; got a "
+                f"DeviceBuffer as dst and a {type(src).__name__} as src: swap them (to write "
+                "host data into a buffer: upload(buf, array))"
+            )
         src_buf, root, room = byte_range(src, scheduler.lifetimes, "copy_to_host src", None)
         dst_bytes = _destination_bytes(dst)
         count = dst_bytes.nbytes

@@ -218,6 +218,7 @@ def test_tracing_record_never_masks_the_blocks_exception(
 
     folder = tmp_path / "traces"
     folder.mkdir()
+
     def app() -> None:
         with tracing.record(folder / "t.json"):
             shutil.rmtree(folder)  # the trace cannot be written at the end any more
@@ -240,3 +241,80 @@ def test_hostargs_refuses_arrays_of_python_objects(setter: str, array: Any) -> N
     with pytest.raises(TypeError, match=f"HostArgs.{setter}.*Python objects"):
         getattr(args, setter)(array)
     assert args.pack().nbytes == 8  # unchanged
+
+
+async def test_numpy_integers_are_integers_and_bools_are_not(anyio_backend: object) -> None:
+    async with open_backend("sim") as dev:
+        buf = dev.malloc(np.int64(64))
+        assert buf.nbytes == 64 and type(buf.nbytes) is int
+        wrapped = dev.wrap(np.uint64(buf.ptr), np.int32(16))
+        assert (wrapped.ptr, wrapped.nbytes) == (buf.ptr, 16)
+        least = dev.info["stream_priority_least"]
+        assert isinstance(least, int)
+        s = dev.stream(priority=np.int16(least), max_in_flight=np.int64(8))
+        await s.run(dev.function("noop"), 1)
+        for call in (
+            lambda: dev.malloc(True),
+            lambda: dev.wrap(buf.ptr, np.bool_(True)),
+            lambda: dev.stream(priority=False),
+            lambda: dev.stream(max_in_flight=np.float64(2.0)),
+        ):
+            with pytest.raises(TypeError, match="expected an int"):
+                call()
+
+
+async def test_malloc_beyond_the_address_space_is_refused_before_the_runtime(
+    anyio_backend: object,
+) -> None:
+    async with open_backend("sim") as dev:
+        calls = []
+        dev.runtime.malloc = lambda *a: calls.append(a)  # type: ignore[method-assign]
+        for nbytes in (2**64, 2**100):
+            with pytest.raises(ValueError, match="64-bit device address space"):
+                dev.malloc(nbytes)
+        assert calls == []
+
+
+async def test_swapped_copy_arguments_get_a_message_that_says_so(anyio_backend: object) -> None:
+    async with open_backend("sim") as dev:
+        s = dev.stream()
+        buf = dev.malloc(64)
+        array = np.zeros(16, np.float32)
+        with pytest.raises(TypeError, match=r"download\(buf, out=array\)"):
+            await s.download(array, buf)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="swap them"):
+            await s.upload(array, buf)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="swap them"):
+            await s.copy_to_host(buf, array)  # type: ignore[arg-type]
+        assert s.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "error", "text"),
+    [
+        ("sim", {"bogus": 1}, TypeError, "no option 'bogus'.*time_model, max_queue_depth"),
+        ("sim", {"max_queue_depth": "8"}, TypeError, "'max_queue_depth'.*must be int, got str"),
+        ("sim", {"time_model": "yes"}, TypeError, "'time_model'.*must be bool"),
+        ("sim", {"max_queue_depth": 1}, ValueError, "at least 2 runtime queue entries"),
+        ("acl", {"library_path": 5}, TypeError, "'library_path'.*str"),
+        ("acl", {"stream_capacity": 1}, ValueError, "at least 2 runtime queue entries"),
+        ("acl", {"bogus": 1}, TypeError, "library_path, stream_capacity"),
+    ],
+)
+def test_runtime_options_are_checked_in_the_open_device_call(
+    backend: str, options: dict[str, Any], error: type[Exception], text: str
+) -> None:
+    # no event loop and no await: the call itself refuses them, before any runtime opens
+    with pytest.raises(error, match=text):
+        aa.open_device(0, backend=backend, runtime_options=options)
+
+
+async def test_a_bad_runtime_option_with_auto_fails_before_the_runtime_opens(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIO_ASCEND_BACKEND", "sim")
+    opened = []
+    monkeypatch.setattr(aa._device, "open_runtime", lambda *a, **k: opened.append(a))
+    with pytest.raises(TypeError, match="no option 'bogus'"):
+        await aa.open_device(0, runtime_options={"bogus": 1})
+    assert opened == []
