@@ -351,6 +351,7 @@ class Device:
         self._finalizer.detach()
 
     async def __aenter__(self) -> Device:
+        self._scheduler.check_open()
         return self
 
     async def __aexit__(

@@ -209,9 +209,9 @@ class GraphCapture:
         self.graph: Graph | None = None
 
     def _recording(self) -> None:
+        self._scheduler.check_usable()
         if self._state != "recording":
             raise RuntimeError("record operations inside `async with stream.capture() as c:`")
-        self._scheduler.check_usable()
 
     def launch(
         self,
@@ -272,6 +272,7 @@ class GraphCapture:
     async def __aenter__(self) -> GraphCapture:
         if self._state != "new":
             raise RuntimeError("a GraphCapture is entered once")
+        self._scheduler.check_usable()  # a capture made before the device closed: ClosedError
         self._state = "recording"
         return self
 
@@ -523,6 +524,7 @@ class Stream:
             raise TypeError(f"launch_graph() takes a Graph, got {type(graph).__name__}")
         if graph.device is not self.device:
             raise ValueError("launch_graph(): the graph belongs to a different device")
+        self._scheduler.check_open()  # (the close closed the graph too: say why)
         if graph.closed:
             raise ValueError(f"launch_graph(): {graph!r} is closed")
         await self._admit()
@@ -582,6 +584,8 @@ class Stream:
         await self._scheduler.close_lane(self._lane)
 
     async def __aenter__(self) -> Stream:
+        if self.closed:
+            raise ClosedError("the stream is closed")
         return self
 
     async def __aexit__(

@@ -100,6 +100,11 @@ class Lifetimes:
         self.thread = threading.get_ident()
 
     @property
+    def closed(self) -> bool:
+        """Whether the device has closed (everything was released then)."""
+        return self._closed
+
+    @property
     def live_count(self) -> int:
         """Allocations not yet given back to the runtime."""
         return len(self._live)

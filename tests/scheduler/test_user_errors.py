@@ -318,3 +318,157 @@ async def test_a_bad_runtime_option_with_auto_fails_before_the_runtime_opens(
     with pytest.raises(TypeError, match="no option 'bogus'"):
         await aa.open_device(0, runtime_options={"bogus": 1})
     assert opened == []
+
+
+# --- every public call after close ----------------------------------------------------------------
+
+
+class _Closed:
+    """A device closed after one of everything was made (a stream, buffers, an event, a module,
+    a graph, a capture entered and one not)."""
+
+    dev: aa.Device
+    s: aa.Stream
+    buf: aa.DeviceBuffer
+    other: aa.DeviceBuffer
+    event: aa.Event
+    module: aa.Module
+    fn: aa.Function
+    graph: aa.Graph
+    capture: Any
+    recording: Any
+
+    @classmethod
+    async def make(cls, backend: str) -> _Closed:
+        c = cls()
+        c.dev = dev = await open_backend(backend)
+        c.s = dev.stream()
+        c.buf, c.other = dev.malloc(64), dev.malloc(64)
+        c.event = await c.s.record_event(timing=True)
+        await c.event
+        c.module = dev.load_module(None)
+        c.fn = c.module.function("noop")
+        async with c.s.capture() as capture:
+            capture.memset(c.buf, 0)
+        c.graph = capture.graph
+        c.capture = c.s.capture()
+        c.recording = c.s.capture()
+        await c.recording.__aenter__()
+        await dev.aclose()
+        return c
+
+
+def _host() -> Any:
+    return np.zeros(8, np.uint8)
+
+
+#: every public call that needs the open device: ClosedError after close
+AFTER_CLOSE: dict[str, Callable[[_Closed], object]] = {
+    "Device.__aenter__": lambda c: c.dev.__aenter__(),
+    "Device.external_stream": lambda c: c.dev.external_stream(0x1234),
+    "Device.function": lambda c: c.dev.function("noop"),
+    "Device.info": lambda c: c.dev.info,
+    "Device.load_module": lambda c: c.dev.load_module(None),
+    "Device.malloc": lambda c: c.dev.malloc(64),
+    "Device.stream": lambda c: c.dev.stream(),
+    "Device.stream(priority)": lambda c: c.dev.stream(priority=0),
+    "Device.wrap": lambda c: c.dev.wrap(c.buf.ptr, 8),
+    "Stream.__aenter__": lambda c: c.s.__aenter__(),
+    "Stream.capture": lambda c: c.s.capture(),
+    "Stream.copy_device": lambda c: c.s.copy_device(c.other, c.buf),
+    "Stream.copy_to_device": lambda c: c.s.copy_to_device(c.buf, _host()),
+    "Stream.copy_to_host": lambda c: c.s.copy_to_host(_host(), c.buf),
+    "Stream.download": lambda c: c.s.download(c.buf),
+    "Stream.launch": lambda c: c.s.launch(c.fn, 1),
+    "Stream.launch_graph": lambda c: c.s.launch_graph(c.graph),
+    "Stream.memset": lambda c: c.s.memset(c.buf, 0),
+    "Stream.record_event": lambda c: c.s.record_event(),
+    "Stream.run": lambda c: c.s.run(c.fn, 1),
+    "Stream.run_graph": lambda c: c.s.run_graph(c.graph),
+    "Stream.upload": lambda c: c.s.upload(c.buf, _host()),
+    "Stream.wait_event": lambda c: c.s.wait_event(c.event),
+    "GraphCapture.__aenter__": lambda c: c.capture.__aenter__(),
+    "GraphCapture.copy_device": lambda c: c.recording.copy_device(c.other, c.buf),
+    "GraphCapture.copy_to_device": lambda c: c.recording.copy_to_device(c.buf, _host()),
+    "GraphCapture.launch": lambda c: c.recording.launch(c.fn, 1),
+    "GraphCapture.memset": lambda c: c.recording.memset(c.buf, 0),
+    "DeviceBuffer.__getitem__": lambda c: c.buf[0:8],
+    "Event.elapsed_ms": lambda c: c.event.elapsed_ms(c.event),
+    "Module.function": lambda c: c.module.function("noop"),
+}
+
+#: public calls that keep working after close, and why
+STILL_ANSWER = {
+    "Device.aclose": "idempotent: a second close returns at once",
+    "Device.synchronize": "nothing is queued: returns at once",
+    "Stream.aclose": "idempotent",
+    "Stream.synchronize": "nothing is queued: returns at once",
+    "DeviceBuffer.free": "idempotent cleanup (the close released the memory)",
+    "Graph.close": "idempotent cleanup (the close destroyed the graph)",
+    "Device.stats": "a read of counters (metrics collectors read it at any time)",
+    "Device.closed": "state",
+    "Device.fault": "state",
+    "Device.runtime": "the runtime object (closed), for diagnostics",
+    "Stream.closed": "state",
+    "Stream.in_flight": "state",
+    "DeviceBuffer.base": "state",
+    "DeviceBuffer.root": "state",
+    "DeviceBuffer.freed": "state",
+    "Graph.closed": "state",
+    "Graph.record": "state",
+    "Event.__await__": "the recorded work's outcome, known before the close",
+    "Event.done": "the recorded work's outcome, known before the close",
+    "Event.failure": "the recorded work's outcome, known before the close",
+    "Event.query": "the recorded work's outcome, known before the close",
+}
+
+
+def _public_calls() -> set[str]:
+    from aio_ascend._stream import GraphCapture
+
+    names = set()
+    for cls in (aa.Device, aa.Stream, GraphCapture, aa.DeviceBuffer, aa.Event, aa.Module, aa.Graph):
+        for klass in cls.__mro__[:-1]:
+            for name, value in vars(klass).items():
+                if name.startswith("_") and name not in ("__aenter__", "__getitem__", "__await__"):
+                    continue
+                if callable(value) or isinstance(value, property):
+                    names.add(f"{cls.__name__}.{name}")
+    return names
+
+
+def test_every_public_call_is_covered_after_close() -> None:
+    covered = {name.partition("(")[0] for name in AFTER_CLOSE} | set(STILL_ANSWER)
+    assert _public_calls() - covered == set()
+
+
+@pytest.mark.parametrize("backend", ["sim", "acl"])
+@pytest.mark.parametrize("call", sorted(AFTER_CLOSE))
+async def test_every_public_call_after_close_raises_closed_error(
+    call: str, backend: str, anyio_backend: object
+) -> None:
+    import inspect
+
+    c = await _Closed.make(backend)
+
+    async def make_the_call() -> None:
+        result = AFTER_CLOSE[call](c)
+        if inspect.isawaitable(result):
+            await result
+
+    with pytest.raises(aa.ClosedError):
+        await make_the_call()
+
+
+async def test_the_calls_that_still_answer_after_close(anyio_backend: object) -> None:
+    c = await _Closed.make("sim")
+    await c.dev.aclose()
+    await c.dev.synchronize()
+    await c.s.aclose()
+    await c.s.synchronize()
+    c.buf.free()
+    c.graph.close()
+    assert c.dev.closed and c.s.closed and c.graph.closed and c.buf.freed
+    assert c.event.query() and c.event.done() and c.event.failure() is None
+    await c.event
+    assert c.dev.stats()["in_flight"] == 0
