@@ -472,3 +472,55 @@ async def test_the_calls_that_still_answer_after_close(anyio_backend: object) ->
     assert c.event.query() and c.event.done() and c.event.failure() is None
     await c.event
     assert c.dev.stats()["in_flight"] == 0
+
+
+# --- the faults guide's recovery recipe ---------------------------------------------------------
+
+
+def _recipe() -> Any:
+    """The ``ReopeningDevice`` class of docs/guide/faults.md, as the page shows it."""
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).parents[2] / "docs" / "guide" / "faults.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    (source,) = [block for block in blocks if "class ReopeningDevice" in block]
+    namespace: dict[str, Any] = {}
+    exec(compile(source, str(page), "exec"), namespace)
+    return namespace["ReopeningDevice"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_recovery_recipe_replaces_a_faulted_device_once(anyio_backend: object) -> None:
+    import anyio
+
+    from aio_ascend import testing
+
+    holder = _recipe()(backend="sim")
+    dev = await holder.device()
+    assert await holder.device() is dev
+    s, other = dev.stream(), dev.stream()
+    with testing.paused(dev):
+        fault = await testing.inject_fault(s)
+        in_flight = await other.launch(dev.function("sleep"), 1, aa.HostArgs().u32(10))
+    for task in (fault, in_flight):
+        with pytest.raises(aa.DeviceFaultError):
+            await task
+    assert dev.fault is not None
+
+    got: list[aa.Device] = []
+
+    async def request() -> None:
+        got.append(await holder.device())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(request)
+    new = got[0]
+    assert all(d is new for d in got) and new is not dev and holder.reopened == 1
+    assert dev.closed and new.fault is None
+    with pytest.raises(aa.ClosedError):
+        await s.run(dev.function("noop"), 1)
+    await new.stream().run(new.function("noop"), 1)
+    await holder.aclose()
+    assert new.closed
