@@ -170,8 +170,8 @@ class Device:
 
     @property
     def fault(self) -> BaseException | None:
-        """The first device fault (the runtime's error: a ``DeviceFaultError`` subclass with
-        its ACL ``code``), or ``None`` while the device is healthy.
+        """The first device fault (the runtime's error, a ``DeviceFaultError`` carrying its
+        ACL ``code``), or ``None`` while the device is healthy.
 
         Sticky: once set it stays set, every unfinished or later task fails with a
         ``DeviceFaultError`` caused by it, and only closing the device and opening a new one
