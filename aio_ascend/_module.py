@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ._host.hostargs import HostArgs, PackedArgs
 from ._runtime.base import FunctionInfo
 
 __all__ = ["Function", "Module"]
@@ -20,7 +21,7 @@ class Function:
         parameters, hidden arguments, data placement); ``None`` when nothing
     """
 
-    __slots__ = ("device", "handle", "info", "module", "name")
+    __slots__ = ("device", "handle", "info", "module", "name", "no_args")
 
     def __init__(
         self,
@@ -35,6 +36,13 @@ class Function:
         self.name = name
         self.handle = handle
         self.info = None if info is None or info.plain else info
+        #: a launch without arguments, packed once (``None``: the kernel declares parameters,
+        #: so such a launch is refused)
+        self.no_args: PackedArgs | None = None
+        try:
+            self.no_args = HostArgs().pack(self.info)
+        except ValueError:
+            pass
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r} of {self.module!r}>"

@@ -359,10 +359,12 @@ class Stream:
             self._check_function(fn)
         if type(blocks) is not int or not 0 < blocks <= MAX_NUM_BLOCKS:
             blocks = _check_blocks(blocks)
-        if fn.info is not None:  # the kernel has hidden arguments or declared parameters
-            packed = _pack_for(fn, _EMPTY_ARGS if args is None else args)
-        elif args is None:
-            packed = _EMPTY_PACKED
+        if args is None:
+            packed = fn.no_args  # (packed once per kernel)
+            if packed is None:  # it declares parameters: the error names them
+                packed = _pack_for(fn, _EMPTY_ARGS)
+        elif fn.info is not None:  # the kernel has hidden arguments or declared parameters
+            packed = _pack_for(fn, args)
         elif isinstance(args, HostArgs):
             packed = args.pack()
         else:

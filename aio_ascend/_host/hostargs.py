@@ -449,7 +449,7 @@ class HostArgs:
                 packed = self._packed = self._layout()
             return packed
         cached = self._packed_for
-        if cached is not None and cached[0] == info:
+        if cached is not None and (cached[0] is info or cached[0] == info):
             return cached[1]
         self._check_params(info)
         if not info.prefix and not info.suffix and info.data_align is None:
