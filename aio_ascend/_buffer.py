@@ -6,6 +6,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable
 
+from ._errors import ClosedError
 from ._sched.lifetimes import Allocation, Lifetimes
 
 __all__ = ["DeviceBuffer", "allocations_of", "byte_range"]
@@ -85,6 +86,8 @@ class DeviceBuffer(Allocation):
             )
         root = self.root
         if root.free_requested:
+            if self.registry.closed:
+                raise ClosedError(f"cannot slice {self!r}: the device is closed")
             raise ValueError(f"cannot slice {self!r}: its memory has been freed")
         return DeviceBuffer(
             self.registry,

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import warnings
 import weakref
 from collections.abc import Generator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ._buffer import DeviceBuffer
 from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._module import Function, Module
-from ._runtime import Runtime, choose_backend, open_runtime
-from ._runtime.abi import check_load_options
+from ._runtime import Runtime, check_runtime_options, choose_backend, open_runtime
+from ._runtime.abi import PTR_MAX, check_load_options
 from ._runtime.base import FunctionInfo
+from ._sched.admission import ENTRIES_PER_REQUEST
 from ._sched.loop import current_loop_adapter
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
@@ -39,6 +43,37 @@ def _completion_mode(completion: object) -> CompletionMode:
         raise ValueError(f"completion={completion!r}: expected 'poll' or 'block'") from None
 
 
+def _integer(what: str, value: object) -> int:
+    """``value`` as an int: any integer type (``operator.index``: numpy's included), never a
+    bool (``TypeError`` naming ``what``)."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool | np.bool_):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
+
+
+#: the runtime options that set a stream's runtime queue capacity (sim, acl)
+_CAPACITY_OPTIONS = ("max_queue_depth", "stream_capacity")
+
+
+def _check_runtime_options(backend: str, options: dict[str, Any]) -> None:
+    """Keys and types (the backend's factory), and a queue capacity the scheduler can use,
+    before the runtime opens."""
+    check_runtime_options(backend, options)
+    for key in _CAPACITY_OPTIONS:
+        value = options.get(key)
+        if isinstance(value, int) and value < ENTRIES_PER_REQUEST:
+            raise ValueError(
+                f"runtime_options[{key!r}]={value}: each stream needs room for at least "
+                f"{ENTRIES_PER_REQUEST} runtime queue entries (a request and the completion "
+                "event recorded after it)"
+            )
+
+
 def _check_seconds(name: str, seconds: object) -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, int | float):
         raise TypeError(f"{name} must be a number of seconds, got {type(seconds).__name__}")
@@ -47,25 +82,22 @@ def _check_seconds(name: str, seconds: object) -> float:
     return float(seconds)
 
 
-def _check_pool_bytes(nbytes: object) -> int:
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(f"pinned_pool_bytes must be an int, got {type(nbytes).__name__}")
+def _check_pool_bytes(value: object) -> int:
+    nbytes = _integer("pinned_pool_bytes", value)
     if nbytes < 0:
         raise ValueError(f"pinned_pool_bytes={nbytes} must be >= 0")
     return nbytes
 
 
-def _check_max_in_flight(max_in_flight: object) -> int:
-    if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int):
-        raise TypeError("max_in_flight must be an int")
+def _check_max_in_flight(value: object) -> int:
+    max_in_flight = _integer("max_in_flight", value)
     if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
         raise ValueError(f"max_in_flight={max_in_flight} is out of range 1..{MAX_IN_FLIGHT}")
     return max_in_flight
 
 
-def _check_batch_cap(batch_cap: object) -> int:
-    if isinstance(batch_cap, bool) or not isinstance(batch_cap, int):
-        raise TypeError(f"batch_cap must be an int, got {type(batch_cap).__name__}")
+def _check_batch_cap(value: object) -> int:
+    batch_cap = _integer("batch_cap", value)
     if not 1 <= batch_cap <= MAX_IN_FLIGHT:
         raise ValueError(f"batch_cap={batch_cap} is out of range 1..{MAX_IN_FLIGHT}")
     return batch_cap
@@ -75,7 +107,9 @@ class Device:
     """An open device: the runtime, its library threads, buffer pools and streams.
 
     Open with ``async with aio_ascend.open_device(0) as dev:`` (or ``dev = await
-    open_device(0)`` and ``await dev.aclose()``). Use it from the event loop that opened it.
+    open_device(0)`` and ``await dev.aclose()``). Use it from the event loop that opened it:
+    its calls (awaitable or not) raise ``RuntimeError`` from another loop or thread, except
+    ``stats()``, ``fault`` and ``closed``, which any thread may read.
 
     Threads: a submitter (``aio_ascend-submit-<id>``) makes every runtime call that can wait on
     the device; a poller (``aio_ascend-poll-<id>``) observes completions. Both bind the device
@@ -136,17 +170,30 @@ class Device:
 
     @property
     def fault(self) -> BaseException | None:
-        """The first device fault, or ``None``."""
+        """The first device fault (the runtime's error, a ``DeviceFaultError`` carrying its
+        ACL ``code``), or ``None`` while the device is healthy.
+
+        Sticky: once set it stays set, every unfinished or later task fails with a
+        ``DeviceFaultError`` caused by it, and only closing the device and opening a new one
+        recovers (see the faults guide). Any thread may read it."""
         return self._scheduler.faults.first
 
     def malloc(self, nbytes: int) -> DeviceBuffer:
-        """Allocate ``nbytes`` of device memory (64-byte aligned)."""
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-            raise TypeError(f"malloc(nbytes): expected an int, got {type(nbytes).__name__}")
+        """Allocate ``nbytes`` of device memory (64-byte aligned).
+
+        :param nbytes: any integer type (numpy's too), 1 .. 2**64-1
+        :raises ValueError: ``nbytes`` below 1, or more than a 64-bit address space holds
+        :raises RuntimeAPIError: the device has not that much memory free
+        """
+        nbytes = _integer("malloc(nbytes)", nbytes)
         if nbytes <= 0:
             raise ValueError(f"malloc(nbytes={nbytes}): nbytes must be > 0")
-        scheduler = self._scheduler
-        scheduler.check_open()
+        if nbytes > PTR_MAX:
+            raise ValueError(
+                f"malloc(nbytes={nbytes}): more than the 64-bit device address space holds "
+                f"(at most {PTR_MAX})"
+            )
+        scheduler = self._owned()
         scheduler.reap_buffers()
         ptr = scheduler.bound().malloc(nbytes)
         buffer = DeviceBuffer(scheduler.lifetimes, ptr, nbytes)
@@ -174,14 +221,20 @@ class Device:
         :raises TypeError: ``lazy`` that is not a bool
         """
         kind, lazy = check_load_options(kernel_type, lazy)
-        handle = self._scheduler.load_binary(source, kernel_type=kind, lazy=lazy)
-        return Module(
-            self, handle, source, self._get_function, None if kind is None else kind.value
-        )
+        handle = self._owned().load_binary(source, kernel_type=kind, lazy=lazy)
+        kind_name = None if kind is None else kind.value
+        return Module(self, handle, source, self._get_function, kind_name, self._owned)
 
-    def _get_function(self, module: int, name: str) -> tuple[int, FunctionInfo]:
+    def _owned(self) -> Scheduler:
+        """The scheduler, once the device is found open and the caller on its loop's thread
+        (``ClosedError``, ``RuntimeError``): what every synchronous call checks first."""
         scheduler = self._scheduler
         scheduler.check_open()
+        scheduler.adapter.check_thread()
+        return scheduler
+
+    def _get_function(self, module: int, name: str) -> tuple[int, FunctionInfo]:
+        scheduler = self._owned()
         runtime = scheduler.bound()
         handle = runtime.get_function(module, name)
         scheduler.source.kernels[handle] = name  # for traces and metrics
@@ -189,6 +242,7 @@ class Device:
 
     def function(self, name: str) -> Function:
         """A built-in kernel of the backend (sim: vector_add, axpy, scale, matmul, ...)."""
+        self._owned()
         if self._builtin is None:
             self._builtin = self.load_module(None)
         return self._builtin.function(name)
@@ -202,15 +256,13 @@ class Device:
         is let go once the wrapper is freed (after the work queued on it completes) or
         collected. The memory must stay valid for as long as work uses it.
         """
-        for name, value in (("ptr", ptr), ("nbytes", nbytes)):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"wrap({name}): expected an int, got {type(value).__name__}")
+        ptr = _integer("wrap(ptr)", ptr)
+        nbytes = _integer("wrap(nbytes)", nbytes)
         if ptr <= 0 or ptr >= 1 << 64:
             raise ValueError(f"wrap(ptr={ptr:#x}): not a device address")
         if nbytes <= 0 or ptr + nbytes > 1 << 64:
             raise ValueError(f"wrap(nbytes={nbytes}): must be > 0 and stay in the address space")
-        scheduler = self._scheduler
-        scheduler.check_open()
+        scheduler = self._owned()
         return DeviceBuffer(scheduler.lifetimes, ptr, nbytes, external=True, owner=owner)
 
     def stream(self, *, max_in_flight: int = 1024, priority: int | None = None) -> Stream:
@@ -222,9 +274,8 @@ class Device:
         """
         _check_max_in_flight(max_in_flight)
         if priority is not None:
-            if isinstance(priority, bool) or not isinstance(priority, int):
-                raise TypeError(f"priority must be an int or None, got {type(priority).__name__}")
-            self._scheduler.check_open()
+            priority = _integer("priority (an int or None)", priority)
+            self._scheduler.check_usable()
             least, greatest = self._scheduler.bound().stream_priority_range()
             if not greatest <= priority <= least:
                 raise ValueError(
@@ -243,10 +294,7 @@ class Device:
         aio_ascend: work its owner queues on it directly is outside it. On the sim, ``handle``
         comes from ``dev.runtime.create_stream()``.
         """
-        if isinstance(handle, bool) or not isinstance(handle, int):
-            raise TypeError(
-                f"external_stream(handle): expected an int, got {type(handle).__name__}"
-            )
+        handle = _integer("external_stream(handle)", handle)
         if handle <= 0:
             raise ValueError(f"external_stream(handle={handle}): not a stream handle")
         _check_max_in_flight(max_in_flight)
@@ -264,9 +312,7 @@ class Device:
         ``soc_name``, ``ai_core_count``, ``cube_core_count``, ``vector_core_count``; cuda:
         ``device_name``, ``compute_capability``). A fact the runtime cannot tell (an older CANN
         release lacking the function) is ``None``. Read afresh on each access."""
-        scheduler = self._scheduler
-        scheduler.check_open()
-        runtime = scheduler.bound()
+        runtime = self._owned().bound()
         facts: dict[str, object] = {
             "backend": self.backend,
             "device_id": self.device_id,
@@ -310,6 +356,7 @@ class Device:
         self._finalizer.detach()
 
     async def __aenter__(self) -> Device:
+        self._scheduler.check_open()
         return self
 
     async def __aexit__(
@@ -363,6 +410,8 @@ class _DeviceOpener:
         runtime_options = options.pop("runtime_options", None) or {}
         name, why = choose_backend(self._backend)
         log.info("device %d: backend %s (%s)", self._device_id, name, why)
+        if self._backend == "auto":  # (an explicit backend's options were checked in the call)
+            _check_runtime_options(name, runtime_options)
         runtime = open_runtime(name, self._device_id, **runtime_options)
         try:
             return Device(runtime, **options)
@@ -413,7 +462,11 @@ def open_device(
         is dropped at once)
     :param pinned_pool_bytes: free pinned staging memory kept for reuse; what a burst of big
         copies allocated beyond it is given back when they finish
-    :param runtime_options: keyword options for the backend (sim: ``time_model=True``, ...)
+    :param runtime_options: keyword options for the backend, checked in this call (names
+        and types; ``TypeError`` lists the backend's options): sim ``time_model``,
+        ``max_queue_depth``, ``memory_bytes``; acl ``library_path`` (the ``libascendcl.so``
+        to load instead of searching the CANN install), ``stream_capacity``; cuda
+        ``block_dim``, ``staging_bytes`` (see the backends guide)
     """
     if backend != "auto":
         choose_backend(backend)  # validate the name early, with a clear error
@@ -427,6 +480,8 @@ def open_device(
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if runtime_options is not None and not isinstance(runtime_options, Mapping):
         raise TypeError(f"runtime_options must be a mapping, got {type(runtime_options).__name__}")
+    if backend != "auto":
+        _check_runtime_options(backend, dict(runtime_options or {}))
     kwargs = {
         "completion": completion,
         "task_timeout": task_timeout,

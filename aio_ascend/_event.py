@@ -60,7 +60,11 @@ class Event(EventRecord):
         return self._record_task.done()
 
     def query(self) -> bool:
-        """Whether the work before the event is complete, asking the runtime if needed."""
+        """Whether the work before the event is complete, asking the runtime if needed.
+
+        :raises RuntimeError: called from another thread than the device's event loop's
+        """
+        self._scheduler.adapter.check_thread()
         if self._record_task.done():
             return self.failure() is None
         if not self.recorded:
@@ -73,7 +77,9 @@ class Event(EventRecord):
         """Device milliseconds from this event to ``end`` (both recorded with ``timing=True``).
 
         :raises ValueError: if either event was recorded without timing or is not complete yet
+        :raises RuntimeError: called from another thread than the device's event loop's
         """
+        self._scheduler.adapter.check_thread()
         if not isinstance(end, Event):
             raise TypeError(f"elapsed_ms() takes an Event, got {type(end).__name__}")
         if end.device is not self.device:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ._host.hostargs import HostArgs, PackedArgs
 from ._runtime.base import FunctionInfo
 
 __all__ = ["Function", "Module"]
@@ -20,7 +21,7 @@ class Function:
         parameters, hidden arguments, data placement); ``None`` when nothing
     """
 
-    __slots__ = ("device", "handle", "info", "module", "name")
+    __slots__ = ("device", "handle", "info", "module", "name", "no_args")
 
     def __init__(
         self,
@@ -35,6 +36,13 @@ class Function:
         self.name = name
         self.handle = handle
         self.info = None if info is None or info.plain else info
+        #: a launch without arguments, packed once (``None``: the kernel declares parameters,
+        #: so such a launch is refused)
+        self.no_args: PackedArgs | None = None
+        try:
+            self.no_args = HostArgs().pack(self.info)
+        except ValueError:
+            pass
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r} of {self.module!r}>"
@@ -45,10 +53,19 @@ class Module:
 
     :param get_function: looks a kernel up by name: its handle and what the runtime says of it
         (raises if the device is closed)
+    :param check_caller: raises unless the device is open and called from its loop's thread
     :ivar kernel_type: the kernel type it was loaded as (``load_module(kernel_type=...)``)
     """
 
-    __slots__ = ("_functions", "_get_function", "device", "handle", "kernel_type", "source")
+    __slots__ = (
+        "_check_caller",
+        "_functions",
+        "_get_function",
+        "device",
+        "handle",
+        "kernel_type",
+        "source",
+    )
 
     def __init__(
         self,
@@ -57,21 +74,27 @@ class Module:
         source: object,
         get_function: Callable[[int, str], tuple[int, FunctionInfo]],
         kernel_type: str | None = None,
+        check_caller: Callable[[], object] | None = None,
     ) -> None:
         self.device = device
         self.handle = handle
         self.source = source
         self.kernel_type = kernel_type
         self._get_function = get_function
+        self._check_caller = check_caller
         self._functions: dict[str, Function] = {}
 
     def function(self, name: str) -> Function:
         """The kernel ``name`` in this module.
 
         :raises RuntimeAPIError: if the module has no such kernel
+        :raises ClosedError: the device is closed
+        :raises RuntimeError: called from another thread than the device's event loop's
         """
         if not isinstance(name, str) or not name:
             raise TypeError("function name must be a non-empty str")
+        if self._check_caller is not None:
+            self._check_caller()
         fn = self._functions.get(name)
         if fn is None:
             handle, info = self._get_function(self.handle, name)

@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Stream"]
 
-_EMPTY_PACKED = HostArgs().pack()
+_EMPTY_ARGS = HostArgs()  # never changed: it caches its packing for the last kernel it met
+_EMPTY_PACKED = _EMPTY_ARGS.pack()
 
 
 def _pack_for(fn: Function, args: object) -> PackedArgs:
@@ -91,7 +92,16 @@ def _destination_bytes(dst: object) -> np.ndarray[Any, np.dtype[np.uint8]]:
 def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.ndarray[Any, Any]:
     """The array ``download`` fills: checked against ``src`` before anything is queued."""
     if not isinstance(src, DeviceBuffer):
-        raise TypeError(f"download src must be a DeviceBuffer, got {type(src).__name__}")
+        hint = ""
+        if isinstance(src, np.ndarray):
+            hint = (
+                "; to fill an existing array, pass it as out=: download(buf, out=array) "
+                "(or copy_to_host(array, buf))"
+            )
+        raise TypeError(
+            "download(src, dtype=None, shape=None, *, out=None) reads the DeviceBuffer src "
+            f"into a new array: src must be a DeviceBuffer, got {type(src).__name__}{hint}"
+        )
     try:
         kind = np.dtype(np.uint8 if dtype is None else dtype)
     except TypeError as exc:
@@ -130,6 +140,12 @@ def _upload_args(
     lifetimes: Lifetimes, dst: object, src: object
 ) -> tuple[DeviceBuffer, DeviceBuffer, np.ndarray[Any, np.dtype[np.uint8]], int]:
     """``copy_to_device``'s input, checked: (dst, its root, the source bytes, count)."""
+    if isinstance(src, DeviceBuffer) and not isinstance(dst, DeviceBuffer):
+        raise TypeError(
+            f"copy_to_device/upload(dst, src) writes host data src into the DeviceBuffer dst; "
+            f"got a {type(dst).__name__} as dst and a DeviceBuffer as src: swap them (to read "
+            "a buffer back: download(buf) or copy_to_host(array, buf))"
+        )
     dst_buf, root, room = byte_range(dst, lifetimes, "copy_to_device dst", None)
     source = _source_bytes(src)
     count = source.nbytes
@@ -193,9 +209,9 @@ class GraphCapture:
         self.graph: Graph | None = None
 
     def _recording(self) -> None:
+        self._scheduler.check_usable()
         if self._state != "recording":
             raise RuntimeError("record operations inside `async with stream.capture() as c:`")
-        self._scheduler.check_usable()
 
     def launch(
         self,
@@ -215,7 +231,7 @@ class GraphCapture:
         if args is None and fn.info is None:
             packed = _EMPTY_PACKED
         else:  # (Stream.launch inlines the same choice: its hot path)
-            packed = _pack_for(fn, HostArgs() if args is None else args)
+            packed = _pack_for(fn, _EMPTY_ARGS if args is None else args)
         cfg = None if config is None else LaunchConfig.coerce(config)
         scheduler = self._scheduler
         buffers = allocations_of(
@@ -256,6 +272,7 @@ class GraphCapture:
     async def __aenter__(self) -> GraphCapture:
         if self._state != "new":
             raise RuntimeError("a GraphCapture is entered once")
+        self._scheduler.check_usable()  # a capture made before the device closed: ClosedError
         self._state = "recording"
         return self
 
@@ -342,10 +359,12 @@ class Stream:
             self._check_function(fn)
         if type(blocks) is not int or not 0 < blocks <= MAX_NUM_BLOCKS:
             blocks = _check_blocks(blocks)
-        if fn.info is not None:  # the kernel has hidden arguments or declared parameters
-            packed = _pack_for(fn, HostArgs() if args is None else args)
-        elif args is None:
-            packed = _EMPTY_PACKED
+        if args is None:
+            packed = fn.no_args  # (packed once per kernel)
+            if packed is None:  # it declares parameters: the error names them
+                packed = _pack_for(fn, _EMPTY_ARGS)
+        elif fn.info is not None:  # the kernel has hidden arguments or declared parameters
+            packed = _pack_for(fn, args)
         elif isinstance(args, HostArgs):
             packed = args.pack()
         else:
@@ -391,6 +410,12 @@ class Stream:
         """
         scheduler = self._scheduler
         scheduler.check_open()
+        if isinstance(dst, DeviceBuffer) and not isinstance(src, DeviceBuffer):
+            raise TypeError(
+                "copy_to_host(dst, src) reads the DeviceBuffer src into the array dst; got a "
+                f"DeviceBuffer as dst and a {type(src).__name__} as src: swap them (to write "
+                "host data into a buffer: upload(buf, array))"
+            )
         src_buf, root, room = byte_range(src, scheduler.lifetimes, "copy_to_host src", None)
         dst_bytes = _destination_bytes(dst)
         count = dst_bytes.nbytes
@@ -501,6 +526,7 @@ class Stream:
             raise TypeError(f"launch_graph() takes a Graph, got {type(graph).__name__}")
         if graph.device is not self.device:
             raise ValueError("launch_graph(): the graph belongs to a different device")
+        self._scheduler.check_open()  # (the close closed the graph too: say why)
         if graph.closed:
             raise ValueError(f"launch_graph(): {graph!r} is closed")
         await self._admit()
@@ -560,6 +586,8 @@ class Stream:
         await self._scheduler.close_lane(self._lane)
 
     async def __aenter__(self) -> Stream:
+        if self.closed:
+            raise ClosedError("the stream is closed")
         return self
 
     async def __aexit__(

@@ -43,7 +43,7 @@ import importlib.util
 import inspect
 import threading
 import time
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Collection, Generator, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
@@ -105,14 +105,25 @@ def library_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]
 
 
-def assert_no_library_threads(timeout: float | None = None) -> None:
+def assert_no_library_threads(
+    timeout: float | None = None, *, ignore: Collection[threading.Thread] = ()
+) -> None:
     """Wait up to ``timeout`` seconds (default :data:`THREAD_GRACE_S`) for every library
     thread to exit; AssertionError if one is still alive (a device that was not closed, or a
-    bug)."""
+    bug).
+
+    :param ignore: threads left out of the check: those alive before the test began, which
+        belong to devices someone else left open (that test is the one to blame)
+    """
+    ignored = frozenset(ignore)
+
+    def alive() -> list[threading.Thread]:
+        return [t for t in library_threads() if t not in ignored]
+
     deadline = time.monotonic() + (THREAD_GRACE_S if timeout is None else timeout)
-    while library_threads() and time.monotonic() < deadline:
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.01)
-    left = library_threads()
+    left = alive()
     assert not left, f"aio_ascend threads still alive: {[t.name for t in left]}"
 
 
@@ -225,11 +236,14 @@ class SimDevices:
     :ivar opened: the devices opened so far
     :param check_leaks: at the end of the test, check every device was closed and left
         nothing behind
+    :ivar threads_before: the library threads alive when it was made (the test began): not
+        this test's, so never held against it
     """
 
     def __init__(self, *, check_leaks: bool = True) -> None:
         self.opened: list[Device] = []
         self.check_leaks = check_leaks
+        self.threads_before = frozenset(library_threads())
 
     def __call__(self, device_id: int = 0, **kwargs: Any) -> _Opening:
         return _Opening(self, open_device(device_id, backend="sim", **kwargs))
@@ -252,7 +266,7 @@ class SimDevices:
                     problems.append(str(exc))
         if self.opened and self.check_leaks:
             try:
-                assert_no_library_threads()
+                assert_no_library_threads(ignore=self.threads_before)
             except AssertionError as exc:
                 problems.append(str(exc))
         return problems
@@ -271,11 +285,13 @@ def sim_device() -> Iterator[SimDevices]:
 
 @pytest.fixture
 def aio_ascend_threads() -> Iterator[None]:
-    """Fail the test if a library thread (``aio_ascend-*``) outlives it (after a grace of
-    ``THREAD_GRACE_S`` seconds for threads still exiting)."""
+    """Fail the test if a library thread (``aio_ascend-*``) started during it outlives it
+    (after a grace of ``THREAD_GRACE_S`` seconds for threads still exiting). Threads alive
+    before the test are another test's leak, reported there."""
+    before = frozenset(library_threads())
     yield
     try:
-        assert_no_library_threads()
+        assert_no_library_threads(ignore=before)
     except AssertionError as exc:
         pytest.fail(f"after the test: {exc}", pytrace=False)
 

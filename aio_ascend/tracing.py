@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import sys
 import threading
@@ -53,6 +54,8 @@ from ._sched.task import Task
 from ._sched.work import Outcome
 
 __all__ = ["DEFAULT_MAX_TASKS", "RequestScope", "TaskRecord", "Tracer", "record", "request"]
+
+_log = logging.getLogger("aio_ascend.tracing")
 
 #: tasks one tracer keeps at most (a few hundred bytes each); later ones are only counted
 DEFAULT_MAX_TASKS = 250_000
@@ -374,16 +377,34 @@ def record(
     """Record every device's tasks while the block runs; write the trace to ``path`` (if
     given) when it ends, even when it ends with an exception.
 
+    ``path`` is opened for writing before the block runs (created if missing), so a path that
+    cannot be written raises ``OSError`` here, before any work is lost. If writing the trace
+    fails at the end anyway while the block is raising, the block's exception propagates
+    (the write error is logged, and attached as a note).
+
     :returns: the :class:`Tracer` (its :attr:`~Tracer.records` are complete after the block)
+    :raises OSError: ``path`` cannot be written (a missing directory, a directory, no
+        permission), before the block runs
     """
+    if path is not None:
+        with open(path, "a", encoding="utf-8"):  # the check is the open itself
+            pass
     tracer = Tracer(max_tasks=max_tasks, flows=flows)
     tracer.start()
     try:
         yield tracer
-    finally:
+    except BaseException as exc:
         tracer.stop()
         if path is not None:
-            tracer.write(path, metadata=metadata)
+            try:
+                tracer.write(path, metadata=metadata)
+            except Exception as write_error:  # never replace the block's own exception
+                _log.error("tracing.record: could not write the trace to %s: %r", path, write_error)
+                exc.add_note(f"(tracing.record could not write the trace: {write_error!r})")
+        raise
+    tracer.stop()
+    if path is not None:
+        tracer.write(path, metadata=metadata)
 
 
 # --- the trace file ----------------------------------------------------------------------------

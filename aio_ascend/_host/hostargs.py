@@ -125,6 +125,11 @@ def _check_alignment(name: str, align: object) -> int:
 
 def _as_bytes(kind: str, data: object) -> bytes:
     if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:  # its bytes are host pointers to Python objects
+            raise TypeError(
+                f"{kind} data: an array of dtype {data.dtype} holds Python objects, which have "
+                "no device representation; use a numeric dtype"
+            )
         return np.ascontiguousarray(data).tobytes()
     if isinstance(data, bytes | bytearray | memoryview):
         return bytes(data)
@@ -444,7 +449,7 @@ class HostArgs:
                 packed = self._packed = self._layout()
             return packed
         cached = self._packed_for
-        if cached is not None and cached[0] == info:
+        if cached is not None and (cached[0] is info or cached[0] == info):
             return cached[1]
         self._check_params(info)
         if not info.prefix and not info.suffix and info.data_align is None:
@@ -478,14 +483,13 @@ class HostArgs:
         if len(sizes) != len(expected):
             raise ValueError(
                 f"HostArgs has {len(sizes)} argument(s) but the kernel declares "
-                f"{len(expected)} parameter(s) (sizes {expected}, from "
-                "aclrtFunctionGetParamInfo)"
+                f"{len(expected)} parameter(s), of sizes {expected} bytes"
             )
         for index, (size, want) in enumerate(zip(sizes, expected, strict=True)):
             if size != want:
                 raise ValueError(
                     f"HostArgs argument {index} is {size} byte(s) but the kernel's parameter "
-                    f"{index} is {want} byte(s) (aclrtFunctionGetParamInfo)"
+                    f"{index} is {want} byte(s)"
                 )
 
     def _layout_for(self, info: FunctionInfo) -> PackedArgs:

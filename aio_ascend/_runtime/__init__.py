@@ -12,13 +12,23 @@ simulates beside an install).
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import types
+import typing
 from typing import Any
 
 from .._errors import BackendUnavailableError
 from .base import Runtime
 
-__all__ = ["BACKENDS", "Runtime", "available_backends", "choose_backend", "open_runtime"]
+__all__ = [
+    "BACKENDS",
+    "Runtime",
+    "available_backends",
+    "check_runtime_options",
+    "choose_backend",
+    "open_runtime",
+]
 
 #: backend name -> "module:factory" (the factory takes ``device_id`` and keyword options)
 BACKENDS: dict[str, str] = {
@@ -99,6 +109,62 @@ def _found_install() -> str | None:
     except ImportError:  # pragma: no cover - the acl backend needs only ctypes
         return None
     return find_install()
+
+
+def _accepts(hint: Any, value: object) -> bool | None:
+    """Whether ``value`` fits the annotation ``hint`` (``None``: too rich a hint to tell)."""
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or origin is types.UnionType:
+        answers = [_accepts(arg, value) for arg in typing.get_args(hint)]
+        return True if True in answers else (None if None in answers else False)
+    kind = hint if origin is None else origin  # os.PathLike[str] -> os.PathLike
+    if not isinstance(kind, type):
+        return None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    return isinstance(value, kind)
+
+
+def _hint_text(hint: Any) -> str:
+    text = hint.__name__ if isinstance(hint, type) else str(hint)
+    return text.replace("typing.", "").replace("NoneType", "None")
+
+
+def check_runtime_options(backend: str, options: dict[str, Any]) -> None:
+    """``options`` for ``backend``'s factory, checked without opening anything: every key is
+    one of its keyword options and every value of the type it declares (``TypeError`` naming
+    the option and listing the backend's options). Value ranges are the factory's to check."""
+    factory = _factory(backend)
+    params = {
+        name: param
+        for name, param in list(inspect.signature(factory).parameters.items())[1:]
+        if param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+    }
+    try:
+        hints = typing.get_type_hints(factory)
+    except Exception:  # an annotation that cannot be evaluated here: keys only
+        hints = {}
+    known = ", ".join(params) or "none"
+    for key, value in options.items():
+        if key not in params:
+            raise TypeError(
+                f"runtime_options: the {backend} backend has no option {key!r} (its options: "
+                f"{known})"
+            )
+        hint = hints.get(key)
+        if hint is not None and _accepts(hint, value) is False:
+            raise TypeError(
+                f"runtime_options[{key!r}] of the {backend} backend must be "
+                f"{_hint_text(hint)}, got {type(value).__name__}"
+            )
 
 
 def open_runtime(backend: str, device_id: int, **options: Any) -> Runtime:

@@ -71,6 +71,7 @@ __all__ = [
     "INT32_MIN",
     "MAX_NUM_BLOCKS",
     "MAX_PLACEHOLDERS",
+    "PARAM_KIND_SIZES",
     "PLACEHOLDER_INFO_SIZE",
     "PTR_MAX",
     "SIZE_MAX",
@@ -88,6 +89,7 @@ __all__ = [
     "check_placeholder_table",
     "check_table_addr",
     "check_timeout",
+    "declare_params",
     "param_error",
     "placeholder_problem",
     "read_placeholder_table",
@@ -227,10 +229,69 @@ PLACEHOLDER_INFO_SIZE: Final = 8
 #: §12.1). Every launch, copy, event record or wait takes one entry.
 ACL_STREAM_CAPACITY: Final = 1536
 
+#: bytes of each kind of kernel parameter, by the name of the ``HostArgs`` setter that packs it
+#: (a placeholder is a pointer parameter)
+PARAM_KIND_SIZES: Final[dict[str, int]] = {
+    "ptr": 8,
+    "placeholder": 8,
+    "u64": 8,
+    "i64": 8,
+    "f64": 8,
+    "u32": 4,
+    "i32": 4,
+    "f32": 4,
+    "u16": 2,
+    "i16": 2,
+    "f16": 2,
+    "u8": 1,
+    "i8": 1,
+    "bool": 1,
+}
+
 _PLACEHOLDER_INFO = struct.Struct("<II")
 assert _PLACEHOLDER_INFO.size == PLACEHOLDER_INFO_SIZE
 
 # --- argument checks ----------------------------------------------------------------------------
+
+
+def declare_params(what: str, params: object) -> tuple[tuple[int, int], ...]:
+    """A kernel's declared parameters as ``(offset, size)`` pairs (C natural layout, as
+    ``aclrtFunctionGetParamInfo`` reports them), from a sequence of kinds (the name of the
+    ``HostArgs`` setter: ``"ptr"``, ``"u32"`` ...) or byte sizes (``raw`` fields).
+
+    ``TypeError``/``ValueError`` naming ``what`` for anything else: a declaration is checked
+    when it is made, not when a launch first meets it.
+    """
+    if isinstance(params, str | bytes) or not isinstance(params, Sequence):
+        raise TypeError(
+            f"{what}: params must be a sequence of kinds (str) or sizes (int), "
+            f"got {type(params).__name__}"
+        )
+    kinds = ", ".join(repr(kind) for kind in PARAM_KIND_SIZES)
+    declared: list[tuple[int, int]] = []
+    cursor = 0
+    for index, param in enumerate(params):
+        if isinstance(param, str):
+            size = PARAM_KIND_SIZES.get(param)
+            if size is None:
+                raise ValueError(
+                    f"{what}: parameter {index} has kind {param!r}; expected one of {kinds} "
+                    "or a size in bytes"
+                )
+            align = size
+        elif isinstance(param, int) and not isinstance(param, bool):
+            if param <= 0:
+                raise ValueError(f"{what}: parameter {index} has size {param}; sizes are >= 1")
+            size, align = param, 1
+        else:
+            raise TypeError(
+                f"{what}: parameter {index} must be a kind (str) or a size (int), "
+                f"got {type(param).__name__}"
+            )
+        cursor = (cursor + align - 1) // align * align
+        declared.append((cursor, size))
+        cursor += size
+    return tuple(declared)
 
 
 def hex_or_repr(value: object) -> str:

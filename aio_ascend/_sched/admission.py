@@ -46,7 +46,11 @@ class Admission:
 
     def __init__(self, limit: int, entry_budget: int) -> None:
         if entry_budget < ENTRIES_PER_REQUEST:
-            raise ValueError(f"entry_budget={entry_budget}: at least {ENTRIES_PER_REQUEST}")
+            raise ValueError(
+                f"a stream's runtime queue capacity of {entry_budget} entries is too small: each "
+                f"request needs {ENTRIES_PER_REQUEST} (itself and the completion event recorded "
+                "after it)"
+            )
         self.limit = limit
         self.entry_budget = entry_budget
         self.in_flight = 0

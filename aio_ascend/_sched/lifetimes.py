@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from .._host.pool import HostBuffer, HostBufferPool
+from .loop import OTHER_THREAD
 
 __all__ = ["Allocation", "Holder", "Lifetimes"]
 
@@ -95,6 +96,13 @@ class Lifetimes:
         #: (ptr, nbytes) of allocations collected without free(), not freed yet (see reap)
         self.dropped: deque[tuple[int, int]] = deque()
         self._closed = False
+        #: the loop thread (the device is opened on it): ``free()`` belongs to it
+        self.thread = threading.get_ident()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the device has closed (everything was released then)."""
+        return self._closed
 
     @property
     def live_count(self) -> int:
@@ -147,7 +155,13 @@ class Lifetimes:
             return self._retire(allocation)
 
     def free(self, allocation: Allocation) -> None:
-        """Free ``allocation`` now, or once the queued work that uses it has completed."""
+        """Free ``allocation`` now, or once the queued work that uses it has completed.
+
+        :raises RuntimeError: called off the loop thread while the device is open (after the
+            close it does nothing, from anywhere: everything has been released)
+        """
+        if threading.get_ident() != self.thread and not self._closed:
+            raise RuntimeError(OTHER_THREAD)
         if self.request_free(allocation):
             self._dispose(allocation)
 

@@ -8,12 +8,20 @@ since that is where the per-task cost is.
 from __future__ import annotations
 
 import asyncio
+import threading
 from abc import ABC, abstractmethod
 from asyncio import events as asyncio_events
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["LoopAdapter", "current_loop_adapter"]
+__all__ = ["OTHER_THREAD", "LoopAdapter", "current_loop_adapter"]
+
+#: what a call from another event loop or thread than the device's gets (a RuntimeError)
+OTHER_THREAD = (
+    "aio_ascend device used from a different event loop (or thread) than the one that opened "
+    "it: call it from that loop (from another thread, hand the call to the loop, e.g. with "
+    "asyncio.run_coroutine_threadsafe or trio.from_thread.run)"
+)
 
 #: the running loop or None, without raising: ``asyncio.get_running_loop`` raises when there is
 #: none, which the hot path's "is this still our loop" check cannot afford
@@ -33,6 +41,15 @@ class LoopAdapter(ABC):
     current: Callable[[], object]
     #: awaits of finished tasks since the last checkpoint they made (``Task.wait``)
     ready_awaits: int = 0
+    #: ``threading.get_ident()`` of the thread the loop runs on (recorded when it is adapted)
+    thread: int = 0
+
+    def check_thread(self) -> None:
+        """``RuntimeError`` unless called on the loop's thread: the device's synchronous calls
+        (allocation, modules, facts) belong to its loop as much as its awaitable ones do, and
+        an id comparison is all it costs."""
+        if threading.get_ident() != self.thread:
+            raise RuntimeError(OTHER_THREAD)
 
     @abstractmethod
     def is_current(self) -> bool:
@@ -74,6 +91,7 @@ class _AsyncioAdapter(LoopAdapter):
         self.loop = loop
         self.identity = loop
         self.current = _running_loop
+        self.thread = threading.get_ident()
 
     def is_current(self) -> bool:
         return _running_loop() is self.loop
@@ -115,6 +133,7 @@ class _TrioAdapter(LoopAdapter):
         self.token = trio.lowlevel.current_trio_token()
         self.identity = self.token
         self.current = self._current_token
+        self.thread = threading.get_ident()
 
     def _current_token(self) -> object:
         try:

@@ -38,7 +38,7 @@ from .graphs import GraphBook
 from .hooks import Source
 from .lane import Lane
 from .lifetimes import Allocation, Lifetimes
-from .loop import LoopAdapter, current_loop_adapter
+from .loop import OTHER_THREAD, LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .submitter import Submitter
 from .task import Task, resolve_task
@@ -204,10 +204,7 @@ class Scheduler:
         """Raise unless new work may be queued: open, this loop, not faulted."""
         self.check_open()
         if not self.adapter.is_current():
-            raise RuntimeError(
-                "aio_ascend device used from a different event loop (or thread) than the one "
-                "that opened it"
-            )
+            raise RuntimeError(OTHER_THREAD)
         if self.faults.first is not None:
             raise self.fault_error()
 

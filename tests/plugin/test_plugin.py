@@ -4,6 +4,8 @@ its fixtures, marker, options and helpers, each in a pytest run of its own (pyte
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import pathlib
 from typing import Any
 
 import anyio
@@ -240,3 +242,59 @@ def test_loop_params() -> None:
     assert params[1].values == (("asyncio", {"use_uvloop": True}),)
     with pytest.raises(ValueError, match="unknown event loop"):
         testing.loop_params(["curio"])
+
+
+LEAKY_DEVICE = """
+import pytest
+import aio_ascend as aa
+
+KEPT = []
+
+@pytest.mark.aio_ascend_loops("asyncio")
+async def test_1_leaks_a_device(sim_device):
+    async with sim_device() as dev:
+        await dev.stream().run(dev.function("noop"), 1)
+    KEPT.append(await aa.open_device(backend="sim"))  # never closed: its threads live on
+
+@pytest.mark.aio_ascend_loops("asyncio")
+async def test_2_innocent(sim_device):
+    async with sim_device() as dev:
+        await dev.stream().run(dev.function("noop"), 1)
+
+def test_3_innocent_with_the_thread_fixture(aio_ascend_threads):
+    pass
+"""
+
+
+@pytest.fixture
+def own_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subprocess run imports the aio_ascend under test (not another installed copy)."""
+    root = str(pathlib.Path(aa.__file__).parent.parent)
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    )
+
+
+@pytest.mark.usefixtures("own_package")
+def test_a_leak_is_blamed_on_the_test_that_leaked(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(LEAKY_DEVICE)
+    # in a process of its own: the leaked device's threads must not outlive the inner run
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-v")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_1_leaks_a_device*ERROR*",
+            "*test_2_innocent*PASSED*",
+            "*test_3_innocent_with_the_thread_fixture PASSED*",
+            "*sim_device: aio_ascend threads still alive*aio_ascend-poll-0*",
+        ]
+    )
+
+
+@pytest.mark.usefixtures("own_package")
+def test_the_thread_check_blames_only_the_test_that_leaked(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(LEAKY_DEVICE)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "--aio-ascend-thread-check")
+    # the leaking test fails at teardown (sim_device and the thread check); no other test does
+    result.assert_outcomes(passed=3, errors=1)
+    assert "ERROR at teardown of test_2" not in result.stdout.str()

@@ -291,7 +291,7 @@ async def test_aclose_destroys_events_still_referenced() -> None:
     s, other = dev.stream(), dev.stream()
     kept = [await s.record_event(timing=timing) for timing in (False, True)]
     await other.wait_event(kept[0])
-    await s.launch(dev.function("fault"), 1)
+    await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(0))
     failed = await s.record_event()
     with pytest.raises(aa.DeviceFaultError):
         await failed  # a failed Event: its error's traceback references it

@@ -62,7 +62,7 @@ def test_try_enter(
 
 
 def test_an_entry_budget_below_one_request_is_refused() -> None:
-    with pytest.raises(ValueError, match="entry_budget"):
+    with pytest.raises(ValueError, match="queue capacity of 1 entries is too small"):
         Admission(4, 1)
 
 

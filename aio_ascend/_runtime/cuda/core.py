@@ -98,13 +98,22 @@ class CudaEvent:
 
 
 class CudaFunction:
-    __slots__ = ("binary", "cu", "name", "param_size")
+    __slots__ = ("binary", "cu", "info", "name", "param_size")
 
-    def __init__(self, cu: Any, name: str, param_size: int | None, binary: int) -> None:
+    def __init__(
+        self,
+        cu: Any,
+        name: str,
+        param_size: int | None,
+        binary: int,
+        info: FunctionInfo = PLAIN_FUNCTION,
+    ) -> None:
         self.cu = cu
         self.name = name
         self.param_size = param_size
         self.binary = binary
+        #: the declared parameters of a built-in kernel (checked before its launch)
+        self.info = info
 
 
 class CudaBinary:
@@ -384,8 +393,10 @@ class CudaCore:
         return None
 
     def function_info(self, func: int) -> FunctionInfo:
-        """Nothing to follow: CUDA kernels take the parameter buffer as packed."""
-        return PLAIN_FUNCTION
+        """A built-in kernel's declared parameters; nothing else to follow: CUDA kernels take
+        the parameter buffer as packed."""
+        f = self._functions.get(func)
+        return PLAIN_FUNCTION if f is None else f.info
 
     def get_current_context(self) -> int | None:
         """``cuCtxGetCurrent``: the calling thread's current context (``None``: none)."""

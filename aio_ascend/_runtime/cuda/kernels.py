@@ -26,9 +26,11 @@ then ``+ y`` rounded), as the contract tests compare them exactly.
 
 from __future__ import annotations
 
-from ..abi import ACL_ERROR_RT_AICORE_EXCEPTION
+from ..abi import ACL_ERROR_RT_AICORE_EXCEPTION, PARAM_KIND_SIZES, declare_params
+from ..base import FunctionInfo
 
 __all__ = [
+    "BUILTIN_INFO",
     "BUILTIN_NAMES",
     "BUILTIN_PARAMS",
     "CONTROL_FAULT_OFFSET",
@@ -69,21 +71,7 @@ BUILTIN_PARAMS: dict[str, tuple[str, ...]] = {
 #: names of the built-in kernels (the same set as the sim's)
 BUILTIN_NAMES: tuple[str, ...] = tuple(BUILTIN_PARAMS)
 
-_KIND_SIZES = {
-    "ptr": 8,
-    "u64": 8,
-    "i64": 8,
-    "f64": 8,
-    "u32": 4,
-    "i32": 4,
-    "f32": 4,
-    "u16": 2,
-    "i16": 2,
-    "f16": 2,
-    "u8": 1,
-    "i8": 1,
-    "bool": 1,
-}
+_KIND_SIZES = PARAM_KIND_SIZES
 
 
 def param_layout(kinds: tuple[str, ...]) -> tuple[list[int], int]:
@@ -105,6 +93,13 @@ def param_layout(kinds: tuple[str, ...]) -> tuple[list[int], int]:
 #: ``CU_LAUNCH_PARAM_BUFFER_SIZE`` of each built-in kernel
 PARAM_SIZES: dict[str, int] = {
     name: param_layout(kinds)[1] for name, kinds in BUILTIN_PARAMS.items()
+}
+
+#: what the host args of each built-in kernel must follow: its declared parameters, checked
+#: before a launch (a mismatch would otherwise reach the kernel as garbage)
+BUILTIN_INFO: dict[str, FunctionInfo] = {
+    name: FunctionInfo(params=declare_params(f"kernel {name!r}", kinds))
+    for name, kinds in BUILTIN_PARAMS.items()
 }
 
 KERNEL_SOURCE = r"""

@@ -88,6 +88,7 @@ from ..abi import (
     check_placeholder_table,
     check_timeout,
 )
+from ..base import PLAIN_FUNCTION
 from ..staging import DEFAULT_STAGING_BYTES, MAX_STAGING_ALIGN, StagingRing, staging_alignment
 from .core import (
     CU_EVENT_DISABLE_TIMING,
@@ -111,7 +112,7 @@ from .errors import (
     cuda_error_name,
 )
 from .graphs import CudaGraphs
-from .kernels import BUILTIN_NAMES, CONTROL_SYMBOL, KERNEL_SOURCE, PARAM_SIZES
+from .kernels import BUILTIN_INFO, BUILTIN_NAMES, CONTROL_SYMBOL, KERNEL_SOURCE, PARAM_SIZES
 from .launch import apply_patches, placeholder_patches
 from .nvrtc import compile_cuda_source
 
@@ -542,11 +543,13 @@ class CudaRuntime(CudaGraphs):
             raise RuntimeAPIError(message, code=ACL_ERROR_RT_SYMBOL_NOT_FOUND, func=func)
         if code:
             self._raise(code, func)
-        param_size = PARAM_SIZES[name] if b.builtin and name in PARAM_SIZES else None
+        builtin = b.builtin and name in PARAM_SIZES
+        param_size = PARAM_SIZES[name] if builtin else None
         if param_size is None:
             param_size = self._param_size(cu)
+        info = BUILTIN_INFO[name] if builtin else PLAIN_FUNCTION
         handle = int(cu)
-        self._functions[handle] = CudaFunction(cu, name, param_size, binary)
+        self._functions[handle] = CudaFunction(cu, name, param_size, binary, info)
         b.functions[name] = handle
         return handle
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
@@ -26,7 +26,8 @@ from .memory import DeviceFault
 if TYPE_CHECKING:
     from .memory import DeviceMemory
 
-from ..abi import ACL_ERROR_RT_AICORE_EXCEPTION
+from ..abi import ACL_ERROR_RT_AICORE_EXCEPTION, declare_params
+from ..base import PLAIN_FUNCTION, FunctionInfo
 
 __all__ = [
     "BUILTIN_KERNELS",
@@ -50,14 +51,22 @@ _AICORE_EXCEPTION = ACL_ERROR_RT_AICORE_EXCEPTION
 
 
 class KernelSpec:
-    """A registered kernel: its name, body and optional device-time cost."""
+    """A registered kernel: its name, body, optional device-time cost, and what its host args
+    must follow (``info``: its declared parameters, or nothing)."""
 
-    __slots__ = ("cost", "fn", "name")
+    __slots__ = ("cost", "fn", "info", "name")
 
-    def __init__(self, name: str, fn: KernelFunction, cost: KernelCost | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        fn: KernelFunction,
+        cost: KernelCost | None,
+        info: FunctionInfo = PLAIN_FUNCTION,
+    ) -> None:
         self.name = name
         self.fn = fn
         self.cost = cost
+        self.info = info
 
     def __repr__(self) -> str:
         return f"KernelSpec({self.name!r})"
@@ -78,8 +87,14 @@ class KernelLibrary:
             y[:] = 2 * x
 
     ``cost`` (optional) returns the kernel's device time in seconds; it only matters when the
-    runtime was opened with ``time_model=True``. A library is snapshotted when it is loaded:
-    kernels registered later need a new ``load_binary``.
+    runtime was opened with ``time_model=True``. ``params`` (optional) declares the kernel's
+    parameters, in order, as the ``HostArgs`` setter names that pack them (``"ptr"``,
+    ``"placeholder"``, ``"u32"``, ``"f32"`` ...) or sizes in bytes (``raw`` fields): a launch
+    whose ``HostArgs`` differs in number or sizes is then refused with ``ValueError`` before it
+    reaches the device, as a real kernel's declared parameters are on the ``acl`` backend.
+    Without it, any ``HostArgs`` is launched, and a body that misreads it faults the device.
+    A library is snapshotted when it is loaded: kernels registered later need a new
+    ``load_binary``.
     """
 
     __slots__ = ("_kernels", "name")
@@ -89,27 +104,51 @@ class KernelLibrary:
         self._kernels: dict[str, KernelSpec] = {}
 
     def kernel(
-        self, name: str, *, cost: KernelCost | None = None
+        self,
+        name: str,
+        *,
+        cost: KernelCost | None = None,
+        params: Sequence[str | int] | None = None,
     ) -> Callable[[KernelFunction], KernelFunction]:
-        """Decorator registering ``fn(ctx) -> None`` as kernel ``name``."""
+        """Decorator registering ``fn(ctx) -> None`` as kernel ``name`` (``cost`` and
+        ``params`` as for :meth:`add`)."""
 
         def register(fn: KernelFunction) -> KernelFunction:
-            self.add(name, fn, cost=cost)
+            self.add(name, fn, cost=cost, params=params)
             return fn
 
         return register
 
-    def add(self, name: str, fn: KernelFunction, *, cost: KernelCost | None = None) -> None:
-        """Register ``fn`` as kernel ``name`` (the non-decorator form)."""
+    def add(
+        self,
+        name: str,
+        fn: KernelFunction,
+        *,
+        cost: KernelCost | None = None,
+        params: Sequence[str | int] | None = None,
+    ) -> None:
+        """Register ``fn`` as kernel ``name`` (the non-decorator form).
+
+        :param cost: ``cost(ctx) -> seconds`` of device time (``time_model=True`` only)
+        :param params: the kernel's parameters in order, each a ``HostArgs`` setter name
+            (``"ptr"``, ``"placeholder"``, ``"u32"``, ``"f32"``, ...) or a size in bytes; a
+            launch with other arguments is refused with ``ValueError`` before the device
+            runs it. ``None`` (the default) declares nothing: any ``HostArgs`` is launched.
+        :raises TypeError: a bad name, body, cost or declaration
+        :raises ValueError: a name already registered, an unknown kind, a size below 1
+        """
         if not isinstance(name, str) or not name:
             raise TypeError(f"kernel name must be a non-empty str, got {name!r}")
         if not callable(fn):
             raise TypeError(f"kernel {name!r}: fn must be callable, got {type(fn).__name__}")
         if cost is not None and not callable(cost):
             raise TypeError(f"kernel {name!r}: cost must be callable or None")
+        info = PLAIN_FUNCTION
+        if params is not None:
+            info = FunctionInfo(params=declare_params(f"kernel {name!r}", params))
         if name in self._kernels:
             raise ValueError(f"kernel {name!r} is already registered in library {self.name!r}")
-        self._kernels[name] = KernelSpec(name, fn, cost)
+        self._kernels[name] = KernelSpec(name, fn, cost, info)
 
     def snapshot(self) -> dict[str, KernelSpec]:
         """The kernels registered so far (what ``load_binary`` captures)."""
@@ -337,14 +376,20 @@ def _base_cost(ctx: KernelContext) -> float:
     return KERNEL_BASE_COST_S
 
 
-BUILTIN_LIBRARY.add("vector_add", _vector_add, cost=_bandwidth_cost(12, 24))
-BUILTIN_LIBRARY.add("axpy", _axpy, cost=_bandwidth_cost(12, 20))
-BUILTIN_LIBRARY.add("scale", _scale, cost=_scale_cost)
-BUILTIN_LIBRARY.add("matmul", _matmul, cost=_matmul_cost)
-BUILTIN_LIBRARY.add("sleep", _sleep)
-BUILTIN_LIBRARY.add("fault", _fault)
-BUILTIN_LIBRARY.add("hang", _hang)
-BUILTIN_LIBRARY.add("noop", _noop, cost=_base_cost)
+# The built-ins declare their parameters (the same kinds as the cuda backend's and the acl
+# double's built-ins), so a wrong HostArgs is refused at the call instead of becoming a fault
+# inside the body that halts every stream of the device.
+_ptr3 = ("ptr", "ptr", "ptr")
+BUILTIN_LIBRARY.add("vector_add", _vector_add, cost=_bandwidth_cost(12, 24), params=(*_ptr3, "u32"))
+BUILTIN_LIBRARY.add(
+    "axpy", _axpy, cost=_bandwidth_cost(12, 20), params=("ptr", "ptr", "f32", "u32")
+)
+BUILTIN_LIBRARY.add("scale", _scale, cost=_scale_cost, params=_ptr3)
+BUILTIN_LIBRARY.add("matmul", _matmul, cost=_matmul_cost, params=(*_ptr3, "ptr"))
+BUILTIN_LIBRARY.add("sleep", _sleep, params=("u32",))
+BUILTIN_LIBRARY.add("fault", _fault, params=("u32",))
+BUILTIN_LIBRARY.add("hang", _hang, params=())
+BUILTIN_LIBRARY.add("noop", _noop, cost=_base_cost, params=())
 
 #: names of the built-in kernels (``load_binary(None)``)
 BUILTIN_KERNELS: tuple[str, ...] = tuple(BUILTIN_LIBRARY)

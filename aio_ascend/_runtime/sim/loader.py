@@ -83,5 +83,8 @@ class KernelLoader(DeviceExecutor):
         return handle
 
     def function_info(self, func: int) -> FunctionInfo:
-        """Nothing to follow: the sim's kernels decode the args as the builder packed them."""
-        return PLAIN_FUNCTION
+        """The kernel's declared parameters (``KernelLibrary.add(params=)``; the built-ins
+        declare theirs), else nothing to follow: the args go to the body as the builder packed
+        them."""
+        spec = self._functions.get(func)
+        return PLAIN_FUNCTION if spec is None else spec.info

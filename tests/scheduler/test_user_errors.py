@@ -1,0 +1,526 @@
+"""What a user's mistake gets: a typed error at the call, before anything reaches the runtime,
+with nothing lost and the device still healthy (wrong kernel arguments, calls from another
+thread, odd but valid integer types, sizes no device can have, calls after close).
+
+On the sim, the acl C double and the cuda backend over its fake driver where the backend
+matters, on asyncio, uvloop and trio.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from backends import backend_params
+from helpers import open_backend
+
+import aio_ascend as aa
+from aio_ascend.sim import KernelContext, KernelLibrary
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake"]))
+def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
+    """``open_device`` on this test's backend (sim, acl double, cuda fake) and loop."""
+    return functools.partial(open_backend, request.param)
+
+
+# --- kernel arguments against the kernel's declared parameters --------------------------------
+
+#: a HostArgs each built-in kernel does not declare (count or sizes differ)
+WRONG_ARGS: dict[str, Callable[[], aa.HostArgs]] = {
+    "vector_add": lambda: aa.HostArgs().u32(3),
+    "axpy": lambda: aa.HostArgs().ptr(0).ptr(0).u32(1).u32(1).u32(1),
+    "scale": lambda: aa.HostArgs().ptr(0).ptr(0),
+    "matmul": lambda: aa.HostArgs().ptr(0).ptr(0).ptr(0).u32(1),
+    "sleep": lambda: aa.HostArgs().u64(1000),
+    "fault": lambda: aa.HostArgs(),
+    "hang": lambda: aa.HostArgs().u32(1),
+    "noop": lambda: aa.HostArgs().ptr(0),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(WRONG_ARGS))
+async def test_wrong_args_for_a_builtin_kernel_fail_at_the_call_and_the_device_stays_healthy(
+    kernel: str, anyio_backend: object
+) -> None:
+    async with open_backend("sim") as dev:
+        s, other = dev.stream(), dev.stream()
+        with pytest.raises(ValueError, match=rf"kernel {kernel!r}.*parameter"):
+            await s.launch(dev.function(kernel), 1, WRONG_ARGS[kernel]())
+        assert s.in_flight == 0
+        await other.run(dev.function("noop"), 1)  # another stream is unharmed
+        await s.run(dev.function("sleep"), 1, aa.HostArgs().u32(10))  # so is this one
+        assert dev.fault is None
+
+
+async def test_wrong_args_on_another_backend_fail_at_the_call_too(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        s, other = dev.stream(), dev.stream()
+        x = dev.malloc(64)
+        with pytest.raises(ValueError, match="vector_add"):
+            await s.launch(dev.function("vector_add"), 1, aa.HostArgs().ptr(x).u32(4))
+        await other.run(dev.function("noop"), 1)
+        assert dev.fault is None
+
+
+def test_cuda_builtins_declare_the_same_parameters_as_the_sim() -> None:
+    from aio_ascend._runtime.cuda.kernels import BUILTIN_INFO
+    from aio_ascend._runtime.sim.kernels import BUILTIN_LIBRARY
+
+    sim = BUILTIN_LIBRARY.snapshot()
+    assert set(sim) == set(BUILTIN_INFO)
+    for name, spec in sim.items():
+        assert spec.info.params == BUILTIN_INFO[name].params, name
+
+
+async def test_a_users_sim_kernel_may_declare_its_parameters(anyio_backend: object) -> None:
+    lib = KernelLibrary("mine")
+
+    @lib.kernel("fill", params=("ptr", "u32", "f32"))
+    def fill(ctx: KernelContext) -> None:
+        ctx.array(ctx.ptr(0), ctx.u32(8), np.float32)[:] = ctx.f32(12)
+
+    lib.add("loose", fill)  # declares nothing: any HostArgs is launched
+
+    async with open_backend("sim") as dev:
+        s = dev.stream()
+        module = dev.load_module(lib)
+        buf = dev.malloc(16)
+        with pytest.raises(ValueError, match=r"'fill'.*argument 2 is 8 byte"):
+            await s.launch(module.function("fill"), 1, aa.HostArgs().ptr(buf).u32(4).f64(1.0))
+        await s.run(module.function("fill"), 1, aa.HostArgs().ptr(buf).u32(4).f32(2.5))
+        assert (await s.download(buf, np.float32)).tolist() == [2.5] * 4
+        await s.run(module.function("loose"), 1, aa.HostArgs().ptr(buf).u32(4).f32(1.0))
+        assert dev.fault is None
+
+
+@pytest.mark.parametrize(
+    ("params", "error"),
+    [
+        ("ptr", TypeError),
+        ([1.5], TypeError),
+        ([True], TypeError),
+        (["pointer"], ValueError),
+        ([0], ValueError),
+        (7, TypeError),
+    ],
+)
+def test_a_bad_declaration_is_refused_when_made(params: Any, error: type[Exception]) -> None:
+    lib = KernelLibrary()
+    with pytest.raises(error, match="kernel 'k'"):
+        lib.add("k", lambda ctx: None, params=params)
+    assert "k" not in lib
+
+
+# --- the device's calls belong to its event loop's thread -------------------------------------
+
+
+def _other_thread_calls(
+    dev: aa.Device, buf: aa.DeviceBuffer, event: aa.Event, module: Any, graph: Any
+) -> dict[str, Callable[[], object]]:
+    """Every synchronous call the loop-thread rule covers, ready to make from another thread."""
+    return {
+        "malloc": lambda: dev.malloc(64),
+        "free": buf.free,
+        "wrap": lambda: dev.wrap(buf.ptr, 8),
+        "load_module": lambda: dev.load_module(None),
+        "function": lambda: dev.function("noop"),
+        "module.function": lambda: module.function("noop"),
+        "info": lambda: dev.info,
+        "stream": dev.stream,
+        "stream(priority=)": lambda: dev.stream(priority=0),
+        "event.query": event.query,
+        "event.elapsed_ms": lambda: event.elapsed_ms(event),
+        "graph.close": graph.close,
+    }
+
+
+CALLS = [
+    "malloc",
+    "free",
+    "wrap",
+    "load_module",
+    "function",
+    "module.function",
+    "info",
+    "stream",
+    "stream(priority=)",
+    "event.query",
+    "event.elapsed_ms",
+    "graph.close",
+]
+
+
+@pytest.mark.parametrize("call", CALLS)
+async def test_a_call_from_another_thread_raises_runtime_error_and_changes_nothing(
+    call: str, anyio_backend: object
+) -> None:
+    import anyio
+
+    async with open_backend("sim") as dev:
+        s = dev.stream()
+        buf = dev.malloc(64)
+        event = await s.record_event(timing=True)
+        await event
+        module = dev.load_module(None)
+        async with s.capture() as capture:
+            capture.memset(buf, 0)
+        graph = capture.graph
+        keys = ("streams", "device_buffers", "graphs", "in_flight", "launches", "copies")
+        before = {key: dev.stats()[key] for key in keys}
+        fn = _other_thread_calls(dev, buf, event, module, graph)[call]
+        with pytest.raises(RuntimeError, match="different event loop \\(or thread\\)"):
+            await anyio.to_thread.run_sync(fn)
+        assert {key: dev.stats()[key] for key in keys} == before
+        assert not buf.freed and not graph.closed
+        fn()  # the same call on the loop thread works
+        await s.run(dev.function("noop"), 1)
+
+
+async def test_stats_and_state_may_be_read_from_any_thread(anyio_backend: object) -> None:
+    """What metrics collectors read (stats, fault, closed) is not bound to the loop."""
+    import anyio
+
+    async with open_backend("sim") as dev:
+        stats = await anyio.to_thread.run_sync(dev.stats)
+        assert stats["in_flight"] == 0
+        assert await anyio.to_thread.run_sync(lambda: (dev.fault, dev.closed)) == (None, False)
+
+
+# --- paper cuts ---------------------------------------------------------------------------------
+
+
+def test_tracing_record_checks_its_path_before_the_block_runs(tmp_path: Any) -> None:
+    from aio_ascend import tracing
+
+    ran = []
+    with pytest.raises(FileNotFoundError), tracing.record(tmp_path / "missing" / "t.json"):
+        ran.append(True)
+    assert not ran
+    with pytest.raises(IsADirectoryError), tracing.record(tmp_path):
+        ran.append(True)
+    assert not ran
+
+
+def test_tracing_record_never_masks_the_blocks_exception(
+    tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    import shutil
+
+    from aio_ascend import tracing
+
+    folder = tmp_path / "traces"
+    folder.mkdir()
+
+    def app() -> None:
+        with tracing.record(folder / "t.json"):
+            shutil.rmtree(folder)  # the trace cannot be written at the end any more
+            raise KeyError("the app's own")
+
+    with pytest.raises(KeyError, match="the app's own") as info:
+        app()
+    assert any("could not write the trace" in note for note in info.value.__notes__)
+    assert "could not write the trace" in caplog.text
+
+
+@pytest.mark.parametrize("setter", ["raw", "placeholder"])
+@pytest.mark.parametrize(
+    "array",
+    [np.array([1, "x"], dtype=object), np.zeros(2, dtype=[("a", "i4"), ("b", object)])],
+    ids=["object", "struct-with-object"],
+)
+def test_hostargs_refuses_arrays_of_python_objects(setter: str, array: Any) -> None:
+    args = aa.HostArgs().u32(1)
+    with pytest.raises(TypeError, match=f"HostArgs.{setter}.*Python objects"):
+        getattr(args, setter)(array)
+    assert args.pack().nbytes == 8  # unchanged
+
+
+async def test_numpy_integers_are_integers_and_bools_are_not(anyio_backend: object) -> None:
+    async with open_backend("sim") as dev:
+        buf = dev.malloc(np.int64(64))
+        assert buf.nbytes == 64 and type(buf.nbytes) is int
+        wrapped = dev.wrap(np.uint64(buf.ptr), np.int32(16))
+        assert (wrapped.ptr, wrapped.nbytes) == (buf.ptr, 16)
+        least = dev.info["stream_priority_least"]
+        assert isinstance(least, int)
+        s = dev.stream(priority=np.int16(least), max_in_flight=np.int64(8))
+        await s.run(dev.function("noop"), 1)
+        for call in (
+            lambda: dev.malloc(True),
+            lambda: dev.wrap(buf.ptr, np.bool_(True)),
+            lambda: dev.stream(priority=False),
+            lambda: dev.stream(max_in_flight=np.float64(2.0)),
+        ):
+            with pytest.raises(TypeError, match="expected an int"):
+                call()
+
+
+async def test_malloc_beyond_the_address_space_is_refused_before_the_runtime(
+    anyio_backend: object,
+) -> None:
+    async with open_backend("sim") as dev:
+        calls = []
+        dev.runtime.malloc = lambda *a: calls.append(a)  # type: ignore[method-assign]
+        for nbytes in (2**64, 2**100):
+            with pytest.raises(ValueError, match="64-bit device address space"):
+                dev.malloc(nbytes)
+        assert calls == []
+
+
+async def test_swapped_copy_arguments_get_a_message_that_says_so(anyio_backend: object) -> None:
+    async with open_backend("sim") as dev:
+        s = dev.stream()
+        buf = dev.malloc(64)
+        array = np.zeros(16, np.float32)
+        with pytest.raises(TypeError, match=r"download\(buf, out=array\)"):
+            await s.download(array, buf)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="swap them"):
+            await s.upload(array, buf)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="swap them"):
+            await s.copy_to_host(buf, array)  # type: ignore[arg-type]
+        assert s.in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("backend", "options", "error", "text"),
+    [
+        ("sim", {"bogus": 1}, TypeError, "no option 'bogus'.*time_model, max_queue_depth"),
+        ("sim", {"max_queue_depth": "8"}, TypeError, "'max_queue_depth'.*must be int, got str"),
+        ("sim", {"time_model": "yes"}, TypeError, "'time_model'.*must be bool"),
+        ("sim", {"max_queue_depth": 1}, ValueError, "at least 2 runtime queue entries"),
+        ("acl", {"library_path": 5}, TypeError, "'library_path'.*str"),
+        ("acl", {"stream_capacity": 1}, ValueError, "at least 2 runtime queue entries"),
+        ("acl", {"bogus": 1}, TypeError, "library_path, stream_capacity"),
+    ],
+)
+def test_runtime_options_are_checked_in_the_open_device_call(
+    backend: str, options: dict[str, Any], error: type[Exception], text: str
+) -> None:
+    # no event loop and no await: the call itself refuses them, before any runtime opens
+    with pytest.raises(error, match=text):
+        aa.open_device(0, backend=backend, runtime_options=options)
+
+
+async def test_a_bad_runtime_option_with_auto_fails_before_the_runtime_opens(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AIO_ASCEND_BACKEND", "sim")
+    opened = []
+    monkeypatch.setattr(aa._device, "open_runtime", lambda *a, **k: opened.append(a))
+    with pytest.raises(TypeError, match="no option 'bogus'"):
+        await aa.open_device(0, runtime_options={"bogus": 1})
+    assert opened == []
+
+
+# --- every public call after close ----------------------------------------------------------------
+
+
+class _Closed:
+    """A device closed after one of everything was made (a stream, buffers, an event, a module,
+    a graph, a capture entered and one not)."""
+
+    dev: aa.Device
+    s: aa.Stream
+    buf: aa.DeviceBuffer
+    other: aa.DeviceBuffer
+    event: aa.Event
+    module: aa.Module
+    fn: aa.Function
+    graph: aa.Graph
+    capture: Any
+    recording: Any
+
+    @classmethod
+    async def make(cls, backend: str) -> _Closed:
+        c = cls()
+        c.dev = dev = await open_backend(backend)
+        c.s = dev.stream()
+        c.buf, c.other = dev.malloc(64), dev.malloc(64)
+        c.event = await c.s.record_event(timing=True)
+        await c.event
+        c.module = dev.load_module(None)
+        c.fn = c.module.function("noop")
+        async with c.s.capture() as capture:
+            capture.memset(c.buf, 0)
+        c.graph = capture.graph
+        c.capture = c.s.capture()
+        c.recording = c.s.capture()
+        await c.recording.__aenter__()
+        await dev.aclose()
+        return c
+
+
+def _host() -> Any:
+    return np.zeros(8, np.uint8)
+
+
+#: every public call that needs the open device: ClosedError after close
+AFTER_CLOSE: dict[str, Callable[[_Closed], object]] = {
+    "Device.__aenter__": lambda c: c.dev.__aenter__(),
+    "Device.external_stream": lambda c: c.dev.external_stream(0x1234),
+    "Device.function": lambda c: c.dev.function("noop"),
+    "Device.info": lambda c: c.dev.info,
+    "Device.load_module": lambda c: c.dev.load_module(None),
+    "Device.malloc": lambda c: c.dev.malloc(64),
+    "Device.stream": lambda c: c.dev.stream(),
+    "Device.stream(priority)": lambda c: c.dev.stream(priority=0),
+    "Device.wrap": lambda c: c.dev.wrap(c.buf.ptr, 8),
+    "Stream.__aenter__": lambda c: c.s.__aenter__(),
+    "Stream.capture": lambda c: c.s.capture(),
+    "Stream.copy_device": lambda c: c.s.copy_device(c.other, c.buf),
+    "Stream.copy_to_device": lambda c: c.s.copy_to_device(c.buf, _host()),
+    "Stream.copy_to_host": lambda c: c.s.copy_to_host(_host(), c.buf),
+    "Stream.download": lambda c: c.s.download(c.buf),
+    "Stream.launch": lambda c: c.s.launch(c.fn, 1),
+    "Stream.launch_graph": lambda c: c.s.launch_graph(c.graph),
+    "Stream.memset": lambda c: c.s.memset(c.buf, 0),
+    "Stream.record_event": lambda c: c.s.record_event(),
+    "Stream.run": lambda c: c.s.run(c.fn, 1),
+    "Stream.run_graph": lambda c: c.s.run_graph(c.graph),
+    "Stream.upload": lambda c: c.s.upload(c.buf, _host()),
+    "Stream.wait_event": lambda c: c.s.wait_event(c.event),
+    "GraphCapture.__aenter__": lambda c: c.capture.__aenter__(),
+    "GraphCapture.copy_device": lambda c: c.recording.copy_device(c.other, c.buf),
+    "GraphCapture.copy_to_device": lambda c: c.recording.copy_to_device(c.buf, _host()),
+    "GraphCapture.launch": lambda c: c.recording.launch(c.fn, 1),
+    "GraphCapture.memset": lambda c: c.recording.memset(c.buf, 0),
+    "DeviceBuffer.__getitem__": lambda c: c.buf[0:8],
+    "Event.elapsed_ms": lambda c: c.event.elapsed_ms(c.event),
+    "Module.function": lambda c: c.module.function("noop"),
+}
+
+#: public calls that keep working after close, and why
+STILL_ANSWER = {
+    "Device.aclose": "idempotent: a second close returns at once",
+    "Device.synchronize": "nothing is queued: returns at once",
+    "Stream.aclose": "idempotent",
+    "Stream.synchronize": "nothing is queued: returns at once",
+    "DeviceBuffer.free": "idempotent cleanup (the close released the memory)",
+    "Graph.close": "idempotent cleanup (the close destroyed the graph)",
+    "Device.stats": "a read of counters (metrics collectors read it at any time)",
+    "Device.closed": "state",
+    "Device.fault": "state",
+    "Device.runtime": "the runtime object (closed), for diagnostics",
+    "Stream.closed": "state",
+    "Stream.in_flight": "state",
+    "DeviceBuffer.base": "state",
+    "DeviceBuffer.root": "state",
+    "DeviceBuffer.freed": "state",
+    "Graph.closed": "state",
+    "Graph.record": "state",
+    "Event.__await__": "the recorded work's outcome, known before the close",
+    "Event.done": "the recorded work's outcome, known before the close",
+    "Event.failure": "the recorded work's outcome, known before the close",
+    "Event.query": "the recorded work's outcome, known before the close",
+}
+
+
+def _public_calls() -> set[str]:
+    from aio_ascend._stream import GraphCapture
+
+    names = set()
+    for cls in (aa.Device, aa.Stream, GraphCapture, aa.DeviceBuffer, aa.Event, aa.Module, aa.Graph):
+        for klass in cls.__mro__[:-1]:
+            for name, value in vars(klass).items():
+                if name.startswith("_") and name not in ("__aenter__", "__getitem__", "__await__"):
+                    continue
+                if callable(value) or isinstance(value, property):
+                    names.add(f"{cls.__name__}.{name}")
+    return names
+
+
+def test_every_public_call_is_covered_after_close() -> None:
+    covered = {name.partition("(")[0] for name in AFTER_CLOSE} | set(STILL_ANSWER)
+    assert _public_calls() - covered == set()
+
+
+@pytest.mark.parametrize("backend", ["sim", "acl"])
+@pytest.mark.parametrize("call", sorted(AFTER_CLOSE))
+async def test_every_public_call_after_close_raises_closed_error(
+    call: str, backend: str, anyio_backend: object
+) -> None:
+    import inspect
+
+    c = await _Closed.make(backend)
+
+    async def make_the_call() -> None:
+        result = AFTER_CLOSE[call](c)
+        if inspect.isawaitable(result):
+            await result
+
+    with pytest.raises(aa.ClosedError):
+        await make_the_call()
+
+
+async def test_the_calls_that_still_answer_after_close(anyio_backend: object) -> None:
+    c = await _Closed.make("sim")
+    await c.dev.aclose()
+    await c.dev.synchronize()
+    await c.s.aclose()
+    await c.s.synchronize()
+    c.buf.free()
+    c.graph.close()
+    assert c.dev.closed and c.s.closed and c.graph.closed and c.buf.freed
+    assert c.event.query() and c.event.done() and c.event.failure() is None
+    await c.event
+    assert c.dev.stats()["in_flight"] == 0
+
+
+# --- the faults guide's recovery recipe ---------------------------------------------------------
+
+
+def _recipe() -> Any:
+    """The ``ReopeningDevice`` class of docs/guide/faults.md, as the page shows it."""
+    import pathlib
+    import re
+
+    page = pathlib.Path(__file__).parents[2] / "docs" / "guide" / "faults.md"
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.S)
+    (source,) = [block for block in blocks if "class ReopeningDevice" in block]
+    namespace: dict[str, Any] = {}
+    exec(compile(source, str(page), "exec"), namespace)
+    return namespace["ReopeningDevice"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_recovery_recipe_replaces_a_faulted_device_once(anyio_backend: object) -> None:
+    import anyio
+
+    from aio_ascend import testing
+
+    holder = _recipe()(backend="sim")
+    dev = await holder.device()
+    assert await holder.device() is dev
+    s, other = dev.stream(), dev.stream()
+    with testing.paused(dev):
+        fault = await testing.inject_fault(s)
+        in_flight = await other.launch(dev.function("sleep"), 1, aa.HostArgs().u32(10))
+    for task in (fault, in_flight):
+        with pytest.raises(aa.DeviceFaultError):
+            await task
+    assert dev.fault is not None
+
+    got: list[aa.Device] = []
+
+    async def request() -> None:
+        got.append(await holder.device())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(request)
+    new = got[0]
+    assert all(d is new for d in got) and new is not dev and holder.reopened == 1
+    assert dev.closed and new.fault is None
+    with pytest.raises(aa.ClosedError):
+        await s.run(dev.function("noop"), 1)
+    await new.stream().run(new.function("noop"), 1)
+    await holder.aclose()
+    assert new.closed
