@@ -316,6 +316,9 @@ class Stream:
         self._scheduler = scheduler
         self._lane = lane
         self._ref = weakref.ref(self)
+        # Collected without aclose(): the scheduler destroys its runtime stream once its queued
+        # work is done (the lane is the scheduler's, so nothing else would)
+        weakref.finalize(self, scheduler.dropped_lanes.drop, lane).atexit = False
 
     # --- operations ----------------------------------------------------------------------
 

@@ -92,7 +92,8 @@ class Poller:
         self._inbox = inbox  # recorded batches, from the submitter
         self._expire_waiting = expire_waiting
         self._on_exit: Callable[[], None] | None = None
-        self._outstanding: dict[int, deque[Batch]] = {}  # by stream handle
+        #: by stream handle, only the streams with batches outstanding
+        self._outstanding: dict[int, deque[Batch]] = {}
         self._pending = 0  # batches in _outstanding
         self._interval = poll_min_interval
         self._next_deadline_check = 0.0
@@ -217,13 +218,20 @@ class Poller:
         query = self._runtime.query_event_status
         done: list[Batch] = []
         budget = ROUND_BUDGET
-        for batches in self._outstanding.values():
+        idle: list[int] = []
+        for handle, batches in self._outstanding.items():
             while batches and budget > 0:
                 if query(batches[0].event) != ACL_EVENT_RECORDED_STATUS_COMPLETE:
                     break
                 batch = batches.popleft()
                 done.append(batch)
                 budget -= len(batch.requests)
+            if not batches:
+                idle.append(handle)
+        # Only streams with work outstanding stay: a round's cost must not grow with the
+        # number of streams that ever had work (thousands of short-lived ones)
+        for handle in idle:
+            del self._outstanding[handle]
         return done
 
     def _complete(self, done: list[Batch]) -> None:

@@ -13,7 +13,6 @@ import logging
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -28,10 +27,11 @@ from .._runtime import Runtime
 from .._runtime.abi import ACL_STOP_ON_FAILURE
 from .._runtime.threads import LoopPulse
 from .admission import ENTRIES_PER_REQUEST
-from .batching import Hop, form_batches
+from .batching import Hop, flush_now, form_batches
 from .binding import ContextBinding
 from .counters import Counters, total
 from .delivery import DeliveryQueue
+from .dropped import DroppedLanes, warn_resource
 from .events import BatchEvents, EventRecord, UserEvents
 from .faults import FaultState
 from .graphs import GraphBook
@@ -75,11 +75,6 @@ class DeviceState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-def flush_now(pending: int, flush_at: int) -> bool:
-    """Whether a pending batch of ``pending`` requests goes out now rather than at tick end."""
-    return pending >= flush_at
 
 
 class Scheduler:
@@ -134,6 +129,8 @@ class Scheduler:
         )
         self._counters = Counters()  # the loop side's own
         self.lanes: list[Lane] = []
+        #: lanes of streams collected without aclose() (their finalizers hand them over)
+        self.dropped_lanes = DroppedLanes(self.device_id)
         self._modules: list[int] = []
         self._pending: list[Request] = []
         self._flush_scheduled = False
@@ -234,6 +231,8 @@ class Scheduler:
         someone else created: scheduled alike, but its failure mode is left as it is and it is
         never destroyed here."""
         self.check_usable()
+        if self.dropped_lanes.collected:
+            self.retire_dropped()
         if external is not None:
             lane = Lane(external, max_in_flight, self.runtime.stream_capacity, external=True)
             self.lanes.append(lane)
@@ -381,18 +380,7 @@ class Scheduler:
         lane.last = task
         pending = self._pending
         pending.append(
-            Launch(
-                lane,
-                task,
-                host,
-                allocations,
-                func,
-                blocks,
-                cfg,
-                nbytes,
-                table_offset,
-                count,
-            )
+            Launch(lane, task, host, allocations, func, blocks, cfg, nbytes, table_offset, count)
         )
         if len(pending) >= self._flush_at or not self._flush_scheduled:
             self._schedule_flush()
@@ -502,18 +490,21 @@ class Scheduler:
             self.user_events.recycle()
         if self.lifetimes.dropped:
             self.reap_buffers()
+        if self.dropped_lanes.collected:
+            self.retire_dropped()
 
     def reap_buffers(self) -> None:
         """Free the device buffers collected without ``free()``, with a ResourceWarning."""
         for ptr, nbytes in self.lifetimes.reap():
-            message = (
+            warn_resource(
                 f"a DeviceBuffer ({nbytes} bytes at {ptr:#x}) of device {self.device_id} was "
                 "garbage-collected without free(); it has been freed now"
             )
-            try:
-                warnings.warn(message, ResourceWarning, stacklevel=2)
-            except Warning:  # warnings turned into errors: a loop callback must not raise
-                log.warning(message)
+
+    def retire_dropped(self) -> None:
+        """Destroy the dropped streams whose work is done (a faulted device: at its close)."""
+        if self.state is DeviceState.OPEN and self.faults.first is None:
+            self.dropped_lanes.retire(self.lanes, self.bound().destroy_stream)
 
     # --- completions (loop thread) ---------------------------------------------------------
 
@@ -549,6 +540,8 @@ class Scheduler:
         # After each drain: `count` requests no longer count towards aclose()'s wait.
         self._pulse.beat()
         self.unsettled -= count
+        if self.dropped_lanes.retiring or self.dropped_lanes.collected:
+            self.retire_dropped()
         if self.unsettled == 0 and self._idle_waiters:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
