@@ -45,6 +45,7 @@ from .task import Task, resolve_task
 from .unseen import FailureLog, raise_failures
 from .waiter import Waiter
 from .work import (
+    STAGE_AT_HAND_BYTES,
     CopyDevice,
     CopyToDevice,
     CopyToHost,
@@ -62,8 +63,6 @@ log = logging.getLogger("aio_ascend")
 
 #: pending requests that make a batch go out at once instead of at the end of the tick
 FLUSH_AT = 256
-#: copies up to this size get their staging buffer on the loop; bigger ones in the submitter
-STAGE_ON_LOOP_BYTES = 1 << 20
 #: how long aclose() waits for its threads to exit (after forcing the streams, if it had to)
 #: before it abandons a thread stuck in a runtime call
 JOIN_TIMEOUT_S = 2.0
@@ -446,10 +445,10 @@ class Scheduler:
         self, lane: Lane, count: int, allocations: tuple[Allocation, ...]
     ) -> HostBuffer | None:
         # A staging buffer of `count` bytes (none for 0), and `allocations` retained. A big
-        # one is taken by the submitter thread instead: allocating (and first touching)
-        # hundreds of MiB of pinned memory must not stall the loop.
+        # one is taken by a staging thread instead: allocating (and first touching) hundreds
+        # of MiB of pinned memory must stall neither the loop nor the other streams.
         try:
-            host = self.pool.acquire(count) if 0 < count <= STAGE_ON_LOOP_BYTES else None
+            host = self.pool.acquire(count) if 0 < count <= STAGE_AT_HAND_BYTES else None
             self.lifetimes.retain(allocations)
         except BaseException:
             self.unadmit(lane)
