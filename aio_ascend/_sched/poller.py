@@ -107,6 +107,8 @@ class Poller:
         self._unstaging_streams: dict[int, int] = {}
         #: the staging thread's reports, one per batch, in order: each request's error
         self._unstaged: queue.SimpleQueue[list[BaseException | None]] = queue.SimpleQueue()
+        #: what the staging thread finished while the poller was on its way out
+        self.at_exit: list[Delivery] = []
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-poll-{device_id}", daemon=True
         )
@@ -141,7 +143,9 @@ class Poller:
         reduce_timer_slack()
         self._loop()
         self._unstager.finish()
-        self._deliver_unstaged()  # what it copied is delivered; the rest are leftovers
+        # What it copied out is done (resolved by the close, which no longer counts on the
+        # loop for deliveries by then); what it never started is a leftover batch.
+        self.at_exit = self._take_unstaged()
         if self._on_exit is not None:
             self._on_exit()
 
@@ -188,7 +192,7 @@ class Poller:
             if not self._file(item):
                 return False
         if self._unstaging:
-            self._deliver_unstaged()
+            self._post(self._take_unstaged(), self.counters)
         try:
             done = self._collect_completed()
         except BaseException as exc:
@@ -315,7 +319,7 @@ class Poller:
         self._unstaged.put(errors)
         self._inbox.put(POKE)
 
-    def _deliver_unstaged(self) -> None:
+    def _take_unstaged(self) -> list[Delivery]:
         # The staging thread's reports answer the oldest batches handed to it, in order.
         deliveries: list[Delivery] = []
         finished: list[Request] = []
@@ -333,7 +337,7 @@ class Poller:
                 deliveries.append((req, error, Outcome.FINISHED))
             finished.extend(batch.requests)
         self._lifetimes.release(finished)
-        self._post(deliveries, self.counters)
+        return deliveries
 
     def _fail_all(self, exc: BaseException) -> None:
         # A query that fails in stop-on-failure mode reports a broken device context,

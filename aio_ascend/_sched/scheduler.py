@@ -702,7 +702,7 @@ class Scheduler:
                 else ClosedError(f"{request.kind} was dropped when the device closed"),
             )
         with self._post_lock:
-            held, self._undelivered = self._undelivered, []
+            held, self._undelivered = self._undelivered + self._poller.at_exit, []
         for request, error, _ in held:
             if error is not None:
                 timeout = TaskTimeoutError(f"{request.kind} did not finish before aclose() gave up")
