@@ -50,6 +50,7 @@ class ShapeConfig(Protocol):
     backend: str
     loop: str
     repeats: int
+    scale: float
 
     def n(self, base: int) -> int: ...
 
@@ -366,9 +367,12 @@ def bench_copy_isolation(cfg: ShapeConfig) -> dict[str, Any]:
     """Another stream's 1-block launch latency while one stream uploads and downloads 256 MiB
     blocks, against the idle device (see :func:`copy_isolation`)."""
 
+    # 256 MiB at scale 1 (smaller runs copy less, at least 4 MiB: still a big copy)
+    block = max(4 << 20, int((256 << 20) * min(cfg.scale, 1.0))) & ~0xFFFF
+
     async def main() -> dict[str, Any]:
         async with open_device(0, backend=cfg.backend) as dev:
-            return await copy_isolation(dev, 256 << 20, copies=max(3, cfg.repeats))
+            return await copy_isolation(dev, block, copies=max(3, cfg.repeats))
 
     result: dict[str, Any] = run_async(cfg, main)
     return result
