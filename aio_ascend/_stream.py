@@ -302,7 +302,9 @@ class Stream:
     Cancelling a call that is waiting for admission means the request never happens. Once the
     call has returned its ``Task``, the work will run (see :class:`Task`).
 
-    Use from the event loop that opened the device only.
+    Use from the event loop that opened the device only. A stream dropped without
+    :meth:`aclose` is destroyed once the work queued on it has finished, with a
+    ``ResourceWarning``.
 
     :ivar device: the device
     :ivar handle: the runtime stream handle
