@@ -340,3 +340,23 @@ async def test_a_forced_close_during_a_big_copys_host_side_leaves_nothing(
     if where == "unstaging" and task.exception() is not None:
         assert not out.any(), "a failed download wrote into the user's array"
     assert_runtime_clean(dev)
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_wait_for_a_big_copy_releases_nothing_early(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        buf = dev.malloc(BIG)
+        src = np.full(BIG, 6, np.uint8)
+        acquire = _slow_staging_buffers(dev, 0.3)
+        with anyio.move_on_after(0.05) as scope:
+            await s.upload(buf, src)  # cancelled while its staging buffer is being taken
+        assert scope.cancelled_caught
+        del src  # the request holds what it needs
+        gc.collect()
+        await s.synchronize()  # the upload still ran, whole
+        dev._scheduler._submitter._stage = acquire
+        assert (await s.download(buf) == 6).all()
+        assert dev.stats()["host_buffers_in_use"] == 0
