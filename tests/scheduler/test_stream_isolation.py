@@ -175,6 +175,12 @@ async def test_closed_and_external_streams_dropped_warn_nothing_and_destroy_noth
             assert [w for w in seen if issubclass(w.category, ResourceWarning)] == []
             assert dev.stats()["streams"] == 1  # the external one is let go of ...
             dev.runtime.synchronize_stream(handle, 1000)  # ... and its runtime stream is untouched
+            again = dev.external_stream(handle)  # wrapped anew, per request, and dropped
+            await again.run(noop, 1)
+            del again
+            gc.collect()
+            again = dev.external_stream(handle)
+            await again.aclose()
         finally:
             dev.runtime.destroy_stream(handle)
 
