@@ -298,6 +298,7 @@ class Device:
         if handle <= 0:
             raise ValueError(f"external_stream(handle={handle}): not a stream handle")
         _check_max_in_flight(max_in_flight)
+        self._scheduler.retire_dropped()  # a wrapper of it dropped, its work done, is gone
         if any(lane.handle == handle for lane in self._scheduler.lanes):
             raise ValueError(f"stream {handle:#x} is already open on this device")
         lane = self._scheduler.open_lane(max_in_flight, external=handle)

@@ -319,7 +319,9 @@ class Stream:
     Cancelling a call that is waiting for admission means the request never happens. Once the
     call has returned its ``Task``, the work will run (see :class:`Task`).
 
-    Use from the event loop that opened the device only.
+    Use from the event loop that opened the device only. A stream dropped without
+    :meth:`aclose` is destroyed once the work queued on it has finished, with a
+    ``ResourceWarning``.
 
     :ivar device: the device
     :ivar handle: the runtime stream handle
@@ -333,6 +335,9 @@ class Stream:
         self._scheduler = scheduler
         self._lane = lane
         self._ref = weakref.ref(self)
+        # Collected without aclose(): the scheduler destroys its runtime stream once its queued
+        # work is done (the lane is the scheduler's, so nothing else would)
+        weakref.finalize(self, scheduler.dropped_lanes.drop, lane).atexit = False
 
     # --- operations ----------------------------------------------------------------------
 

@@ -15,7 +15,12 @@ from .compiled import mypyc_attr
 from .lane import Lane
 from .work import Request
 
-__all__ = ["Hop", "form_batches"]
+__all__ = ["Hop", "flush_now", "form_batches"]
+
+
+def flush_now(pending: int, flush_at: int) -> bool:
+    """Whether a pending batch of ``pending`` requests goes out now rather than at tick end."""
+    return pending >= flush_at
 
 
 def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:

@@ -3,7 +3,9 @@
 Streams are FIFO, so it only asks about the oldest outstanding batch event of each stream. It
 waits only in GIL-releasing calls (a timed queue get with backoff between queries, or, in
 block mode, a synchronize with a timeout slice), and sends each round's results into the loop
-with one hop, however many tasks finished in it.
+with one hop, however many tasks finished in it. A finished batch with a big download goes to
+its staging thread first (a :class:`~.stager.CopyWorker`) to be copied into the user's array,
+and the stream's later batches after it: the other streams' completions do not wait for it.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
 from .lifetimes import Lifetimes
+from .stager import CopyWorker
 from .watchdog import expire, log_expired
-from .work import Batch, Delivery, Outcome, Request
+from .work import STAGE_AT_HAND_BYTES, Batch, Delivery, Outcome, Request
 
 __all__ = ["POKE", "CompletionMode", "Poller"]
 
@@ -92,10 +95,20 @@ class Poller:
         self._inbox = inbox  # recorded batches, from the submitter
         self._expire_waiting = expire_waiting
         self._on_exit: Callable[[], None] | None = None
-        self._outstanding: dict[int, deque[Batch]] = {}  # by stream handle
+        #: by stream handle, only the streams with batches outstanding
+        self._outstanding: dict[int, deque[Batch]] = {}
         self._pending = 0  # batches in _outstanding
         self._interval = poll_min_interval
         self._next_deadline_check = 0.0
+        self._unstager = CopyWorker(f"aio_ascend-unstage-{device_id}")
+        #: finished batches handed to the staging thread, oldest first, and per stream handle
+        #: how many (the stream's later batches follow them there, to stay in order)
+        self._unstaging: deque[Batch] = deque()
+        self._unstaging_streams: dict[int, int] = {}
+        #: the staging thread's reports, one per batch, in order: each request's error
+        self._unstaged: queue.SimpleQueue[list[BaseException | None]] = queue.SimpleQueue()
+        #: what the staging thread finished while the poller was on its way out
+        self.at_exit: list[Delivery] = []
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-poll-{device_id}", daemon=True
         )
@@ -111,6 +124,8 @@ class Poller:
         """Batches never seen complete (after the thread exited, or was abandoned)."""
         leftovers = [batch for batches in self._outstanding.values() for batch in batches]
         self._outstanding.clear()
+        leftovers.extend(self._unstaging)  # never copied into the user's arrays
+        self._unstaging.clear()
         while True:
             try:
                 item = self._inbox.get_nowait()
@@ -127,6 +142,10 @@ class Poller:
         self._runtime.set_current_context()
         reduce_timer_slack()
         self._loop()
+        self._unstager.finish()
+        # What it copied out is done (resolved by the close, which no longer counts on the
+        # loop for deliveries by then); what it never started is a leftover batch.
+        self.at_exit = self._take_unstaged()
         if self._on_exit is not None:
             self._on_exit()
 
@@ -172,6 +191,8 @@ class Poller:
                 break
             if not self._file(item):
                 return False
+        if self._unstaging:
+            self._post(self._take_unstaged(), self.counters)
         try:
             done = self._collect_completed()
         except BaseException as exc:
@@ -217,43 +238,106 @@ class Poller:
         query = self._runtime.query_event_status
         done: list[Batch] = []
         budget = ROUND_BUDGET
-        for batches in self._outstanding.values():
+        idle: list[int] = []
+        for handle, batches in self._outstanding.items():
             while batches and budget > 0:
                 if query(batches[0].event) != ACL_EVENT_RECORDED_STATUS_COMPLETE:
                     break
                 batch = batches.popleft()
                 done.append(batch)
                 budget -= len(batch.requests)
+            if not batches:
+                idle.append(handle)
+        # Only streams with work outstanding stay: a round's cost must not grow with the
+        # number of streams that ever had work (thousands of short-lived ones)
+        for handle in idle:
+            del self._outstanding[handle]
         return done
 
     def _complete(self, done: list[Batch]) -> None:
         deliveries: list[Delivery] = []
         finished: list[Request] = []
+        unstaging = self._unstaging_streams
         now = time.perf_counter()  # one clock call per round: completed_at of all it completes
         for batch in done:
-            if batch.timed_out:  # its tasks failed already: their timestamps stay as they are
-                outcome = Outcome.FINISHED_LATE
-                submitted = completed = None
-            else:
-                outcome = Outcome.FINISHED
-                submitted, completed = batch.submitted, now
-            for req in batch.requests:
-                if completed is not None:
-                    task = req.task
-                    task.submitted_at = submitted
-                    task.completed_at = completed
-                error: BaseException | None = None
-                # A timed-out task has failed already: its copy never lands in user memory.
-                if req.needs_completion and not batch.timed_out:
-                    try:
-                        req.on_complete()
-                    except BaseException as exc:
-                        error = InternalError(f"completing {req.kind} failed: {exc!r}")
-                deliveries.append((req, error, outcome))
-            finished.extend(batch.requests)
             self._events.give_back(batch.event)
+            if batch.timed_out:  # its tasks failed already: their timestamps stay as they are
+                # (and a timed-out copy never lands in user memory)
+                deliveries.extend((req, None, Outcome.FINISHED_LATE) for req in batch.requests)
+                finished.extend(batch.requests)
+                continue
+            submitted = batch.submitted
+            start = len(deliveries)
+            completing: list[int] | None = None
+            for req in batch.requests:
+                task = req.task
+                task.submitted_at = submitted
+                task.completed_at = now
+                if req.needs_completion:
+                    if completing is None:
+                        completing = []
+                    completing.append(len(deliveries))
+                deliveries.append((req, None, Outcome.FINISHED))
+            if completing is None and not unstaging:
+                finished.extend(batch.requests)
+                continue
+            if batch.lane.handle in unstaging or any(
+                deliveries[index][0].unstaged_bytes() > STAGE_AT_HAND_BYTES
+                for index in completing or ()
+            ):
+                del deliveries[start:]  # the staging thread's, in order with its stream's
+                self._unstage(batch)
+                continue
+            for index in completing or ():
+                req = deliveries[index][0]
+                try:
+                    req.on_complete()
+                except BaseException as exc:
+                    error = InternalError(f"completing {req.kind} failed: {exc!r}")
+                    deliveries[index] = (req, error, Outcome.FINISHED)
+            finished.extend(batch.requests)
         self._lifetimes.release(finished)
         self._post(deliveries, self.counters)
+
+    def _unstage(self, batch: Batch) -> None:
+        handle = batch.lane.handle
+        self._unstaging_streams[handle] = self._unstaging_streams.get(handle, 0) + 1
+        self._unstaging.append(batch)
+        self._unstager.put(lambda: self._copy_out(batch))
+
+    def _copy_out(self, batch: Batch) -> None:
+        # The staging thread: the batch's downloads into the users' arrays. Never raises.
+        errors: list[BaseException | None] = []
+        for req in batch.requests:
+            error: BaseException | None = None
+            if req.needs_completion:
+                try:
+                    req.on_complete()
+                except BaseException as exc:
+                    error = InternalError(f"completing {req.kind} failed: {exc!r}")
+            errors.append(error)
+        self._unstaged.put(errors)
+        self._inbox.put(POKE)
+
+    def _take_unstaged(self) -> list[Delivery]:
+        # The staging thread's reports answer the oldest batches handed to it, in order.
+        deliveries: list[Delivery] = []
+        finished: list[Request] = []
+        while self._unstaging:
+            try:
+                errors = self._unstaged.get_nowait()
+            except queue.Empty:
+                break
+            batch = self._unstaging.popleft()
+            handle = batch.lane.handle
+            left = self._unstaging_streams.pop(handle) - 1
+            if left:
+                self._unstaging_streams[handle] = left
+            for req, error in zip(batch.requests, errors, strict=True):
+                deliveries.append((req, error, Outcome.FINISHED))
+            finished.extend(batch.requests)
+        self._lifetimes.release(finished)
+        return deliveries
 
     def _fail_all(self, exc: BaseException) -> None:
         # A query that fails in stop-on-failure mode reports a broken device context,

@@ -13,7 +13,6 @@ import logging
 import queue
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -28,10 +27,11 @@ from .._runtime import Runtime
 from .._runtime.abi import ACL_STOP_ON_FAILURE
 from .._runtime.threads import LoopPulse
 from .admission import ENTRIES_PER_REQUEST
-from .batching import Hop, form_batches
+from .batching import Hop, flush_now, form_batches
 from .binding import ContextBinding
 from .counters import Counters, total
 from .delivery import DeliveryQueue
+from .dropped import DroppedLanes, warn_resource
 from .events import BatchEvents, EventRecord, UserEvents
 from .faults import FaultState
 from .graphs import GraphBook
@@ -45,6 +45,7 @@ from .task import Task, resolve_task
 from .unseen import FailureLog, raise_failures
 from .waiter import Waiter
 from .work import (
+    STAGE_AT_HAND_BYTES,
     CopyDevice,
     CopyToDevice,
     CopyToHost,
@@ -62,8 +63,6 @@ log = logging.getLogger("aio_ascend")
 
 #: pending requests that make a batch go out at once instead of at the end of the tick
 FLUSH_AT = 256
-#: copies up to this size get their staging buffer on the loop; bigger ones in the submitter
-STAGE_ON_LOOP_BYTES = 1 << 20
 #: how long aclose() waits for its threads to exit (after forcing the streams, if it had to)
 #: before it abandons a thread stuck in a runtime call
 JOIN_TIMEOUT_S = 2.0
@@ -75,11 +74,6 @@ class DeviceState(enum.Enum):
     OPEN = "open"
     CLOSING = "closing"
     CLOSED = "closed"
-
-
-def flush_now(pending: int, flush_at: int) -> bool:
-    """Whether a pending batch of ``pending`` requests goes out now rather than at tick end."""
-    return pending >= flush_at
 
 
 class Scheduler:
@@ -134,6 +128,8 @@ class Scheduler:
         )
         self._counters = Counters()  # the loop side's own
         self.lanes: list[Lane] = []
+        #: lanes of streams collected without aclose() (their finalizers hand them over)
+        self.dropped_lanes = DroppedLanes(self.device_id)
         self._modules: list[int] = []
         self._pending: list[Request] = []
         self._flush_scheduled = False
@@ -231,6 +227,8 @@ class Scheduler:
         someone else created: scheduled alike, but its failure mode is left as it is and it is
         never destroyed here."""
         self.check_usable()
+        if self.dropped_lanes.collected:
+            self.retire_dropped()
         if external is not None:
             lane = Lane(external, max_in_flight, self.runtime.stream_capacity, external=True)
             self.lanes.append(lane)
@@ -378,18 +376,7 @@ class Scheduler:
         lane.last = task
         pending = self._pending
         pending.append(
-            Launch(
-                lane,
-                task,
-                host,
-                allocations,
-                func,
-                blocks,
-                cfg,
-                nbytes,
-                table_offset,
-                count,
-            )
+            Launch(lane, task, host, allocations, func, blocks, cfg, nbytes, table_offset, count)
         )
         if len(pending) >= self._flush_at or not self._flush_scheduled:
             self._schedule_flush()
@@ -455,10 +442,10 @@ class Scheduler:
         self, lane: Lane, count: int, allocations: tuple[Allocation, ...]
     ) -> HostBuffer | None:
         # A staging buffer of `count` bytes (none for 0), and `allocations` retained. A big
-        # one is taken by the submitter thread instead: allocating (and first touching)
-        # hundreds of MiB of pinned memory must not stall the loop.
+        # one is taken by a staging thread instead: allocating (and first touching) hundreds
+        # of MiB of pinned memory must stall neither the loop nor the other streams.
         try:
-            host = self.pool.acquire(count) if 0 < count <= STAGE_ON_LOOP_BYTES else None
+            host = self.pool.acquire(count) if 0 < count <= STAGE_AT_HAND_BYTES else None
             self.lifetimes.retain(allocations)
         except BaseException:
             self.unadmit(lane)
@@ -499,18 +486,21 @@ class Scheduler:
             self.user_events.recycle()
         if self.lifetimes.dropped:
             self.reap_buffers()
+        if self.dropped_lanes.collected:
+            self.retire_dropped()
 
     def reap_buffers(self) -> None:
         """Free the device buffers collected without ``free()``, with a ResourceWarning."""
         for ptr, nbytes in self.lifetimes.reap():
-            message = (
+            warn_resource(
                 f"a DeviceBuffer ({nbytes} bytes at {ptr:#x}) of device {self.device_id} was "
                 "garbage-collected without free(); it has been freed now"
             )
-            try:
-                warnings.warn(message, ResourceWarning, stacklevel=2)
-            except Warning:  # warnings turned into errors: a loop callback must not raise
-                log.warning(message)
+
+    def retire_dropped(self) -> None:
+        """Destroy the dropped streams whose work is done (a faulted device: at its close)."""
+        if self.state is DeviceState.OPEN and self.faults.first is None:
+            self.dropped_lanes.retire(self.lanes, self.bound().destroy_stream)
 
     # --- completions (loop thread) ---------------------------------------------------------
 
@@ -546,6 +536,8 @@ class Scheduler:
         # After each drain: `count` requests no longer count towards aclose()'s wait.
         self._pulse.beat()
         self.unsettled -= count
+        if self.dropped_lanes.retiring or self.dropped_lanes.collected:
+            self.retire_dropped()
         if self.unsettled == 0 and self._idle_waiters:
             waiters, self._idle_waiters = self._idle_waiters, []
             for waiter in waiters:
@@ -707,7 +699,7 @@ class Scheduler:
                 else ClosedError(f"{request.kind} was dropped when the device closed"),
             )
         with self._post_lock:
-            held, self._undelivered = self._undelivered, []
+            held, self._undelivered = self._undelivered + self._poller.at_exit, []
         for request, error, _ in held:
             if error is not None:
                 timeout = TaskTimeoutError(f"{request.kind} did not finish before aclose() gave up")

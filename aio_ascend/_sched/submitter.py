@@ -5,6 +5,10 @@ that closes a batch (see :mod:`.batching`), passing the batch to the poller. A h
 only after its deadline is never submitted. Since admission keeps every stream below its queue
 capacity, no submitting call waits on the device.
 It is the only thread that makes runtime calls which can wait on the device.
+
+A big host copy is staged by its staging thread (a :class:`~.stager.CopyWorker`): its stream
+waits (its later requests are *parked*, in order, with the batch it had open), the other
+streams go on, and the stream resumes when the staging thread reports back.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .events import BatchEvents
 from .faults import FaultState, classify_refusal
 from .lane import Lane
 from .lifetimes import Lifetimes
+from .stager import CopyWorker
 from .watchdog import log_expired
 from .work import Batch, Delivery, Launch, Outcome, Request
 
@@ -40,11 +45,22 @@ __all__ = ["Submitter"]
 _STOP = object()
 
 
+class _Staged:
+    """The staging thread's report: the big copy parked first on ``lane`` is staged (or
+    failed to be, with ``error``)."""
+
+    __slots__ = ("error", "lane")
+
+    def __init__(self, lane: Lane, error: BaseException | None) -> None:
+        self.lane = lane
+        self.error = error
+
+
 class Submitter:
     """The thread ``aio_ascend-submit-<device>`` and what only it touches.
 
     :param post: hands deliveries to the loop (non-blocking; counts a wake-up when it did)
-    :param stage: a pooled staging buffer for a big copy (the loop leaves those to us)
+    :param stage: a pooled staging buffer for a big copy (taken by the staging thread)
     :param to_poller: passes a recorded batch to the poller
     :param pulse: the loop's heartbeat: when to hand it the GIL
     """
@@ -83,6 +99,12 @@ class Submitter:
         #: hops handed over and not yet taken, oldest first (read by the watchdog)
         self.waiting: deque[Hop] = deque()
         self._current: Hop | None = None  # the hop being submitted
+        #: streams waiting for a big copy's staging: their requests in order (with the
+        #: deadline of the hop each came in), the first one being staged
+        self._parked: dict[Lane, list[tuple[Request, float]]] = {}
+        #: the batch a parked stream had open: submitted, its event not yet recorded
+        self._carried: dict[Lane, list[Request]] = {}
+        self._stager = CopyWorker(f"aio_ascend-stage-{device_id}")
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
@@ -108,6 +130,14 @@ class Submitter:
                 break
             if isinstance(item, Hop) and item.take():
                 out.extend(item.requests)
+        # Parked requests never reached the runtime; a carried batch did, without its event
+        # (the streams are destroyed before any of this is released).
+        for queued in self._parked.values():
+            out.extend(req for req, _ in queued)
+        for batch in self._carried.values():
+            out.extend(batch)
+        self._parked.clear()
+        self._carried.clear()
         self.stop()  # the stop request was taken out too; an abandoned thread still needs it
         return out
 
@@ -156,7 +186,12 @@ class Submitter:
             # keep finished requests (and through their tasks the public objects) alive.
             item = get()
             if item is _STOP:
+                self._stager.finish()  # its reports stay in the inbox: see unsubmitted()
                 return
+            if type(item) is _Staged:
+                self._resume(item)
+                del item
+                continue
             while waiting and waiting[0] is not item:
                 waiting.popleft()  # expired by the watchdog
             if waiting:
@@ -185,19 +220,35 @@ class Submitter:
             del item
 
     def _hop(self, hop: Hop) -> None:
+        open_batches: dict[Lane, list[Request]] = {}
+        failures: list[Delivery] = []
+        self._submit(hop.requests, hop.deadline, open_batches, {}, failures)
+        for lane, batch in open_batches.items():  # only if batches were not marked
+            if batch:
+                self._close_batch(lane, batch, hop.deadline, failures)
+        self._post(failures, self.counters)
+
+    def _submit(
+        self,
+        requests: list[Request],
+        deadline: float,
+        open_batches: dict[Lane, list[Request]],
+        broken: dict[Lane, BaseException],
+        failures: list[Delivery],
+    ) -> None:
         runtime = self._runtime
         launch = runtime.launch_kernel_with_host_args
         task_id = runtime.last_task_id  # the runtime's id of what this thread just submitted
         counters = self.counters
         faults = self._faults
-        deadline = hop.deadline
-        open_batches: dict[Lane, list[Request]] = {}
-        broken: dict[Lane, BaseException] = {}
-        failures: list[Delivery] = []
-        for index, req in enumerate(hop.requests):
+        parked = self._parked
+        for index, req in enumerate(requests):
             if index & 31 == 31:
                 self._turns.offer()
             lane = req.lane
+            if parked and lane in parked:  # behind a big copy being staged: in order
+                parked[lane].append((req, deadline))
+                continue
             error = broken.get(lane)
             first = faults.first
             if first is not None:
@@ -225,8 +276,9 @@ class Submitter:
                         )
                         counters.launches += 1
                     else:
-                        if req.host is None and req.staged:  # a big copy: staged here
-                            req.host = self._stage(req.count)  # type: ignore[attr-defined]
+                        if req.host is None and req.staged:  # a big copy: staged aside
+                            self._park(req, deadline, open_batches)
+                            continue
                         req.submit(runtime, lane.handle)
                         if req.is_copy:
                             counters.copies += 1
@@ -253,10 +305,66 @@ class Submitter:
                 batch = open_batches.pop(lane, None)
                 if batch:
                     self._close_batch(lane, batch, deadline, failures)
-        for lane, batch in open_batches.items():  # only if batches were not marked
+
+    # --- big copies: staged aside while their stream waits ----------------------------------
+
+    def _park(self, req: Request, deadline: float, open_batches: dict[Lane, list[Request]]) -> None:
+        lane = req.lane
+        self._parked[lane] = [(req, deadline)]
+        batch = open_batches.pop(lane, None)
+        if batch:  # its event is recorded after the stream resumes, with the rest
+            self._carried[lane] = batch
+        self._stager.put(lambda: self._prepare(req, deadline))
+
+    def _prepare(self, req: Request, deadline: float) -> None:
+        # The staging thread: allocate and fill (an upload) the copy's pinned buffer. Never
+        # raises: the stream resumes on every report.
+        error: BaseException | None = None
+        if time.monotonic() < deadline:  # else it fails unsubmitted when the stream resumes
+            try:
+                req.prepare(self._stage)
+            except BaseException as exc:
+                error = exc
+        self._inbox.put(_Staged(req.lane, error))
+
+    def _resume(self, staged: _Staged) -> None:
+        """The stream's big copy is staged: submit its parked requests (up to the next big
+        copy), in order, hop by hop; what waited past its deadline is never submitted."""
+        lane = staged.lane
+        queued = self._parked.pop(lane)
+        carried = self._carried.pop(lane, None)
+        open_batches = {lane: carried} if carried else {}
+        broken: dict[Lane, BaseException] = {}
+        failures: list[Delivery] = []
+        if staged.error is not None:
+            first, _ = queued.pop(0)
+            exc = staged.error
+            if isinstance(exc, AscendError):  # the rest of the stream fails with it as cause
+                error = broken[lane] = self._classify(exc)
+            else:
+                error = InternalError(f"staging {first.kind} failed: {exc!r}")
+                error.__cause__ = exc
+            first.on_refused(error)
+            self._lifetimes.release((first,))
+            failures.append((first, error, Outcome.FINISHED))
+        last = 0.0
+        while queued:
+            deadline = queued[0][1]
+            count = next((i for i, (_, d) in enumerate(queued) if d != deadline), len(queued))
+            group = [req for req, _ in queued[:count]]
+            del queued[:count]
+            last = deadline
+            if time.monotonic() >= deadline and lane not in self._parked:
+                self.counters.timeouts += 1
+                expired = self._never_started(Hop(group, deadline))
+                log_expired(self._device_id, expired, self._task_timeout)
+                failures.extend(expired)
+                continue
+            self._submit(group, deadline, open_batches, broken, failures)
+        for open_lane, batch in open_batches.items():
             if batch:
-                self._close_batch(lane, batch, deadline, failures)
-        self._post(failures, counters)
+                self._close_batch(open_lane, batch, last, failures)
+        self._post(failures, self.counters)
 
     def _classify(self, exc: BaseException) -> BaseException:
         return classify_refusal(exc, self._faults, self._context_is_healthy)

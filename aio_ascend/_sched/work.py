@@ -24,6 +24,8 @@ from .compiled import mypyc_attr
 from .events import EventRecord
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .._host.pool import HostBuffer
     from .._launch_config import LaunchConfig
     from .._runtime import Runtime
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
     from .task import Task
 
 __all__ = [
+    "STAGE_AT_HAND_BYTES",
     "Batch",
     "CopyDevice",
     "CopyToDevice",
@@ -44,6 +47,10 @@ __all__ = [
     "Request",
     "WaitEvent",
 ]
+
+#: host copies up to this size are staged where they are queued and unstaged by the poller;
+#: the host side of a bigger one is done by a staging thread (see ``stager.CopyWorker``)
+STAGE_AT_HAND_BYTES = 1 << 20
 
 
 class Outcome(enum.Enum):
@@ -79,8 +86,8 @@ class Request:
     needs_completion = False
     #: runtime tasks it queues on its stream (fault reports count them)
     runtime_tasks = 1
-    #: whether it goes through a pinned staging buffer (``host``; taken by the submitter
-    #: thread if the loop left it None)
+    #: whether it goes through a pinned staging buffer (``host``; for a big copy the loop
+    #: leaves it None, and the submitter has :meth:`prepare` run by its staging thread)
     staged = False
 
     def __init__(
@@ -108,8 +115,17 @@ class Request:
     def submit(self, runtime: Runtime, stream: int) -> None:
         """Queue the operation on ``stream`` (submitter thread)."""
 
+    def prepare(self, acquire: Callable[[int], HostBuffer]) -> None:
+        """Take the pinned staging buffer of a big copy from ``acquire`` and fill it (a staging
+        thread, while the request waits)."""
+
     def on_complete(self) -> None:
-        """Finish host-side work after the device completed it (poller thread)."""
+        """Finish host-side work after the device completed it (poller thread, or its staging
+        thread for a big copy: see :meth:`unstaged_bytes`)."""
+
+    def unstaged_bytes(self) -> int:
+        """Bytes :meth:`on_complete` copies (only called when ``needs_completion``)."""
+        return 0
 
     def on_refused(self, exc: BaseException) -> None:
         """The request will never reach the device (submitter thread)."""
@@ -221,13 +237,21 @@ class CopyToDevice(_Copy):
     ) -> None:
         super().__init__(lane, task, host, (dst.ptr, dst.nbytes), src, count, (root,))
 
-    def submit(self, runtime: Runtime, stream: int) -> None:
-        host = self.host
-        assert host is not None
+    def prepare(self, acquire: Callable[[int], HostBuffer]) -> None:
+        self.host = acquire(self.count)  # held from here: released with the request
+        self._fill(self.host)
+
+    def _fill(self, host: HostBuffer) -> None:
         # np.copyto releases the GIL for the bulk of a big copy (a memoryview slice
         # assignment holds it throughout: 110-140 ms per 256 MiB, a stall of the loop)
         np.copyto(np.frombuffer(host.view, np.uint8, self.count), self.src)
         self.src = None  # staged: the user's array is not needed any more
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        host = self.host
+        assert host is not None
+        if self.src is not None:  # a small copy: staged here
+            self._fill(host)
         ptr, room = self.dst
         runtime.memcpy_async(ptr, room, host.addr, self.count, ACL_MEMCPY_HOST_TO_DEVICE, stream)
 
@@ -262,11 +286,17 @@ class CopyToHost(_Copy):
             host.addr, host.capacity, self.src[0], self.count, ACL_MEMCPY_DEVICE_TO_HOST, stream
         )
 
+    def prepare(self, acquire: Callable[[int], HostBuffer]) -> None:
+        self.host = acquire(self.count)
+
     def on_complete(self) -> None:
         host = self.host
         assert host is not None
         np.copyto(self.dst, np.frombuffer(host.view, np.uint8, self.count))  # GIL released
         self.dst = None
+
+    def unstaged_bytes(self) -> int:
+        return self.count
 
 
 class CopyDevice(_Copy):

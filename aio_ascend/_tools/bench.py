@@ -31,6 +31,7 @@ from .._runtime import open_runtime
 from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS
 from ..tracing import Tracer
 from .bench_shapes import (
+    bench_copy_isolation,
     bench_fanout,
     bench_graph,
     bench_handler,
@@ -494,6 +495,7 @@ STEPS: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]] = [
     ("loop_lag", "loop lag, 10k outstanding", bench_loop_lag),
     ("producer_lag", "loop lag, one producer", bench_producer_lag),
     ("graph", "graph replay vs one by one", bench_graph),
+    ("copy_isolation", "another stream under big copies", bench_copy_isolation),
     ("idle_poll", "idle CPU, poll", lambda c: bench_idle_cost(c, "poll")),
     ("idle_block", "idle CPU, block", lambda c: bench_idle_cost(c, "block")),
 ]
@@ -593,6 +595,19 @@ def ratios(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if "loop_lag" in r:
         v = r["loop_lag"]["lag_p99_ms"]
         add("loop lag p99 (ms), 10k outstanding", v, "<= 3", v <= 3)
+    if "copy_isolation" in r:
+        x = r["copy_isolation"]
+        limit = x["limit_ms"]  # max(0.3 x one copy's own time, 15 ms)
+        v = max(x["busy_submit_p95_ms"], x["busy_wake_p95_ms"])
+        add(
+            "copies: another stream's submit / wake delay p95 (ms)",
+            v,
+            f"<= {limit:.0f}",
+            v <= limit,
+        )
+        v = x["busy_latency_p95_ms"] / x["idle_latency_p95_ms"]
+        bound = 1 + limit / x["idle_latency_p95_ms"]
+        add("copies: another stream's launch latency p95 / idle", v, f"<= {bound:.0f}", v <= bound)
     if "poll" in r:
         v = r["poll"]["host_allocations_after_warmup"]
         add("host-buffer allocations after warm-up", v, "== 0", v == 0)
@@ -736,6 +751,18 @@ def format_table(r: dict[str, Any]) -> str:
         row(
             "the kernels launched one by one", f"{x['single_loop_cpu_us_per_kernel']:.3f} us/kernel"
         )
+    if "copy_isolation" in r:
+        x = r["copy_isolation"]
+        lines.append(
+            f"another stream's 1-block launches while one stream uploads and downloads "
+            f"{x['block_mib']} MiB blocks (one copy alone: {x['copy_ms']:.0f} ms)"
+        )
+        for name, label in (("idle", "idle device"), ("busy", "during the copies")):
+            row(
+                f"{label}: submit/wake delay, latency p95",
+                f"{x[name + '_submit_p95_ms']:.2f} / {x[name + '_wake_p95_ms']:.2f} / "
+                f"{x[name + '_latency_p95_ms']:.2f} ms",
+            )
     if "idle_poll" in r or "idle_block" in r:
         lines.append("idle cost (process CPU while one coroutine awaits a 1 s kernel)")
     for key, label in [("idle_poll", "poll completion"), ("idle_block", "block completion")]:

@@ -8,7 +8,10 @@ Each function measures one shape side by side with its own baseline, in one proc
 - ``producer_lag``: the loop's lag while one producer issues 10,000 launches over 8 streams,
   yielding every 64 launches, then awaits them in order (three repeats pooled);
 - ``graph``: replaying a captured 100-kernel graph against launching the 100 kernels one by one
-  (loop-thread CPU per kernel).
+  (loop-thread CPU per kernel);
+- ``copy_isolation``: another stream's 1-block launches while one stream uploads and downloads
+  256 MiB blocks, against the same launches on an idle device (one stream never blocks
+  another).
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from .. import Device, HostArgs, open_device
+from .. import Device, Function, HostArgs, Stream, open_device
 
 __all__ = [
     "ShapeConfig",
+    "bench_copy_isolation",
     "bench_fanout",
     "bench_graph",
     "bench_handler",
@@ -46,6 +50,7 @@ class ShapeConfig(Protocol):
     backend: str
     loop: str
     repeats: int
+    scale: float
 
     def n(self, base: int) -> int: ...
 
@@ -280,6 +285,94 @@ def bench_graph(cfg: ShapeConfig) -> dict[str, Any]:
             "kernels_per_graph": kernels,
             "replays": replays,
         }
+
+    result: dict[str, Any] = run_async(cfg, main)
+    return result
+
+
+async def _launch_delays(
+    s: Stream, fn: Function, until: Callable[[int], bool], gap_s: float = 0.002
+) -> tuple[list[float], list[float], list[float]]:
+    """1-block launches on ``s``, one at a time ``gap_s`` apart, until ``until(launched)``:
+    each one's admission -> submission, device completion -> resumption, and admission ->
+    resumption (seconds)."""
+    submit: list[float] = []
+    wake: list[float] = []
+    total: list[float] = []
+    while not until(len(total)):
+        task = await s.launch(fn, 1)
+        await task
+        assert task.submitted_at is not None and task.completed_at is not None
+        assert task.resumed_at is not None
+        submit.append(task.submitted_at - task.admitted_at)
+        wake.append(task.resumed_at - task.completed_at)
+        total.append(task.resumed_at - task.admitted_at)
+        await anyio.sleep(gap_s)
+    return submit, wake, total
+
+
+async def copy_isolation(
+    dev: Device, block_bytes: int, copies: int = 3, idle_launches: int = 100
+) -> dict[str, Any]:
+    """Another stream's launch delays (p95, ms) while one stream uploads and downloads
+    ``block_bytes`` blocks (``copies`` of each at least), and on the idle device; and one
+    copy's own time (the better of an upload and a download alone)."""
+    copier, other = dev.stream(), dev.stream()
+    noop = dev.function("noop")
+    buf = dev.malloc(block_bytes)
+    src = np.full(block_bytes, 7, np.uint8)
+    out = np.empty(block_bytes, np.uint8)
+    await copier.upload(buf, src)  # warm: the pinned staging buffers exist from here on
+    await copier.download(buf, out=out)
+    own = []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        await copier.upload(buf, src)
+        own.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await copier.download(buf, out=out)
+        own.append(time.perf_counter() - t0)
+    idle = await _launch_delays(other, noop, lambda launched: launched >= idle_launches)
+    done = [0]
+
+    async def copy_loop() -> None:
+        while done[0] < copies:
+            await copier.upload(buf, src)
+            await copier.download(buf, out=out)
+            done[0] += 1
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(copy_loop)
+        await anyio.lowlevel.checkpoint()
+        busy = await _launch_delays(other, noop, lambda _: done[0] >= copies)
+    buf.free()
+    await copier.aclose()
+    await other.aclose()
+    ms = 1e3
+    copy_s = min(own)
+    result: dict[str, Any] = {
+        "block_mib": block_bytes >> 20,
+        "copy_ms": copy_s * ms,
+        "limit_ms": max(0.3 * copy_s, 0.015) * ms,
+        "launches": len(busy[0]),
+    }
+    for name, (submit, wake, total) in (("idle", idle), ("busy", busy)):
+        result[f"{name}_submit_p95_ms"] = _p(submit, 95) * ms
+        result[f"{name}_wake_p95_ms"] = _p(wake, 95) * ms
+        result[f"{name}_latency_p95_ms"] = _p(total, 95) * ms
+    return result
+
+
+def bench_copy_isolation(cfg: ShapeConfig) -> dict[str, Any]:
+    """Another stream's 1-block launch latency while one stream uploads and downloads 256 MiB
+    blocks, against the idle device (see :func:`copy_isolation`)."""
+
+    # 256 MiB at scale 1 (smaller runs copy less, at least 4 MiB: still a big copy)
+    block = max(4 << 20, int((256 << 20) * min(cfg.scale, 1.0))) & ~0xFFFF
+
+    async def main() -> dict[str, Any]:
+        async with open_device(0, backend=cfg.backend) as dev:
+            return await copy_isolation(dev, block, copies=max(3, cfg.repeats))
 
     result: dict[str, Any] = run_async(cfg, main)
     return result

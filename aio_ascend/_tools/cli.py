@@ -628,7 +628,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="a,b,c",
         help="comma-separated steps: packing, raw, naive, unbatched, poll, handler, "
         "roundtrip, fanout, block, traced, bare_wakes, wake_poll, wake_block, wake_churn, "
-        "loop_lag, producer_lag, graph, idle_poll, idle_block (default: all; with --backend "
+        "loop_lag, producer_lag, graph, copy_isolation, idle_poll, idle_block (default: all; "
+        "with --backend "
         "cuda: raw, naive, unbatched, poll, block, traced)",
     )
     bench.add_argument(

@@ -285,3 +285,25 @@ def test_tools_import_only_the_public_api_and_the_runtime_seam() -> None:
                 assert top != "aio_ascend._host" or path.name == "bench.py", (
                     f"{path.name} imports {name}"
                 )
+
+
+def test_bench_reports_another_streams_launches_under_big_copies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bench.json"
+    code = main(["bench", "--scale", "0.02", "--only", "copy_isolation", "-q", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    x = json.loads(path.read_text())["copy_isolation"]
+    assert x["block_mib"] >= 4 and x["launches"] > 0
+    for name in ("idle", "busy"):
+        for what in ("submit", "wake", "latency"):
+            assert x[f"{name}_{what}_p95_ms"] >= 0
+    ratios = json.loads(path.read_text())["ratios"]
+    for name in (
+        "copies: another stream's submit / wake delay p95 (ms)",
+        "copies: another stream's launch latency p95 / idle",
+    ):
+        assert isinstance(ratios[name]["value"], float | int), name
+        assert name in out
+    assert "uploads and downloads" in out

@@ -441,3 +441,49 @@ def test_a_long_kernel_costs_block_mode_at_most_a_few_sync_timeouts_a_second() -
         current = next_slice(current, True)
     assert timeouts <= 5 + 10  # the ramp to MAX_SLICE_MS, then one a second
     assert max(slices) == MAX_SLICE_MS
+
+
+# --- streams dropped without aclose() ----------------------------------------------------------
+
+
+def test_a_dropped_lane_is_retired_once_nothing_of_it_is_in_flight() -> None:
+    from aio_ascend._sched.dropped import DroppedLanes
+
+    dropped = DroppedLanes(0)
+    busy, idle = Lane(1, 8, 64), Lane(2, 8, 64)
+    busy.admission.in_flight = 2
+    closed, external = Lane(3, 8, 64), Lane(4, 8, 64, external=True)
+    closed.closed = True  # closed by aclose() or by the device: not leaked
+    for lane in (busy, idle, closed, external):
+        dropped.drop(lane)
+    with pytest.warns(ResourceWarning) as warned:
+        due = dropped.due()
+    assert len(warned) == 2  # busy and idle; someone else's stream holds nothing of ours
+    assert due == [idle, external]
+    assert busy.closed and idle.closed and external.closed  # no new work from here on
+    assert dropped.retiring == [busy]
+    assert dropped.due() == []  # still in flight: waits, warned once
+    busy.admission.in_flight = 0
+    assert dropped.due() == [busy]
+    assert dropped.retiring == []
+
+
+def test_retiring_dropped_lanes_destroys_theirs_and_keeps_a_failed_one() -> None:
+    from aio_ascend._sched.dropped import DroppedLanes
+
+    dropped = DroppedLanes(0)
+    mine, refused, external = Lane(1, 8, 64), Lane(2, 8, 64), Lane(3, 8, 64, external=True)
+    lanes = [mine, refused, external]
+    destroyed: list[int] = []
+
+    def destroy(handle: int) -> None:
+        if handle == 2:
+            raise InvalidParamError("refused", code=107000)
+        destroyed.append(handle)
+
+    for lane in lanes:
+        dropped.drop(lane)
+    with pytest.warns(ResourceWarning):
+        dropped.retire(lanes, destroy)
+    assert destroyed == [1]  # an external stream is never destroyed here
+    assert lanes == [refused]  # left for the device's close to destroy

@@ -1,0 +1,368 @@
+"""One stream never costs another: big host copies on one stream hold up no other stream's
+submissions or completions; streams dropped without ``aclose()`` are released, and their number
+does not weigh on later work."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+import pytest
+from helpers import OpenDevice, assert_runtime_clean, live_resources
+
+import aio_ascend as aa
+from aio_ascend._errors import MemoryAllocationError
+
+#: bigger than what is staged at hand (1 MiB): the host side goes to a staging thread
+BIG = 4 << 20
+#: what the slowed host side of one big copy takes (a cold pinned allocation of hundreds of
+#: MiB, or its first touch, takes that long)
+STALL_S = 0.5
+
+
+def _p95(values: list[float]) -> float:
+    return float(np.percentile(values, 95, method="nearest"))
+
+
+@pytest.fixture
+def slow_big_host_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every host-side copy of a big block (staging an upload, unstaging a download) takes
+    STALL_S longer: whichever thread does it is held that long."""
+    copyto = np.copyto
+
+    def slow(dst: Any, src: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(dst, "nbytes", 0) >= BIG:
+            time.sleep(STALL_S)
+        copyto(dst, src, *args, **kwargs)
+
+    monkeypatch.setattr(np, "copyto", slow)
+
+
+def _slow_staging_buffers(dev: aa.Device, stall_s: float) -> Callable[[int], Any]:
+    """Make taking the pinned staging buffer of a big copy slow; return the real one."""
+    submitter = dev._scheduler._submitter
+    acquire: Callable[[int], Any] = submitter._stage
+
+    def slow(nbytes: int) -> Any:
+        if nbytes >= BIG:
+            time.sleep(stall_s)
+        return acquire(nbytes)
+
+    submitter._stage = slow
+    return acquire
+
+
+@pytest.mark.anyio
+@pytest.mark.usefixtures("slow_big_host_copies")
+async def test_big_copies_on_one_stream_hold_up_no_other_stream(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        noop = dev.function("noop")
+        copier, other = dev.stream(), dev.stream()
+        buf = dev.malloc(BIG)
+        src = np.arange(BIG, dtype=np.uint64).astype(np.uint8)
+        out = np.zeros(BIG, np.uint8)
+        await other.run(noop, 1)
+        up = await copier.copy_to_device(buf, src)
+        down = await copier.copy_to_host(out, buf)
+        tail = await copier.launch(noop, 1)  # behind both, on their stream
+        submit: list[float] = []
+        wake: list[float] = []
+        with anyio.fail_after(30):
+            while not tail.done():
+                task = await other.launch(noop, 1)
+                await task
+                assert task.submitted_at is not None and task.completed_at is not None
+                assert task.resumed_at is not None
+                submit.append(task.submitted_at - task.admitted_at)
+                wake.append(task.resumed_at - task.completed_at)
+                await anyio.sleep(0.005)
+            await tail
+        # held up behind the copies, each launch would wait STALL_S (the copies take 2 x
+        # STALL_S); each takes ~1 ms instead
+        assert len(submit) >= 10
+        assert _p95(submit) < STALL_S / 5, sorted(submit)[-5:]
+        assert _p95(wake) < STALL_S / 5, sorted(wake)[-5:]
+        await up
+        assert np.array_equal(out, src)
+        assert up.completed_at is not None and down.completed_at is not None
+        assert tail.completed_at is not None
+        assert up.completed_at <= down.completed_at <= tail.completed_at
+
+
+def _sleep_args(us: int) -> aa.HostArgs:
+    return aa.HostArgs().u32(us)
+
+
+async def _drop(keep: aa.Stream, doomed: list[aa.Stream]) -> None:
+    """Drop the streams of ``doomed`` (the only references) and let the loop side look at what
+    was collected (a flush, through another stream's launch)."""
+    doomed.clear()
+    gc.collect()
+    await keep.run(keep.device.function("noop"), 1)
+
+
+@pytest.mark.anyio
+async def test_a_dropped_stream_is_destroyed_after_its_queued_work(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        noop = dev.function("noop")
+        keep = dev.stream()
+        await keep.run(noop, 1)
+        base = live_resources(dev)["streams"]
+        doomed = [dev.stream()]
+        task = await doomed[0].launch(dev.function("sleep"), 1, _sleep_args(300_000))
+        after = await doomed[0].launch(noop, 1)
+        with pytest.warns(ResourceWarning, match=r"Stream .* without aclose\(\)"):
+            await _drop(keep, doomed)
+        # its work is still queued: the runtime stream is still there, closed to nothing else
+        assert not after.done()
+        assert live_resources(dev)["streams"] == base + 1
+        await task
+        await after  # the work queued on it completed normally
+        assert after.completed_at is not None
+        # destroyed in the same delivery round that finished its last task
+        assert live_resources(dev)["streams"] == base
+        assert dev.stats()["streams"] == 1
+        await keep.run(noop, 1)
+
+
+@pytest.mark.anyio
+async def test_a_stream_dropped_with_unflushed_work_runs_it_then_goes(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        noop = dev.function("noop")
+        keep = dev.stream()
+        base = live_resources(dev)["streams"]
+        doomed = [dev.stream()]
+        tasks = [await doomed[0].launch(noop, 1) for _ in range(5)]
+        # dropped in the same loop tick: its requests are not even submitted yet
+        with pytest.warns(ResourceWarning, match="without aclose"):
+            await _drop(keep, doomed)
+        for task in tasks:
+            await task
+        assert all(task.completed_at is not None for task in tasks)
+        await keep.run(noop, 1)
+        assert live_resources(dev)["streams"] == base
+        assert dev.stats()["streams"] == 1
+
+
+@pytest.mark.anyio
+async def test_closed_and_external_streams_dropped_warn_nothing_and_destroy_nothing_twice(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        noop = dev.function("noop")
+        keep = dev.stream()
+        handle = dev.runtime.create_stream()
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                closed = dev.stream()
+                await closed.run(noop, 1)
+                await closed.aclose()
+                external = dev.external_stream(handle)
+                await external.run(noop, 1)
+                del closed, external
+                gc.collect()
+                await keep.run(noop, 1)
+            assert [w for w in seen if issubclass(w.category, ResourceWarning)] == []
+            assert dev.stats()["streams"] == 1  # the external one is let go of ...
+            dev.runtime.synchronize_stream(handle, 1000)  # ... and its runtime stream is untouched
+            again = dev.external_stream(handle)  # wrapped anew, per request, and dropped
+            await again.run(noop, 1)
+            del again
+            gc.collect()
+            again = dev.external_stream(handle)
+            await again.aclose()
+        finally:
+            dev.runtime.destroy_stream(handle)
+
+
+@pytest.mark.anyio
+async def test_the_poller_visits_only_streams_with_work_outstanding(
+    open_dev: OpenDevice,
+) -> None:
+    # Per-launch cost independent of the number of streams ever made: each poll round looks
+    # at the streams that have batches outstanding, never at idle or dropped ones.
+    async with open_dev() as dev:
+        noop = dev.function("noop")
+        keep = dev.stream()
+        idle = [dev.stream() for _ in range(50)]
+        for s in idle:
+            await s.run(noop, 1)
+        doomed = [dev.stream() for _ in range(200)]
+        for index in range(len(doomed)):
+            await doomed[index].run(noop, 1)
+        with pytest.warns(ResourceWarning):
+            await _drop(keep, doomed)
+        poller = dev._scheduler._poller
+        assert poller._outstanding == {}  # every batch observed: nothing left to visit
+        slow = await keep.launch(dev.function("sleep"), 1, _sleep_args(500_000))
+        await idle[0].run(noop, 1)
+        assert set(poller._outstanding) == {keep.handle}
+        await slow
+        assert dev.stats()["streams"] == 1 + len(idle)
+        assert live_resources(dev)["streams"] == 1 + len(idle)
+
+
+@pytest.mark.anyio
+async def test_big_copies_keep_the_order_of_their_stream(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        a, b = dev.malloc(BIG), dev.malloc(BIG)
+        first = np.full(BIG, 1, np.uint8)
+        _slow_staging_buffers(dev, 0.2)  # the work queued behind it must wait for it
+        tasks = [
+            await s.copy_to_device(a, first),
+            await s.copy_to_device(a[:4096], np.full(4096, 2, np.uint8)),  # after the big one
+            await s.copy_device(b, a),
+            await s.memset(a[4096:8192], 3),
+            await s.copy_to_device(b[8192:], np.full(BIG - 8192, 4, np.uint8)),  # big again
+        ]
+        small = np.empty(4096, np.uint8)
+        big_out = np.empty(BIG, np.uint8)
+        down = await s.copy_to_host(big_out, b)
+        after = await s.copy_to_host(small, a[:4096])  # a small download behind a big one
+        await after
+        assert down.done() and all(task.done() for task in tasks)
+        for task in [*tasks, down]:
+            await task
+        expected = np.full(BIG, 4, np.uint8)
+        expected[:4096] = 2
+        expected[4096:8192] = 1
+        assert np.array_equal(big_out, expected)
+        assert (small == 2).all()
+        assert np.array_equal(await s.download(a[4096:8192]), np.full(4096, 3, np.uint8))
+
+
+@pytest.mark.anyio
+async def test_a_big_copy_whose_staging_buffer_is_refused_fails_with_its_stream_rest(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        noop = dev.function("noop")
+        s, other = dev.stream(), dev.stream()
+        buf = dev.malloc(BIG)
+        submitter = dev._scheduler._submitter
+        acquire = submitter._stage
+        refusal = MemoryAllocationError("no pinned memory left", code=207001)
+
+        def refuse(nbytes: int) -> Any:
+            if nbytes >= BIG:
+                raise refusal
+            return acquire(nbytes)
+
+        submitter._stage = refuse
+        up = await s.copy_to_device(buf, np.ones(BIG, np.uint8))
+        behind = await s.launch(noop, 1)
+        await other.run(noop, 1)
+        with pytest.raises(MemoryAllocationError) as caught:
+            await up
+        assert caught.value is refusal
+        with pytest.raises(aa.AscendError) as caught:
+            await behind
+        assert caught.value.__cause__ is refusal
+        assert dev.fault is None
+        submitter._stage = acquire
+        await s.upload(buf, np.ones(BIG, np.uint8))  # the stream goes on
+        assert (await s.download(buf) == 1).all()
+        stats = dev.stats()
+        assert stats["host_buffers_in_use"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_big_copy_staged_past_its_deadline_is_never_submitted(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev(task_timeout=0.2) as dev:
+        s = dev.stream()
+        buf = dev.malloc(BIG)
+        await s.memset(buf, 9)
+        acquire = _slow_staging_buffers(dev, 0.5)
+        up = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        behind = await s.memset(buf[:16], 5)
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+            await up
+        with pytest.raises(aa.TaskTimeoutError):
+            await behind
+        dev._scheduler._submitter._stage = acquire
+        assert (await s.download(buf) == 9).all()  # neither reached the device
+
+
+@pytest.mark.anyio
+async def test_a_timed_out_big_download_never_writes_user_memory(open_dev: OpenDevice) -> None:
+    async with open_dev(task_timeout=0.2) as dev:
+        s = dev.stream()
+        buf = dev.malloc(BIG)
+        await s.upload(buf, np.full(BIG, 7, np.uint8))
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(600_000))
+        out = np.zeros(BIG, np.uint8)
+        task = await s.copy_to_host(out, buf)
+        with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError):
+            await task
+        with pytest.raises(aa.TaskTimeoutError):
+            await s.synchronize()
+        await anyio.sleep(0.1)
+        assert not out.any(), "a failed copy wrote into the user's array"
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("where", ["staging", "unstaging"])
+async def test_a_forced_close_during_a_big_copys_host_side_leaves_nothing(
+    open_dev: OpenDevice, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    copyto = np.copyto
+    started = threading.Event()
+
+    def slow(dst: Any, src: Any, *args: Any, **kwargs: Any) -> None:
+        if getattr(dst, "nbytes", 0) >= BIG:
+            started.set()
+            time.sleep(0.3)
+        copyto(dst, src, *args, **kwargs)
+
+    dev = await open_dev()
+    s = dev.stream()
+    buf = dev.malloc(BIG)
+    out = np.zeros(BIG, np.uint8)
+    if where == "unstaging":
+        await s.upload(buf, np.full(BIG, 1, np.uint8))
+    monkeypatch.setattr(np, "copyto", slow)
+    if where == "staging":
+        task = await s.copy_to_device(buf, np.full(BIG, 1, np.uint8))
+    else:
+        task = await s.copy_to_host(out, buf)
+    behind = await s.launch(dev.function("noop"), 1)
+    with anyio.fail_after(10):
+        assert await anyio.to_thread.run_sync(started.wait, 5)
+        await dev.aclose(timeout=0.01)
+    assert task.done() and behind.done()
+    if where == "unstaging" and task.exception() is not None:
+        assert not out.any(), "a failed download wrote into the user's array"
+    assert_runtime_clean(dev)
+
+
+@pytest.mark.anyio
+async def test_cancelling_the_wait_for_a_big_copy_releases_nothing_early(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        buf = dev.malloc(BIG)
+        src = np.full(BIG, 6, np.uint8)
+        acquire = _slow_staging_buffers(dev, 0.3)
+        with anyio.move_on_after(0.05) as scope:
+            await s.upload(buf, src)  # cancelled while its staging buffer is being taken
+        assert scope.cancelled_caught
+        del src  # the request holds what it needs
+        gc.collect()
+        await s.synchronize()  # the upload still ran, whole
+        dev._scheduler._submitter._stage = acquire
+        assert (await s.download(buf) == 6).all()
+        assert dev.stats()["host_buffers_in_use"] == 0
