@@ -469,6 +469,7 @@ def test_the_double_faults_args_freed_before_the_kernel_runs(ctl: DoubleControl)
         x = kit.upload(np.ones(n, dtype=F32))
         image = HostArgs().ptr(x).ptr(x).f32(1.0).u32(n).to_bytes()
         args = kit.upload(np.frombuffer(image, dtype=np.uint8))
+        runtime.synchronize_stream(kit.stream, SYNC_MS)  # the args are on the device
         kit.launch("sleep", HostArgs().u32(20_000))
         _raw_launch(runtime, kit, "axpy", args, len(image))
         runtime.free(args)  # freed while the kernel that reads it is still queued

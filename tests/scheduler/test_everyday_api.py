@@ -402,6 +402,8 @@ async def test_an_external_stream_is_used_but_never_destroyed(
 ) -> None:
     async with open_any() as dev:
         runtime = dev.runtime
+        # as its owner would: in the device's context (not whatever this thread has current)
+        runtime.set_current_context(runtime.context)
         handle = runtime.create_stream()
         streams = dev.stats()["streams"]
         ext = dev.external_stream(handle)
