@@ -285,9 +285,7 @@ class Device:
         :meth:`Stream.synchronize` does, the unretrieved failures of every stream's tasks and
         the device's fault."""
         scheduler = self._scheduler
-        for lane in list(scheduler.lanes):
-            await scheduler.drain_lane(lane)
-        scheduler.raise_unseen(None, "tasks of this device")
+        await scheduler.synchronize(list(scheduler.lanes), None, "tasks of this device")
 
     async def aclose(
         self,

@@ -551,9 +551,7 @@ class Stream:
         each only once, and ``ClosedError`` from a cancelling close does not count), and the
         device's fault if it has one (every time).
         """
-        scheduler = self._scheduler
-        await scheduler.drain_lane(self._lane)
-        scheduler.raise_unseen(self._ref, "tasks of this stream")
+        await self._scheduler.synchronize([self._lane], self._ref, "tasks of this stream")
 
     async def aclose(self) -> None:
         """Wait for this stream's work, then destroy it. Idempotent."""

@@ -211,10 +211,18 @@ class Scheduler:
         if self.faults.first is not None:
             raise self.fault_error()
 
-    def raise_unseen(self, stream_ref: Any, what: str) -> None:
-        """What ``synchronize()`` raises: the unretrieved failures of one stream's tasks (all
-        streams' for None), once, and the device's fault, every time."""
-        errors = self.failures.take(stream_ref)
+    async def synchronize(self, lanes: list[Lane], stream_ref: Any, what: str) -> None:
+        """Wait for the work queued on ``lanes`` so far; then raise the unretrieved failures of
+        one stream's tasks (every stream's for None), once, and the device's fault, every
+        time. A close while it waits cannot take those failures from it."""
+        claim = self.failures.claim(stream_ref)
+        try:
+            for lane in lanes:
+                await self.drain_lane(lane)
+        finally:
+            errors = self.failures.release(claim)
+        seen = {id(error) for error in errors}
+        errors.extend(e for e in self.failures.take(stream_ref) if id(e) not in seen)
         if self.faults.first is not None:
             errors.append(self.fault_error())
         raise_failures(errors, what)

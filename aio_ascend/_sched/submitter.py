@@ -12,6 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -83,6 +84,8 @@ class Submitter:
         #: hops handed over and not yet taken, oldest first (read by the watchdog)
         self.waiting: deque[Hop] = deque()
         self._current: Hop | None = None  # the hop being submitted
+        #: runtime errors caught in the hop being submitted (see _forget_frames)
+        self._caught: list[BaseException] = []
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
@@ -174,6 +177,8 @@ class Submitter:
                     self._current = item
                     self._hop(item)
                     self._current = None
+                    if self._caught:
+                        self._forget_frames()
                     self._turns.offer()  # hops of a few requests add up too
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
                 failures: list[Delivery] = [
@@ -183,6 +188,15 @@ class Submitter:
                 self._post(failures, self.counters)
                 del failures
             del item
+
+    def _forget_frames(self) -> None:
+        # The tracebacks of errors caught in _hop hold its frame (now finished), whose locals
+        # hold the requests: each failed task would hold itself through its own error, and a
+        # refused task nobody awaits would wait for the garbage collector instead of being
+        # logged when it is dropped. Their lines stay; the locals go.
+        for exc in self._caught:
+            traceback.clear_frames(exc.__traceback__)
+        self._caught.clear()
 
     def _hop(self, hop: Hop) -> None:
         runtime = self._runtime
@@ -230,8 +244,10 @@ class Submitter:
                         if req.is_copy:
                             counters.copies += 1
                 except AscendError as exc:  # the runtime refused: the rest of the stream's hop
+                    self._caught.append(exc)
                     error = broken[lane] = self._classify(exc)  # fails with it as cause
                 except Exception as exc:  # a bug of ours: fails this request only
+                    self._caught.append(exc)
                     error = InternalError(f"submitting {req.kind} failed: {exc!r}")
                     error.__cause__ = exc
                 else:
@@ -277,6 +293,7 @@ class Submitter:
             self._runtime.record_event(event, lane.handle)
         except BaseException as exc:
             # Submitted work we cannot track: fail its tasks, keep its resources until close.
+            self._caught.append(exc)
             error = self._classify(exc)
             self.orphans.extend(requests)
             failures.extend((req, error, Outcome.FINISHED) for req in requests)

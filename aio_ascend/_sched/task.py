@@ -20,8 +20,9 @@ _now = time.perf_counter
 class FailureSink(Protocol):
     """Where a failed task's error waits until it is retrieved (``unseen.FailureLog``)."""
 
-    def note(self, task: Task, exc: BaseException, kind: str, stream_ref: Any) -> Any:
-        """``task`` failed: a record to hand back to :meth:`retrieved`, or None."""
+    def note(self, task: Task, exc: BaseException, kind: str, stream_ref: Any, waited: bool) -> Any:
+        """``task`` failed (``waited``: coroutines were awaiting it, to raise its error): a
+        record to hand back to :meth:`retrieved`, or None."""
         ...
 
     def retrieved(self, record: Any) -> None:
@@ -73,6 +74,7 @@ class Task:
         "_done",
         "_exc",
         "_failures",
+        "_retrievers",
         "_stream_ref",
         "_unseen",
         "_waiters",
@@ -102,6 +104,7 @@ class Task:
         self._done = False
         self._exc: BaseException | None = None
         self._waiters: list[Any] | None = None
+        self._retrievers = 0  # waiters that will raise its error (``await``, not wait_finished)
         # one clock call per task: the launch hot path (bench "(c) scheduler" row)
         self.admitted_at: float = _now()
         self.submitted_at: float | None = None
@@ -150,7 +153,11 @@ class Task:
                 adapter.ready_awaits = 0
                 await adapter.checkpoint()
         else:
-            await self.wait_finished()
+            self._retrievers += 1
+            try:
+                await self.wait_finished()
+            finally:
+                self._retrievers -= 1
         if self._exc is not None:
             if self._unseen is not None:
                 self._retrieved()
@@ -189,7 +196,9 @@ class Task:
         self._done = True
         self._exc = exc
         if exc is not None and self._failures is not None:
-            self._unseen = self._failures.note(self, exc, self.kind, self._stream_ref)
+            self._unseen = self._failures.note(
+                self, exc, self.kind, self._stream_ref, self._retrievers > 0
+            )
         waiters = self._waiters
         if not waiters:
             return 0

