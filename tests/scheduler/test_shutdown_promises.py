@@ -12,6 +12,7 @@ import logging
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from helpers import OpenDevice
 
@@ -146,24 +147,26 @@ async def test_ten_thousand_waiters_on_one_task_wake_a_chunk_per_loop_turn(
         task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(300_000))
         awaited: Any = await s.record_event() if what == "event" else task
         stop = anyio.Event()
+        all_seen = anyio.Event()
 
         async def ticker() -> None:
             nonlocal turns
             while not stop.is_set():
                 turns += 1
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
 
         async def waiter() -> None:
             await awaited
             seen.append(turns)
+            if len(seen) == n:
+                all_seen.set()
 
         with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 for _ in range(n):
                     tg.start_soon(waiter)
                 tg.start_soon(ticker)
-                while len(seen) < n:
-                    await anyio.sleep(0.01)
+                await all_seen.wait()
                 stop.set()
     assert len(seen) == n
     # one turn per chunk at least (before: every waiter resumed within one or two turns)
