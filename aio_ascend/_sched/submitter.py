@@ -31,6 +31,7 @@ from .batching import Hop
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, classify_refusal
+from .forcing import LaneForce, gave_up
 from .lane import Lane
 from .lifetimes import Lifetimes
 from .watchdog import log_expired
@@ -60,7 +61,7 @@ class Submitter:
         batch_events: BatchEvents,
         post: Callable[[list[Delivery], Counters], None],
         stage: Callable[[int], HostBuffer],
-        to_poller: Callable[[Batch], None],
+        to_poller: Callable[[Batch | LaneForce], None],
         task_timeout: float,
         pulse: LoopPulse | None = None,
     ) -> None:
@@ -96,6 +97,11 @@ class Submitter:
         """Hand one tick's requests over (loop thread, non-blocking)."""
         self.waiting.append(hop)
         self._inbox.put(hop)
+
+    def force(self, force: LaneForce) -> None:
+        """Pass ``force`` on to the poller after the hops handed over so far (loop thread):
+        its stream, marked ``forced`` before, gets nothing submitted from then on."""
+        self._inbox.put(force)
 
     def stop(self) -> None:
         """Ask the thread to exit once it has finished the hop it is in."""
@@ -160,6 +166,10 @@ class Submitter:
             item = get()
             if item is _STOP:
                 return
+            if type(item) is LaneForce:
+                self._to_poller(item)  # behind every batch its stream got
+                del item
+                continue
             while waiting and waiting[0] is not item:
                 waiting.popleft()  # expired by the watchdog
             if waiting:
@@ -219,6 +229,8 @@ class Submitter:
                 error = derived_error(first, "device faulted earlier")
             elif error is not None:
                 error = derived_error(error, "not submitted: an earlier request was refused")
+            elif lane.forced:  # its stream is being destroyed by force
+                error = gave_up(req.kind)
             if error is None:
                 try:
                     if type(req) is Launch:
