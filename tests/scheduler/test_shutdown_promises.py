@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from typing import Any
 
 import anyio
 import anyio.lowlevel
+import numpy as np
 import pytest
-from helpers import OpenDevice
+from helpers import OpenDevice, assert_runtime_clean, live_resources
 
 import aio_ascend as aa
 from aio_ascend.testing import inject_hang, refuse_launches
@@ -171,3 +173,135 @@ async def test_ten_thousand_waiters_on_one_task_wake_a_chunk_per_loop_turn(
     assert len(seen) == n
     # one turn per chunk at least (before: every waiter resumed within one or two turns)
     assert len(set(seen)) >= n // MAX_WAKES_PER_TURN // 2, sorted(set(seen))
+
+
+# --- Stream.aclose(timeout=, cancel=) ---------------------------------------------------------
+
+
+async def test_a_forced_stream_close_returns_on_time_and_fails_what_never_finished(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung kernel and a copy behind it: ``s.aclose(timeout=0.2)`` returns on time (it
+    waited for the watchdog, 600 s, before), both fail as a forced device close fails them,
+    and the device closes normally afterwards."""
+    dev = await open_dev()
+    s = dev.stream()
+    buf = dev.malloc(1024)
+    hung = await inject_hang(s)
+    behind = await s.copy_to_device(buf, np.ones(256, np.float32))
+    started = time.perf_counter()
+    with anyio.fail_after(10):
+        await s.aclose(timeout=0.2)
+    took = time.perf_counter() - started
+    assert 0.2 <= took < 2.0, took  # liveness: 10x margin under load
+    for task in (hung, behind):
+        assert isinstance(task.exception(), aa.TaskTimeoutError)
+        assert "did not finish before aclose() gave up" in str(task.exception())
+    assert s.closed
+    assert dev.stats()["streams"] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("by force" in m for m in warnings), warnings
+    await s.aclose(timeout=0.2)  # idempotent
+    with anyio.fail_after(10):
+        await dev.aclose()  # nothing left to wait for: no force needed
+    buf.free()
+    assert_runtime_clean(dev)
+
+
+async def test_a_forced_stream_close_frees_nothing_until_the_device_closes(
+    open_dev: OpenDevice,
+) -> None:
+    """The device may still be running the forced work: its pinned staging and the device
+    buffer it uses (freed by the user meanwhile) stay allocated until the device's close."""
+    dev = await open_dev()
+    s = dev.stream()
+    buf = dev.malloc(1 << 16)
+    await inject_hang(s)
+    await s.copy_to_device(buf, np.ones(1 << 14, np.float32))
+    await s.copy_to_host(np.empty(1 << 14, np.float32), buf)
+    before = live_resources(dev)
+    with anyio.fail_after(10):
+        await s.aclose(timeout=0.1)
+    buf.free()
+    await anyio.sleep(0.05)
+    live = live_resources(dev)
+    assert live["device_allocations"] == before["device_allocations"], (before, live)
+    assert live["host_allocations"] == before["host_allocations"], (before, live)
+    assert dev.stats()["host_buffers_in_use"] > 0  # the hang's args, the copies' staging
+    assert dev.stats()["device_buffers"] == 1  # freed by the user, not by the runtime yet
+    with anyio.fail_after(10):
+        await dev.aclose()
+    assert_runtime_clean(dev)
+
+
+async def test_other_streams_flow_during_and_after_a_forced_stream_close(
+    open_dev: OpenDevice,
+) -> None:
+    dev = await open_dev()
+    hung_stream, other = dev.stream(), dev.stream()
+    noop = dev.function("noop")
+    await inject_hang(hung_stream)
+    closing = anyio.Event()
+    closed = anyio.Event()
+    during = after = 0
+
+    async def run_others() -> None:
+        nonlocal during, after
+        await closing.wait()
+        while True:
+            await other.run(noop, 1)
+            if closed.is_set():
+                after += 1
+                if after == 50:
+                    return
+            else:
+                during += 1
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_others)
+            closing.set()
+            await hung_stream.aclose(timeout=0.2)
+            closed.set()
+    assert during > 0 and after == 50, (during, after)
+    await other.synchronize()
+    await dev.aclose()
+    assert_runtime_clean(dev)
+
+
+async def test_stream_aclose_cancel_drops_only_the_unsubmitted(open_dev: OpenDevice) -> None:
+    """``cancel=True``: what is not handed to the runtime yet fails with ClosedError; what is
+    submitted is waited for (no force), even when the stream's latest task was dropped."""
+    async with open_dev() as dev:
+        s = dev.stream()
+        running = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(100_000))
+        await anyio.sleep(0.02)  # a few loop turns: handed to the runtime
+        dropped = await s.launch(dev.function("noop"), 1)  # this turn: not yet
+        with anyio.fail_after(10):
+            await s.aclose(cancel=True)
+        assert running.done() and running.exception() is None
+        assert isinstance(dropped.exception(), aa.ClosedError)
+        assert dev.stats()["streams"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"timeout": "1"}, TypeError),
+        ({"timeout": True}, TypeError),
+        ({"timeout": -1}, ValueError),
+        ({"timeout": float("nan")}, ValueError),
+        ({"cancel": 1}, TypeError),
+    ],
+)
+async def test_bad_close_arguments_are_refused_before_anything_happens(
+    open_dev: OpenDevice, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        with pytest.raises(error):
+            await s.aclose(**kwargs)
+        assert not s.closed
+        with pytest.raises(error):
+            await dev.aclose(**kwargs)
+        await s.run(dev.function("noop"), 1)  # both still work
