@@ -19,6 +19,7 @@ import pytest
 from helpers import OpenDevice, assert_runtime_clean, live_resources
 
 import aio_ascend as aa
+from aio_ascend._errors import EventSyncTimeoutError
 from aio_ascend.testing import inject_hang, refuse_launches
 
 pytestmark = pytest.mark.anyio
@@ -305,3 +306,55 @@ async def test_bad_close_arguments_are_refused_before_anything_happens(
         with pytest.raises(error):
             await dev.aclose(**kwargs)
         await s.run(dev.function("noop"), 1)  # both still work
+
+
+# --- block mode and a forced close ------------------------------------------------------------
+
+
+async def test_block_mode_meets_a_forced_close_timeout(open_dev: OpenDevice) -> None:
+    """Block mode's waiter sleeps in the runtime in slices that grow to 1 s: after 1.7 s of a
+    hung kernel its slice runs to ~2.55 s, and the close waited for it (0.85 s for a 0.2 s
+    timeout; 0.55 s was reported after a 3 s kernel). A forced destroy now wakes it."""
+    dev = await open_dev(completion="block")
+    s = dev.stream()
+    await inject_hang(s)
+    await anyio.sleep(1.7)
+    started = time.perf_counter()
+    with anyio.fail_after(10):
+        await dev.aclose(timeout=0.2)
+    took = time.perf_counter() - started
+    assert 0.2 <= took < 0.6, took
+
+
+async def test_a_forced_stream_destroy_wakes_a_thread_synchronizing_on_its_event(
+    open_dev: OpenDevice,
+) -> None:
+    """The mechanism under the test above, in the runtime: a thread blocked in
+    synchronize_event on an event recorded behind a hung kernel returns, failing, once the
+    event's stream is destroyed by force (the sim waited out its 5 s timeout before)."""
+    dev = await open_dev()
+    s = dev.stream()
+    await inject_hang(s)
+    event = await s.record_event()
+    await anyio.sleep(0.05)  # handed to the runtime
+    runtime = dev.runtime
+    outcome: list[Any] = []
+
+    def synchronize() -> None:
+        runtime.set_current_context()
+        started = time.perf_counter()
+        try:
+            runtime.synchronize_event(event.handle, 5000)
+        except aa.AscendError as exc:
+            outcome.append(exc)
+        outcome.append(time.perf_counter() - started)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, synchronize)
+            await anyio.sleep(0.2)
+            await s.aclose(timeout=0.05)
+    assert outcome[-1] < 2.5, outcome
+    assert isinstance(outcome[0], aa.RuntimeAPIError), outcome
+    assert not isinstance(outcome[0], EventSyncTimeoutError), outcome
+    await dev.aclose()
