@@ -592,8 +592,9 @@ class Scheduler:
         lane.forced = True
         force = LaneForce(lane)
         self._submitter.force(force)
-        if not await wait_set(force.done, time.monotonic() + JOIN_TIMEOUT_S):
-            return  # a thread stuck in a runtime call: left to the device's close
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        if not await wait_set(force.done, deadline, lambda: self.state is not DeviceState.OPEN):
+            return  # the device is closing, or a thread is stuck: left to the device's close
         if lane in self.lanes:
             self.lanes.remove(lane)
         if lane.last is not None:  # the poller's deliveries fail its tasks

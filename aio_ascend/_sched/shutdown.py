@@ -8,7 +8,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 
@@ -70,9 +70,14 @@ async def join(thread: threading.Thread, deadline: float) -> None:
         await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
 
 
-async def wait_set(event: threading.Event, deadline: float) -> bool:
-    """Wait until a thread sets ``event`` or ``deadline`` has passed; whether it was set."""
-    while not event.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110
+async def wait_set(
+    event: threading.Event, deadline: float, give_up: Callable[[], bool] | None = None
+) -> bool:
+    """Wait until a thread sets ``event``, ``deadline`` has passed or ``give_up()`` is true;
+    whether it was set."""
+    while not event.is_set() and time.monotonic() < deadline:
+        if give_up is not None and give_up():
+            break
         await anyio.sleep(0.001)  # nor can a threading.Event be: poll it briefly
     return event.is_set()
 

@@ -7,6 +7,7 @@ On the sim and the acl C double, on asyncio, uvloop and trio (``open_dev``).
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
@@ -358,3 +359,20 @@ async def test_a_forced_stream_destroy_wakes_a_thread_synchronizing_on_its_event
     assert isinstance(outcome[0], aa.RuntimeAPIError), outcome
     assert not isinstance(outcome[0], EventSyncTimeoutError), outcome
     await dev.aclose()
+
+
+async def test_a_forced_stream_close_racing_the_device_close(open_dev: OpenDevice) -> None:
+    """Both force the same hung stream at once: both return on time, the task fails once,
+    and nothing is left behind (the stream is destroyed exactly once)."""
+    dev = await open_dev()
+    s, other = dev.stream(), dev.stream()
+    hung = await inject_hang(s)
+    await inject_hang(other)
+    started = time.perf_counter()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(s.aclose, timeout=0.1))
+            await dev.aclose(timeout=0.1)
+    assert time.perf_counter() - started < 2.0
+    assert isinstance(hung.exception(), aa.TaskTimeoutError)
+    assert_runtime_clean(dev)
