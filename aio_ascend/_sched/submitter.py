@@ -12,9 +12,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable
+from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR, CO_ITERABLE_COROUTINE
 from typing import Any
 
 from .._errors import (
@@ -40,6 +40,8 @@ from .work import Batch, Delivery, Launch, Outcome, Request
 __all__ = ["Submitter"]
 
 _STOP = object()
+#: code flags of frames that ``frame.clear()`` would close (a generator's or coroutine's)
+_RESUMABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE
 
 
 class Submitter:
@@ -203,9 +205,19 @@ class Submitter:
         # The tracebacks of errors caught in _hop hold its frame (now finished), whose locals
         # hold the requests: each failed task would hold itself through its own error, and a
         # refused task nobody awaits would wait for the garbage collector instead of being
-        # logged when it is dropped. Their lines stay; the locals go.
+        # logged when it is dropped. Their lines stay; the locals go. A re-raised error (the
+        # runtime's sticky fault) also carries the frames of its earlier raises, a suspended
+        # coroutine of the loop's among them: clear() would close it, so those are left alone.
         for exc in self._caught:
-            traceback.clear_frames(exc.__traceback__)
+            tb = exc.__traceback__
+            while tb is not None:
+                frame = tb.tb_frame
+                if not frame.f_code.co_flags & _RESUMABLE:
+                    try:
+                        frame.clear()
+                    except RuntimeError:  # still running (this thread's, or another's)
+                        pass
+                tb = tb.tb_next
         self._caught.clear()
 
     def _hop(self, hop: Hop) -> None:
