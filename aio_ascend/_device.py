@@ -23,7 +23,7 @@ from ._sched.admission import ENTRIES_PER_REQUEST
 from ._sched.loop import current_loop_adapter
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
-from ._stream import Stream
+from ._stream import Stream, check_close_args, synchronize
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -332,9 +332,7 @@ class Device:
         :meth:`Stream.synchronize` does, the unretrieved failures of every stream's tasks and
         the device's fault."""
         scheduler = self._scheduler
-        for lane in list(scheduler.lanes):
-            await scheduler.drain_lane(lane)
-        scheduler.raise_unseen(None, "tasks of this device")
+        await synchronize(scheduler, list(scheduler.lanes), None, "tasks of this device")
 
     async def aclose(
         self,
@@ -353,6 +351,7 @@ class Device:
         Afterwards no thread of the device is alive and nothing it allocated is left. Calling
         it again is a no-op; it is shielded from cancellation once started.
         """
+        check_close_args(cancel, timeout)
         await self._scheduler.aclose(cancel=cancel, timeout=timeout)
         self._finalizer.detach()
 

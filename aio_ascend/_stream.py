@@ -19,8 +19,10 @@ from ._launch_config import LaunchConfig, LaunchConfigDict
 from ._module import Function
 from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.graphs import CaptureGraph, LaunchGraph
+from ._sched.lane import Lane
 from ._sched.scheduler import Scheduler
 from ._sched.task import Task
+from ._sched.unseen import raise_failures
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -307,6 +309,38 @@ class GraphCapture:
         self.graph = Graph(self._stream.device, record)
 
 
+def check_close_args(cancel: object, timeout: object) -> None:
+    """The arguments of ``aclose`` (a stream's or a device's): a bool, and None or seconds."""
+    if not isinstance(cancel, bool):
+        raise TypeError(f"cancel must be a bool, got {type(cancel).__name__}")
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(
+            f"timeout must be None or a number of seconds, got {type(timeout).__name__}"
+        )
+    if not timeout >= 0:  # NaN too
+        raise ValueError(f"timeout={timeout!r} must be None or >= 0")
+
+
+async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, what: str) -> None:
+    """Wait for the work queued on ``lanes`` so far; then raise the unretrieved failures of
+    one stream's tasks (every stream's for None), once, and the device's fault, every time.
+    A close while it waits cannot take those failures from it (they are claimed)."""
+    failures = scheduler.failures
+    claim = failures.claim(stream_ref)
+    try:
+        for lane in lanes:
+            await scheduler.drain_lane(lane)
+    finally:
+        errors = failures.release(claim)
+    seen = {id(error) for error in errors}
+    errors.extend(e for e in failures.take(stream_ref) if id(e) not in seen)
+    if scheduler.faults.first is not None:
+        errors.append(scheduler.fault_error())
+    raise_failures(errors, what)
+
+
 class Stream:
     """A device stream: work submitted to it runs in submission order.
 
@@ -582,13 +616,30 @@ class Stream:
         each only once, and ``ClosedError`` from a cancelling close does not count), and the
         device's fault if it has one (every time).
         """
-        scheduler = self._scheduler
-        await scheduler.drain_lane(self._lane)
-        scheduler.raise_unseen(self._ref, "tasks of this stream")
+        await synchronize(self._scheduler, [self._lane], self._ref, "tasks of this stream")
 
-    async def aclose(self) -> None:
-        """Wait for this stream's work, then destroy it. Idempotent."""
-        await self._scheduler.close_lane(self._lane)
+    async def aclose(
+        self,
+        *,
+        cancel: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - bounds the stream's work, not the call
+    ) -> None:
+        """Wait for this stream's work, then destroy it. Idempotent.
+
+        :param cancel: drop this stream's requests not yet handed to the runtime (their tasks
+            fail with ``ClosedError``) instead of submitting them; submitted work is still
+            waited for
+        :param timeout: seconds to wait for the stream's work; past it the stream is destroyed
+            by force and its unfinished tasks fail with ``TaskTimeoutError``, as in a forced
+            ``Device.aclose``, while the device and its other streams carry on. ``None`` waits
+            until every task has finished or been failed by the ``task_timeout`` watchdog.
+
+        What the forced work holds (its buffers, pinned staging) is released only when the
+        device closes: the device may still be running it. The forced part is shielded from
+        cancellation; cancelling the wait before it leaves the stream closed to new work.
+        """
+        check_close_args(cancel, timeout)
+        await self._scheduler.close_lane(self._lane, cancel=cancel, timeout=timeout)
 
     async def __aenter__(self) -> Stream:
         if self.closed:

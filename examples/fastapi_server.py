@@ -13,7 +13,13 @@ Runs on the embedded simulator (``sim``); needs the ``server`` extra
 
     python examples/fastapi_server.py --load 500 --concurrency 32   # load test, p50/p99
     python examples/fastapi_server.py --serve --port 8000           # serve on 127.0.0.1
-    uvicorn fastapi_server:app --port 8000                          # (from examples/)
+    uvicorn fastapi_server:app --port 8000 --timeout-graceful-shutdown 2   # (from examples/)
+
+Shutdown (Ctrl-C, SIGTERM) takes at most ``--close-timeout`` seconds (5), even while a kernel
+hangs: uvicorn gives running requests half of it (its graceful shutdown, then it cancels
+them), and the lifespan gives the device's leftover work a quarter before it destroys the
+streams by force (``Stream.aclose(cancel=True, timeout=...)``); the process exits in the
+rest.
 
 ``--load`` starts uvicorn in-process on 127.0.0.1 (a free port), sends N requests over HTTP
 with httpx, C at a time, and checks every response against the same model computed with
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import socket
 import struct
@@ -56,6 +63,16 @@ F32 = npt.NDArray[np.float32]
 D_IN, HIDDEN, D_OUT = 64, 256, 16
 MAX_BATCH = 32
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+#: seconds a server's shutdown may take, hung kernels included (``--close-timeout``)
+CLOSE_TIMEOUT = 5.0
+#: its shares: uvicorn's graceful shutdown (requests finishing, then cancelled), then the
+#: device's leftover work; the rest is for uvicorn's own steps and the process's exit
+GRACEFUL_SHARE, DEVICE_SHARE = 0.5, 0.25
+
+
+def shutdown_budget(close_timeout: float) -> tuple[float, float]:
+    """Of ``close_timeout``: (uvicorn's graceful shutdown, the device's close), in seconds."""
+    return close_timeout * GRACEFUL_SHARE, close_timeout * DEVICE_SHARE
 
 
 # --- the model ----------------------------------------------------------------------------------
@@ -176,9 +193,17 @@ class DeviceModel:
         self._all.append(scratch)
         return scratch
 
-    async def close(self) -> None:
-        for s in self.streams:
-            await s.aclose()
+    async def close(
+        self,
+        *,
+        cancel: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - bounds the device work, not the call
+    ) -> None:
+        """Close the streams together (their work awaited; with ``timeout``, those still busy
+        after it are destroyed by force), then free the buffers."""
+        async with anyio.create_task_group() as tg:
+            for s in self.streams:
+                tg.start_soon(functools.partial(s.aclose, cancel=cancel, timeout=timeout))
         for scratch in self._all:
             scratch.free()
         for buf in self.weights.values():
@@ -187,16 +212,24 @@ class DeviceModel:
 
 @contextlib.asynccontextmanager
 async def open_model(
-    *, backend: str = "sim", streams: int = 4, seed: int = 0, device_id: int = 0
+    *,
+    backend: str = "sim",
+    streams: int = 4,
+    seed: int = 0,
+    device_id: int = 0,
+    close_timeout: float = CLOSE_TIMEOUT,
 ) -> AsyncIterator[DeviceModel]:
-    """Open the device, upload the weights; on exit close both (all work awaited)."""
-    async with aa.open_device(device_id, backend=backend) as dev:
+    """Open the device, upload the weights; on exit close both within ``close_timeout``
+    (unsubmitted work dropped; what is still running after it is destroyed by force)."""
+    async with aa.open_device(device_id, backend=backend, close_timeout=close_timeout) as dev:
         dm = DeviceModel(dev, Model(seed), streams)
         try:
             await dm.upload()
             yield dm
         finally:
-            await dm.close()
+            deadline = time.monotonic() + close_timeout
+            await dm.close(cancel=True, timeout=close_timeout)
+            await dev.aclose(cancel=True, timeout=max(0.0, deadline - time.monotonic()))
 
 
 # --- the FastAPI app ----------------------------------------------------------------------------
@@ -243,16 +276,26 @@ InferenceDep = Annotated[Inference, Depends(get_inference)]
 
 
 def create_app(
-    *, backend: str = "sim", streams: int = 4, seed: int = 0, open_device: bool = True
+    *,
+    backend: str = "sim",
+    streams: int = 4,
+    seed: int = 0,
+    open_device: bool = True,
+    close_timeout: float = CLOSE_TIMEOUT,
 ) -> FastAPI:
     """The app. With ``open_device``, its lifespan opens the device for the server's life and
-    puts the model on ``app.state``; without, whoever serves it overrides ``get_inference``."""
+    puts the model on ``app.state``; without, whoever serves it overrides ``get_inference``.
+    ``close_timeout``: the server's whole shutdown (see :func:`serve`)."""
+    device_close_s = shutdown_budget(close_timeout)[1]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # The device lives exactly as long as the server: opened at startup, closed (all work
-        # awaited, threads joined) at shutdown, within close_timeout if shutdown is cancelled.
-        async with open_model(backend=backend, streams=streams, seed=seed) as dm:
+        # The device lives exactly as long as the server: opened at startup, closed at
+        # shutdown, once uvicorn has finished (or cancelled) the requests: what they left
+        # running gets the device's share of close_timeout, then is destroyed by force.
+        async with open_model(
+            backend=backend, streams=streams, seed=seed, close_timeout=device_close_s
+        ) as dm:
             app.state.device_model = dm
             try:
                 yield
@@ -281,7 +324,31 @@ def create_app(
     return app
 
 
-app = create_app()  # `uvicorn fastapi_server:app`
+app = create_app()  # `uvicorn fastapi_server:app --timeout-graceful-shutdown 2`
+
+
+def serve(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    backend: str = "sim",
+    streams: int = 4,
+    close_timeout: float = CLOSE_TIMEOUT,
+) -> None:
+    """Serve the app with uvicorn until Ctrl-C or SIGTERM; shutting down takes at most
+    ``close_timeout`` s: running requests get half of it (uvicorn's graceful shutdown, which
+    then cancels them: without it uvicorn waits for a hung request forever), the device's
+    close a quarter (see :func:`shutdown_budget`)."""
+    import uvicorn
+
+    graceful, _ = shutdown_budget(close_timeout)
+    uvicorn.run(
+        create_app(backend=backend, streams=streams, close_timeout=close_timeout),
+        host=host,
+        port=port,
+        lifespan="on",
+        timeout_graceful_shutdown=graceful,  # type: ignore[arg-type]  # a float works
+    )
 
 
 # --- serving in-process, and the load test (the client side) ------------------------------------
@@ -463,7 +530,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, metavar="C")
     parser.add_argument("--serve", action="store_true", help="serve with uvicorn")
     parser.add_argument("--host", default="127.0.0.1", help="loopback only")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="0: a free port (logged)")
+    parser.add_argument(
+        "--close-timeout",
+        type=float,
+        default=CLOSE_TIMEOUT,
+        metavar="S",
+        help="most seconds a shutdown takes, hung kernels included",
+    )
     parser.add_argument("--backend", default="sim", help="the model uses the sim's kernels")
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -472,13 +546,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.serve:
         if args.host not in LOOPBACK:
             parser.error(f"--host {args.host}: this example only listens on loopback")
-        import uvicorn
-
-        uvicorn.run(
-            create_app(backend=args.backend, streams=args.streams),
+        if not args.close_timeout > 0:
+            parser.error("--close-timeout must be > 0")
+        serve(
             host=args.host,
             port=args.port,
-            lifespan="on",
+            backend=args.backend,
+            streams=args.streams,
+            close_timeout=args.close_timeout,
         )
         return 0
 

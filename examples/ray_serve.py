@@ -49,6 +49,7 @@ if __name__ == "__main__":
 import anyio
 import numpy as np
 from fastapi_server import (
+    CLOSE_TIMEOUT,
     F32,
     MAX_BATCH,
     DeviceModel,
@@ -164,11 +165,13 @@ class NPUReplica:
         if dm is None:
             return  # never used: nothing was opened
         try:
-            await dm.close()  # all queued work awaited
+            # Requests have drained; what is still running past close_timeout (a hung kernel)
+            # is destroyed by force instead of holding the replica until task_timeout.
+            await dm.close(cancel=True, timeout=CLOSE_TIMEOUT)
             stats = dict(dm.dev.stats())
             self._export_stats(dm, force=True)
         finally:
-            await dm.dev.aclose(timeout=10)
+            await dm.dev.aclose(cancel=True, timeout=CLOSE_TIMEOUT)
         if self.shutdown_report:
             threads = [t.name for t in threading.enumerate() if t.name.startswith("aio_ascend-")]
             report = {

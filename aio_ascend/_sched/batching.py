@@ -24,7 +24,8 @@ def flush_now(pending: int, flush_at: int) -> bool:
 
 
 def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
-    """Mark the requests that close a batch; the entries to refund per stream.
+    """Mark the requests that close a batch; the entries to refund per stream. Each stream's
+    latest task is noted as handed over (``Lane.flushed``).
 
     Per stream, counting from its last request of the hop backwards, every ``cap``-th one
     closes a batch (so the last one always does). A request that does not close one needs
@@ -32,7 +33,9 @@ def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
     request (bench "(c) scheduler" row).
     """
     if len(requests) == 1:  # batch_cap=1, or a lone request: it closes its batch
-        requests[0].closes_batch = True
+        request = requests[0]
+        request.closes_batch = True
+        request.lane.flushed = request.lane.last
         return {}
     counts: dict[Lane, int] = {}
     get = counts.get
@@ -46,6 +49,7 @@ def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
             request.entries = 1
     refunds = {}
     for lane, count in counts.items():
+        lane.flushed = lane.last
         refund = count - (count + cap - 1) // cap
         if refund:
             refunds[lane] = refund

@@ -2,7 +2,8 @@
 
 Waking coroutines is loop work: resuming thousands in one callback stalls the loop. What costs
 is the coroutines each resolution wakes (awaiters of the task, a launch waiting for the freed
-slot), so those are budgeted per turn; plain resolutions only loosely.
+slot), so those are budgeted per turn (``MAX_WAKES_PER_TURN``; a task with more awaiters than
+that wakes the rest a chunk per later turn itself); plain resolutions only loosely.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .hooks import HOOKS, Source
-from .task import resolve_task
+from .task import MAX_WAKES_PER_TURN, resolve_task
 from .work import Delivery, Outcome
 
 __all__ = ["MAX_RESOLVED_PER_TURN", "MAX_WAKES_PER_TURN", "DeliveryQueue"]
 
 MAX_RESOLVED_PER_TURN = 1024
-#: 256, not 128: at saturation (256 launchers) half the loop turns, -25 % host CPU per launch,
-#: with the loop's lag unchanged within noise (issue 17 note: 3 alternating runs each)
-MAX_WAKES_PER_TURN = 256
 
 
 class DeliveryQueue:

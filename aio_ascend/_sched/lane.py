@@ -19,10 +19,24 @@ class Lane:
     :ivar admission: the stream's bounds (requests, runtime queue entries) and its waiters
     :ivar closed: no new request is admitted
     :ivar last: the latest task queued on it (``synchronize`` waits for it)
+    :ivar flushed: the latest task handed to the submitter (``last`` once its unsubmitted
+        requests are dropped)
     :ivar external: the runtime stream belongs to someone else (never destroyed here)
+    :ivar forced: closed by force: the submitter fails its requests instead of submitting them
+    :ivar destroyed: its runtime stream was destroyed by force (by the poller thread)
     """
 
-    __slots__ = ("admission", "closed", "external", "handle", "last", "submitted")
+    __slots__ = (
+        "admission",
+        "closed",
+        "destroyed",
+        "external",
+        "flushed",
+        "forced",
+        "handle",
+        "last",
+        "submitted",
+    )
 
     def __init__(
         self, handle: int, max_in_flight: int, entry_budget: int, *, external: bool = False
@@ -31,7 +45,10 @@ class Lane:
         self.external = external
         self.admission = Admission(max_in_flight, entry_budget)
         self.closed = False
+        self.forced = False
+        self.destroyed = False
         self.last: Task | None = None
+        self.flushed: Task | None = None
         #: runtime tasks submitted to the stream so far (the submitter thread's count)
         self.submitted = 0
 

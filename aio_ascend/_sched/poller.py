@@ -10,6 +10,7 @@ and the stream's later batches after it: the other streams' completions do not w
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import queue
 import threading
@@ -25,6 +26,7 @@ from .._runtime.threads import GilTurns, LoopPulse, reduce_timer_slack
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
+from .forcing import LaneForce, give_up
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
 from .watchdog import expire, log_expired
@@ -176,6 +178,9 @@ class Poller:
             return False
         if item is POKE:
             return True
+        if type(item) is LaneForce:
+            self._destroy(item)
+            return True
         assert isinstance(item, Batch)
         self._outstanding.setdefault(item.lane.handle, deque()).append(item)
         self._pending += 1
@@ -226,6 +231,24 @@ class Poller:
             return True
         self._interval = self._min_interval
         return self._file(item)
+
+    def _destroy(self, force: LaneForce) -> None:
+        # Every batch of the stream is here already (it came behind them): none is reported
+        # complete from now on, the stream is destroyed, and what the batches hold waits for
+        # the device's close (a kernel or copy of theirs may still be running).
+        lane = force.lane
+        batches = self._outstanding.pop(lane.handle, None) or deque()
+        self._pending -= len(batches)
+        deliveries, held = give_up(batches)
+        self.orphans.extend(held)
+        if not lane.external:
+            with contextlib.suppress(Exception):
+                self._runtime.destroy_stream_force(lane.handle)
+            lane.destroyed = True
+        if self._watch is not None:
+            self._watch_oldest()
+        self._post(deliveries, self.counters)
+        force.done.set()
 
     def _watch_oldest(self) -> None:
         # Block mode: the waiter sleeps on the batch with the earliest deadline.

@@ -7,7 +7,6 @@ allocations and event handles. The public facades validate user input and call i
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import logging
 import queue
@@ -19,7 +18,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .._errors import ClosedError, TaskTimeoutError, derived_error
+from .._errors import ClosedError, derived_error
 from .._host.hostargs import PackedArgs
 from .._host.pool import HostBuffer, HostBufferPool
 from .._launch_config import LaunchConfig
@@ -34,15 +33,25 @@ from .delivery import DeliveryQueue
 from .dropped import DroppedLanes, warn_resource
 from .events import BatchEvents, EventRecord, UserEvents
 from .faults import FaultState
+from .forcing import LaneForce, gave_up
 from .graphs import GraphBook
 from .hooks import Source
 from .lane import Lane
 from .lifetimes import Allocation, Lifetimes
 from .loop import OTHER_THREAD, LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
+from .shutdown import (
+    close_after,
+    destroy_lanes,
+    join,
+    log_forced,
+    log_stuck,
+    release_everything,
+    wait_set,
+)
 from .submitter import Submitter
 from .task import Task, resolve_task
-from .unseen import FailureLog, raise_failures
+from .unseen import FailureLog
 from .waiter import Waiter
 from .work import (
     STAGE_AT_HAND_BYTES,
@@ -203,14 +212,6 @@ class Scheduler:
             raise RuntimeError(OTHER_THREAD)
         if self.faults.first is not None:
             raise self.fault_error()
-
-    def raise_unseen(self, stream_ref: Any, what: str) -> None:
-        """What ``synchronize()`` raises: the unretrieved failures of one stream's tasks (all
-        streams' for None), once, and the device's fault, every time."""
-        errors = self.failures.take(stream_ref)
-        if self.faults.first is not None:
-            errors.append(self.fault_error())
-        raise_failures(errors, what)
 
     def fault_error(self) -> BaseException:
         """The error for work refused because the device has faulted (caused by the fault)."""
@@ -555,14 +556,28 @@ class Scheduler:
         if last is not None and not last.done():
             await last.wait_finished()
 
-    async def close_lane(self, lane: Lane) -> None:
-        """Drain ``lane``, refuse new work on it and destroy its runtime stream. Idempotent."""
+    async def close_lane(
+        self,
+        lane: Lane,
+        *,
+        cancel: bool = False,
+        timeout: float | None = None,  # noqa: ASYNC109 - bounds the stream's work
+    ) -> None:
+        """Drain ``lane`` (dropping its unsubmitted requests with ``cancel``), refuse new work
+        on it and destroy its runtime stream; past ``timeout``, destroy it by force and fail
+        what never finished (see :mod:`.forcing`). Idempotent."""
         if lane.closed:
             return
         lane.closed = True  # no new admission from here on
         for waiter in lane.admission.refuse_all():
             self.adapter.wake(waiter)
-        await self.drain_lane(lane)
+        if cancel:
+            self._drop_pending(lane, "Stream.aclose(cancel=True)")
+        with anyio.move_on_after(timeout):
+            await self.drain_lane(lane)
+        if lane.last is not None and not lane.last.done() and self.state is DeviceState.OPEN:
+            with anyio.CancelScope(shield=True):
+                await self._force_lane(lane, timeout)
         if lane not in self.lanes or self.state is not DeviceState.OPEN:
             return
         if self.faults.first is not None or lane.admission.in_flight:
@@ -570,6 +585,20 @@ class Scheduler:
         self.lanes.remove(lane)
         if not lane.external:
             self.bound().destroy_stream(lane.handle)
+
+    async def _force_lane(self, lane: Lane, waited: float | None) -> None:
+        log_forced(self.device_id, f"stream {lane.handle:#x} still busy", waited, "it")
+        self.flush()  # its pending requests go first: the submitter fails them
+        lane.forced = True
+        force = LaneForce(lane)
+        self._submitter.force(force)
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        if not await wait_set(force.done, deadline, lambda: self.state is not DeviceState.OPEN):
+            return  # the device is closing, or a thread is stuck: left to the device's close
+        if lane in self.lanes:
+            self.lanes.remove(lane)
+        if lane.last is not None:  # the poller's deliveries fail its tasks
+            await lane.last.wait_finished()
 
     # --- stats -----------------------------------------------------------------------------
 
@@ -628,13 +657,7 @@ class Scheduler:
         self.state = DeviceState.CLOSING
         with anyio.CancelScope(shield=True):
             if cancel:
-                pending, self._pending = self._pending, []
-                self.lifetimes.release(pending)
-                for request in pending:
-                    request.settled = True
-                    self.unsettled -= 1
-                    self._release_slot(request.lane, request.entries)
-                    resolve_task(request.task, ClosedError("dropped by aclose(cancel=True)"))
+                self._drop_pending(None, "aclose(cancel=True)")
             else:
                 self.flush()
             for lane in self.lanes:
@@ -646,14 +669,25 @@ class Scheduler:
                     await self._wait_idle()
                 forced = scope.cancelled_caught or self.unsettled > 0
                 if forced:
-                    log.warning(
-                        "device %d: %d task(s) still unfinished after aclose(timeout=%s); "
-                        "destroying the streams by force",
-                        self.device_id,
-                        self.unsettled,
-                        timeout,
-                    )
+                    busy = f"{self.unsettled} task(s) still unfinished"
+                    log_forced(self.device_id, busy, timeout, "the streams")
             await self._shutdown(forced=forced)
+
+    def _drop_pending(self, lane: Lane | None, by: str) -> None:
+        # The requests not handed to the submitter yet, of one stream (every stream's for
+        # None), fail with ClosedError instead.
+        dropped = [r for r in self._pending if lane is None or r.lane is lane]
+        if not dropped:
+            return
+        self._pending = [r for r in self._pending if lane is not None and r.lane is not lane]
+        if lane is not None:
+            lane.last = lane.flushed  # what is left to wait for
+        self.lifetimes.release(dropped)
+        for request in dropped:
+            request.settled = True
+            self.unsettled -= 1
+            self._release_slot(request.lane, request.entries)
+            resolve_task(request.task, ClosedError(f"dropped by {by}"))
 
     async def _shutdown(self, *, forced: bool) -> None:
         runtime = self.bound()
@@ -665,7 +699,7 @@ class Scheduler:
         # The poller goes first (it never waits on the device for long): once it is gone,
         # nothing done to the streams below can be reported as a completion (a stream
         # destroyed by force may read complete, or fail every query).
-        await self._join(self._poller.thread, deadline)
+        await join(self._poller.thread, deadline)
         if forced or self.faults.first is not None or self._poller.thread.is_alive():
             # Unblock a thread stuck in a runtime call (a full queue, a hung stream). What
             # the threads report from now on is about streams destroyed under them: held
@@ -677,7 +711,7 @@ class Scheduler:
         if self._waiter is not None:
             threads.append(self._waiter.thread)
         for thread in threads:
-            await self._join(thread, deadline)
+            await join(thread, deadline)
         stuck = [thread.name for thread in threads if thread.is_alive()]
         # What is left never completed. Once the streams are gone nothing on the device can
         # touch its memory: fail the tasks and release everything.
@@ -694,7 +728,7 @@ class Scheduler:
         for request in leftovers:
             resolve_task(
                 request.task,
-                TaskTimeoutError(f"{request.kind} did not finish before aclose() gave up")
+                gave_up(request.kind)
                 if forced or stuck
                 else ClosedError(f"{request.kind} was dropped when the device closed"),
             )
@@ -702,7 +736,7 @@ class Scheduler:
             held, self._undelivered = self._undelivered + self._poller.at_exit, []
         for request, error, _ in held:
             if error is not None:
-                timeout = TaskTimeoutError(f"{request.kind} did not finish before aclose() gave up")
+                timeout = gave_up(request.kind)
                 timeout.__cause__ = error
                 error = timeout
             resolve_task(request.task, error)
@@ -711,56 +745,26 @@ class Scheduler:
         if stuck:
             # Returning on time wins over freeing: whatever the stuck call may still touch
             # (host buffers, events, the runtime itself) is leaked, never freed under it.
-            log.error(
-                "device %d: %s still inside a runtime call %.0f s after aclose() forced the "
-                "streams; abandoning it and leaking the device's buffers, events and runtime "
-                "instead of freeing them under it",
-                self.device_id,
-                " and ".join(stuck),
-                JOIN_TIMEOUT_S,
-            )
+            log_stuck(self.device_id, stuck, JOIN_TIMEOUT_S)
         else:
-            self._release_everything(runtime)
+            release_everything(
+                runtime,
+                graphs=self.graphs,
+                lifetimes=self.lifetimes,
+                orphans=(self._submitter.orphans, self._poller.orphans),
+                batch_events=self._batch_events,
+                user_events=self.user_events,
+                modules=self._modules,
+                pool=self.pool,
+            )
         self.failures.report_at_close()
         self.state = DeviceState.CLOSED
         waiters, self._close_waiters = self._close_waiters, []
         for waiter in waiters:
             self.adapter.wake(waiter)
 
-    def _release_everything(self, runtime: Runtime) -> None:
-        # After the threads have exited and the streams are gone: nothing can touch these.
-        self.graphs.close_all()
-        self.lifetimes.release(self._submitter.orphans + self._poller.orphans)
-        self._submitter.orphans.clear()
-        self._poller.orphans.clear()
-        for handle in self._batch_events.created + self.user_events.take_all():
-            with contextlib.suppress(Exception):
-                runtime.destroy_event(handle)
-        self._batch_events.created.clear()
-        for ptr in self.lifetimes.take_all():
-            with contextlib.suppress(Exception):
-                runtime.free(ptr)
-        for module in self._modules:
-            with contextlib.suppress(Exception):
-                runtime.unload_binary(module)
-        self._modules.clear()
-        self.pool.close()
-        runtime.close()
-
-    @staticmethod
-    async def _join(thread: threading.Thread, deadline: float) -> None:
-        while thread.is_alive() and time.monotonic() < deadline:  # noqa: ASYNC110
-            await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
-
     def _destroy_lanes(self) -> None:
-        runtime = self.bound()
-        for lane in self.lanes:
-            lane.closed = True
-            lane.admission.reset()
-            if lane.external:  # its owner's to destroy
-                continue
-            with contextlib.suppress(Exception):
-                runtime.destroy_stream_force(lane.handle)
+        destroy_lanes(self.bound(), self.lanes)
         self.lanes.clear()
 
     def abandon(self) -> None:
@@ -782,8 +786,7 @@ class Scheduler:
 
     def _close_after_threads(self) -> None:
         # The poller thread, exiting after abandon(): wait for the others, then close.
-        self._submitter.thread.join(JOIN_TIMEOUT_S)
+        threads = [self._submitter.thread]
         if self._waiter is not None:
-            self._waiter.thread.join(JOIN_TIMEOUT_S)
-        with contextlib.suppress(Exception):
-            self.runtime.close()
+            threads.append(self._waiter.thread)
+        close_after(threads, self.runtime, JOIN_TIMEOUT_S)

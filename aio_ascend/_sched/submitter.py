@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR, CO_ITERABLE_COROUTINE
 from typing import Any
 
 from .._errors import (
@@ -34,6 +35,7 @@ from .batching import Hop
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, classify_refusal
+from .forcing import LaneForce, gave_up
 from .lane import Lane
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
@@ -43,6 +45,8 @@ from .work import Batch, Delivery, Launch, Outcome, Request
 __all__ = ["Submitter"]
 
 _STOP = object()
+#: code flags of frames that ``frame.clear()`` would close (a generator's or coroutine's)
+_RESUMABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE
 
 
 class _Staged:
@@ -75,7 +79,7 @@ class Submitter:
         batch_events: BatchEvents,
         post: Callable[[list[Delivery], Counters], None],
         stage: Callable[[int], HostBuffer],
-        to_poller: Callable[[Batch], None],
+        to_poller: Callable[[Batch | LaneForce], None],
         task_timeout: float,
         pulse: LoopPulse | None = None,
     ) -> None:
@@ -105,6 +109,8 @@ class Submitter:
         #: the batch a parked stream had open: submitted, its event not yet recorded
         self._carried: dict[Lane, list[Request]] = {}
         self._stager = CopyWorker(f"aio_ascend-stage-{device_id}")
+        #: runtime errors caught in the hop being submitted (see _forget_frames)
+        self._caught: list[BaseException] = []
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
@@ -115,6 +121,11 @@ class Submitter:
         """Hand one tick's requests over (loop thread, non-blocking)."""
         self.waiting.append(hop)
         self._inbox.put(hop)
+
+    def force(self, force: LaneForce) -> None:
+        """Pass ``force`` on to the poller after the hops handed over so far (loop thread):
+        its stream, marked ``forced`` before, gets nothing submitted from then on."""
+        self._inbox.put(force)
 
     def stop(self) -> None:
         """Ask the thread to exit once it has finished the hop it is in."""
@@ -190,6 +201,12 @@ class Submitter:
                 return
             if type(item) is _Staged:
                 self._resume(item)
+                if self._caught:
+                    self._forget_frames()
+                del item
+                continue
+            if type(item) is LaneForce:
+                self._to_poller(item)  # behind every batch its stream got
                 del item
                 continue
             while waiting and waiting[0] is not item:
@@ -209,6 +226,8 @@ class Submitter:
                     self._current = item
                     self._hop(item)
                     self._current = None
+                    if self._caught:
+                        self._forget_frames()
                     self._turns.offer()  # hops of a few requests add up too
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
                 failures: list[Delivery] = [
@@ -218,6 +237,25 @@ class Submitter:
                 self._post(failures, self.counters)
                 del failures
             del item
+
+    def _forget_frames(self) -> None:
+        # The tracebacks of errors caught in _hop hold its frame (now finished), whose locals
+        # hold the requests: each failed task would hold itself through its own error, and a
+        # refused task nobody awaits would wait for the garbage collector instead of being
+        # logged when it is dropped. Their lines stay; the locals go. A re-raised error (the
+        # runtime's sticky fault) also carries the frames of its earlier raises, a suspended
+        # coroutine of the loop's among them: clear() would close it, so those are left alone.
+        for exc in self._caught:
+            tb = exc.__traceback__
+            while tb is not None:
+                frame = tb.tb_frame
+                if not frame.f_code.co_flags & _RESUMABLE:
+                    try:
+                        frame.clear()
+                    except RuntimeError:  # still running (this thread's, or another's)
+                        pass
+                tb = tb.tb_next
+        self._caught.clear()
 
     def _hop(self, hop: Hop) -> None:
         open_batches: dict[Lane, list[Request]] = {}
@@ -257,6 +295,8 @@ class Submitter:
                 error = derived_error(first, "device faulted earlier")
             elif error is not None:
                 error = derived_error(error, "not submitted: an earlier request was refused")
+            elif lane.forced:  # its stream is being destroyed by force
+                error = gave_up(req.kind)
             if error is None:
                 try:
                     if type(req) is Launch:
@@ -283,8 +323,10 @@ class Submitter:
                         if req.is_copy:
                             counters.copies += 1
                 except AscendError as exc:  # the runtime refused: the rest of the stream's hop
+                    self._caught.append(exc)
                     error = broken[lane] = self._classify(exc)  # fails with it as cause
                 except Exception as exc:  # a bug of ours: fails this request only
+                    self._caught.append(exc)
                     error = InternalError(f"submitting {req.kind} failed: {exc!r}")
                     error.__cause__ = exc
                 else:
@@ -387,6 +429,7 @@ class Submitter:
             self._runtime.record_event(event, lane.handle)
         except BaseException as exc:
             # Submitted work we cannot track: fail its tasks, keep its resources until close.
+            self._caught.append(exc)
             error = self._classify(exc)
             self.orphans.extend(requests)
             failures.extend((req, error, Outcome.FINISHED) for req in requests)

@@ -4,9 +4,13 @@ A task's error counts as retrieved once ``await task`` raised it, ``task.excepti
 returned it, or a ``synchronize()`` raised it. Until then it is held here (without keeping the
 task alive): ``Stream.synchronize()`` raises those of its stream once, a task collected with
 its error unretrieved is logged at ERROR, and the device logs what is left when it closes, as
-asyncio does for tasks. ``ClosedError`` (work dropped by ``aclose(cancel=True)`` or a close)
-does not count. Tasks failed by a device fault are not reported one by one: the fault is
-logged once, with the number of tasks it failed, when the device closes.
+asyncio does for tasks. A ``synchronize()`` waiting when the device closes still raises its
+stream's failures (a :class:`Claim` receives what others take while it waits), and a failure
+whose task was being awaited when it failed is left to its awaiters at close (logged if they
+do not retrieve it, when the task is collected). ``ClosedError`` (work dropped by
+``aclose(cancel=True)`` or a close) does not count. Tasks failed by a device fault are not
+reported one by one: the fault is logged once, with the number of tasks it failed, when the
+device closes.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any
 from .._errors import ClosedError
 from .faults import FaultState
 
-__all__ = ["MAX_LOGGED_AT_CLOSE", "FailureLog", "Unseen", "raise_failures"]
+__all__ = ["MAX_LOGGED_AT_CLOSE", "Claim", "FailureLog", "Unseen", "raise_failures"]
 
 log = logging.getLogger("aio_ascend")
 
@@ -31,13 +35,32 @@ MAX_LOGGED_AT_CLOSE = 10
 class Unseen:
     """One failed task's unretrieved error (it holds no reference to the task)."""
 
-    __slots__ = ("__weakref__", "exc", "finalizer", "kind", "stream_ref")
+    __slots__ = ("__weakref__", "exc", "finalizer", "kind", "stream_ref", "waited")
 
-    def __init__(self, exc: BaseException, kind: str, stream_ref: Callable[[], Any]) -> None:
+    def __init__(
+        self, exc: BaseException, kind: str, stream_ref: Callable[[], Any], waited: bool = False
+    ) -> None:
         self.exc = exc
         self.kind = kind
         self.stream_ref = stream_ref
+        #: coroutines were awaiting the task when it failed (they will retrieve it, unless
+        #: cancelled first)
+        self.waited = waited
         self.finalizer: weakref.finalize[Any, Any] | None = None
+
+
+class Claim:
+    """A ``synchronize()`` in progress: the errors of its stream (every stream's for None)
+    that others take while it waits, so that it raises them too."""
+
+    __slots__ = ("errors", "stream_ref")
+
+    def __init__(self, stream_ref: Any) -> None:
+        self.stream_ref = stream_ref
+        self.errors: list[BaseException] = []
+
+    def wants(self, record: Unseen) -> bool:
+        return self.stream_ref is None or record.stream_ref is self.stream_ref
 
 
 class FailureLog:
@@ -52,22 +75,26 @@ class FailureLog:
         self._faults = faults
         self._lock = threading.Lock()
         self._open: dict[int, Unseen] = {}  # id(record) -> record, oldest first
+        self._claims: list[Claim] = []
         #: tasks the device's fault failed (its first fault included)
         self.fault_failed = 0
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def note(self, task: Any, exc: BaseException, kind: str, stream_ref: Any) -> Unseen | None:
-        """``task`` failed with ``exc`` (loop thread): the record to keep on the task until its
-        error is retrieved, or None when this failure is not reported one by one."""
+    def note(
+        self, task: Any, exc: BaseException, kind: str, stream_ref: Any, waited: bool = False
+    ) -> Unseen | None:
+        """``task`` failed with ``exc`` (loop thread; ``waited``: coroutines were awaiting
+        it): the record to keep on the task until its error is retrieved, or None when this
+        failure is not reported one by one."""
         if isinstance(exc, ClosedError):
             return None
         first = self._faults.first
         if first is not None and (exc is first or exc.__cause__ is first):
             self.fault_failed += 1
             return None
-        record = Unseen(exc, kind, stream_ref)
+        record = Unseen(exc, kind, stream_ref, waited)
         record.finalizer = weakref.finalize(task, self._collected, record)
         record.finalizer.atexit = False
         with self._lock:
@@ -93,11 +120,36 @@ class FailureLog:
             ]
             for record in chosen:
                 del self._open[id(record)]
-        for record in chosen:
+            self._hand_to_claims(chosen)
+        self._detach(chosen)
+        return [record.exc for record in chosen]
+
+    def claim(self, stream_ref: Any = None) -> Claim:
+        """A ``synchronize()`` starts waiting for one stream (every stream for None); hand its
+        claim back to :meth:`release` when the wait is over."""
+        claim = Claim(stream_ref)
+        with self._lock:
+            self._claims.append(claim)
+        return claim
+
+    def release(self, claim: Claim) -> list[BaseException]:
+        """The wait of ``claim`` is over: the errors others took for it meanwhile."""
+        with self._lock:
+            self._claims.remove(claim)
+        return claim.errors
+
+    def _hand_to_claims(self, records: list[Unseen]) -> None:
+        # Under the lock: whoever takes a record, every synchronize() waiting for its stream
+        # raises it too (a close or another synchronize must not make a wait look successful).
+        for claim in self._claims:
+            claim.errors.extend(record.exc for record in records if claim.wants(record))
+
+    @staticmethod
+    def _detach(records: list[Unseen]) -> None:
+        for record in records:
             if record.finalizer is not None:
                 record.finalizer.detach()
                 record.finalizer = None
-        return [record.exc for record in chosen]
 
     def _collected(self, record: Unseen) -> None:
         # A task was garbage-collected (any thread) with its error unretrieved.
@@ -113,8 +165,20 @@ class FailureLog:
         )
 
     def report_at_close(self) -> None:
-        """The device is closing: log what was never retrieved, and the device's fault once."""
-        remaining = self.take()
+        """The device is closing: log what was never retrieved, and the device's fault once.
+
+        Not logged now: what a waiting ``synchronize()`` will raise, and the failures of tasks
+        that were being awaited when they failed (the awaiters run after the close; what they
+        leave unretrieved is logged when its task is collected).
+        """
+        with self._lock:
+            claimed = [r for r in self._open.values() if any(c.wants(r) for c in self._claims)]
+            orphaned = [r for r in self._open.values() if not r.waited and r not in claimed]
+            for record in claimed + orphaned:
+                del self._open[id(record)]
+            self._hand_to_claims(claimed)
+        self._detach(claimed + orphaned)
+        remaining = [record.exc for record in orphaned]
         for exc in remaining[:MAX_LOGGED_AT_CLOSE]:
             log.error(
                 "device %d closed with a failed task whose error was never retrieved",

@@ -14,6 +14,8 @@ import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -116,6 +118,114 @@ def test_fastapi_server_refuses_non_loopback_hosts() -> None:
     server = _fastapi_server()
     with pytest.raises(SystemExit):
         server.main(["--serve", "--host", "0.0.0.0"])
+
+
+#: the example under uvicorn in a child process, with a hang injected by a marker request
+_HANGING_SERVER = """
+import importlib.util
+import sys
+
+spec = importlib.util.spec_from_file_location("fastapi_server", sys.argv[1])
+server = importlib.util.module_from_spec(spec)
+sys.modules["fastapi_server"] = server
+spec.loader.exec_module(server)
+
+from aio_ascend.testing import inject_hang
+
+infer = server.DeviceModel.infer
+
+
+async def hanging_infer(self, x):
+    if x[0, 0] == 1234.0:  # the test's marker: a kernel that never ends, on every stream
+        for s in self.streams:
+            await inject_hang(s)
+    return await infer(self, x)
+
+
+server.DeviceModel.infer = hanging_infer
+sys.exit(server.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_fastapi_server_stops_within_close_timeout_with_a_hung_kernel(tmp_path: Path) -> None:
+    """``--serve`` under a real uvicorn (a child process, 127.0.0.1, a free port): requests
+    hang on a kernel that never ends; after one SIGINT the server is gone within
+    close_timeout + 1 s and every request has ended (before: alive 15 s later after two
+    SIGINTs, a request in four hanging)."""
+    _fastapi_server()  # skips without the server extra
+    import httpx
+
+    close_timeout = 2.0
+    launcher = tmp_path / "hanging_server.py"
+    launcher.write_text(_HANGING_SERVER)
+    env = {**os.environ, "PYTHONPATH": str(EXAMPLES.parent)}  # this checkout's aio_ascend
+    command = [sys.executable, str(launcher), str(EXAMPLES / "fastapi_server.py")]
+    command += ["--serve", "--port", "0", "--close-timeout", str(close_timeout)]
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    log: list[str] = []
+    started = threading.Event()
+
+    def read_log() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            log.append(line)
+            if "Uvicorn running on" in line:
+                started.set()
+
+    reader = threading.Thread(target=read_log, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(60), "".join(log)
+        match = re.search(r"Uvicorn running on (http://127\.0\.0\.1:\d+)", "".join(log))
+        assert match, "".join(log)
+        url = match.group(1)
+        ended: dict[int, float] = {}
+
+        async def request(i: int, client: httpx.AsyncClient) -> None:
+            row = [1234.0 if i == 0 else 0.5] + [0.5] * 63
+            try:
+                await client.post(f"{url}/infer", json={"inputs": [row]})
+            except httpx.HTTPError:
+                pass  # the server went away under it: it ended, which is what counts
+            ended[i] = time.monotonic()
+
+        async def scenario() -> float:
+            async with httpx.AsyncClient(timeout=60) as client:
+                assert (await client.get(f"{url}/healthz")).status_code == 200
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(request, 0, client)
+                    await anyio.sleep(0.3)  # the hang is queued on every stream
+                    for i in range(1, 8):
+                        tg.start_soon(request, i, client)
+                    await anyio.sleep(0.5)
+                    assert not ended, "requests answered despite the hang"
+                    sent = time.monotonic()
+                    proc.send_signal(signal.SIGINT)
+            return sent
+
+        sent = anyio.run(scenario)
+        code = proc.wait(timeout=close_timeout + 10)
+        exited = time.monotonic() - sent
+        print(f"fastapi server: exited {exited:.2f} s after SIGINT (close_timeout {close_timeout})")
+        assert exited < close_timeout + 1, "".join(log)
+        assert code == 0, "".join(log)
+        assert len(ended) == 8 and max(ended.values()) - sent < close_timeout + 1, ended
+        assert "by force" in "".join(log), "".join(log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        reader.join(5)
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 # --- Ray Serve ----------------------------------------------------------------------------------

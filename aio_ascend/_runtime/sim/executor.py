@@ -137,10 +137,12 @@ def release_all(locks: Iterable[threading.Lock]) -> None:
 class Recording:
     """One ``record_event`` call: done once the device reaches it."""
 
-    __slots__ = ("done", "timeline", "timestamp", "waiters")
+    __slots__ = ("aborted", "done", "timeline", "timestamp", "waiters")
 
     def __init__(self, timeline: bool) -> None:
         self.done = False
+        #: its stream was destroyed before the device reached it: it never completes
+        self.aborted = False
         self.timeline = timeline
         self.timestamp = 0.0
         #: locks of threads blocked in synchronize_event on this recording (released when done)

@@ -264,6 +264,11 @@ class SimRuntime(CaptureAndFill, KernelLoader):
             self._set_stream_list()
             dropped = list(s.queue)
             s.queue.clear()
+            for task in dropped:
+                if task[0] == RECORD:  # a thread synchronizing on it returns now, failing
+                    task[1].aborted = True
+                    if task[1].waiters:
+                        release_all(task[1].waiters)
             s.occupied = False
             s.hung = False
             self._work_seq += 1
@@ -398,6 +403,12 @@ class SimRuntime(CaptureAndFill, KernelLoader):
                     raise self._context_error(func)
                 if rec.done:
                     return
+                if rec.aborted:
+                    raise self._error(
+                        ACL_ERROR_RT_STREAM_ABORT,
+                        func,
+                        "the stream the event was recorded on was destroyed",
+                    )
                 slice_s = WAIT_SLICE_S
                 if deadline is not None:
                     remaining = deadline - monotonic()

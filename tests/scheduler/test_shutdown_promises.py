@@ -1,0 +1,378 @@
+"""Promises at shutdown: a wait never reports success for work a forced close killed, the
+close logs only what nobody retrieves, a refused task nobody awaits is logged when dropped,
+a stream can be closed by force on time, and many waiters on one task wake in chunks.
+
+On the sim and the acl C double, on asyncio, uvloop and trio (``open_dev``).
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import logging
+import time
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+import pytest
+from helpers import OpenDevice, assert_runtime_clean, live_resources
+
+import aio_ascend as aa
+from aio_ascend._errors import EventSyncTimeoutError
+from aio_ascend.testing import inject_hang, refuse_launches
+
+pytestmark = pytest.mark.anyio
+
+LOGGER = "aio_ascend"
+
+
+def never_retrieved(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == LOGGER and r.levelno >= logging.ERROR and "never retrieved" in r.getMessage()
+    ]
+
+
+async def _outcome(results: dict[str, Any], name: str, wait: Any) -> None:
+    try:
+        await wait()
+    except BaseException as exc:  # what the wait raised is the result under test
+        results[name] = exc
+    else:
+        results[name] = None
+
+
+# --- synchronize() racing a forced close ------------------------------------------------------
+
+
+async def test_synchronize_racing_a_forced_close_raises(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stream and device synchronize() waiting on a hung kernel while aclose(timeout=0.2)
+    forces it: both raise its TaskTimeoutError (they returned normally before: the close took
+    the unretrieved failure first), and the close does not log what they raise."""
+    dev = await open_dev()
+    s = dev.stream()
+    hung = await inject_hang(s)
+    results: dict[str, Any] = {}
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_outcome, results, "stream", s.synchronize)
+            tg.start_soon(_outcome, results, "device", dev.synchronize)
+            await anyio.sleep(0.05)
+            await dev.aclose(timeout=0.2)
+    assert isinstance(results["stream"], aa.TaskTimeoutError), results
+    assert isinstance(results["device"], aa.TaskTimeoutError), results
+    assert results["stream"] is hung.exception()
+    assert never_retrieved(caplog) == []
+
+
+async def test_awaited_failures_of_a_forced_close_are_not_logged(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three tasks awaited while a forced close fails them: their waiters retrieve the errors,
+    so nothing is logged as never retrieved (3 false tracebacks were logged before)."""
+    dev = await open_dev()
+    s = dev.stream()
+    hang = dev.function("hang")
+    tasks = [await s.launch(hang, 1) for _ in range(3)]
+    results: dict[str, Any] = {}
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for i, task in enumerate(tasks):
+                tg.start_soon(_outcome, results, str(i), task.wait)
+            await anyio.sleep(0.05)
+            await dev.aclose(timeout=0.2)
+    assert all(isinstance(results[str(i)], aa.TaskTimeoutError) for i in range(3)), results
+    del tasks
+    gc.collect()
+    assert never_retrieved(caplog) == []
+
+
+async def test_a_forced_close_still_logs_what_nobody_waits_for(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The other side: a failed task nobody waits for, alive at close, is logged then."""
+    dev = await open_dev()
+    s = dev.stream()
+    kept = await s.launch(dev.function("hang"), 1)
+    await dev.aclose(timeout=0.1)
+    assert isinstance(kept.exception(), aa.TaskTimeoutError)  # retrieved, but after close
+    assert len(never_retrieved(caplog)) == 1
+
+
+async def test_a_refused_task_nobody_awaits_is_logged_when_dropped(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its error's traceback held the request, which held the task: a cycle, so it was logged
+    only at close. Now it is collected (no garbage collection needed) and logged at once."""
+    if open_dev.args[0] != "sim":
+        pytest.skip("refuse_launches is a control of the sim")
+    async with open_dev() as dev:
+        s = dev.stream()
+        noop = dev.function("noop")
+        refuse_launches(dev)
+        task = await s.launch(noop, 1)
+        with anyio.fail_after(5):
+            await task.wait_finished()
+        await s.run(noop, 1)  # the stream's latest task is another one now
+        gc.disable()
+        try:
+            del task
+            logged = never_retrieved(caplog)
+        finally:
+            gc.enable()
+        assert len(logged) == 1, "not collected when dropped"
+        assert isinstance(logged[0].exc_info[1], aa.RuntimeAPIError)  # type: ignore[index]
+        assert logged[0].exc_info[2] is not None  # the runtime's frames are kept
+    assert len(never_retrieved(caplog)) == 1
+
+
+# --- many waiters on one task -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("what", ["task", "event"])
+async def test_ten_thousand_waiters_on_one_task_wake_a_chunk_per_loop_turn(
+    open_dev: OpenDevice, what: str
+) -> None:
+    """10k coroutines awaiting one task (or Event) woke in one loop turn (a ~100 ms stall):
+    now at most MAX_WAKES_PER_TURN a turn, so a coroutine that counts loop turns sees many
+    turns go by while they resume (counted, no clock)."""
+    from aio_ascend._sched.delivery import MAX_WAKES_PER_TURN
+
+    n = 10_000
+    turns = 0
+    seen: list[int] = []
+    async with open_dev() as dev:
+        s = dev.stream()
+        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(300_000))
+        awaited: Any = await s.record_event() if what == "event" else task
+        stop = anyio.Event()
+        all_seen = anyio.Event()
+
+        async def ticker() -> None:
+            nonlocal turns
+            while not stop.is_set():
+                turns += 1
+                await anyio.lowlevel.checkpoint()
+
+        async def waiter() -> None:
+            await awaited
+            seen.append(turns)
+            if len(seen) == n:
+                all_seen.set()
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for _ in range(n):
+                    tg.start_soon(waiter)
+                tg.start_soon(ticker)
+                await all_seen.wait()
+                stop.set()
+    assert len(seen) == n
+    # one turn per chunk at least (before: every waiter resumed within one or two turns)
+    assert len(set(seen)) >= n // MAX_WAKES_PER_TURN // 2, sorted(set(seen))
+
+
+# --- Stream.aclose(timeout=, cancel=) ---------------------------------------------------------
+
+
+async def test_a_forced_stream_close_returns_on_time_and_fails_what_never_finished(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hung kernel and a copy behind it: ``s.aclose(timeout=0.2)`` returns on time (it
+    waited for the watchdog, 600 s, before), both fail as a forced device close fails them,
+    and the device closes normally afterwards."""
+    dev = await open_dev()
+    s = dev.stream()
+    buf = dev.malloc(1024)
+    hung = await inject_hang(s)
+    behind = await s.copy_to_device(buf, np.ones(256, np.float32))
+    started = time.perf_counter()
+    with anyio.fail_after(10):
+        await s.aclose(timeout=0.2)
+    took = time.perf_counter() - started
+    assert 0.2 <= took < 2.0, took  # liveness: 10x margin under load
+    for task in (hung, behind):
+        assert isinstance(task.exception(), aa.TaskTimeoutError)
+        assert "did not finish before aclose() gave up" in str(task.exception())
+    assert s.closed
+    assert dev.stats()["streams"] == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("by force" in m for m in warnings), warnings
+    await s.aclose(timeout=0.2)  # idempotent
+    with anyio.fail_after(10):
+        await dev.aclose()  # nothing left to wait for: no force needed
+    buf.free()
+    assert_runtime_clean(dev)
+
+
+async def test_a_forced_stream_close_frees_nothing_until_the_device_closes(
+    open_dev: OpenDevice,
+) -> None:
+    """The device may still be running the forced work: its pinned staging and the device
+    buffer it uses (freed by the user meanwhile) stay allocated until the device's close."""
+    dev = await open_dev()
+    s = dev.stream()
+    buf = dev.malloc(1 << 16)
+    await inject_hang(s)
+    await s.copy_to_device(buf, np.ones(1 << 14, np.float32))
+    await s.copy_to_host(np.empty(1 << 14, np.float32), buf)
+    before = live_resources(dev)
+    with anyio.fail_after(10):
+        await s.aclose(timeout=0.1)
+    buf.free()
+    await anyio.sleep(0.05)
+    live = live_resources(dev)
+    assert live["device_allocations"] == before["device_allocations"], (before, live)
+    assert live["host_allocations"] == before["host_allocations"], (before, live)
+    assert dev.stats()["host_buffers_in_use"] > 0  # the hang's args, the copies' staging
+    assert dev.stats()["device_buffers"] == 1  # freed by the user, not by the runtime yet
+    with anyio.fail_after(10):
+        await dev.aclose()
+    assert_runtime_clean(dev)
+
+
+async def test_other_streams_flow_during_and_after_a_forced_stream_close(
+    open_dev: OpenDevice,
+) -> None:
+    dev = await open_dev()
+    hung_stream, other = dev.stream(), dev.stream()
+    noop = dev.function("noop")
+    await inject_hang(hung_stream)
+    closing = anyio.Event()
+    closed = anyio.Event()
+    during = after = 0
+
+    async def run_others() -> None:
+        nonlocal during, after
+        await closing.wait()
+        while True:
+            await other.run(noop, 1)
+            if closed.is_set():
+                after += 1
+                if after == 50:
+                    return
+            else:
+                during += 1
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run_others)
+            closing.set()
+            await hung_stream.aclose(timeout=0.2)
+            closed.set()
+    assert during > 0 and after == 50, (during, after)
+    await other.synchronize()
+    await dev.aclose()
+    assert_runtime_clean(dev)
+
+
+async def test_stream_aclose_cancel_drops_only_the_unsubmitted(open_dev: OpenDevice) -> None:
+    """``cancel=True``: what is not handed to the runtime yet fails with ClosedError; what is
+    submitted is waited for (no force), even when the stream's latest task was dropped."""
+    async with open_dev() as dev:
+        s = dev.stream()
+        running = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(100_000))
+        await anyio.sleep(0.02)  # a few loop turns: handed to the runtime
+        dropped = await s.launch(dev.function("noop"), 1)  # this turn: not yet
+        with anyio.fail_after(10):
+            await s.aclose(cancel=True)
+        assert running.done() and running.exception() is None
+        assert isinstance(dropped.exception(), aa.ClosedError)
+        assert dev.stats()["streams"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"timeout": "1"}, TypeError),
+        ({"timeout": True}, TypeError),
+        ({"timeout": -1}, ValueError),
+        ({"timeout": float("nan")}, ValueError),
+        ({"cancel": 1}, TypeError),
+    ],
+)
+async def test_bad_close_arguments_are_refused_before_anything_happens(
+    open_dev: OpenDevice, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        with pytest.raises(error):
+            await s.aclose(**kwargs)
+        assert not s.closed
+        with pytest.raises(error):
+            await dev.aclose(**kwargs)
+        await s.run(dev.function("noop"), 1)  # both still work
+
+
+# --- block mode and a forced close ------------------------------------------------------------
+
+
+async def test_block_mode_meets_a_forced_close_timeout(open_dev: OpenDevice) -> None:
+    """Block mode's waiter sleeps in the runtime in slices that grow to 1 s: after 1.7 s of a
+    hung kernel its slice runs to ~2.55 s, and the close waited for it (0.85 s for a 0.2 s
+    timeout; 0.55 s was reported after a 3 s kernel). A forced destroy now wakes it."""
+    dev = await open_dev(completion="block")
+    s = dev.stream()
+    await inject_hang(s)
+    await anyio.sleep(1.7)
+    started = time.perf_counter()
+    with anyio.fail_after(10):
+        await dev.aclose(timeout=0.2)
+    took = time.perf_counter() - started
+    assert 0.2 <= took < 0.6, took
+
+
+async def test_a_forced_stream_destroy_wakes_a_thread_synchronizing_on_its_event(
+    open_dev: OpenDevice,
+) -> None:
+    """The mechanism under the test above, in the runtime: a thread blocked in
+    synchronize_event on an event recorded behind a hung kernel returns, failing, once the
+    event's stream is destroyed by force (the sim waited out its 5 s timeout before)."""
+    dev = await open_dev()
+    s = dev.stream()
+    await inject_hang(s)
+    event = await s.record_event()
+    await anyio.sleep(0.05)  # handed to the runtime
+    runtime = dev.runtime
+    outcome: list[Any] = []
+
+    def synchronize() -> None:
+        runtime.set_current_context()
+        started = time.perf_counter()
+        try:
+            runtime.synchronize_event(event.handle, 5000)
+        except aa.AscendError as exc:
+            outcome.append(exc)
+        outcome.append(time.perf_counter() - started)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(anyio.to_thread.run_sync, synchronize)
+            await anyio.sleep(0.2)
+            await s.aclose(timeout=0.05)
+    assert outcome[-1] < 2.5, outcome
+    assert isinstance(outcome[0], aa.RuntimeAPIError), outcome
+    assert not isinstance(outcome[0], EventSyncTimeoutError), outcome
+    await dev.aclose()
+
+
+async def test_a_forced_stream_close_racing_the_device_close(open_dev: OpenDevice) -> None:
+    """Both force the same hung stream at once: both return on time, the task fails once,
+    and nothing is left behind (the stream is destroyed exactly once)."""
+    dev = await open_dev()
+    s, other = dev.stream(), dev.stream()
+    hung = await inject_hang(s)
+    await inject_hang(other)
+    started = time.perf_counter()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(s.aclose, timeout=0.1))
+            await dev.aclose(timeout=0.1)
+    assert time.perf_counter() - started < 2.0
+    assert isinstance(hung.exception(), aa.TaskTimeoutError)
+    assert_runtime_clean(dev)
