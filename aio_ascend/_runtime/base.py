@@ -122,6 +122,15 @@ class Runtime(Protocol):
         """
         ...
 
+    def wait_settled(self) -> None:
+        """Before :meth:`close` frees memory: wait, up to a limit of the backend's, until no
+        work of a stream destroyed by force can still touch it (a no-op where none can).
+
+        May block: the scheduler calls it from a worker thread, never on the event loop.
+        Where the wait runs out, :meth:`close` leaks instead of freeing.
+        """
+        ...
+
     def get_recent_error_message(self) -> str:
         """``aclGetRecentErrMsg``: the latest error text of the calling thread ('' if none)."""
         ...

@@ -731,6 +731,158 @@ class DeviceMachine(RuleBasedStateMachine):
 
         self.call(go)
 
+    # --- shapes that broke promises between streams and at shutdown ------------------------
+
+    @precondition(lambda self: self.dev is not None and len(self.smodels) >= 2)
+    @rule(a=IDX, b=IDX, seed=st.integers(0, 2**16))
+    def big_copies_on_two_streams(self, a: Any, b: Any, seed: int) -> None:
+        """Big uploads and downloads on two streams at once (staged aside, in stream order,
+        data intact) while a third stream's launch keeps flowing."""
+        sa, sb = self._s(a), self._s(b)
+        if sa is sb:
+            sb = self.smodels[(self.smodels.index(sa) + 1) % len(self.smodels)]
+        if not (sa.usable() and sb.usable()):
+            return
+        dev = self.dev
+        assert dev is not None
+        flow: list[float] = []
+
+        async def one(sm: SModel, src: np.ndarray[Any, Any]) -> None:
+            buf = dev.malloc(src.nbytes)
+            try:
+                exc = await self._submit_and_wait(
+                    sm, "big upload", lambda: sm.stream.copy_to_device(buf, src)
+                )
+                if exc is not None:
+                    return
+                out = np.full(src.nbytes, CANARY, np.uint8)
+                exc = await self._submit_and_wait(
+                    sm, "big download", lambda: sm.stream.copy_to_host(out, buf)
+                )
+                if exc is None:
+                    assert (out == src).all(), "a big round trip changed the data"
+                else:
+                    self.canaries.append(out)
+            finally:
+                buf.free()  # deferred while its copies are queued
+
+        async def go() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, sa, _floats(seed, BIG))
+                tg.start_soon(one, sb, _floats(seed + 1, BIG))
+                if not (self.faulted or self.fault_pending):
+                    s = dev.stream()
+                    t0 = time.monotonic()
+                    with anyio.fail_after(FLOW_BOUND):
+                        try:
+                            await (await s.launch(dev.function("noop"), 1))
+                        except aa.DeviceFaultError:
+                            assert self.fault_pending, "a stream failed beside big copies"
+                            self.faulted = True
+                    flow.append(time.monotonic() - t0)
+                    with anyio.fail_after(BOUND):
+                        await s.aclose()
+
+        self.call(go)
+        figs = type(self).figures
+        figs.max_flow_s = max([figs.max_flow_s, *flow])
+
+    @precondition(_has_s)
+    @rule(sm=IDX)
+    def drop_stream(self, sm: Any) -> None:
+        """A stream dropped without aclose(): its queued work still resolves (the pending
+        list holds its tasks), and an idle one is destroyed once collected."""
+        sm = self._s(sm)
+        self.smodels.remove(sm)
+        dev = self.dev
+        assert dev is not None
+        idle = not (sm.hung or time.monotonic() < sm.busy_until) and sm.stream.in_flight == 0
+        healthy = not (self.faulted or self.fault_pending)
+
+        async def go() -> None:
+            nonlocal sm
+            before = dev.stats()["streams"]
+            sm = None
+            gc.collect()
+            if not (idle and healthy):
+                return
+            with anyio.fail_after(BOUND):  # retired on a later loop turn
+                while dev.stats()["streams"] != before - 1:  # noqa: ASYNC110 - a counter
+                    await anyio.sleep(0.005)
+
+        self.call(go)
+
+    @precondition(lambda self: self.dev is not None and not (self.faulted or self.fault_pending))
+    @rule(wait_device=st.booleans())
+    def synchronize_racing_a_forced_close(self, wait_device: bool) -> None:
+        """synchronize() waiting while a forced close fails the work never reports success."""
+        dev = self.dev
+        assert dev is not None
+        outcomes: dict[str, BaseException | None] = {}
+
+        async def go() -> None:
+            s = dev.stream()
+            await s.launch(dev.function("hang"), 1)
+
+            async def wait(name: str, sync: Callable[[], Awaitable[None]]) -> None:
+                try:
+                    await sync()
+                    outcomes[name] = None
+                except Exception as exc:
+                    outcomes[name] = exc
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait, "stream", s.synchronize)
+                if wait_device:
+                    tg.start_soon(wait, "device", dev.synchronize)
+                await anyio.sleep(0.01)
+                with anyio.fail_after(BOUND):
+                    await dev.aclose(cancel=True, timeout=0.05)
+
+        self.call(go)
+        type(self).figures.hangs += 1
+        for name, exc in outcomes.items():
+            assert exc is not None, f"{name} synchronize() reported success for killed work"
+        self._close_device()  # already closed: the checks after a close
+
+    @precondition(_has_s)
+    @rule(sm=IDX, waiters=st.sampled_from([300, 2000]))
+    def many_waiters_on_one_task(self, sm: Any, waiters: int) -> None:
+        """Many coroutines awaiting one task all resume, with the same outcome, in bound."""
+        sm = self._s(sm)
+        if not sm.usable():
+            return
+        allowed = self.allowed(sm)
+        dev = self.dev
+        assert dev is not None
+
+        async def go() -> None:
+            try:
+                task = await sm.stream.launch(dev.function("sleep"), 1, aa.HostArgs().u32(2_000))
+            except aa.DeviceFaultError:
+                assert self.faulted or self.fault_pending
+                self.faulted = True
+                return
+            seen: list[BaseException | None] = []
+
+            async def waiter() -> None:
+                try:
+                    await task
+                    seen.append(None)
+                except (aa.TaskTimeoutError, aa.DeviceFaultError) as exc:
+                    seen.append(exc)
+
+            with anyio.fail_after(BOUND):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(waiters):
+                        tg.start_soon(waiter)
+            assert len(seen) == waiters
+            kinds = {type(exc) for exc in seen}
+            assert len(kinds) == 1, f"waiters on one task saw different outcomes: {kinds}"
+            self.check_outcome("sleep (many waiters)", seen[0], allowed)
+
+        self.call(go)
+
     # --- the device ------------------------------------------------------------------------
 
     @precondition(lambda self: self.dev is not None)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 from doubles.acl_double import DoubleControl, build_double, build_legacy_double, double_control
 from helpers import open_backend
@@ -257,6 +258,38 @@ async def test_a_forced_close_frees_nothing_a_running_kernel_uses() -> None:
         with pytest.raises(aa.AscendError):
             await task
     assert control.use_after_free() == before
+
+
+async def test_waiting_for_a_hung_device_at_close_never_blocks_the_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The close waits up to 0.5 s for the device before it leaks (settle.py): in a worker
+    # thread, so the loop keeps ticking meanwhile (before: one 0.5 s stall).
+    gaps: list[float] = []
+
+    async def tick(stop: anyio.Event) -> None:
+        last = time.monotonic()
+        while not stop.is_set():
+            await anyio.sleep(0.005)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    with caplog.at_level(logging.ERROR, logger="aio_ascend"):
+        dev = await open_backend("acl")
+        s = dev.stream()
+        await s.launch(dev.function("hang"), 1)
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(tick, stop)
+            await anyio.sleep(0.02)
+            start = time.monotonic()
+            await dev.aclose(timeout=0.05)
+            elapsed = time.monotonic() - start
+            stop.set()
+    assert elapsed >= 0.4, "the close did not wait for the hung device at all"
+    assert max(gaps) < 0.25, f"the loop stalled {max(gaps):.3f} s during the close"
+    assert any("destroyed by force" in r.getMessage() for r in caplog.records)
 
 
 # --- scoped reports, callbacks -----------------------------------------------------------------

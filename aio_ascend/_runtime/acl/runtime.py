@@ -230,6 +230,27 @@ class AclRuntime(AclGraphs):
     def get_recent_error_message(self) -> str:
         return self._library.recent_message()
 
+    def wait_settled(self) -> None:
+        """See the protocol: after a stream with unfinished work was destroyed by force,
+        ``aclrtSynchronizeDeviceWithTimeout`` in the calling thread, bound to this context
+        for the call (and given its own back)."""
+        if not self.settle.unsettled or self._closed:
+            return
+        fn = self._library.functions
+        previous = c_void_p()
+        try:
+            fn["aclrtGetCurrentContext"](byref(previous))
+            fn["aclrtSetCurrentContext"](self._context)
+            self.settle.wait()
+        except AscendError:
+            pass  # the close decides (and waits itself if nothing was learnt here)
+        finally:
+            if previous.value and previous.value != self._context:
+                try:
+                    fn["aclrtSetCurrentContext"](previous.value)
+                except AscendError:
+                    pass
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:

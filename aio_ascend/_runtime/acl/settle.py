@@ -54,6 +54,8 @@ class Settle:
         self._lock = threading.Lock()  # frees come from the loop and the library's threads
         #: what was leaked: (kind, address)
         self.leaked: list[tuple[str, int]] = []
+        #: the outcome of :meth:`wait` (None: not waited): the close does not wait twice
+        self._verdict: bool | str | None = None
 
     def force(self, stream: int, destroy: Callable[[int], None]) -> None:
         """Destroy ``stream`` by force (``destroy``), noting whether work was left on it.
@@ -96,6 +98,12 @@ class Settle:
         self.unsettled = False
         return True
 
+    def wait(self) -> None:
+        """Wait up to :data:`SETTLE_TIMEOUT_MS` for the device (the calling thread bound to
+        its context), so that :meth:`release` at close does not: called off the event loop."""
+        if self.unsettled and self._verdict is None:
+            self._verdict = self._settled(SETTLE_TIMEOUT_MS)
+
     def release(self, attempt: Callable[..., Any], **kinds: Iterable[int]) -> bool:
         """At close: free every address of each kind (``binary=``, ``device=``, ``host=``) and
         what was deferred, through ``attempt(function name, address)``, once the device settled
@@ -104,7 +112,12 @@ class Settle:
         with self._lock:
             pending += self.deferred
             self.deferred = []
-        settled = True if not self.unsettled else self._settled(SETTLE_TIMEOUT_MS)
+        if not self.unsettled:
+            settled: bool | str = True
+        elif self._verdict is not None:  # waited for already (off the loop), in vain
+            settled = self._verdict
+        else:
+            settled = self._settled(SETTLE_TIMEOUT_MS)
         if settled is not True:
             log.error(
                 "device %d: work of a stream destroyed by force may still be running (%s); "

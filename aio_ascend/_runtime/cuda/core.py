@@ -419,6 +419,9 @@ class CudaCore:
         if self._control:
             ctypes.c_uint32.from_address(self._control + CONTROL_RELEASE_OFFSET).value = 1
 
+    def wait_settled(self) -> None:
+        """See the protocol: nothing of a stream destroyed by force outlives it here."""
+
     def close(self) -> None:
         """Release everything, reset the primary context if a kernel faulted. Idempotent."""
         with self._close_lock:

@@ -139,6 +139,9 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         message: str = getattr(self._tls, "last_error", "")
         return message
 
+    def wait_settled(self) -> None:
+        """See the protocol: nothing of a stream destroyed by force outlives it here."""
+
     def close(self) -> None:
         """Stop and join the device thread and release everything. Idempotent, any thread.
 
