@@ -245,16 +245,25 @@ class Submitter:
         # logged when it is dropped. Their lines stay; the locals go. A re-raised error (the
         # runtime's sticky fault) also carries the frames of its earlier raises, a suspended
         # coroutine of the loop's among them: clear() would close it, so those are left alone.
+        # The frames that called the one that caught it (_hop, _resume: finished too) hang
+        # off its f_back and hold the hop: cleared as well; this thread's running ones refuse.
         for exc in self._caught:
+            frames = []
             tb = exc.__traceback__
+            if tb is not None:
+                back = tb.tb_frame.f_back
+                while back is not None:
+                    frames.append(back)
+                    back = back.f_back
             while tb is not None:
-                frame = tb.tb_frame
+                frames.append(tb.tb_frame)
+                tb = tb.tb_next
+            for frame in frames:
                 if not frame.f_code.co_flags & _RESUMABLE:
                     try:
                         frame.clear()
                     except RuntimeError:  # still running (this thread's, or another's)
                         pass
-                tb = tb.tb_next
         self._caught.clear()
 
     def _hop(self, hop: Hop) -> None:

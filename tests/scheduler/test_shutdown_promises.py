@@ -324,7 +324,10 @@ async def test_block_mode_meets_a_forced_close_timeout(open_dev: OpenDevice) -> 
     with anyio.fail_after(10):
         await dev.aclose(timeout=0.2)
     took = time.perf_counter() - started
-    assert 0.2 <= took < 0.6, took
+    # acl then waits (off the loop) up to 0.5 s for the device before it frees or leaks
+    # memory a forced kernel may still use (acl/settle.py)
+    settle = 0.5 if dev.backend == "acl" else 0.0
+    assert 0.2 <= took < 0.6 + settle, took
 
 
 async def test_a_forced_stream_destroy_wakes_a_thread_synchronizing_on_its_event(

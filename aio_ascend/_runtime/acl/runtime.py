@@ -231,25 +231,9 @@ class AclRuntime(AclGraphs):
         return self._library.recent_message()
 
     def wait_settled(self) -> None:
-        """See the protocol: after a stream with unfinished work was destroyed by force,
-        ``aclrtSynchronizeDeviceWithTimeout`` in the calling thread, bound to this context
-        for the call (and given its own back)."""
-        if not self.settle.unsettled or self._closed:
-            return
-        fn = self._library.functions
-        previous = c_void_p()
-        try:
-            fn["aclrtGetCurrentContext"](byref(previous))
-            fn["aclrtSetCurrentContext"](self._context)
-            self.settle.wait()
-        except AscendError:
-            pass  # the close decides (and waits itself if nothing was learnt here)
-        finally:
-            if previous.value and previous.value != self._context:
-                try:
-                    fn["aclrtSetCurrentContext"](previous.value)
-                except AscendError:
-                    pass
+        """See the protocol: ``Settle.wait_in`` this thread, bound to this context meanwhile."""
+        if not self._closed:
+            self.settle.wait_in(self._context)
 
     def close(self) -> None:
         with self._close_lock:

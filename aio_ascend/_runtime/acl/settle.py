@@ -21,6 +21,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
+from ctypes import byref, c_void_p
 from typing import Any, Final
 
 from ..._errors import AscendError, DeviceFaultError
@@ -97,6 +98,24 @@ class Settle:
             return f"{name} failed: {exc}"
         self.unsettled = False
         return True
+
+    def wait_in(self, context: int) -> None:
+        """:meth:`wait` in the calling thread (off the event loop), bound to ``context`` for
+        the call and given its own context back."""
+        if not self.unsettled:
+            return
+        fn = self._functions
+        previous = c_void_p()
+        try:
+            fn["aclrtGetCurrentContext"](byref(previous))
+            fn["aclrtSetCurrentContext"](context)
+            self.wait()
+        except AscendError:
+            pass  # the close decides (and waits itself if nothing was learnt here)
+        finally:
+            if previous.value and previous.value != context:
+                with contextlib.suppress(AscendError):
+                    fn["aclrtSetCurrentContext"](previous.value)
 
     def wait(self) -> None:
         """Wait up to :data:`SETTLE_TIMEOUT_MS` for the device (the calling thread bound to
