@@ -371,7 +371,7 @@ class Stream:
         self._ref = weakref.ref(self)
         # Collected without aclose(): the scheduler destroys its runtime stream once its queued
         # work is done (the lane is the scheduler's, so nothing else would)
-        weakref.finalize(self, scheduler.dropped_lanes.drop, lane).atexit = False
+        weakref.finalize(self, scheduler.drop_lane, lane).atexit = False
 
     # --- operations ----------------------------------------------------------------------
 

@@ -498,6 +498,11 @@ class Scheduler:
                 "garbage-collected without free(); it has been freed now"
             )
 
+    def drop_lane(self, lane: Lane) -> None:
+        """A ``Stream`` was collected (any thread): the loop retires it soon, work or not."""
+        self.dropped_lanes.drop(lane)
+        self.adapter.call_soon_threadsafe(self.retire_dropped)
+
     def retire_dropped(self) -> None:
         """Destroy the dropped streams whose work is done (a faulted device: at its close)."""
         if self.state is DeviceState.OPEN and self.faults.first is None:

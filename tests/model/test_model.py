@@ -767,6 +767,10 @@ class DeviceMachine(RuleBasedStateMachine):
                 buf.free()  # deferred while its copies are queued
 
         async def go() -> None:
+            with anyio.fail_after(BOUND * 2):
+                await both()
+
+        async def both() -> None:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(one, sa, _floats(seed, BIG))
                 tg.start_soon(one, sb, _floats(seed + 1, BIG))
@@ -831,19 +835,24 @@ class DeviceMachine(RuleBasedStateMachine):
                 except Exception as exc:
                     outcomes[name] = exc
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(wait, "stream", s.synchronize)
-                if wait_device:
-                    tg.start_soon(wait, "device", dev.synchronize)
-                await anyio.sleep(0.01)
-                with anyio.fail_after(BOUND):
-                    await dev.aclose(cancel=True, timeout=0.05)
+            with anyio.fail_after(BOUND):
+                await self._race_close(wait, s, wait_device)
 
         self.call(go)
         type(self).figures.hangs += 1
         for name, exc in outcomes.items():
             assert exc is not None, f"{name} synchronize() reported success for killed work"
         self._close_device()  # already closed: the checks after a close
+
+    async def _race_close(self, wait: Any, s: aa.Stream, wait_device: bool) -> None:
+        dev = self.dev
+        assert dev is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait, "stream", s.synchronize)
+            if wait_device:
+                tg.start_soon(wait, "device", dev.synchronize)
+            await anyio.sleep(0.01)
+            await dev.aclose(cancel=True, timeout=0.05)
 
     @precondition(_has_s)
     @rule(sm=IDX, waiters=st.sampled_from([300, 2000]))

@@ -133,6 +133,26 @@ async def test_a_dropped_stream_is_destroyed_after_its_queued_work(open_dev: Ope
 
 
 @pytest.mark.anyio
+async def test_an_idle_stream_dropped_on_an_idle_device_is_destroyed_without_more_work(
+    open_dev: OpenDevice,
+) -> None:
+    # its retirement once waited for the next flush or delivery round, which may never come
+    async with open_dev() as dev:
+        doomed = [dev.stream()]
+        streams = dev.stats()["streams"]
+
+        async def drop_and_wait() -> None:
+            doomed.clear()
+            gc.collect()
+            with anyio.fail_after(5):  # a few loop turns are expected
+                while dev.stats()["streams"] != streams - 1:  # noqa: ASYNC110 - a counter
+                    await anyio.sleep(0.005)
+
+        with pytest.warns(ResourceWarning, match=r"Stream .* without aclose\(\)"):
+            await drop_and_wait()
+
+
+@pytest.mark.anyio
 async def test_a_stream_dropped_with_unflushed_work_runs_it_then_goes(
     open_dev: OpenDevice,
 ) -> None:
