@@ -775,17 +775,7 @@ class DeviceMachine(RuleBasedStateMachine):
                 tg.start_soon(one, sa, _floats(seed, BIG))
                 tg.start_soon(one, sb, _floats(seed + 1, BIG))
                 if not (self.faulted or self.fault_pending):
-                    s = dev.stream()
-                    t0 = time.monotonic()
-                    with anyio.fail_after(FLOW_BOUND):
-                        try:
-                            await (await s.launch(dev.function("noop"), 1))
-                        except aa.DeviceFaultError:
-                            assert self.fault_pending, "a stream failed beside big copies"
-                            self.faulted = True
-                    flow.append(time.monotonic() - t0)
-                    with anyio.fail_after(BOUND):
-                        await s.aclose()
+                    flow.append(await self._round_trip_elsewhere("beside big copies"))
 
         self.call(go)
         figs = type(self).figures
@@ -973,25 +963,25 @@ class DeviceMachine(RuleBasedStateMachine):
         if blocked:
             self._other_streams_flow()
 
-    def _other_streams_flow(self) -> None:
+    async def _round_trip_elsewhere(self, beside: str) -> float:
+        """A noop round trip on a fresh stream (within FLOW_BOUND); its time."""
         dev = self.dev
         assert dev is not None
+        s = dev.stream()
+        t0 = time.monotonic()
+        with anyio.fail_after(FLOW_BOUND):
+            try:
+                await (await s.launch(dev.function("noop"), 1))
+            except aa.DeviceFaultError:
+                assert self.fault_pending, f"a healthy stream failed {beside}"
+                self.faulted = True
+        elapsed = time.monotonic() - t0
+        with anyio.fail_after(BOUND):
+            await s.aclose()
+        return elapsed
 
-        async def round_trip() -> float:
-            s = dev.stream()
-            t0 = time.monotonic()
-            with anyio.fail_after(FLOW_BOUND):
-                try:
-                    await (await s.launch(dev.function("noop"), 1))
-                except aa.DeviceFaultError:
-                    assert self.fault_pending, "a healthy stream failed while another was hung"
-                    self.faulted = True
-            elapsed = time.monotonic() - t0
-            with anyio.fail_after(BOUND):
-                await s.aclose()
-            return elapsed
-
-        elapsed = self.call(round_trip)
+    def _other_streams_flow(self) -> None:
+        elapsed = self.call(self._round_trip_elsewhere, "while another was hung")
         figs = type(self).figures
         figs.max_flow_s = max(figs.max_flow_s, elapsed)
 
