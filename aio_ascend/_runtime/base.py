@@ -122,6 +122,11 @@ class Runtime(Protocol):
         """
         ...
 
+    def must_settle(self) -> bool:
+        """Whether :meth:`wait_settled` would wait (a stream with unfinished work was destroyed
+        by force since the device last settled)."""
+        ...
+
     def wait_settled(self) -> None:
         """Before :meth:`close` frees memory: wait, up to a limit of the backend's, until no
         work of a stream destroyed by force can still touch it (a no-op where none can).

@@ -752,8 +752,8 @@ class Scheduler:
             # (host buffers, events, the runtime itself) is leaked, never freed under it.
             log_stuck(self.device_id, stuck, JOIN_TIMEOUT_S)
         else:
-            # a forced stream's kernel may still run: the runtime may wait for it, not the loop
-            await anyio.to_thread.run_sync(runtime.wait_settled)
+            if runtime.must_settle():  # a forced stream's kernel may still run: wait off-loop
+                await anyio.to_thread.run_sync(runtime.wait_settled)
             release_everything(
                 runtime,
                 graphs=self.graphs,

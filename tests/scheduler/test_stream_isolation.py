@@ -180,6 +180,8 @@ async def test_closed_and_external_streams_dropped_warn_nothing_and_destroy_noth
     async with open_dev() as dev:
         noop = dev.function("noop")
         keep = dev.stream()
+        # as its owner would: in the device's context (not whatever this thread has current)
+        dev.runtime.set_current_context(dev.runtime.context)
         handle = dev.runtime.create_stream()
         try:
             with warnings.catch_warnings(record=True) as seen:

@@ -230,6 +230,10 @@ class AclRuntime(AclGraphs):
     def get_recent_error_message(self) -> str:
         return self._library.recent_message()
 
+    def must_settle(self) -> bool:
+        """See the protocol."""
+        return self.settle.unsettled and not self._closed
+
     def wait_settled(self) -> None:
         """See the protocol: ``Settle.wait_in`` this thread, bound to this context meanwhile."""
         if not self._closed:

@@ -419,6 +419,10 @@ class CudaCore:
         if self._control:
             ctypes.c_uint32.from_address(self._control + CONTROL_RELEASE_OFFSET).value = 1
 
+    def must_settle(self) -> bool:
+        """See the protocol: never here."""
+        return False
+
     def wait_settled(self) -> None:
         """See the protocol: nothing of a stream destroyed by force outlives it here."""
 

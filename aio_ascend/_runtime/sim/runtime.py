@@ -139,6 +139,10 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         message: str = getattr(self._tls, "last_error", "")
         return message
 
+    def must_settle(self) -> bool:
+        """See the protocol: never here."""
+        return False
+
     def wait_settled(self) -> None:
         """See the protocol: nothing of a stream destroyed by force outlives it here."""
 
