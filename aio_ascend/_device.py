@@ -272,7 +272,7 @@ class Device:
         :param priority: lower = more urgent, within ``dev.info``'s
             ``stream_priority_greatest``..``stream_priority_least``; ``None``: the default
         """
-        _check_max_in_flight(max_in_flight)
+        max_in_flight = _check_max_in_flight(max_in_flight)
         if priority is not None:
             priority = _integer("priority (an int or None)", priority)
             self._scheduler.check_usable()
@@ -297,7 +297,7 @@ class Device:
         handle = _integer("external_stream(handle)", handle)
         if handle <= 0:
             raise ValueError(f"external_stream(handle={handle}): not a stream handle")
-        _check_max_in_flight(max_in_flight)
+        max_in_flight = _check_max_in_flight(max_in_flight)
         self._scheduler.retire_dropped()  # a wrapper of it dropped, its work done, is gone
         if any(lane.handle == handle for lane in self._scheduler.lanes):
             raise ValueError(f"stream {handle:#x} is already open on this device")
@@ -474,8 +474,8 @@ def open_device(
     _completion_mode(completion)
     _check_seconds("task_timeout", task_timeout)
     _check_seconds("close_timeout", close_timeout)
-    _check_batch_cap(batch_cap)
-    _check_pool_bytes(pinned_pool_bytes)
+    batch_cap = _check_batch_cap(batch_cap)
+    pinned_pool_bytes = _check_pool_bytes(pinned_pool_bytes)
     if not isinstance(debug, bool):
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if runtime_options is not None and not isinstance(runtime_options, Mapping):
