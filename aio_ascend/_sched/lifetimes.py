@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from .._host.pool import HostBuffer, HostBufferPool
-from .loop import OTHER_THREAD
 
 __all__ = ["Allocation", "Holder", "Lifetimes"]
 
@@ -84,10 +83,18 @@ class Lifetimes:
 
     :param free_device: frees a device pointer (binds the calling thread's context itself)
     :param pool: where requests' host buffers go back to
+    :param check_thread: raises unless called on the device's loop thread (``free()`` belongs
+        to it while the device is open)
     """
 
-    def __init__(self, free_device: Callable[[int], None], pool: HostBufferPool) -> None:
+    def __init__(
+        self,
+        free_device: Callable[[int], None],
+        pool: HostBufferPool,
+        check_thread: Callable[[], None] | None = None,
+    ) -> None:
         self._free_device = free_device
+        self._check_thread = check_thread
         self._pool = pool
         self._lock = threading.Lock()
         # ptr -> a weak reference to the live allocation (a dropped one is collected)
@@ -96,8 +103,6 @@ class Lifetimes:
         #: (ptr, nbytes) of allocations collected without free(), not freed yet (see reap)
         self.dropped: deque[tuple[int, int]] = deque()
         self._closed = False
-        #: the loop thread (the device is opened on it): ``free()`` belongs to it
-        self.thread = threading.get_ident()
 
     @property
     def closed(self) -> bool:
@@ -160,8 +165,8 @@ class Lifetimes:
         :raises RuntimeError: called off the loop thread while the device is open (after the
             close it does nothing, from anywhere: everything has been released)
         """
-        if threading.get_ident() != self.thread and not self._closed:
-            raise RuntimeError(OTHER_THREAD)
+        if self._check_thread is not None and not self._closed:
+            self._check_thread()
         if self.request_free(allocation):
             self._dispose(allocation)
 

@@ -313,10 +313,8 @@ class Poller:
                 continue
             for index in completing or ():
                 req = deliveries[index][0]
-                try:
-                    req.on_complete()
-                except BaseException as exc:
-                    error = InternalError(f"completing {req.kind} failed: {exc!r}")
+                error = _completed_on_host(req)
+                if error is not None:
                     deliveries[index] = (req, error, Outcome.FINISHED)
             finished.extend(batch.requests)
         self._lifetimes.release(finished)
@@ -330,15 +328,9 @@ class Poller:
 
     def _copy_out(self, batch: Batch) -> None:
         # The staging thread: the batch's downloads into the users' arrays. Never raises.
-        errors: list[BaseException | None] = []
-        for req in batch.requests:
-            error: BaseException | None = None
-            if req.needs_completion:
-                try:
-                    req.on_complete()
-                except BaseException as exc:
-                    error = InternalError(f"completing {req.kind} failed: {exc!r}")
-            errors.append(error)
+        errors = [
+            _completed_on_host(req) if req.needs_completion else None for req in batch.requests
+        ]
         self._unstaged.put(errors)
         self._inbox.put(POKE)
 
@@ -372,11 +364,9 @@ class Poller:
         done: list[Batch] = []
         batches: list[Batch] = []
         for queued in self._outstanding.values():
-            for batch in queued:
-                if not batches or batches[-1].lane is not batch.lane:
-                    finished = self._still_completes(batch)
-                else:
-                    finished = False  # FIFO: after an unfinished batch of its stream
+            finished = True
+            for batch in queued:  # FIFO: nothing after a stream's unfinished batch finished
+                finished = finished and self._still_completes(batch)
                 (done if finished else batches).append(batch)
         self._outstanding.clear()
         self._pending = 0
@@ -388,7 +378,7 @@ class Poller:
             site = self._runtime.fault_site()
         except Exception:
             site = None
-        ordered = getattr(self._runtime, "ordered_task_ids", False)
+        ordered = self._runtime.ordered_task_ids
         deliveries = fail_batches(batches, fault, first, site, ordered=ordered)
         now = time.perf_counter()
         for batch in batches:
@@ -398,10 +388,8 @@ class Poller:
             if error is None:  # finished before the fault (ordered ids only)
                 req.task.completed_at = now
                 if req.needs_completion:
-                    try:
-                        req.on_complete()
-                    except BaseException as err:  # (not `exc`: the argument's name)
-                        error = InternalError(f"completing failed: {err!r}")
+                    error = _completed_on_host(req)
+                    if error is not None:
                         deliveries[index] = (req, error, outcome)
         self._post(deliveries, self.counters)
 
@@ -411,3 +399,13 @@ class Poller:
         except Exception:
             return False  # a halted context answers with the fault: nothing more is known
         return status == ACL_EVENT_RECORDED_STATUS_COMPLETE
+
+
+def _completed_on_host(req: Request) -> BaseException | None:
+    """Run ``req``'s host-side completion (a download's copy into the user's array); the error
+    its task gets instead if that fails (a bug of ours), else None."""
+    try:
+        req.on_complete()
+    except BaseException as exc:
+        return InternalError(f"completing {req.kind} failed: {exc!r}")
+    return None

@@ -118,7 +118,7 @@ class Scheduler:
             debug=debug,
             retained_bytes=pinned_pool_bytes,
         )
-        self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool)
+        self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool, adapter.check_thread)
         self.graphs = GraphBook(
             self.pool, self.lifetimes, lambda handle: binding.bound().destroy_graph(handle)
         )

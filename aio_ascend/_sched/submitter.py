@@ -343,9 +343,7 @@ class Submitter:
                     req.position = -1 if tid is None else tid
                     lane.submitted += req.runtime_tasks
             if error is not None:
-                req.on_refused(error)
-                self._lifetimes.release((req,))
-                failures.append((req, error, Outcome.FINISHED))
+                self._refuse(req, error, failures)
             else:
                 batch = open_batches.get(lane)
                 if batch is None:
@@ -395,9 +393,7 @@ class Submitter:
             else:
                 error = InternalError(f"staging {first.kind} failed: {exc!r}")
                 error.__cause__ = exc
-            first.on_refused(error)
-            self._lifetimes.release((first,))
-            failures.append((first, error, Outcome.FINISHED))
+            self._refuse(first, error, failures)
         last = 0.0
         while queued:
             deadline = queued[0][1]
@@ -416,6 +412,12 @@ class Submitter:
             if batch:
                 self._close_batch(open_lane, batch, last, failures)
         self._post(failures, self.counters)
+
+    def _refuse(self, req: Request, error: BaseException, failures: list[Delivery]) -> None:
+        # never reaching the device: what it holds goes back now, and its task fails
+        req.on_refused(error)
+        self._lifetimes.release((req,))
+        failures.append((req, error, Outcome.FINISHED))
 
     def _classify(self, exc: BaseException) -> BaseException:
         return classify_refusal(exc, self._faults, self._context_is_healthy)
