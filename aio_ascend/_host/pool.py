@@ -24,7 +24,7 @@ _MIN_CLASS = 64
 _SLAB_BYTES = 64 * 1024  # small size classes are allocated this many bytes at a time
 _SLAB_MAX_CLASS = 4096
 _GUARD = 64
-#: free pinned bytes a pool keeps for reuse by default (DESIGN: pinned_pool_bytes)
+#: free pinned bytes a pool keeps for reuse by default (``open_device(pinned_pool_bytes=)``)
 DEFAULT_RETAINED_BYTES = 256 << 20
 GUARD_BYTE = 0xA5
 POISON_BYTE = 0xDB

@@ -29,7 +29,8 @@ GIL_SLICE_S = 0.0005
 _YIELD_S = 0.00002
 #: how long the event loop's thread may go without running before a library thread that has
 #: used up its slice hands the GIL over (see :class:`LoopPulse`; 2 ms: one-producer loop lag
-#: p99 5.5-6.8 ms with host CPU per launch unchanged; 1 ms cost +9 % CPU; issue 17 note)
+#: p99 5.5-6.8 ms with host CPU per launch unchanged; 1 ms cost +9 % CPU; measured with
+#: ``aio-ascend bench --only producer_lag,poll``)
 LOOP_STARVED_S = 0.002
 
 

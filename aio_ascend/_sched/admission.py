@@ -98,7 +98,7 @@ class Admission:
         if len(queue) > 1 or entries != ENTRIES_PER_REQUEST:
             return self.grant()
         # one waiter for the one request's worth just freed: it fits (the common case of a
-        # saturated stream; bench "(c) scheduler" row)
+        # saturated stream, ``aio-ascend bench --only poll``)
         ticket = queue.popleft()
         ticket.granted = True
         self.in_flight += 1

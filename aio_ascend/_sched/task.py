@@ -115,7 +115,7 @@ class Task:
         self._exc: BaseException | None = None
         self._waiters: list[Any] | None = None
         self._retrievers = 0  # waiters that will raise its error (``await``, not wait_finished)
-        # one clock call per task: the launch hot path (bench "(c) scheduler" row)
+        # one clock call per task: this runs for every launch (``aio-ascend bench --only poll``)
         self.admitted_at: float = _now()
         self.submitted_at: float | None = None
         self.completed_at: float | None = None
@@ -156,7 +156,8 @@ class Task:
         if self._done:
             # Awaiting a finished task does not suspend; a coroutine that awaits thousands in
             # a row would hold the loop for tens of ms. Every READY_AWAITS_PER_CHECKPOINT-th
-            # such await on a loop lets the loop run once (bench "producer_lag").
+            # such await on a loop lets the loop run once (measured: ``aio-ascend bench --only
+            # producer_lag``).
             adapter = self._adapter
             adapter.ready_awaits += 1
             if adapter.ready_awaits >= READY_AWAITS_PER_CHECKPOINT:

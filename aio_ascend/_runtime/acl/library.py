@@ -76,7 +76,7 @@ def library_candidates(library_path: str | os.PathLike[str] | None = None) -> li
 
 
 def find_install() -> str | None:
-    """Where a CANN install is *found* (DESIGN: "A CANN install is never silently simulated"):
+    """Where a CANN install is *found* (one is never silently replaced by the simulator):
     ``libascendcl.so`` under ``$ASCEND_HOME_PATH/lib64`` or ``$ASCEND_TOOLKIT_HOME/lib64``, or on
     the dynamic loader's path; ``None`` when there is none. Whether it can be *used* is
     :func:`probe`'s question."""
