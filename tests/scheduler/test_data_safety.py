@@ -17,18 +17,24 @@ import pytest
 from helpers import OpenDevice, assert_runtime_clean, live_resources, upload
 
 import aio_ascend as aa
+from aio_ascend._sched.work import STAGE_AT_HAND_BYTES
 
 pytestmark = pytest.mark.anyio
 
 
-async def test_a_timed_out_copy_to_host_never_writes_user_memory(open_dev: OpenDevice) -> None:
+@pytest.mark.parametrize(
+    "nbytes", [4096, 2 * STAGE_AT_HAND_BYTES], ids=["small", "big: unstaged aside"]
+)
+async def test_a_timed_out_copy_to_host_never_writes_user_memory(
+    open_dev: OpenDevice, nbytes: int
+) -> None:
     # v0.1: the poller copied staging -> dst when the device finished, after the task had
     # failed with TaskTimeoutError.
     async with open_dev(task_timeout=0.2) as dev:
         s = dev.stream()
-        buf = await upload(dev, s, np.full(4096, 7, np.uint8))
+        buf = await upload(dev, s, np.full(nbytes, 7, np.uint8))
         await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(600_000))  # 0.6 s
-        out = np.zeros(4096, np.uint8)
+        out = np.zeros(nbytes, np.uint8)
         task = await s.copy_to_host(out, buf)
         with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError):
             await task
