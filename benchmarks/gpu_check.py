@@ -58,14 +58,20 @@ def _on_signal(signum: int, frame: object) -> None:
     raise Stop(f"signal {signum}")
 
 
-def _run(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
-         log: Path | None = None) -> tuple[int | None, str]:
+def _run(
+    cmd: list[str], timeout: float, env: dict[str, str] | None = None, log: Path | None = None
+) -> tuple[int | None, str]:
     """Run a child with a timeout; returns (exit code or None on timeout, output)."""
     global _current_child
     out = open(log, "w") if log else subprocess.PIPE  # noqa: SIM115 - closed below
     try:
         child = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,
         )
         _current_child = child
@@ -150,8 +156,21 @@ def step_wheels(wheels: Path | None, env: dict[str, str]) -> dict[str, Any]:
         info["note"] = "no wheel folder (see benchmarks/README.md)"
     else:
         files = sorted(str(p) for p in wheels.glob("*.whl"))
-        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-               "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(SITE), *files]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--upgrade",
+            "--target",
+            str(SITE),
+            *files,
+        ]
         code, text = _run(cmd, 180, env=env)
         info["installed"] = [Path(f).name for f in files]
         info["pip_exit"] = code
@@ -183,11 +202,22 @@ def step_tests(
     if "pytest" in missing or "numpy" in missing or "anyio" in missing:
         return {"skipped": f"cannot run the tests: missing {missing}"}
     xml = out / "gpu-tests.xml"
-    cmd = [sys.executable, "-m", "pytest", "tests/runtime/test_cuda_backend.py",
-           "tests/runtime/test_runtime_contract.py", "tests/runtime/test_runtime_contract_v02.py",
-           "tests/scheduler/test_everyday_api.py",
-           "-k", "cuda and not trio", "-q", "-rfEs",
-           f"--junitxml={xml}", "-p", "no:cacheprovider"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/runtime/test_cuda_backend.py",
+        "tests/runtime/test_runtime_contract.py",
+        "tests/runtime/test_runtime_contract_v02.py",
+        "tests/scheduler/test_everyday_api.py",
+        "-k",
+        "cuda and not trio",
+        "-q",
+        "-rfEs",
+        f"--junitxml={xml}",
+        "-p",
+        "no:cacheprovider",
+    ]
     if "pytest_asyncio" in missing or "pytest_timeout" in missing:
         cmd += ["-c", str(_fallback_ini()), "--rootdir", str(ROOT)]
     else:
@@ -210,8 +240,10 @@ def _junit_summary(path: Path) -> dict[str, Any]:
         root = ET.parse(path).getroot()
     except ET.ParseError:
         return {}
-    counts = {"gpu": {"passed": 0, "failed": 0, "skipped": 0},
-              "cpu": {"passed": 0, "failed": 0, "skipped": 0}}
+    counts = {
+        "gpu": {"passed": 0, "failed": 0, "skipped": 0},
+        "cpu": {"passed": 0, "failed": 0, "skipped": 0},
+    }
     failures: list[str] = []
     for case in root.iter("testcase"):
         name = case.get("name", "")
@@ -232,8 +264,14 @@ def _junit_summary(path: Path) -> dict[str, Any]:
 
 def step_bench(out: Path, env: dict[str, str], timeout: float, scale: float) -> dict[str, Any]:
     path = out / "bench.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--bench-child", str(path),
-           "--scale", str(scale)]
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--bench-child",
+        str(path),
+        "--scale",
+        str(scale),
+    ]
     code, text = _run(cmd, timeout, env=env, log=out / "bench.log")
     results: dict[str, Any] = {}
     if path.exists():
@@ -452,8 +490,10 @@ def format_report(data: dict[str, Any]) -> str:
         lines.append(f"- probe: {'ok' if probe.get('ok') else 'NOT available'}: {probe.get('why')}")
     wheels = data.get("wheels", {})
     if wheels:
-        lines.append(f"- wheels installed: {len(wheels.get('installed', []))}; "
-                     f"still missing: {wheels.get('missing_after') or 'nothing'}")
+        lines.append(
+            f"- wheels installed: {len(wheels.get('installed', []))}; "
+            f"still missing: {wheels.get('missing_after') or 'nothing'}"
+        )
     seam = data.get("seam", {})
     if seam:
         lines += ["", "## Seam (info, priority stream, memset + D2D copy, graph)", ""]
@@ -461,10 +501,14 @@ def format_report(data: dict[str, Any]) -> str:
             lines.append(f"error: {str(seam['error'])[-300:]}")
         else:
             lines.append(f"- info: {seam.get('info')}")
-            lines.append(f"- memset + D2D copy read back: {seam.get('memset_d2d_ok')}; "
-                         f"out-of-range priority refused: {seam.get('out_of_range_refused')}")
-            lines.append(f"- graph captured, replayed twice on another stream, read back: "
-                         f"{seam.get('graph_ok')}; destroyed: {seam.get('graph_destroyed')}")
+            lines.append(
+                f"- memset + D2D copy read back: {seam.get('memset_d2d_ok')}; "
+                f"out-of-range priority refused: {seam.get('out_of_range_refused')}"
+            )
+            lines.append(
+                f"- graph captured, replayed twice on another stream, read back: "
+                f"{seam.get('graph_ok')}; destroyed: {seam.get('graph_destroyed')}"
+            )
     tests = data.get("tests", {})
     if tests:
         lines += ["", "## Tests (tests/runtime, cuda)", ""]
@@ -474,17 +518,24 @@ def format_report(data: dict[str, Any]) -> str:
         for where, label in (("gpu", "on the GPU"), ("cpu", "on the CPU (fake driver, pure)")):
             c = counts.get(where)
             if c:
-                lines.append(f"- {label}: {c['passed']} passed, {c['failed']} failed, "
-                             f"{c['skipped']} skipped")
-        lines.append(f"- exit {tests.get('exit')} after {tests.get('seconds')} s"
-                     + (" (TIMED OUT)" if tests.get("timed_out") else ""))
+                lines.append(
+                    f"- {label}: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped"
+                )
+        lines.append(
+            f"- exit {tests.get('exit')} after {tests.get('seconds')} s"
+            + (" (TIMED OUT)" if tests.get("timed_out") else "")
+        )
         for failure in tests.get("failures", [])[:30]:
             lines.append(f"  - FAILED {failure}")
     bench = data.get("bench", {})
     if bench:
-        lines += ["", f"## Benchmark (noop kernels, scale {bench.get('scale')})", "",
-                  "| path | launches/s | CPU us/launch | launch->done p50 us | p99 us |",
-                  "| --- | ---: | ---: | ---: | ---: |"]
+        lines += [
+            "",
+            f"## Benchmark (noop kernels, scale {bench.get('scale')})",
+            "",
+            "| path | launches/s | CPU us/launch | launch->done p50 us | p99 us |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
         for key, label in _ROWS:
             row = bench.get(key)
             if not row:
@@ -539,8 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     env["PYTHONUNBUFFERED"] = "1"
     wheels = args.wheels
     if wheels is None:
-        wheels = next((p for p in (ROOT / ".whl", ROOT / "benchmarks" / "wheels") if p.is_dir()),
-                      None)
+        wheels = next(
+            (p for p in (ROOT / ".whl", ROOT / "benchmarks" / "wheels") if p.is_dir()), None
+        )
     status = 0
     try:
         print("== environment", flush=True)

@@ -63,3 +63,5 @@ def test_docs_extra() -> None:
     docs = " ".join(PROJECT["optional-dependencies"]["docs"])
     for package in ("mkdocs", "mkdocs-material", "mkdocstrings[python]"):
         assert package in docs
+    # mkdocstrings formats separate signatures with black or ruff, else leaves them one line
+    assert re.search(r"\b(black|ruff)\b", docs)
