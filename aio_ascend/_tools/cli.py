@@ -345,7 +345,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 #: the latency series of the bench plot: panel -> (step, series name)
 BENCH_PANELS: dict[str, list[tuple[str, str]]] = {
-    "one launch + await at a time (launch -> task done -> coroutine resumed)": [
+    "latency of one launch + await at a time, nothing to batch "
+    "(launch -> task done -> coroutine resumed)": [
         ("naive", "(b) naive await to_thread(launch + sync)"),
         ("unbatched", "(b2) scheduler, batch_cap=1"),
         ("poll", "(c) scheduler, poll completion"),
@@ -356,6 +357,26 @@ BENCH_PANELS: dict[str, list[tuple[str, str]]] = {
         ("wake_block", "block, idle"),
         ("wake_churn", "poll, 10k tasks churning"),
     ],
+}
+
+#: the bar panels of the bench plot: step -> bar name (throughput without the handler shape,
+#: which measures CPU only)
+BENCH_THROUGHPUT: dict[str, str] = {
+    "raw": "(a) raw runtime loop",
+    "naive": "(b) naive to_thread",
+    "unbatched": "(b2) batch_cap=1",
+    "poll": "(c) scheduler, poll",
+    "block": "(c') scheduler, block",
+    "traced": "(c) + tracing",
+}
+BENCH_CPU: dict[str, str] = {
+    "raw": "(a) raw runtime loop",
+    "naive": "(b) naive to_thread",
+    "unbatched": "(b2) batch_cap=1",
+    "poll": "(c) scheduler, poll",
+    "block": "(c') scheduler, block",
+    "traced": "(c) + tracing",
+    "handler": "(c) request-handler shape",
 }
 
 #: bench backends: the sim, and cuda where it runs
@@ -490,6 +511,51 @@ def _bench_trace(args: argparse.Namespace, cfg: Any, results: dict[str, Any]) ->
     return 0
 
 
+def _bench_bars(results: dict[str, Any]) -> dict[str, Any]:
+    """The bench's claims as bar panels: throughput against (b), host CPU against (a)."""
+    from .plot import Bars
+
+    def measured(steps: dict[str, str], field: str) -> dict[str, float]:
+        return {
+            name: float(results[key][field])
+            for key, name in steps.items()
+            if isinstance(results.get(key), dict) and results[key].get(field)
+        }
+
+    def target(name: str) -> str:
+        ratio = results.get("ratios", {}).get(name)
+        if not ratio:
+            return ""
+        verdict = "met" if ratio["met"] else "NOT MET"
+        return f"target {name} {ratio['target']}: {ratio['value']:.3g}, {verdict}"
+
+    bars: dict[str, Any] = {}
+    rates = measured(BENCH_THROUGHPUT, "launches_per_s")
+    if rates:
+        reference = BENCH_THROUGHPUT["naive"]
+        bars["throughput, noop kernels"] = Bars(
+            rates,
+            "launches/s",
+            "higher",
+            reference if reference in rates else None,
+            target=target("throughput (c)/(b)"),
+            highlight=frozenset(name for name in rates if name.startswith("(c")),
+        )
+    cpu = measured(BENCH_CPU, "cpu_us_per_launch")
+    if cpu:
+        reference = BENCH_CPU["raw"]
+        bars["host CPU per launch"] = Bars(
+            cpu,
+            "µs",
+            "lower",
+            reference if reference in cpu else None,
+            decimals=1,
+            target=target("host CPU per launch (c)/(a)"),
+            highlight=frozenset(name for name in cpu if name.startswith("(c")),
+        )
+    return bars
+
+
 def _bench_plot(args: argparse.Namespace, cfg: Any, results: dict[str, Any]) -> int:
     from .plot import plot_latencies
 
@@ -502,16 +568,21 @@ def _bench_plot(args: argparse.Namespace, cfg: Any, results: dict[str, Any]) -> 
         for panel, series in BENCH_PANELS.items()
     }
     panels = {panel: series for panel, series in panels.items() if series}
-    if not panels:
+    bars = _bench_bars(results)
+    if not panels and not bars:
         print(
-            f"{PROG} bench: --plot: none of the steps run recorded latency samples "
-            "(naive, unbatched, poll, block and the wake_* steps do); no plot written",
+            f"{PROG} bench: --plot: none of the steps run recorded latency samples or "
+            "throughput (raw, naive, unbatched, poll, block, traced, handler and the wake_* "
+            "steps do); no plot written",
             file=sys.stderr,
         )
         return 1
-    title = f"aio-ascend bench latencies: backend {cfg.backend}, scale {cfg.scale}, loop {cfg.loop}"
+    title = f"aio-ascend bench: backend {cfg.backend}, scale {cfg.scale}, loop {cfg.loop}"
     if not _write_output(
-        "bench", "--plot", args.plot, lambda: plot_latencies(args.plot, panels, title=title)
+        "bench",
+        "--plot",
+        args.plot,
+        lambda: plot_latencies(args.plot, panels, title=title, bars=bars),
     ):
         return 2
     print(f"plot: {args.plot}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -112,10 +113,12 @@ def test_plot_one_panel_per_measurement_cdf_on_a_log_axis(
             named = ax.get_legend_handles_labels()[1]
             curves = [line for line in ax.get_lines() if line.get_label() in named]
             assert len(curves) == len(series)
+            assert ax.get_yscale() == "function"  # the tail-stretching share axis
             for line, values in zip(curves, series.values(), strict=True):
                 xs, ys = line.get_data()
                 assert list(xs) == sorted(values)  # a CDF: sorted samples ...
-                assert ys[-1] == 1.0 and math.isclose(ys[0], 1 / len(values))  # ... up to 1
+                n = len(values)  # ... at Hazen's positions, (i - 0.5) / n
+                assert math.isclose(ys[0], 0.5 / n) and math.isclose(ys[-1], 1 - 0.5 / n)
             labels = [t.get_text() for t in ax.get_xticklabels()]
             assert labels and all("e" not in label and "$" not in label for label in labels)
     finally:
@@ -131,3 +134,92 @@ def test_cli_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--scale", "0.02", "--only", "wake_poll", "-q", "--plot", str(pdf)]) == 0
     assert pdf.read_bytes().startswith(MAGIC["pdf"])
     assert f"plot: {pdf}" in capsys.readouterr().out
+
+
+def _keep_figures(monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], Any]:
+    import matplotlib.pyplot as plt
+
+    figures: list[Any] = []
+    real_close = plt.close
+    monkeypatch.setattr(plt, "close", figures.append)  # inspect the figure instead
+    return figures, real_close
+
+
+def test_the_tail_above_p99_gets_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1,000 samples, 10 of them slow: on a linear share axis the samples above p99 shared the
+    # top 1 % of the panel's height, pressed into its edge
+    pytest.importorskip("matplotlib")
+    figures, real_close = _keep_figures(monkeypatch)
+    values = [100.0 + i % 50 for i in range(990)] + [1000.0 + 100 * i for i in range(10)]
+    plot.plot_latencies(tmp_path / "x.png", {"launch": {"a": values}}, title="t")
+    (fig,) = figures
+    try:
+        (ax,) = fig.get_axes()
+        fig.canvas.draw()
+        bottom, top = (ax.transData.transform((1000.0, y))[1] for y in ax.get_ylim())
+        p99 = ax.transData.transform((1000.0, 0.99))[1]
+        assert (top - p99) / (top - bottom) > 0.25
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        assert labels == ["0", "p50", "p90", "p99", "p99.9"]  # the top: 1 - 0.5 / 1000
+        (curve,) = (line for line in ax.get_lines() if line.get_label().startswith("a:"))
+        assert "max 1,900" in curve.get_label()
+    finally:
+        real_close(fig)
+
+
+def test_the_bench_plot_shows_throughput_and_cpu_beside_the_latencies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("matplotlib")
+    from aio_ascend._tools.bench import ratios
+    from aio_ascend._tools.cli import _bench_bars
+
+    results: dict[str, Any] = {
+        "raw": {"launches_per_s": 700_000.0, "cpu_us_per_launch": 1.4},
+        "naive": {
+            "launches_per_s": 10_000.0,
+            "cpu_us_per_launch": 118.0,
+            "single_launch_p50_us": 144.0,
+        },
+        "poll": {
+            "launches_per_s": 180_000.0,
+            "cpu_us_per_launch": 5.5,
+            "single_launch_p50_us": 163.0,
+            "host_allocations_after_warmup": 0,
+        },
+        "handler": {"cpu_us_per_launch": 7.7},
+    }
+    results["ratios"] = ratios(results)
+    bars = _bench_bars(results)
+    assert list(bars) == ["throughput, noop kernels", "host CPU per launch"]
+    assert bars["throughput, noop kernels"].values == {
+        "(a) raw runtime loop": 700_000.0,
+        "(b) naive to_thread": 10_000.0,
+        "(c) scheduler, poll": 180_000.0,
+    }
+    assert "(c) request-handler shape" in bars["host CPU per launch"].values
+    assert "target throughput (c)/(b) >= 15: 18, met" in bars["throughput, noop kernels"].target
+
+    figures, real_close = _keep_figures(monkeypatch)
+    panels = {"launch": {"(b)": [144.0, 150.0], "(c)": [163.0, 170.0]}}
+    plot.plot_latencies(tmp_path / "x.png", panels, title="bench", bars=bars)
+    (fig,) = figures
+    try:
+        throughput, cpu, latency = fig.get_axes()
+        assert throughput.get_title(loc="left").startswith("throughput, noop kernels (higher")
+        assert cpu.get_title(loc="left").startswith("host CPU per launch (lower is better)")
+        # side by side, above the latency panel
+        assert throughput.get_position().y0 == pytest.approx(cpu.get_position().y0)
+        assert throughput.get_position().x1 < cpu.get_position().x0
+        assert latency.get_position().y1 < throughput.get_position().y0
+        texts = [t.get_text() for t in throughput.texts]
+        assert any("180,000 launches/s  (18x (b))" in t for t in texts)
+        assert throughput.get_xscale() == "log"  # 70x between the bars
+        assert [t.get_text() for t in cpu.get_yticklabels()] == [
+            "(a) raw runtime loop",
+            "(b) naive to_thread",
+            "(c) scheduler, poll",
+            "(c) request-handler shape",
+        ]
+    finally:
+        real_close(fig)
