@@ -12,23 +12,26 @@ For example::
             await s.run(fn, 8, args)
 
 Open the file in https://ui.perfetto.dev (or ``chrome://tracing``). Each device is a
-process; each stream is one track ("stream 1", ... or the names given with
-:meth:`Tracer.name_stream`) on which every task is an *async* slice named after the stream,
-from its admission to its end, with up to three phases nested below it:
+process named with its backend (``device 0 (sim)``); each stream is one track ("stream 1",
+... or the names given with :meth:`Tracer.name_stream`) on which every task is a slice named
+after its operation (the kernel's name, or ``copy_to_device``, ``record_event``, ...), from
+when it could start (submitted, and the stream's previous task observed complete: a stream
+runs in order) to its observed completion (``Task.completed_at``), so the slices of a stream
+never overlap. The slice's arguments carry the task's phases in microseconds:
 
-- ``queued``: admitted -> its batch handed to the runtime (``Task.submitted_at``);
-- the operation (the kernel's name, or ``copy_to_device``, ``record_event``, ...): submitted
-  -> observed complete on the device (``Task.completed_at``), the wait behind earlier work
-  on the stream included;
-- ``wake``: observed complete -> the waiting coroutine resumed (``Task.resumed_at``): the
+- ``queued_us``: admitted -> its batch handed to the runtime (``Task.submitted_at``);
+- ``on_device_us``: submitted -> observed complete on the device, the wait behind earlier
+  work on the stream included;
+- ``wake_us``: observed complete -> the waiting coroutine resumed (``Task.resumed_at``): the
   library's wake-up. It is absent when nobody was waiting (the task was awaited later, or
   never).
 
-Overlapping tasks of one stream share its track: Perfetto stacks them in rows. Flow arrows
-link the tasks of one request in the order they were admitted: the tasks created inside one
-:func:`request` block (shown as a slice on the "requests" track of the "requests" process),
-or else the tasks created by one asyncio/trio task. All times are ``time.perf_counter()``
-seconds, shown relative to the first event.
+Counter tracks beside them give, per stream and for the whole device ("all streams"), how
+many tasks are ``queued`` (admitted, not submitted) and ``in flight`` (submitted, not
+observed complete). Flow arrows link the tasks of one request in the order they start: the
+tasks created inside one :func:`request` block (shown as a slice on the "requests" track of
+the "requests" process), or else the tasks created by one asyncio/trio task. All times are
+``time.perf_counter()`` seconds, shown relative to the first event.
 
 While no tracer is recording the scheduler pays one attribute check per task; while one is,
 each task costs a few microseconds (the figures are in ``docs/observability.md``).
@@ -41,6 +44,7 @@ import contextlib
 import itertools
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -410,6 +414,52 @@ def record(
 # --- the trace file ----------------------------------------------------------------------------
 
 
+def _stream_slices(
+    records: Sequence[TaskRecord],
+) -> list[tuple[TaskRecord, float | None, float]]:
+    """Each record with the stretch its stream's track shows it on: ``(record, start, end)``.
+
+    A stream runs its work in order, so a task can start only once it was submitted and the
+    stream's previous task was observed complete: ``start = max(submitted, previous end)``,
+    ``end = completed``. The slices of one stream never overlap, and one track holds them. A
+    task that never completed (refused, timed out, failed before or at submission) has no
+    stretch: ``start`` is ``None`` and ``end`` its last timestamp (an instant).
+    """
+    by_stream: dict[tuple[str, str], list[TaskRecord]] = {}
+    for r in records:
+        by_stream.setdefault((r.process, r.stream_name), []).append(r)
+    out: list[tuple[TaskRecord, float | None, float]] = []
+    for tasks in by_stream.values():
+        tasks.sort(key=lambda r: r.admitted)  # admission order is the stream's order
+        previous = -math.inf
+        for r in tasks:
+            if r.submitted is None or r.completed is None:
+                out.append((r, None, r.end))
+                continue
+            start = max(r.submitted, previous)
+            previous = max(r.completed, start)
+            out.append((r, start, previous))
+    return out
+
+
+def _counter_steps(records: Sequence[TaskRecord]) -> list[tuple[float, int, int]]:
+    """``(time, change of queued, change of in flight)`` of ``records``, in time order.
+
+    Queued: admitted, not yet submitted. In flight: submitted, not yet observed complete. A
+    task that stopped before either ends (refused, timed out) leaves at its last timestamp.
+    """
+    steps: list[tuple[float, int, int]] = []
+    for r in records:
+        steps.append((r.admitted, 1, 0))
+        if r.submitted is None:
+            steps.append((r.end, -1, 0))
+            continue
+        steps.append((r.submitted, -1, 1))
+        steps.append((r.end if r.completed is None else r.completed, 0, -1))
+    steps.sort(key=lambda step: step[0])
+    return steps
+
+
 def _build_trace(
     records: Sequence[TaskRecord],
     requests: Sequence[tuple[RequestScope, int]],
@@ -419,10 +469,12 @@ def _build_trace(
 ) -> dict[str, Any]:
     """The Chrome trace event format (JSON-ready) of ``records`` and request blocks.
 
-    Every task is an async slice (``"ph": "b"``/``"e"``, a unique ``id``) named after its
-    stream, so that Perfetto puts the tasks of one stream on one track and stacks those that
-    overlap; its phases are slices nested in it; flows are ``bind_id`` with ``flow_out`` /
-    ``flow_in`` on the outer slices, in the order of their start.
+    Each device is a process named with its backend; each of its streams is one thread track
+    (``thread_name``) whose tasks are complete slices (``"X"``) that never overlap (see
+    :func:`_stream_slices`), plus two counter series per stream and for the whole device
+    (``"C"``: ``queued``, ``in flight``). Request blocks overlap, so they are async slices
+    (``"b"``/``"e"``) of the "requests" process. Flows are ``bind_id`` with ``flow_out`` /
+    ``flow_in`` on the slices of one request, in the order of their start.
     """
     ended = [(scope, flow) for scope, flow in requests if scope.end is not None]
     starts = [r.admitted for r in records] + [scope.start for scope, _ in ended]
@@ -433,6 +485,7 @@ def _build_trace(
 
     events: list[dict[str, Any]] = []
     pids: dict[str, int] = {}
+    tids: dict[tuple[str, str], int] = {}
     next_pid = _REQUESTS_PID + 1
     for r in records:
         if r.process not in pids:
@@ -440,6 +493,11 @@ def _build_trace(
             events.append(_meta("process_name", next_pid, {"name": r.process}))
             events.append(_meta("process_sort_index", next_pid, {"sort_index": next_pid}))
             next_pid += 1
+        if (r.process, r.stream_name) not in tids:
+            pid = pids[r.process]
+            tid = tids[(r.process, r.stream_name)] = sum(1 for p, _ in tids if p == r.process) + 1
+            events.append(_meta("thread_name", pid, {"name": r.stream_name}, tid=tid))
+            events.append(_meta("thread_sort_index", pid, {"sort_index": tid}, tid=tid))
     if ended:
         events.append(_meta("process_name", _REQUESTS_PID, {"name": "requests"}))
         events.append(_meta("process_sort_index", _REQUESTS_PID, {"sort_index": 0}))
@@ -447,51 +505,20 @@ def _build_trace(
     chains: dict[int, list[tuple[float, dict[str, Any]]]] = {}
     serial = itertools.count(1)
 
-    def begin(
-        pid: int, ident: str, name: str, t: float, args: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
-        event: dict[str, Any] = {
-            "ph": "b",
-            "cat": _CATEGORY,
-            "name": name,
-            "id": ident,
-            "pid": pid,
-            "tid": pid,
-            "ts": us(t),
-        }
-        if args:
-            event["args"] = args
-        events.append(event)
-        return event
-
-    def end(pid: int, ident: str, name: str, t: float) -> None:
-        events.append(
-            {
-                "ph": "e",
-                "cat": _CATEGORY,
-                "name": name,
-                "id": ident,
-                "pid": pid,
-                "tid": pid,
-                "ts": us(t),
-            }
-        )
-
-    def phase(pid: int, ident: str, name: str, t0: float, t1: float) -> None:
-        begin(pid, ident, name, t0)
-        end(pid, ident, name, max(t0, t1))
-
     for scope, flow in ended:
         assert scope.end is not None
         ident = f"0x{next(serial):x}"
-        outer = begin(_REQUESTS_PID, ident, "requests", scope.start, {"request": scope.name})
-        phase(_REQUESTS_PID, ident, scope.name, scope.start, scope.end)
-        end(_REQUESTS_PID, ident, "requests", scope.end)
+        common = {"cat": _CATEGORY, "id": ident, "pid": _REQUESTS_PID, "tid": _REQUESTS_PID}
+        outer = {"ph": "b", "name": "requests", "ts": us(scope.start), **common}
+        outer["args"] = {"request": scope.name}
+        events.append(outer)
+        events.append({"ph": "b", "name": scope.name, "ts": us(scope.start), **common})
+        events.append({"ph": "e", "name": scope.name, "ts": us(scope.end), **common})
+        events.append({"ph": "e", "name": "requests", "ts": us(scope.end), **common})
         chains.setdefault(flow, []).append((scope.start, outer))
 
-    for r in records:
+    for r, start, stop in _stream_slices(records):
         pid = pids[r.process]
-        ident = f"0x{next(serial):x}"
         args: dict[str, Any] = {"kind": r.kind, "stream": f"{r.stream:#x}"}
         if r.kernel is not None:
             args["kernel"] = r.kernel
@@ -504,31 +531,49 @@ def _build_trace(
         ):
             if value is not None:
                 args[label] = round(value * 1e6, 3)
+        name = r.kernel or r.kind
+        event: dict[str, Any] = {
+            "cat": _CATEGORY,
+            "pid": pid,
+            "tid": tids[(r.process, r.stream_name)],
+        }
         if r.error is not None:
             args["error"] = r.error
-        stop = r.end
-        outer = begin(pid, ident, r.stream_name, r.admitted, args)
-        if r.submitted is not None:
-            phase(pid, ident, "queued", r.admitted, r.submitted)
-            if r.completed is not None:
-                phase(pid, ident, r.kernel or r.kind, r.submitted, r.completed)
-                if r.resumed is not None:
-                    phase(pid, ident, "wake", r.completed, r.resumed)
-        if r.error is not None:
-            events.append(
-                {
-                    "ph": "n",
-                    "cat": _CATEGORY,
-                    "name": f"failed: {r.error}",
-                    "id": ident,
-                    "pid": pid,
-                    "tid": pid,
-                    "ts": us(stop),
-                }
-            )
-        end(pid, ident, r.stream_name, stop)
+        if start is None:  # never ran: a mark where it ended
+            name = f"failed: {r.error}" if r.error is not None else name
+            event.update(ph="i", s="t", name=name, ts=us(stop), args=args)
+            events.append(event)
+            continue
+        begin = us(start)
+        event.update(ph="X", name=name, ts=begin, dur=round(us(stop) - begin, 3), args=args)
+        events.append(event)
         if r.flow is not None:
-            chains.setdefault(r.flow, []).append((r.admitted, outer))
+            chains.setdefault(r.flow, []).append((start, event))
+
+    for process, pid in pids.items():
+        mine = [r for r in records if r.process == process]
+        series: dict[str, list[TaskRecord]] = {"all streams": mine}
+        for r in mine:
+            series.setdefault(r.stream_name, []).append(r)
+        for counter, counted in series.items():
+            queued = in_flight = 0
+            steps = _counter_steps(counted)
+            for index, (t, dq, df) in enumerate(steps):
+                queued += dq
+                in_flight += df
+                if index + 1 < len(steps) and steps[index + 1][0] == t:
+                    continue  # one sample per instant, after all its changes
+                events.append(
+                    {
+                        "ph": "C",
+                        "cat": _CATEGORY,
+                        "name": counter,
+                        "pid": pid,
+                        "tid": pid,
+                        "ts": us(t),
+                        "args": {"queued": queued, "in flight": in_flight},
+                    }
+                )
 
     if flows:
         for flow, members in chains.items():
@@ -553,5 +598,5 @@ def _build_trace(
     return trace
 
 
-def _meta(name: str, pid: int, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ph": "M", "name": name, "pid": pid, "tid": pid, "args": args}
+def _meta(name: str, pid: int, args: dict[str, Any], *, tid: int | None = None) -> dict[str, Any]:
+    return {"ph": "M", "name": name, "pid": pid, "tid": pid if tid is None else tid, "args": args}

@@ -128,12 +128,15 @@ def tiling(fmt_values: list[tuple[str, Any]]) -> bytes:
 def check_trace(trace: dict[str, Any]) -> dict[str, Any]:
     """Check a trace written by ``aio_ascend.tracing`` the way Perfetto reads it; summarise it.
 
-    Every async slice (``b``/``e`` of one ``id``) nests properly, in time order; each ``id`` is
-    a track named by its first slice, and Perfetto shows the tracks of one process with the
-    same name as one (``tracks``: process name -> track name -> tasks on it). Flows (``bind_id``)
-    run from a ``flow_out`` through ``flow_in``+``flow_out`` steps to a ``flow_in``, in time
-    order. Returns ``tracks``, ``phases`` (names of the nested slices), ``flows`` (bind_id ->
-    its slices' outer names, in order) and ``outer`` (every outer ``b`` event).
+    Every event belongs to a named process. A device's tasks are complete slices (``X``) or
+    instants (``i``) on named thread tracks, one per stream, where slices never overlap. The
+    request blocks are async slices (``b``/``e`` of one ``id``, properly nested, in time
+    order). Counters (``C``) hold non-negative ``queued`` and ``in flight`` series that end at
+    0. Flows (``bind_id``) run from a ``flow_out`` through ``flow_in``+``flow_out`` steps to a
+    ``flow_in``, in time order. Returns ``tracks`` (process name -> track name -> tasks or
+    requests on it), ``slices`` (names of the tasks' slices), ``counters`` (process name ->
+    counter name -> its series' last values), ``flows`` (bind_id -> the track names of its
+    slices, in order) and ``outer`` (every slice that can carry a flow).
     """
     events = trace["traceEvents"]
     assert isinstance(events, list)
@@ -142,38 +145,64 @@ def check_trace(trace: dict[str, Any]) -> dict[str, Any]:
         for e in events
         if e["ph"] == "M" and e["name"] == "process_name"
     }
+    threads = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
+    assert len(set(threads.items())) == len(threads)
+    for (pid, _), name in threads.items():
+        assert [n for (p, _), n in threads.items() if p == pid].count(name) == 1, name
     stacks: dict[str, list[str]] = {}
     last_ts: dict[str, float] = {}
-    track_of: dict[str, tuple[str, str]] = {}
+    busy_until: dict[tuple[int, int], float] = {}
     tracks: dict[str, dict[str, int]] = {}
-    phases: set[str] = set()
+    slices: set[str] = set()
+    counters: dict[str, dict[str, dict[str, int]]] = {}
+    counter_ts: dict[tuple[int, str], float] = {}
     outer: list[dict[str, Any]] = []
-    for e in events:
-        if e["ph"] == "M":
-            continue
-        assert e["ph"] in ("b", "e", "n"), e
+    for e in sorted((e for e in events if e["ph"] != "M"), key=lambda e: e["ts"]):
+        assert e["ph"] in ("b", "e", "X", "i", "C"), e
         assert isinstance(e["ts"], int | float) and e["ts"] >= 0, e
         assert e["pid"] in processes, f"event of an unnamed process: {e}"
+        process = processes[e["pid"]]
+        if e["ph"] in ("X", "i"):
+            track = (e["pid"], e["tid"])
+            assert track in threads, f"a task on an unnamed track: {e}"
+            by_name = tracks.setdefault(process, {})
+            by_name[threads[track]] = by_name.get(threads[track], 0) + 1
+            slices.add(e["name"])
+            if e["ph"] == "X":
+                assert e["dur"] >= 0, e
+                assert e["ts"] >= busy_until.get(track, 0.0) - 1e-6, f"overlapping tasks: {e}"
+                busy_until[track] = e["ts"] + e["dur"]
+                outer.append(e)
+            continue
+        if e["ph"] == "C":
+            key = (e["pid"], e["name"])
+            assert e["ts"] > counter_ts.get(key, -1.0), f"two samples at one time: {e}"
+            counter_ts[key] = e["ts"]
+            assert set(e["args"]) == {"queued", "in flight"}, e
+            assert all(isinstance(v, int) and v >= 0 for v in e["args"].values()), e
+            counters.setdefault(process, {})[e["name"]] = dict(e["args"])
+            continue
         ident = e["id"]
         assert e["ts"] >= last_ts.get(ident, 0.0), f"time runs backwards on {ident}: {e}"
         last_ts[ident] = e["ts"]
         stack = stacks.setdefault(ident, [])
         if e["ph"] == "b":
-            if ident not in track_of:
-                track_of[ident] = (processes[e["pid"]], e["name"])
-                by_name = tracks.setdefault(processes[e["pid"]], {})
+            if not stack:
+                by_name = tracks.setdefault(process, {})
                 by_name[e["name"]] = by_name.get(e["name"], 0) + 1
                 outer.append(e)
-            else:
-                assert stack, f"a second top-level slice on {ident}: {e}"
-                phases.add(e["name"])
             stack.append(e["name"])
-        elif e["ph"] == "e":
+        else:
             assert stack and stack[-1] == e["name"], f"misnested end on {ident}: {e}"
             stack.pop()
-        else:
-            assert stack, f"an instant outside its task: {e}"
     assert not any(stacks.values()), "slices left open"
+    for process, series in counters.items():
+        for name, last in series.items():
+            assert last == {"queued": 0, "in flight": 0}, (process, name, last)
     chains: dict[int, list[dict[str, Any]]] = {}
     for e in outer:
         if "bind_id" in e:
@@ -185,5 +214,13 @@ def check_trace(trace: dict[str, Any]) -> dict[str, Any]:
         for index, e in enumerate(members):
             assert bool(e.get("flow_in")) == (index > 0), e
             assert bool(e.get("flow_out")) == (index < len(members) - 1), e
-        flows[flow] = [e["name"] for e in members]
-    return {"tracks": tracks, "phases": phases, "flows": flows, "outer": outer}
+        flows[flow] = [
+            threads[(e["pid"], e["tid"])] if e["ph"] == "X" else e["name"] for e in members
+        ]
+    return {
+        "tracks": tracks,
+        "slices": slices,
+        "counters": counters,
+        "flows": flows,
+        "outer": outer,
+    }

@@ -14,8 +14,9 @@ checked against numpy.
 With ``trace=True`` the run is recorded with :mod:`aio_ascend.tracing`, the hook users turn
 on for their own programs: every request is a :func:`~aio_ascend.tracing.request` block, the
 streams are named after their stage (``h2d #0``, ``compute #0``, ``d2h #0``, ...), and every
-task of every request shows its phases on its stream's track (queued, the operation on the
-device, and the library's wake-up of the coroutine that waited for it), linked by flow arrows.
+task of every request is a slice on its stream's track carrying its phases (queued, on the
+device, and the library's wake-up of the coroutine that waited for it), linked by flow arrows,
+with each stream's queued and in-flight counts beside it.
 """
 
 from __future__ import annotations

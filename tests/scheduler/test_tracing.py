@@ -38,7 +38,7 @@ async def test_record_writes_every_devices_tasks(sim_device: Any, tmp_path: Path
         "device 0 (sim)": {"main": 1, "stream 1": 1},
         "device 0 (sim) #2": {"stream 1": 1},
     }
-    assert {"queued", "noop", "sleep", "wake"} <= summary["phases"]
+    assert {"noop", "sleep"} <= summary["slices"]
     by_kernel = {r.kernel: r for r in tracer.records}
     sleep = by_kernel["sleep"]
     assert sleep.stream_name == "stream 1" and sleep.kind == "launch"
@@ -118,7 +118,7 @@ async def test_failures_and_tasks_nobody_awaited(sim_device: Any) -> None:
     assert by_kind["fault"].completed is None and by_kind["fault"].on_device is None
     trace = tracer.trace()
     check_trace(trace)
-    instants = [e for e in trace["traceEvents"] if e["ph"] == "n"]
+    instants = [e for e in trace["traceEvents"] if e["ph"] == "i"]
     assert [e["name"] for e in instants] == [f"failed: {type(error).__name__}"]
 
 
@@ -200,3 +200,39 @@ def test_a_request_block_without_a_tracer_is_harmless() -> None:
     assert scope.end is not None and scope.end >= scope.start
     with pytest.raises(ValueError, match="max_tasks"):
         tracing.Tracer(max_tasks=-1)
+
+
+async def test_one_track_per_stream_with_queued_and_in_flight_counters(sim_device: Any) -> None:
+    async with sim_device() as dev:
+        s, t = dev.stream(), dev.stream()
+        noop = dev.function("noop")
+        with tracing.record() as tracer:
+            with testing.paused(dev):  # all of them in flight at once, overlapping
+                tasks = [await s.launch(noop, 1) for _ in range(5)]
+                tasks += [await t.launch(noop, 1) for _ in range(3)]
+            for task in tasks:
+                await task
+    trace = tracer.trace()
+    summary = check_trace(trace)
+    events = trace["traceEvents"]
+    process = f"device 0 ({dev.backend})"
+    (pid,) = (e["pid"] for e in events if e["ph"] == "M" and e["args"].get("name") == process)
+    threads = {
+        e["tid"]: e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid
+    }
+    # one track per stream, every task a slice on it (no async slice: each would be a track)
+    assert sorted(threads.values()) == ["stream 1", "stream 2"]
+    assert summary["tracks"] == {process: {"stream 1": 5, "stream 2": 3}}
+    mine = [e for e in events if e["pid"] == pid and e["ph"] != "M"]
+    assert {e["ph"] for e in mine} == {"X", "C"}
+    assert {threads[e["tid"]] for e in mine if e["ph"] == "X"} == {"stream 1", "stream 2"}
+
+    def peak(counter: str, series: str) -> int:
+        return max(e["args"][series] for e in mine if e["ph"] == "C" and e["name"] == counter)
+
+    assert set(summary["counters"][process]) == {"all streams", "stream 1", "stream 2"}
+    assert peak("stream 1", "in flight") == 5 and peak("stream 2", "in flight") == 3
+    assert peak("all streams", "in flight") == 8
+    assert peak("stream 1", "queued") >= 1  # admitted before its batch was submitted

@@ -113,13 +113,15 @@ def test_demo_verifies_and_writes_a_trace(
     for name, count in summary["tracks"]["device 0 (sim)"].items():
         per_stage[name.split()[0]] += count
     assert per_stage == {"h2d": 3 * 40, "compute": 4 * 40, "d2h": 3 * 40}
-    assert {"queued", "axpy", "scale", "copy_to_device", "wake"} <= summary["phases"]
-    # one flow per request: the request slice, then its ten tasks in order of admission
+    assert {"axpy", "scale", "copy_to_device"} <= summary["slices"]
+    # one flow per request: the request slice, then its ten tasks in the order they start on
+    # their streams (forward in time): its first copy up, ..., its copy down's event last
     assert len(summary["flows"]) == 40
     for names in summary["flows"].values():
         assert names[0] == "requests"
-        assert [name.split()[0] for name in names[1:4]] == ["h2d"] * 3
-        assert len(names) == 11
+        stages = [name.split()[0] for name in names[1:]]
+        assert Counter(stages) == {"h2d": 3, "compute": 4, "d2h": 3}
+        assert stages[0] == "h2d" and stages[-1] == "d2h"
 
 
 @pytest.mark.parametrize("loop", ["uvloop", "trio"])
@@ -200,7 +202,7 @@ def test_bench_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     )
     summary = check_trace(json.loads(path.read_text()))
     assert summary["tracks"] == {"device 0 (sim)": {"probe (poll)": bench.TRACED_ROUNDS}}
-    assert {"queued", "stamp", "wake"} <= summary["phases"]
+    assert "stamp" in summary["slices"]
 
 
 # --- plots --------------------------------------------------------------------------------------
