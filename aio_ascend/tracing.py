@@ -65,6 +65,8 @@ _log = logging.getLogger("aio_ascend.tracing")
 DEFAULT_MAX_TASKS = 250_000
 _CATEGORY = "aio_ascend"
 _REQUESTS_PID = 1
+#: a device process's streams get the thread ids ``pid * _TIDS_PER_PROCESS + 1, + 2, ...``
+_TIDS_PER_PROCESS = 1_000_000
 _now = time.perf_counter
 
 
@@ -495,9 +497,13 @@ def _build_trace(
             next_pid += 1
         if (r.process, r.stream_name) not in tids:
             pid = pids[r.process]
-            tid = tids[(r.process, r.stream_name)] = sum(1 for p, _ in tids if p == r.process) + 1
+            # Perfetto keys threads by tid alone (a system's thread ids are unique), so a
+            # stream's tid is unique in the trace and apart from the pids, which the counters
+            # and the requests' async slices use as their tid
+            index = sum(1 for p, _ in tids if p == r.process) + 1
+            tid = tids[(r.process, r.stream_name)] = pid * _TIDS_PER_PROCESS + index
             events.append(_meta("thread_name", pid, {"name": r.stream_name}, tid=tid))
-            events.append(_meta("thread_sort_index", pid, {"sort_index": tid}, tid=tid))
+            events.append(_meta("thread_sort_index", pid, {"sort_index": index}, tid=tid))
     if ended:
         events.append(_meta("process_name", _REQUESTS_PID, {"name": "requests"}))
         events.append(_meta("process_sort_index", _REQUESTS_PID, {"sort_index": 0}))

@@ -150,7 +150,9 @@ def check_trace(trace: dict[str, Any]) -> dict[str, Any]:
         for e in events
         if e["ph"] == "M" and e["name"] == "thread_name"
     }
-    assert len(set(threads.items())) == len(threads)
+    # Perfetto keys threads by tid alone: a tid names one thread of one process
+    assert len({tid for _, tid in threads}) == len(threads)
+    assert not set(processes) & {tid for _, tid in threads}
     for (pid, _), name in threads.items():
         assert [n for (p, _), n in threads.items() if p == pid].count(name) == 1, name
     stacks: dict[str, list[str]] = {}
