@@ -746,9 +746,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--plot",
         metavar="PATH",
-        help="write the latency CDFs (one launch + await; device completion -> coroutine "
-        "resumed); the format follows the extension: .png, .svg or .pdf (needs matplotlib: "
-        "the 'plot' extra)",
+        help="write throughput and host CPU per launch side by side, over the latency CDFs "
+        "(one launch + await; device completion -> coroutine resumed); the format follows the "
+        "extension: .png, .svg or .pdf (needs matplotlib: the 'plot' extra)",
     )
     bench.add_argument(
         "--strict", action="store_true", help="exit 1 when a target ratio is not met"
