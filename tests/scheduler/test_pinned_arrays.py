@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import warnings
-from typing import Any
 
 import anyio
 import numpy as np
@@ -18,8 +17,8 @@ import pytest
 from helpers import OpenDevice, assert_runtime_clean, live_resources, upload
 
 import aio_ascend as aa
-from aio_ascend.testing import library_threads
 from aio_ascend._sched.work import STAGE_AT_HAND_BYTES
+from aio_ascend.testing import library_threads
 
 pytestmark = pytest.mark.anyio
 
@@ -101,7 +100,7 @@ async def test_views_of_a_pinned_array(open_dev: OpenDevice) -> None:
         np.testing.assert_array_equal(back, pinned[2:4])
         if dev.backend == "acl":
             assert _memcpy_host_sides(dev, mark)[0] == pinned[2:4].ctypes.data
-        view = pinned[4:].reshape(-1).view(np.uint8)  # a view keeps the memory when the array is gone
+        view = pinned[4:].reshape(-1).view(np.uint8)  # it keeps the memory when the array goes
         del pinned
         gc.collect()
         await anyio.sleep(0.01)
@@ -163,7 +162,7 @@ async def test_a_timed_out_download_into_a_pinned_array_keeps_it_until_the_devic
         with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError):
             await s.synchronize()  # (the sleep timed out too)
         with anyio.fail_after(5):
-            while dev.stats()["pinned_arrays"]:
+            while dev.stats()["pinned_arrays"]:  # noqa: ASYNC110 - a counter
                 await anyio.sleep(0.01)
         assert dev.fault is None
     assert_runtime_clean(dev)
@@ -246,8 +245,9 @@ async def test_a_pinned_array_outlives_a_device_collected_without_close(
         warnings.simplefilter("ignore", ResourceWarning)
         del dev
         gc.collect()
-    with anyio.fail_after(5):  # the poller stops, and leaves the runtime open for `kept`
-        while [t for t in library_threads() if not t.name.startswith("aio_ascend-sim-")]:
+    # The poller stops, and leaves the runtime (and the sim's thread) open for `kept`.
+    with anyio.fail_after(5):
+        while [t for t in library_threads() if not t.name.startswith("aio_ascend-sim")]:  # noqa: ASYNC110
             await anyio.sleep(0.01)
     np.testing.assert_array_equal(kept, 9)
     assert runtime.live_resources()["host_allocations"] == 1
