@@ -241,7 +241,7 @@ class Device:
         a copy takes from the host: a buffer, a torch CPU tensor, ...); like ``np.empty_like``
         it does not copy the contents: ``p = dev.pinned_like(a); p[...] = a`` does."""
         if not isinstance(array, np.ndarray):
-            array = host_array(array, "pinned_like(array)", writable=False)
+            array = host_array(array, "pinned_like(array)", writable=False, typed=True)
         return self.pinned_empty(array.shape, array.dtype)
 
     def load_module(

@@ -44,13 +44,16 @@ def dims_of(shape: object, what: str) -> tuple[int, ...]:
     return dims
 
 
-def _from_buffer(obj: object) -> np.ndarray[Any, Any] | None:
-    """``obj``'s memory through the buffer protocol (its own dtype where numpy reads its
-    format, else bytes), or None when it has none."""
+def _from_buffer(obj: object, *, typed: bool) -> np.ndarray[Any, Any] | None:
+    """``obj``'s memory through the buffer protocol, or None when it has none: its bytes when
+    it is C-contiguous and not ``typed`` (numpy need not understand its format: a ctypes
+    structure's, say), else as numpy reads its format."""
     try:
         view = memoryview(obj)  # type: ignore[arg-type]
     except TypeError:
         return None
+    if view.c_contiguous and not typed:
+        return np.frombuffer(view, np.uint8)
     try:
         return np.asarray(view)
     except (TypeError, ValueError, NotImplementedError):  # a format numpy does not read
@@ -58,7 +61,7 @@ def _from_buffer(obj: object) -> np.ndarray[Any, Any] | None:
             raise ValueError(
                 f"a {type(obj).__name__} of format {view.format!r} that is not C-contiguous"
             ) from None
-        return np.frombuffer(view.cast("B"), np.uint8)
+        return np.frombuffer(view, np.uint8)
 
 
 def _from_dlpack(obj: object, what: str) -> np.ndarray[Any, Any] | None:
@@ -83,12 +86,14 @@ def _from_dlpack(obj: object, what: str) -> np.ndarray[Any, Any] | None:
         raise TypeError(f"{what}: this {name} cannot be read through __dlpack__: {exc}") from None
 
 
-def host_array(obj: object, what: str, *, writable: bool) -> np.ndarray[Any, Any]:
+def host_array(
+    obj: object, what: str, *, writable: bool, typed: bool = False
+) -> np.ndarray[Any, Any]:
     """``obj`` as an ndarray; the same memory unless ``obj`` only has ``__array__`` (allowed
-    only when not ``writable``)."""
+    only when not ``writable``). A buffer is read as bytes unless ``typed``."""
     if isinstance(obj, np.ndarray):
         return obj
-    array = _from_buffer(obj)
+    array = _from_buffer(obj, typed=typed)
     if array is None:
         array = _from_dlpack(obj, what)
     if array is None:

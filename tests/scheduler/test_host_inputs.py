@@ -51,6 +51,12 @@ class DLPackOnly:
         return self.device
 
 
+class Pair(ctypes.Structure):
+    """A format numpy reads only with a warning: copies take its bytes."""
+
+    _fields_ = [("a", ctypes.c_float), ("b", ctypes.c_float)]
+
+
 class BrokenDLPack(DLPackOnly):
     def __dlpack__(self, **kwargs: Any) -> Any:
         raise BufferError("this exporter refuses")
@@ -68,6 +74,7 @@ def _sources() -> list[tuple[Any, np.ndarray[Any, Any]]]:
         ((ctypes.c_float * 16)(*DATA.tolist()), DATA),
         (ArrayOnly(DATA), DATA),
         (DLPackOnly(DATA.copy()), DATA),
+        ((Pair * 8)(*[Pair(*DATA[i : i + 2]) for i in range(0, 16, 2)]), DATA),
         (DATA.reshape(4, 4).T, DATA.reshape(4, 4).T.reshape(-1)),  # strided: made contiguous
         (memoryview(evens)[::2], evens[::2]),  # a strided buffer too
     ]
@@ -99,6 +106,7 @@ async def test_downloads_write_host_objects_in_place(open_dev: OpenDevice) -> No
             (ctypes.c_float * 16)(),
             scratch,
             DLPackOnly(np.zeros(16, np.float32)),
+            (Pair * 8)(),
         ]
         for target in targets:
             assert await s.download(buf, out=target) is target
