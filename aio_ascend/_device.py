@@ -203,7 +203,7 @@ class Device:
         return buffer
 
     def pinned_empty(
-        self, shape: int | tuple[int, ...], dtype: npt.DTypeLike = np.float32
+        self, shape: int | tuple[int, ...], dtype: npt.DTypeLike
     ) -> np.ndarray[Any, Any]:
         """A new C-ordered numpy array in page-locked host memory of this device
         (``aclrtMallocHost``); its contents are unspecified, as ``np.empty``'s.
@@ -226,6 +226,8 @@ class Device:
         :raises RuntimeAPIError: the runtime has not that much pinned memory
         """
         dims = dims_of(shape, "pinned_empty")
+        if dtype is None:  # (np.dtype(None) is float64: say it)
+            raise TypeError("pinned_empty: dtype is required (np.float32, 'u1', ...)")
         try:
             kind = np.dtype(dtype)
         except TypeError as exc:

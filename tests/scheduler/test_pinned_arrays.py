@@ -14,7 +14,8 @@ import warnings
 import anyio
 import numpy as np
 import pytest
-from helpers import OpenDevice, assert_runtime_clean, live_resources, upload
+from backends import backend_params, gpu_skip_reason
+from helpers import OpenDevice, assert_runtime_clean, live_resources, open_backend, upload
 
 import aio_ascend as aa
 from aio_ascend._sched.work import STAGE_AT_HAND_BYTES
@@ -177,6 +178,8 @@ async def test_pinned_arrays_refuse_bad_input_in_the_call(open_dev: OpenDevice) 
             dev.pinned_empty((4, -1), np.float32)
         with pytest.raises(TypeError, match="dtype"):
             dev.pinned_empty(4, object)
+        with pytest.raises(TypeError, match="dtype is required"):
+            dev.pinned_empty(4, None)
         with pytest.raises(TypeError, match="dtype"):
             dev.pinned_empty(4, "not a dtype")
         with pytest.raises(TypeError, match="pinned_like"):
@@ -255,3 +258,27 @@ async def test_a_pinned_array_outlives_a_device_collected_without_close(
     gc.collect()
     assert runtime.live_resources()["host_allocations"] == 0
     assert not library_threads(), "the runtime was not closed after its last pinned array"
+
+
+@pytest.fixture(params=backend_params(["cuda-fake", "cuda"]))
+def cuda_backend(request: pytest.FixtureRequest, anyio_backend: object) -> str:
+    name: str = request.param
+    if name == "cuda" and (reason := gpu_skip_reason()):
+        pytest.skip(reason)
+    return name
+
+
+async def test_pinned_arrays_on_cuda(cuda_backend: str) -> None:
+    # The cuda backend's malloc_host is cuMemHostAlloc: copies from and to it are direct too.
+    async with open_backend(cuda_backend) as dev:
+        s = dev.stream()
+        src = dev.pinned_empty(2 * STAGE_AT_HAND_BYTES // 4, np.float32)
+        src[:] = np.arange(src.size, dtype=np.float32)
+        buf = dev.malloc(src.nbytes)
+        out = dev.pinned_like(src)
+        await s.upload(buf, src)
+        await s.download(buf, out=out)
+        np.testing.assert_array_equal(out, src)
+        assert _staged(dev) == 0
+        del src, out
+    assert_runtime_clean(dev)
