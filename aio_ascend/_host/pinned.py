@@ -133,6 +133,7 @@ class PinnedArrays:
     def reap(self) -> None:
         """Free the memory of the collected arrays; once closed and none is left, close the
         runtime (see :meth:`close`)."""
+        then = None
         with self._lock:
             while self._garbage:
                 addr = self._garbage.popleft()
@@ -141,23 +142,24 @@ class PinnedArrays:
                     self._free_host(addr)
                 except Exception:  # nothing to raise it to (a loop callback, a finalizer)
                     log.exception("could not free pinned host memory at %#x", addr)
-            if self._closed and not self._live and self._then is not None:
+            if self._closed and not self._live:
                 then, self._then = self._then, None
-                then()
+        if then is not None:  # outside the lock: the sim's close joins its device thread
+            then()
 
     def close(self, then: Callable[[], None]) -> int:
         """The device has released everything else: free what is collected and call ``then``
         (the runtime's close) now, or once the last array still alive is collected. Returns
-        how many are still alive."""
+        how many were still alive."""
         with self._lock:
             self._closed = True
             self._then = then
-            self.reap()
-            alive = len(self._live)
-        if alive:
+            alive = len(self._live) - len(self._garbage)
+        self.reap()
+        if alive > 0:
             log.info(
                 "%d pinned array(s) outlive their device: their memory, and the runtime "
                 "holding it, stay until they are garbage-collected",
                 alive,
             )
-        return alive
+        return max(alive, 0)
