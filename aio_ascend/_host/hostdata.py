@@ -9,7 +9,9 @@ What is accepted, in this order (the first that applies):
 3. an object with ``__dlpack__`` whose ``__dlpack_device__()`` is the CPU (a torch CPU
    tensor); one on any other device is refused with a ``TypeError`` (device memory is not a
    host buffer);
-4. only for a copy's source: an object with ``__array__`` (``np.asarray`` may make a copy,
+4. an object with numpy's ``__array_interface__`` or ``__array_struct__`` (host memory by
+   definition);
+5. only for a copy's source: an object with ``__array__`` (``np.asarray`` may make a copy,
    which is what is sent). A destination must be written in place, which ``__array__`` does
    not promise.
 """
@@ -96,6 +98,14 @@ def host_array(
     array = _from_buffer(obj, typed=typed)
     if array is None:
         array = _from_dlpack(obj, what)
+    if array is None and (
+        hasattr(obj, "__array_interface__") or hasattr(obj, "__array_struct__")
+    ):  # a description of host memory: numpy's array over it is the same memory
+        try:
+            array = np.asarray(obj)
+        except Exception as exc:
+            name = type(obj).__name__
+            raise TypeError(f"{what}: np.asarray() refused this {name}: {exc}") from None
     if array is None:
         if not writable and getattr(type(obj), "__array__", None) is not None:
             try:
@@ -104,6 +114,7 @@ def host_array(
                 name = type(obj).__name__
                 raise TypeError(f"{what}: np.asarray() refused this {name}: {exc}") from None
         kinds = "an ndarray, a writable buffer" if writable else "an ndarray, a buffer"
+        kinds += ", an __array_interface__ object"
         extra = "" if writable else ", an object with __array__"
         raise TypeError(
             f"{what} must be {kinds}{extra} or a CPU __dlpack__ object (a torch CPU tensor), "

@@ -51,6 +51,14 @@ class DLPackOnly:
         return self.device
 
 
+class Interface:
+    """Only numpy's ``__array_interface__``: a description of host memory."""
+
+    def __init__(self, data: np.ndarray[Any, Any]) -> None:
+        self.data = data
+        self.__array_interface__ = data.__array_interface__
+
+
 class Pair(ctypes.Structure):
     """A format numpy reads only with a warning: copies take its bytes."""
 
@@ -74,6 +82,7 @@ def _sources() -> list[tuple[Any, np.ndarray[Any, Any]]]:
         ((ctypes.c_float * 16)(*DATA.tolist()), DATA),
         (ArrayOnly(DATA), DATA),
         (DLPackOnly(DATA.copy()), DATA),
+        (Interface(DATA.copy()), DATA),
         ((Pair * 8)(*[Pair(*DATA[i : i + 2]) for i in range(0, 16, 2)]), DATA),
         (DATA.reshape(4, 4).T, DATA.reshape(4, 4).T.reshape(-1)),  # strided: made contiguous
         (memoryview(evens)[::2], evens[::2]),  # a strided buffer too
@@ -106,11 +115,12 @@ async def test_downloads_write_host_objects_in_place(open_dev: OpenDevice) -> No
             (ctypes.c_float * 16)(),
             scratch,
             DLPackOnly(np.zeros(16, np.float32)),
+            Interface(np.zeros(16, np.float32)),
             (Pair * 8)(),
         ]
         for target in targets:
             assert await s.download(buf, out=target) is target
-            data = target.data if isinstance(target, DLPackOnly) else target
+            data = target.data if isinstance(target, DLPackOnly | Interface) else target
             assert bytes(memoryview(data).cast("B")) == expected, type(target).__name__
         partial = bytearray(8)  # fewer bytes than the buffer: its start
         task = await s.copy_to_host(partial, buf)
