@@ -444,7 +444,7 @@ class Scheduler:
         self, lane: Lane, count: int, allocations: tuple[Allocation, ...]
     ) -> HostBuffer | None:
         # A staging buffer of `count` bytes (none for 0), `allocations` retained. A big one is
-        # left to a staging thread: pinning hundreds of MiB must stall no loop nor stream.
+        # left to a staging thread: allocating hundreds of MiB stalls no loop or stream then.
         try:
             host = self.pool.acquire(count) if 0 < count <= STAGE_AT_HAND_BYTES else None
             self.lifetimes.retain(allocations)
@@ -679,7 +679,7 @@ class Scheduler:
             await self._shutdown(forced=forced)
 
     def _drop_pending(self, lane: Lane | None, by: str) -> None:
-        # Requests not yet handed to the submitter (of `lane`; every one for None) fail.
+        # Requests not yet handed to the submitter (`lane`'s, all for None): ClosedError.
         dropped = [r for r in self._pending if lane is None or r.lane is lane]
         if not dropped:
             return

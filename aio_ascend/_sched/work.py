@@ -304,8 +304,9 @@ class CopyToHost(_Copy):
 class PinnedCopyToDevice(CopyToDevice):
     """Host -> device straight from the user's pinned array: no staging.
 
-    ``src`` is ``(address, array)``: the array is held (and so its pinned memory kept) until
-    the request is released, since the runtime reads it when the copy executes.
+    ``src`` is ``(address, array)``: the array (and so its pinned memory) is held as long as
+    the request, which outlives the device's use of it, since the runtime reads it when the
+    copy executes.
     """
 
     __slots__ = ()
@@ -318,7 +319,7 @@ class PinnedCopyToDevice(CopyToDevice):
 
 class PinnedCopyToHost(CopyToHost):
     """Device -> host straight into the user's pinned array: no staging, nothing to do on
-    completion. ``dst`` is ``(address, array)``, held until the request is released.
+    completion. ``dst`` is ``(address, array)``, held as long as the request.
 
     The device writes the user's memory itself here: a copy that failed or timed out may
     still have written part of it (or write it later, until the device is done).
