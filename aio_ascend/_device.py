@@ -12,8 +12,10 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ._buffer import DeviceBuffer
+from ._host.hostdata import dims_of, host_array
 from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._module import Function, Module
 from ._runtime import Runtime, check_runtime_options, choose_backend, open_runtime
@@ -200,6 +202,50 @@ class Device:
         scheduler.lifetimes.track(buffer)
         return buffer
 
+    def pinned_empty(
+        self, shape: int | tuple[int, ...], dtype: npt.DTypeLike
+    ) -> np.ndarray[Any, Any]:
+        """A new C-ordered numpy array in page-locked host memory of this device
+        (``aclrtMallocHost``); its contents are unspecified, as ``np.empty``'s.
+
+        Copies from and to it (``upload``/``download``, ``copy_to_device``/``copy_to_host``,
+        a view of it too, when C-contiguous) go straight between it and the device, with no
+        staging copy. Its memory is freed once the array and every view of it are garbage
+        and no queued copy uses it. A download into it is written by the device itself: if
+        it fails or times out, the array's contents are unspecified until the device has
+        been synchronized or closed.
+
+        An array that outlives its device stays valid (its memory is freed when it is
+        collected, and the device's runtime is closed only then); no device accepts it in a
+        copy any more. Another device's copies refuse it too (``ValueError``).
+
+        :param shape: an int or a tuple of ints (any integer type), none negative
+        :param dtype: anything ``np.dtype`` takes, of fixed size (no object arrays)
+        :raises TypeError: a bad shape or dtype
+        :raises ValueError: a negative dimension
+        :raises RuntimeAPIError: the runtime has not that much pinned memory
+        """
+        dims = dims_of(shape, "pinned_empty")
+        if dtype is None:  # (np.dtype(None) is float64: say it)
+            raise TypeError("pinned_empty: dtype is required (np.float32, 'u1', ...)")
+        try:
+            kind = np.dtype(dtype)
+        except TypeError as exc:
+            raise TypeError(f"pinned_empty dtype={dtype!r}: {exc}") from None
+        if kind.hasobject or kind.itemsize == 0:
+            raise TypeError(f"pinned_empty dtype={kind}: not a fixed-size type of plain bytes")
+        if math.prod(dims) * kind.itemsize > PTR_MAX:
+            raise ValueError(f"pinned_empty: shape {dims} of {kind} exceeds the address space")
+        return self._owned().pinned.empty(dims, kind)
+
+    def pinned_like(self, array: Any) -> np.ndarray[Any, Any]:
+        """:meth:`pinned_empty` with the shape and dtype of ``array`` (an ndarray, or anything
+        a copy takes from the host: a buffer, a torch CPU tensor, ...); like ``np.empty_like``
+        it does not copy the contents: ``p = dev.pinned_like(a); p[...] = a`` does."""
+        if not isinstance(array, np.ndarray):
+            array = host_array(array, "pinned_like(array)", writable=False, typed=True)
+        return self.pinned_empty(array.shape, array.dtype)
+
     def load_module(
         self,
         source: object,
@@ -324,8 +370,11 @@ class Device:
         return MappingProxyType(facts)
 
     def stats(self) -> Mapping[str, int]:
-        """Counters: launches, copies, batches, wakeups, in_flight, peak_in_flight, and more."""
-        return self._scheduler.stats()
+        """Counters: launches, copies, batches, wakeups, in_flight, peak_in_flight, and more;
+        ``pinned_arrays`` and ``pinned_bytes`` count the pinned arrays not yet freed
+        (:meth:`pinned_empty`)."""
+        scheduler = self._scheduler
+        return {**scheduler.stats(), **scheduler.pinned.stats()}
 
     async def synchronize(self) -> None:
         """Wait until everything queued on every stream has finished; then raise, as

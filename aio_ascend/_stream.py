@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import math
-import operator
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -15,6 +14,8 @@ from ._errors import ClosedError
 from ._event import Event, event_flags
 from ._graph import Graph
 from ._host.hostargs import HostArgs, PackedArgs
+from ._host.hostdata import destination_bytes, dims_of, source_bytes
+from ._host.pinned import PinnedArrays, pinned_owner
 from ._launch_config import LaunchConfig, LaunchConfigDict
 from ._module import Function
 from ._runtime.abi import MAX_NUM_BLOCKS
@@ -23,6 +24,7 @@ from ._sched.lane import Lane
 from ._sched.scheduler import Scheduler
 from ._sched.task import Task
 from ._sched.unseen import raise_failures
+from ._sched.work import PinnedCopyToDevice, PinnedCopyToHost
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -33,6 +35,8 @@ if TYPE_CHECKING:
     from ._sched.work import Request
 
 __all__ = ["Stream"]
+
+_Out = TypeVar("_Out")
 
 _EMPTY_ARGS = HostArgs()  # never changed: it caches its packing for the last kernel it met
 _EMPTY_PACKED = _EMPTY_ARGS.pack()
@@ -55,40 +59,6 @@ def _check_blocks(blocks: object) -> int:
     if not 1 <= blocks <= MAX_NUM_BLOCKS:
         raise ValueError(f"blocks={blocks} is out of range 1..{MAX_NUM_BLOCKS}")
     return blocks
-
-
-def _source_bytes(src: object) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """``src`` of ``copy_to_device`` as a 1-D contiguous byte array, checked in the call.
-
-    A strided source is copied into a contiguous one here (that copy is what is sent);
-    object arrays and what is not an array or bytes-like are refused.
-    """
-    if isinstance(src, np.ndarray):
-        array = src
-    else:
-        try:
-            array = np.asarray(memoryview(src))  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise TypeError(
-                f"copy_to_device src must be an ndarray or bytes-like, got {type(src).__name__}"
-            ) from None
-    if array.dtype.hasobject:
-        raise TypeError(f"copy_to_device src: an array of {array.dtype} has no device bytes")
-    return np.ascontiguousarray(array.view(np.ndarray)).reshape(-1).view(np.uint8)
-
-
-def _destination_bytes(dst: object) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """``dst`` of ``copy_to_host`` as the same memory in a 1-D byte array, checked."""
-    if not isinstance(dst, np.ndarray):
-        raise TypeError(f"copy_to_host dst must be an ndarray, got {type(dst).__name__}")
-    if dst.dtype.hasobject:
-        raise TypeError(f"copy_to_host dst: an array of {dst.dtype} cannot hold device data")
-    if not dst.flags.c_contiguous or not dst.flags.writeable:
-        raise ValueError("copy_to_host dst must be a writable, C-contiguous ndarray")
-    if dst.nbytes == 0:
-        raise ValueError("copy_to_host: dst is empty")
-    # (np.matrix and other subclasses included)
-    return dst.view(np.ndarray).reshape(-1).view(np.uint8)
 
 
 def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.ndarray[Any, Any]:
@@ -118,18 +88,7 @@ def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.nd
             )
         dims: tuple[int, ...] = (src.nbytes // kind.itemsize,)
     else:
-        try:
-            dims = (
-                (operator.index(shape),)  # type: ignore[arg-type]
-                if not isinstance(shape, tuple)
-                else tuple(operator.index(d) for d in shape)
-            )
-        except TypeError:
-            raise TypeError(
-                f"download shape must be an int or a tuple of ints, got {shape!r}"
-            ) from None
-        if any(d < 0 for d in dims):
-            raise ValueError(f"download shape={shape!r} has a negative dimension")
+        dims = dims_of(shape, "download")
     needed = math.prod(dims) * kind.itemsize
     if needed > src.nbytes:
         raise ValueError(
@@ -149,13 +108,29 @@ def _upload_args(
             "a buffer back: download(buf) or copy_to_host(array, buf))"
         )
     dst_buf, root, room = byte_range(dst, lifetimes, "copy_to_device dst", None)
-    source = _source_bytes(src)
+    source = source_bytes(src, "copy_to_device src")
     count = source.nbytes
     if count == 0:
         raise ValueError("copy_to_device: src is empty")
     if count > room:
         raise ValueError(f"copy_to_device: src has {count} bytes, dst buffer only {room}")
     return dst_buf, root, source, count
+
+
+def _pinned_address(pinned: PinnedArrays, data: np.ndarray[Any, Any], what: str) -> int:
+    """The address of ``data`` if it lies in a pinned array of this device (the copy goes
+    direct), else 0 (it is staged); a pinned array of another device is refused."""
+    owner = pinned_owner(data)
+    if owner is None:
+        return 0
+    if owner.registry is not pinned:
+        closed = " (closed)" if owner.registry.closed else ""
+        raise ValueError(
+            f"{what} is a pinned array of another device{closed}: use one of this device's "
+            "(dev.pinned_empty, dev.pinned_like) or an ordinary array"
+        )
+    address: int = data.__array_interface__["data"][0]
+    return address
 
 
 def _device_copy_args(
@@ -429,23 +404,41 @@ class Stream:
             raise ValueError(f"{fn!r} belongs to a different device")
 
     async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:
-        """Copy host data (an ndarray or bytes-like, C order) into ``dst`` on this stream.
+        """Copy host data into ``dst`` on this stream: an ndarray, an object with the buffer
+        protocol, a CPU ``__dlpack__`` object (a torch CPU tensor) or one with ``__array__``;
+        its bytes in C order (a strided source is made contiguous in the call).
 
         ``src`` is staged into a pinned buffer just before submission and kept referenced
-        until then: do not modify it until the task completes.
+        until then: do not modify it until the task completes. A pinned array of this device
+        (:meth:`Device.pinned_empty`) is read by the device itself when the copy executes,
+        with no staging: do not modify it until the task completes.
+
+        :raises ValueError: ``src`` is a pinned array of another device
         """
         scheduler = self._scheduler
         scheduler.check_open()
         dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
+        addr = _pinned_address(scheduler.pinned, source, "copy_to_device src")
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "copy_to_device", scheduler.failures)
+        if addr:  # straight from the user's pinned memory
+            scheduler.lifetimes.retain((root,))
+            copy = PinnedCopyToDevice(self._lane, task, None, dst_buf, root, (addr, source), count)
+            return scheduler.enqueue(copy)
         return scheduler.copy_to_device(self._lane, task, dst_buf, root, source, count)
 
-    async def copy_to_host(self, dst: np.ndarray[Any, Any], src: DeviceBuffer) -> Task:
-        """Copy ``dst.nbytes`` bytes of ``src`` into the writable, C-contiguous array ``dst``.
+    async def copy_to_host(self, dst: Any, src: DeviceBuffer) -> Task:
+        """Copy as many bytes of ``src`` as ``dst`` holds into ``dst``, in place: a writable,
+        C-contiguous ndarray, writable object with the buffer protocol (``bytearray``, ...)
+        or CPU ``__dlpack__`` object (a torch CPU tensor).
 
         ``dst`` is filled when the task completes (before ``await task`` returns); a task that
-        fails never writes it.
+        fails never writes it. A pinned array of this device (:meth:`Device.pinned_empty`) is
+        written by the device itself, with no staging: if the task fails or times out, its
+        contents are unspecified until the device has been synchronized or closed.
+
+        :raises ValueError: ``dst`` is read-only, not C-contiguous, empty, or a pinned array
+            of another device
         """
         scheduler = self._scheduler
         scheduler.check_open()
@@ -456,12 +449,17 @@ class Stream:
                 "host data into a buffer: upload(buf, array))"
             )
         src_buf, root, room = byte_range(src, scheduler.lifetimes, "copy_to_host src", None)
-        dst_bytes = _destination_bytes(dst)
+        dst_bytes = destination_bytes(dst, "copy_to_host dst")
         count = dst_bytes.nbytes
         if count > room:
             raise ValueError(f"copy_to_host: dst has {count} bytes, src buffer only {room}")
+        addr = _pinned_address(scheduler.pinned, dst_bytes, "copy_to_host dst")
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "copy_to_host", scheduler.failures)
+        if addr:  # straight into the user's pinned memory
+            scheduler.lifetimes.retain((root,))
+            copy = PinnedCopyToHost(self._lane, task, None, (addr, dst_bytes), src_buf, root, count)
+            return scheduler.enqueue(copy)
         return scheduler.copy_to_host(self._lane, task, dst_bytes, src_buf, root, count)
 
     async def copy_device(
@@ -510,22 +508,38 @@ class Stream:
         """:meth:`copy_to_device` and wait until the copy has finished."""
         await (await self.copy_to_device(dst, src))
 
+    @overload
     async def download(
         self,
         src: DeviceBuffer,
         dtype: npt.DTypeLike | None = None,
         shape: int | tuple[int, ...] | None = None,
         *,
-        out: np.ndarray[Any, Any] | None = None,
-    ) -> np.ndarray[Any, Any]:
+        out: None = None,
+    ) -> np.ndarray[Any, Any]: ...
+
+    @overload
+    async def download(
+        self, src: DeviceBuffer, dtype: None = None, shape: None = None, *, out: _Out
+    ) -> _Out: ...
+
+    async def download(
+        self,
+        src: DeviceBuffer,
+        dtype: npt.DTypeLike | None = None,
+        shape: int | tuple[int, ...] | None = None,
+        *,
+        out: Any = None,
+    ) -> Any:
         """Copy device memory into a new array (or into ``out``), wait, and return the array.
 
         :param dtype: the new array's dtype (``None``: ``uint8``)
         :param shape: its shape (``None``: 1-D, as many items as ``src`` holds; ``src``'s size
             must then be a multiple of the item size). A shape needing fewer bytes than ``src``
             has reads the start of ``src``.
-        :param out: an array to fill and return instead (then ``dtype`` and ``shape`` stay
-            ``None``)
+        :param out: what to fill in place and return instead (then ``dtype`` and ``shape``
+            stay ``None``): anything :meth:`copy_to_host` takes (an ndarray, a writable
+            buffer, a torch CPU tensor, a pinned array)
         :raises ValueError: the array needs more bytes than ``src`` has
         """
         if out is not None:

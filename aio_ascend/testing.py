@@ -131,8 +131,9 @@ def assert_no_leaks(dev: Device) -> None:
     """After ``await dev.aclose()``: AssertionError naming what the device left behind.
 
     Checks the device's own accounting (streams, device buffers, requests in flight, pooled
-    pinned buffers) and, where the backend counts them (the sim), the runtime's live
-    streams, events, device and host allocations and kernel binaries.
+    pinned buffers, pinned arrays still alive: ``Device.pinned_empty``) and, where the
+    backend counts them (the sim), the runtime's live streams, events, device and host
+    allocations and kernel binaries.
     """
     if not dev.closed:
         raise AssertionError(f"{dev!r} is not closed: close it before checking for leaks")
@@ -140,7 +141,7 @@ def assert_no_leaks(dev: Device) -> None:
     left = {
         key: stats[key]
         for key in ("streams", "device_buffers", "in_flight", "host_buffers_in_use",
-                    "host_pool_bytes")
+                    "host_pool_bytes", "pinned_arrays")
         if stats.get(key)
     }  # fmt: skip
     live = getattr(dev.runtime, "live_resources", None)

@@ -20,6 +20,7 @@ import numpy as np
 
 from .._errors import ClosedError, derived_error
 from .._host.hostargs import PackedArgs
+from .._host.pinned import PinnedArrays
 from .._host.pool import HostBuffer, HostBufferPool
 from .._launch_config import LaunchConfig
 from .._runtime import Runtime
@@ -72,8 +73,7 @@ log = logging.getLogger("aio_ascend")
 
 #: pending requests that make a batch go out at once instead of at the end of the tick
 FLUSH_AT = 256
-#: how long aclose() waits for its threads to exit (after forcing the streams, if it had to)
-#: before it abandons a thread stuck in a runtime call
+#: seconds aclose() waits for its threads to exit before it abandons one stuck in a runtime call
 JOIN_TIMEOUT_S = 2.0
 
 
@@ -119,6 +119,7 @@ class Scheduler:
             retained_bytes=pinned_pool_bytes,
         )
         self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool, adapter.check_thread)
+        self.pinned = PinnedArrays(binding.bound(), lambda f: self.adapter.call_soon_threadsafe(f))
         self.graphs = GraphBook(
             self.pool, self.lifetimes, lambda handle: binding.bound().destroy_graph(handle)
         )
@@ -442,9 +443,8 @@ class Scheduler:
     def _stage(
         self, lane: Lane, count: int, allocations: tuple[Allocation, ...]
     ) -> HostBuffer | None:
-        # A staging buffer of `count` bytes (none for 0), and `allocations` retained. A big
-        # one is taken by a staging thread instead: allocating (and first touching) hundreds
-        # of MiB of pinned memory must stall neither the loop nor the other streams.
+        # A staging buffer of `count` bytes (none for 0), `allocations` retained. A big one is
+        # left to a staging thread: allocating hundreds of MiB stalls no loop or stream then.
         try:
             host = self.pool.acquire(count) if 0 < count <= STAGE_AT_HAND_BYTES else None
             self.lifetimes.retain(allocations)
@@ -679,8 +679,7 @@ class Scheduler:
             await self._shutdown(forced=forced)
 
     def _drop_pending(self, lane: Lane | None, by: str) -> None:
-        # The requests not handed to the submitter yet, of one stream (every stream's for
-        # None), fail with ClosedError instead.
+        # Requests not yet handed to the submitter (`lane`'s, all for None): ClosedError.
         dropped = [r for r in self._pending if lane is None or r.lane is lane]
         if not dropped:
             return
@@ -763,6 +762,7 @@ class Scheduler:
                 user_events=self.user_events,
                 modules=self._modules,
                 pool=self.pool,
+                pinned=self.pinned,
             )
         self.failures.report_at_close()
         self.state = DeviceState.CLOSED
@@ -796,4 +796,4 @@ class Scheduler:
         threads = [self._submitter.thread]
         if self._waiter is not None:
             threads.append(self._waiter.thread)
-        close_after(threads, self.runtime, JOIN_TIMEOUT_S)
+        close_after(threads, self.runtime, JOIN_TIMEOUT_S, self.pinned)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 import anyio
 
+from .._host.pinned import PinnedArrays
 from .._host.pool import HostBufferPool
 from .._runtime import Runtime
 from .events import BatchEvents, UserEvents
@@ -56,12 +57,15 @@ def log_stuck(device_id: int, stuck: list[str], waited: float) -> None:
     )
 
 
-def close_after(threads: list[threading.Thread], runtime: Runtime, waited: float) -> None:
-    """Wait (blocking, up to ``waited`` s each) for ``threads``, then close ``runtime``."""
+def close_after(
+    threads: list[threading.Thread], runtime: Runtime, waited: float, pinned: PinnedArrays
+) -> None:
+    """Wait (blocking, up to ``waited`` s each) for ``threads``, then close ``runtime`` (once
+    the last pinned array alive is collected: see ``PinnedArrays.close``)."""
     for thread in threads:
         thread.join(waited)
     with contextlib.suppress(Exception):
-        runtime.close()
+        pinned.close(runtime.close)
 
 
 async def join(thread: threading.Thread, deadline: float) -> None:
@@ -105,10 +109,12 @@ def release_everything(
     user_events: UserEvents,
     modules: list[int],
     pool: HostBufferPool,
+    pinned: PinnedArrays,
 ) -> None:
     """Release and free what the device holds, then close the runtime: only after the
     threads have exited and the streams are gone (nothing can touch these any more).
-    ``orphans``: lists of requests whose resources waited for this (emptied)."""
+    ``orphans``: lists of requests whose resources waited for this (emptied). The runtime
+    closes once the users' pinned arrays are gone (its close would free their memory)."""
     graphs.close_all()
     for requests in orphans:
         lifetimes.release(requests)
@@ -125,4 +131,4 @@ def release_everything(
             runtime.unload_binary(module)
     modules.clear()
     pool.close()
-    runtime.close()
+    pinned.close(runtime.close)

@@ -43,6 +43,8 @@ __all__ = [
     "Launch",
     "Memset",
     "Outcome",
+    "PinnedCopyToDevice",
+    "PinnedCopyToHost",
     "RecordEvent",
     "Request",
     "WaitEvent",
@@ -272,7 +274,7 @@ class CopyToHost(_Copy):
         lane: Lane,
         task: Task,
         host: HostBuffer | None,
-        dst: np.ndarray[Any, Any],
+        dst: Any,
         src: Allocation,
         root: Allocation,
         count: int,
@@ -297,6 +299,41 @@ class CopyToHost(_Copy):
 
     def unstaged_bytes(self) -> int:
         return self.count
+
+
+class PinnedCopyToDevice(CopyToDevice):
+    """Host -> device straight from the user's pinned array: no staging.
+
+    ``src`` is ``(address, array)``: the array (and so its pinned memory) is held as long as
+    the request, which outlives the device's use of it, since the runtime reads it when the
+    copy executes.
+    """
+
+    __slots__ = ()
+    staged = False
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        ptr, room = self.dst
+        runtime.memcpy_async(ptr, room, self.src[0], self.count, ACL_MEMCPY_HOST_TO_DEVICE, stream)
+
+
+class PinnedCopyToHost(CopyToHost):
+    """Device -> host straight into the user's pinned array: no staging, nothing to do on
+    completion. ``dst`` is ``(address, array)``, held as long as the request.
+
+    The device writes the user's memory itself here: a copy that failed or timed out may
+    still have written part of it (or write it later, until the device is done).
+    """
+
+    __slots__ = ()
+    staged = False
+    needs_completion = False
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        count = self.count
+        runtime.memcpy_async(
+            self.dst[0], count, self.src[0], count, ACL_MEMCPY_DEVICE_TO_HOST, stream
+        )
 
 
 class CopyDevice(_Copy):

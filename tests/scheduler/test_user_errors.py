@@ -370,6 +370,8 @@ AFTER_CLOSE: dict[str, Callable[[_Closed], object]] = {
     "Device.info": lambda c: c.dev.info,
     "Device.load_module": lambda c: c.dev.load_module(None),
     "Device.malloc": lambda c: c.dev.malloc(64),
+    "Device.pinned_empty": lambda c: c.dev.pinned_empty(8, np.uint8),
+    "Device.pinned_like": lambda c: c.dev.pinned_like(_host()),
     "Device.stream": lambda c: c.dev.stream(),
     "Device.stream(priority)": lambda c: c.dev.stream(priority=0),
     "Device.wrap": lambda c: c.dev.wrap(c.buf.ptr, 8),

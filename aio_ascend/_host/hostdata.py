@@ -1,0 +1,148 @@
+"""Host objects as the bytes a copy reads or writes: ndarrays, the buffer protocol, DLPack, and
+``__array__``, checked in the call (before anything is queued).
+
+What is accepted, in this order (the first that applies):
+
+1. a numpy array (subclasses included);
+2. an object with the buffer protocol (``bytes``, ``bytearray``, ``memoryview``, ``array``,
+   ``mmap``, ctypes arrays, ...): always host memory;
+3. an object with ``__dlpack__`` whose ``__dlpack_device__()`` is the CPU (a torch CPU
+   tensor); one on any other device is refused with a ``TypeError`` (device memory is not a
+   host buffer);
+4. an object with numpy's ``__array_interface__`` or ``__array_struct__`` (host memory by
+   definition);
+5. only for a copy's source: an object with ``__array__`` (``np.asarray`` may make a copy,
+   which is what is sent). A destination must be written in place, which ``__array__`` does
+   not promise.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DLPACK_CPU", "destination_bytes", "dims_of", "host_array", "source_bytes"]
+
+#: ``kDLCPU``: the DLPack device type of host memory
+DLPACK_CPU = 1
+
+U8 = np.ndarray[Any, np.dtype[np.uint8]]
+
+
+def dims_of(shape: object, what: str) -> tuple[int, ...]:
+    """An array shape given as an int or a tuple of ints (any integer type), none negative."""
+    try:
+        dims = (
+            (operator.index(shape),)  # type: ignore[arg-type]
+            if not isinstance(shape, tuple)
+            else tuple(operator.index(d) for d in shape)
+        )
+    except TypeError:
+        raise TypeError(f"{what} shape must be an int or a tuple of ints, got {shape!r}") from None
+    if any(d < 0 for d in dims):
+        raise ValueError(f"{what} shape={shape!r} has a negative dimension")
+    return dims
+
+
+def _from_buffer(obj: object, *, typed: bool) -> np.ndarray[Any, Any] | None:
+    """``obj``'s memory through the buffer protocol, or None when it has none: its bytes when
+    it is C-contiguous and not ``typed`` (numpy need not understand its format: a ctypes
+    structure's, say), else as numpy reads its format."""
+    try:
+        view = memoryview(obj)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    if view.c_contiguous and not typed:
+        return np.frombuffer(view, np.uint8)
+    try:
+        return np.asarray(view)
+    except (TypeError, ValueError, NotImplementedError):  # a format numpy does not read
+        if not view.c_contiguous:
+            raise ValueError(
+                f"a {type(obj).__name__} of format {view.format!r} that is not C-contiguous"
+            ) from None
+        return np.frombuffer(view, np.uint8)
+
+
+def _from_dlpack(obj: object, what: str) -> np.ndarray[Any, Any] | None:
+    """``obj`` through DLPack when it has ``__dlpack__`` (CPU only), else None."""
+    if getattr(type(obj), "__dlpack__", None) is None:
+        return None
+    name = type(obj).__name__
+    try:
+        device = obj.__dlpack_device__()  # type: ignore[attr-defined]
+        kind = int(device[0])
+    except Exception as exc:
+        raise TypeError(f"{what}: cannot tell where this {name} lives ({exc})") from None
+    if kind != DLPACK_CPU:
+        raise TypeError(
+            f"{what}: this {name} is on DLPack device {tuple(device)}, not the host: copies "
+            "read and write host memory (for device memory: dev.wrap(ptr, nbytes, owner=...) "
+            "and copy_device)"
+        )
+    try:
+        return np.from_dlpack(obj, copy=False)  # type: ignore[arg-type]
+    except Exception as exc:  # BufferError, or the exporter's own (torch: RuntimeError)
+        raise TypeError(f"{what}: this {name} cannot be read through __dlpack__: {exc}") from None
+
+
+def host_array(
+    obj: object, what: str, *, writable: bool, typed: bool = False
+) -> np.ndarray[Any, Any]:
+    """``obj`` as an ndarray; the same memory unless ``obj`` only has ``__array__`` (allowed
+    only when not ``writable``). A buffer is read as bytes unless ``typed``."""
+    if isinstance(obj, np.ndarray):
+        return obj
+    array = _from_buffer(obj, typed=typed)
+    if array is None:
+        array = _from_dlpack(obj, what)
+    if array is None and (
+        hasattr(obj, "__array_interface__") or hasattr(obj, "__array_struct__")
+    ):  # a description of host memory: numpy's array over it is the same memory
+        try:
+            array = np.asarray(obj)
+        except Exception as exc:
+            name = type(obj).__name__
+            raise TypeError(f"{what}: np.asarray() refused this {name}: {exc}") from None
+    if array is None:
+        if not writable and getattr(type(obj), "__array__", None) is not None:
+            try:
+                return np.asarray(obj)
+            except Exception as exc:
+                name = type(obj).__name__
+                raise TypeError(f"{what}: np.asarray() refused this {name}: {exc}") from None
+        kinds = "an ndarray, a writable buffer" if writable else "an ndarray, a buffer"
+        kinds += ", an __array_interface__ object"
+        extra = "" if writable else ", an object with __array__"
+        raise TypeError(
+            f"{what} must be {kinds}{extra} or a CPU __dlpack__ object (a torch CPU tensor), "
+            f"got {type(obj).__name__}"
+        )
+    return array
+
+
+def source_bytes(src: object, what: str) -> U8:
+    """A copy's host source as a 1-D contiguous byte array: the same memory when it is
+    contiguous, else a contiguous copy made here (that copy is what is sent)."""
+    array = host_array(src, what, writable=False)
+    if array.dtype.hasobject:
+        raise TypeError(f"{what}: an array of {array.dtype} has no device bytes")
+    return np.ascontiguousarray(array.view(np.ndarray)).reshape(-1).view(np.uint8)
+
+
+def destination_bytes(dst: object, what: str) -> U8:
+    """A copy's host destination as the same memory in a 1-D byte array: writable and
+    C-contiguous (it is written in place), or a ``ValueError``."""
+    array = host_array(dst, what, writable=True)
+    if array.dtype.hasobject:
+        raise TypeError(f"{what}: an array of {array.dtype} cannot hold device data")
+    if not array.flags.writeable:
+        raise ValueError(f"{what} is read-only: a copy to the host needs writable memory")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{what} must be C-contiguous (a copy to the host fills it in place)")
+    if array.nbytes == 0:
+        raise ValueError(f"{what} is empty")
+    # (np.matrix and other subclasses included)
+    return array.view(np.ndarray).reshape(-1).view(np.uint8)

@@ -1,0 +1,285 @@
+"""Pinned host arrays (``dev.pinned_empty``, ``dev.pinned_like``): copies from and to them go
+straight to the device, with no staging; their memory lives as long as the array, its views and
+the copies queued on it, and never dangles, even past the device's close.
+
+Each test runs on the sim and the acl C double (both read a pinned copy's host side when the
+copy *executes*, and the double faults on a freed one), on asyncio, uvloop and trio.
+"""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import anyio
+import numpy as np
+import pytest
+from backends import backend_params, gpu_skip_reason
+from helpers import OpenDevice, assert_runtime_clean, live_resources, open_backend, upload
+
+import aio_ascend as aa
+from aio_ascend._sched.work import STAGE_AT_HAND_BYTES
+from aio_ascend.testing import library_threads
+
+pytestmark = pytest.mark.anyio
+
+#: a kernel that keeps the stream busy this long, so that what is queued behind it executes late
+SLEEP_US = 300_000
+
+
+def _staged(dev: aa.Device) -> int:
+    """Pinned staging buffers the device's pool ever handed out."""
+    stats = dev.stats()
+    return stats["host_buffer_allocations"] + stats["host_buffers_high_water"]
+
+
+def _memcpy_host_sides(dev: aa.Device, since: int) -> list[int]:
+    """acl: the host address of every aclrtMemcpyAsync since ``since`` (H2D src, D2H dst)."""
+    from doubles.acl_double import control_for
+
+    sides = []
+    for call in control_for(dev.runtime).calls(since, "aclrtMemcpyAsync"):
+        dst, _, src, _, kind, _ = call.args
+        sides.append(src if kind == 1 else dst)  # ACL_MEMCPY_HOST_TO_DEVICE is 1
+    return sides
+
+
+def _mark(dev: aa.Device) -> int:
+    if dev.backend != "acl":
+        return 0
+    from doubles.acl_double import control_for
+
+    return control_for(dev.runtime).mark()
+
+
+@pytest.mark.parametrize("nbytes", [4096, 2 * STAGE_AT_HAND_BYTES], ids=["small", "big"])
+async def test_copies_from_and_to_a_pinned_array_skip_staging(
+    open_dev: OpenDevice, nbytes: int
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        src = dev.pinned_empty(nbytes // 4, np.float32)
+        src[:] = np.arange(src.size, dtype=np.float32)
+        buf = dev.malloc(nbytes)
+        out = dev.pinned_like(src)
+        assert out.shape == src.shape and out.dtype == src.dtype
+        assert out.flags.c_contiguous and out.flags.writeable
+        mark = _mark(dev)
+        await s.upload(buf, src)
+        assert await s.download(buf, out=out) is out
+        np.testing.assert_array_equal(out, src)
+        assert _staged(dev) == 0, "a copy from or to a pinned array was staged"
+        assert dev.stats()["copies"] == 2
+        if dev.backend == "acl":  # the runtime got the arrays' own addresses
+            assert _memcpy_host_sides(dev, mark) == [src.ctypes.data, out.ctypes.data]
+        ordinary = await s.download(buf, np.float32)  # the check above can see staging
+        np.testing.assert_array_equal(ordinary, src)
+        assert _staged(dev) > 0
+        assert dev.stats()["pinned_arrays"] == 2
+        assert dev.stats()["pinned_bytes"] == 2 * nbytes
+        del src, out
+        gc.collect()
+        await anyio.sleep(0.01)  # the loop frees what was collected
+        assert dev.stats()["pinned_arrays"] == 0
+    assert_runtime_clean(dev)
+
+
+async def test_views_of_a_pinned_array(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        pinned = dev.pinned_empty((8, 16), np.int32)
+        pinned[:] = np.arange(128, dtype=np.int32).reshape(8, 16)
+        buf = dev.malloc(pinned.nbytes)
+        mark = _mark(dev)
+        await s.upload(buf, pinned[2:4])  # contiguous rows: direct, from their own address
+        await s.upload(buf, pinned[:, 0])  # strided: made contiguous in the call, staged
+        column = await s.download(buf, np.int32, 8)
+        np.testing.assert_array_equal(column, np.arange(0, 128, 16))
+        await s.upload(buf, pinned[2:4])
+        back = np.empty((2, 16), np.int32)
+        await s.download(buf, out=back)
+        np.testing.assert_array_equal(back, pinned[2:4])
+        if dev.backend == "acl":
+            assert _memcpy_host_sides(dev, mark)[0] == pinned[2:4].ctypes.data
+        view = pinned[4:].reshape(-1).view(np.uint8)  # it keeps the memory when the array goes
+        del pinned
+        gc.collect()
+        await anyio.sleep(0.01)
+        assert dev.stats()["pinned_arrays"] == 1
+        await s.download(buf, out=view[: back.nbytes])  # and copies into it still go direct
+        np.testing.assert_array_equal(view[: back.nbytes].view(np.int32), back.reshape(-1))
+        del view
+        gc.collect()
+        await anyio.sleep(0.01)
+        assert dev.stats()["pinned_arrays"] == 0
+    assert_runtime_clean(dev)
+
+
+async def test_a_pinned_array_dropped_while_its_copy_is_queued_is_not_freed_early(
+    open_dev: OpenDevice,
+) -> None:
+    # The copy executes after the sleep: had the array's memory been freed when the user let
+    # go of it, the sim would copy poison and the double would fault.
+    async with open_dev() as dev:
+        s = dev.stream()
+        buf = dev.malloc(4096)
+        src = dev.pinned_empty(4096, np.uint8)
+        src[:] = 7
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(SLEEP_US))
+        up = await s.copy_to_device(buf, src)
+        dst = dev.pinned_empty(4096, np.uint8)
+        down = await s.copy_to_host(dst, buf)
+        del src, dst
+        gc.collect()
+        await anyio.sleep(0.02)  # the loop had every chance to free them (the sleep: 0.3 s)
+        assert not up.done()
+        assert dev.stats()["pinned_arrays"] == 2, "a pinned array was freed under its copy"
+        with anyio.fail_after(5):
+            await up
+            await down
+        np.testing.assert_array_equal(await s.download(buf), np.full(4096, 7, np.uint8))
+        await anyio.sleep(0.01)
+        assert dev.stats()["pinned_arrays"] == 0
+    assert_runtime_clean(dev)
+
+
+async def test_a_timed_out_download_into_a_pinned_array_keeps_it_until_the_device_is_done(
+    open_dev: OpenDevice,
+) -> None:
+    # The one place where failed work may write user memory (documented): the array's memory
+    # must stay valid until the device has really finished the copy.
+    async with open_dev(task_timeout=0.1) as dev:
+        s = dev.stream()
+        buf = await upload(dev, s, np.full(4096, 5, np.uint8))
+        # 1.5 s: the device is still busy when the check below runs (~0.13 s in), 10x over
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(1_500_000))
+        dst = dev.pinned_empty(4096, np.uint8)
+        task = await s.copy_to_host(dst, buf)
+        with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError):
+            await task
+        del dst
+        gc.collect()
+        await anyio.sleep(0.01)
+        assert dev.stats()["pinned_arrays"] == 1, "freed while the device may still write it"
+        with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError):
+            await s.synchronize()  # (the sleep timed out too)
+        with anyio.fail_after(20):
+            while dev.stats()["pinned_arrays"]:  # noqa: ASYNC110 - a counter
+                await anyio.sleep(0.01)
+        assert dev.fault is None
+    assert_runtime_clean(dev)
+
+
+async def test_pinned_arrays_refuse_bad_input_in_the_call(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev, open_dev() as other:
+        s = dev.stream()
+        with pytest.raises(TypeError, match="shape"):
+            dev.pinned_empty(2.5, np.float32)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="negative"):
+            dev.pinned_empty((4, -1), np.float32)
+        with pytest.raises(TypeError, match="dtype"):
+            dev.pinned_empty(4, object)
+        with pytest.raises(TypeError, match="dtype is required"):
+            dev.pinned_empty(4, None)
+        with pytest.raises(TypeError, match="dtype"):
+            dev.pinned_empty(4, "not a dtype")
+        with pytest.raises(TypeError, match="pinned_like"):
+            dev.pinned_like(12345)
+        assert dev.pinned_empty((2, np.int64(3)), "i2").shape == (2, 3)
+        assert dev.pinned_empty(0, np.float32).size == 0
+        like = dev.pinned_like(bytearray(10))
+        assert like.shape == (10,) and like.dtype == np.uint8
+
+        buf = dev.malloc(64)
+        theirs = other.pinned_empty(16, np.float32)
+        with pytest.raises(ValueError, match="pinned array of another device"):
+            await s.copy_to_device(buf, theirs)
+        with pytest.raises(ValueError, match="pinned array of another device"):
+            await s.download(buf, out=theirs)
+        small = dev.pinned_empty(2, np.float32)
+        with pytest.raises(ValueError, match="src buffer only"):
+            await s.download(dev.malloc(4), out=small)
+        with pytest.raises(ValueError, match="C-contiguous"):
+            await s.download(buf, out=dev.pinned_empty((4, 4), np.float32)[:, 0])
+        assert dev.stats()["copies"] == 0 and dev.stats()["in_flight"] == 0
+    with pytest.raises(aa.ClosedError):
+        dev.pinned_empty(4, np.float32)
+    async with open_dev() as third:
+        with pytest.raises(ValueError, match=r"another device \(closed\)"):
+            await third.stream().upload(third.malloc(64), small)
+    del theirs, small, like
+    gc.collect()
+    for device in (dev, other, third):
+        assert_runtime_clean(device)
+
+
+async def test_a_pinned_array_outlives_its_device(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        kept = dev.pinned_empty(1024, np.float32)
+        kept[:] = 3.0
+        buf = dev.malloc(kept.nbytes)
+        await s.upload(buf, kept)
+        await s.download(buf, out=kept[:512])
+        gone = dev.pinned_empty(64, np.uint8)
+        del gone
+    assert dev.closed
+    # Its memory is still there (the runtime that owns it stays open for it) ...
+    np.testing.assert_array_equal(kept, 3.0)
+    kept[:] = 4.0
+    np.testing.assert_array_equal(kept, 4.0)
+    assert dev.stats()["pinned_arrays"] == 1
+    assert live_resources(dev)["host_allocations"] == 1
+    # ... and goes with the array, the runtime with it.
+    del kept
+    gc.collect()
+    assert dev.stats()["pinned_arrays"] == 0
+    assert_runtime_clean(dev)
+
+
+@pytest.mark.sim_only("the device is collected without aclose(): the sim's leak counts")
+async def test_a_pinned_array_outlives_a_device_collected_without_close(
+    open_dev: OpenDevice,
+) -> None:
+    dev = await open_dev()
+    kept = dev.pinned_empty(256, np.int64)
+    kept[:] = 9
+    runtime = dev.runtime
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        del dev
+        gc.collect()
+    # The poller stops, and leaves the runtime (and the sim's thread) open for `kept`.
+    with anyio.fail_after(5):
+        while [t for t in library_threads() if not t.name.startswith("aio_ascend-sim")]:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+    np.testing.assert_array_equal(kept, 9)
+    assert runtime.live_resources()["host_allocations"] == 1
+    del kept
+    gc.collect()
+    assert runtime.live_resources()["host_allocations"] == 0
+    assert not library_threads(), "the runtime was not closed after its last pinned array"
+
+
+@pytest.fixture(params=backend_params(["cuda-fake", "cuda"]))
+def cuda_backend(request: pytest.FixtureRequest, anyio_backend: object) -> str:
+    name: str = request.param
+    if name == "cuda" and (reason := gpu_skip_reason()):
+        pytest.skip(reason)
+    return name
+
+
+async def test_pinned_arrays_on_cuda(cuda_backend: str) -> None:
+    # The cuda backend's malloc_host is cuMemHostAlloc: copies from and to it are direct too.
+    async with open_backend(cuda_backend) as dev:
+        s = dev.stream()
+        src = dev.pinned_empty(2 * STAGE_AT_HAND_BYTES // 4, np.float32)
+        src[:] = np.arange(src.size, dtype=np.float32)
+        buf = dev.malloc(src.nbytes)
+        out = dev.pinned_like(src)
+        await s.upload(buf, src)
+        await s.download(buf, out=out)
+        np.testing.assert_array_equal(out, src)
+        assert _staged(dev) == 0
+        del src, out
+    assert_runtime_clean(dev)
