@@ -204,8 +204,9 @@ class Device:
         :param pool: False: exactly ``nbytes`` straight from the runtime, given back to it
             when freed (never cached)
         :raises ValueError: ``nbytes`` below 1, or more than a 64-bit address space holds
-        :raises MemoryAllocationError: the device has not that much memory free, or the
-            allocation would take the device past ``open_device(pool_limit_bytes=...)``
+        :raises MemoryError: (a ``RuntimeAPIError`` with ACL code 207001) the device has not
+            that much memory free, or the allocation would take the device past
+            ``open_device(pool_limit_bytes=...)``
         """
         if not isinstance(pool, bool):
             raise TypeError(f"malloc(pool=...) must be a bool, got {type(pool).__name__}")
@@ -514,7 +515,8 @@ def open_device(
         copies allocated beyond it is given back when they finish
     :param pool_limit_bytes: the most device memory ``malloc`` holds from the runtime (live
         buffers and the pool's cached blocks); an allocation past it first empties the cache,
-        then raises ``MemoryAllocationError``. ``None``: no limit but the device's
+        then raises ``MemoryError`` (a ``RuntimeAPIError``, code 207001). ``None``: no limit
+        but the device's
     :param runtime_options: keyword options for the backend, checked in this call (names
         and types; ``TypeError`` lists the backend's options): sim ``time_model``,
         ``max_queue_depth``, ``memory_bytes``; acl ``library_path`` (the ``libascendcl.so``

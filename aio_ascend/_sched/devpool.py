@@ -10,14 +10,18 @@ runtime runs out of memory (then the allocation is retried once), and at the clo
 
 Size classes: at most 512 bytes: one class of 512; up to 64 MiB: four classes per power of two
 (``2**k * 1.25, 1.5, 1.75, 2``: at most 25 % over the request); above: multiples of 2 MiB.
-A block serves only its own class (no splitting): a workload that repeats its sizes, as
-servers and training loops do, reuses every block.
+A request takes the smallest cached block of its class or of a larger one up to twice its
+class (:data:`MAX_OVERSIZE`; blocks are never split). Measured on 10,000 malloc/free cycles of
+log-uniform sizes from 1 B to 4 MiB with 5 buffers alive at a time (the simulation in
+``tests/unit/test_devpool.py``): 114 runtime allocations with exact classes only, 44 with
+blocks up to twice the class, 32 with four times.
 
 Thread-safe: the loop thread allocates, any library thread may give a block back.
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import threading
 from collections.abc import Callable
@@ -29,6 +33,7 @@ __all__ = [
     "COUNTER_KEYS",
     "LARGE_BLOCK",
     "LARGE_STEP",
+    "MAX_OVERSIZE",
     "MIN_BLOCK",
     "DevicePool",
     "block_size",
@@ -41,6 +46,9 @@ MIN_BLOCK = 512
 LARGE_BLOCK = 64 << 20
 #: the rounding of requests above :data:`LARGE_BLOCK` (at most 3 % over them)
 LARGE_STEP = 2 << 20
+
+#: a cached block serves requests whose class is at least 1/MAX_OVERSIZE of its size
+MAX_OVERSIZE = 2
 
 #: the ``memory_stats()`` keys that only grow (exported as counters)
 COUNTER_KEYS = frozenset(
@@ -81,6 +89,7 @@ class DevicePool:
         self.limit = limit
         self._lock = threading.Lock()
         self._cached: dict[int, list[int]] = {}  # size class -> idle block addresses (LIFO)
+        self._sizes: list[int] = []  # the classes with cached blocks, sorted
         self._closed = False
         self._allocated = 0
         self._requested = 0
@@ -106,9 +115,15 @@ class DevicePool:
         with self._lock:
             self._allocations += 1
             if pooled:
-                blocks = self._cached.get(size)
-                if blocks:
+                sizes = self._sizes
+                index = bisect.bisect_left(sizes, size)
+                if index < len(sizes) and sizes[index] <= MAX_OVERSIZE * size:
+                    size = sizes[index]
+                    blocks = self._cached[size]
                     ptr = blocks.pop()
+                    if not blocks:
+                        del self._cached[size]
+                        del sizes[index]
                     self._hits += 1
                     self._cached_bytes -= size
                     self._cached_blocks -= 1
@@ -165,7 +180,11 @@ class DevicePool:
             if self._closed:  # the close came meanwhile and freed the rest: this one too
                 pooled = False
             else:
-                self._cached.setdefault(size, []).append(ptr)
+                blocks = self._cached.get(size)
+                if blocks is None:
+                    blocks = self._cached[size] = []
+                    bisect.insort(self._sizes, size)
+                blocks.append(ptr)
                 self._cached_bytes += size
                 self._cached_blocks += 1
         if not pooled:
@@ -186,6 +205,7 @@ class DevicePool:
         """Give every cached block back to the runtime; the bytes given back."""
         with self._lock:
             cached, self._cached = self._cached, {}
+            self._sizes = []
             self._cached_bytes = self._cached_blocks = 0
         released = 0
         for size, blocks in cached.items():
