@@ -23,10 +23,10 @@ from aio_ascend._sched.admission import ENTRIES_PER_REQUEST, Admission
 from aio_ascend._sched.batching import Hop, form_batches
 from aio_ascend._sched.counters import Counters, total
 from aio_ascend._sched.delivery import MAX_WAKES_PER_TURN, DeliveryQueue
+from aio_ascend._sched.devpool import DevicePool
 from aio_ascend._sched.events import EventRecord
 from aio_ascend._sched.faults import FaultState, as_device_fault, classify_refusal, fail_batches
 from aio_ascend._sched.lane import Lane
-from aio_ascend._sched.devpool import DevicePool
 from aio_ascend._sched.lifetimes import Allocation, Lifetimes
 from aio_ascend._sched.scheduler import flush_now
 from aio_ascend._sched.task import Task
