@@ -2,8 +2,9 @@
 block reused only once the work queued on it has completed, ``memory_stats()``,
 ``empty_cache()``, ``malloc(pool=False)``, ``pool_limit_bytes``, the out-of-memory retry.
 
-On the sim, the acl C double and the cuda backend over its fake driver, on asyncio, uvloop and
-trio; the sim's poison is checked on the sim.
+On the sim, the acl C double and the cuda backend over its fake driver (and on a real GPU
+where one is present: ``cuda``, marked ``gpu``), on asyncio, uvloop and trio; the sim's poison
+is checked on the sim.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from backends import backend_params, gpu_skip_reason
 from helpers import assert_runtime_clean, live_resources, open_backend
 
 import aio_ascend as aa
@@ -25,14 +27,16 @@ from aio_ascend._runtime.sim.memory import POISON_BYTE
 
 pytestmark = pytest.mark.anyio
 
-POOL_BACKENDS = ("sim", "acl", "cuda-fake")
+POOL_BACKENDS = ["sim", "acl", "cuda-fake", "cuda"]
 KiB = 1 << 10
 MiB = 1 << 20
 
 
-@pytest.fixture(params=POOL_BACKENDS)
+@pytest.fixture(params=backend_params(POOL_BACKENDS))
 def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
-    """``open_device`` on this test's backend (sim, acl double, cuda fake) and loop."""
+    """``open_device`` on this test's backend (sim, acl double, cuda fake, a GPU) and loop."""
+    if request.param == "cuda" and (reason := gpu_skip_reason()):
+        pytest.skip(reason)
     return functools.partial(open_backend, request.param)
 
 
@@ -55,6 +59,8 @@ def device_memory(dev: aa.Device, free_bytes: int) -> Iterator[None]:
             control.set_mem_total(None)
     elif dev.backend == "cuda":
         driver = dev.runtime._d  # type: ignore[attr-defined]
+        if not hasattr(driver, "total_memory"):
+            pytest.skip("the device's memory is only limited on the fake CUDA driver")
         total = driver.total_memory
         driver.total_memory = driver.allocated + free_bytes
         try:
