@@ -53,8 +53,12 @@ class DeviceBuffer(Allocation):
         offset: int = 0,
         external: bool = False,
         owner: object = None,
+        block: int = 0,
+        pooled: bool = False,
     ) -> None:
-        super().__init__(registry, ptr, nbytes, external=external, owner=owner)
+        super().__init__(
+            registry, ptr, nbytes, external=external, owner=owner, block=block, pooled=pooled
+        )
         self._base = base
         #: the offset of this view in its root allocation (0 for a root)
         self.offset = offset

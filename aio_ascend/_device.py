@@ -91,6 +91,15 @@ def _check_pool_bytes(value: object) -> int:
     return nbytes
 
 
+def _check_pool_limit(value: object) -> int | None:
+    if value is None:
+        return None
+    limit = _integer("pool_limit_bytes (an int or None)", value)
+    if limit <= 0:
+        raise ValueError(f"pool_limit_bytes={limit} must be > 0 (or None: no limit)")
+    return limit
+
+
 def _check_max_in_flight(value: object) -> int:
     max_in_flight = _integer("max_in_flight", value)
     if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
@@ -132,9 +141,11 @@ class Device:
         batch_cap: int = 512,
         close_timeout: float = 5.0,
         pinned_pool_bytes: int = DEFAULT_RETAINED_BYTES,
+        pool_limit_bytes: int | None = None,
     ) -> None:
         mode = _completion_mode(completion)
         _check_pool_bytes(pinned_pool_bytes)
+        pool_limit_bytes = _check_pool_limit(pool_limit_bytes)
         timeout = _check_seconds("task_timeout", task_timeout)
         batch_cap = _check_batch_cap(batch_cap)
         self.close_timeout = _check_seconds("close_timeout", close_timeout)
@@ -150,6 +161,7 @@ class Device:
             debug=debug,
             batch_cap=batch_cap,
             pinned_pool_bytes=pinned_pool_bytes,
+            pool_limit_bytes=pool_limit_bytes,
         )
         self._builtin: Module | None = None
         # Collected without aclose(): stop the threads and close the runtime (never at exit:
@@ -180,13 +192,26 @@ class Device:
         recovers (see the faults guide). Any thread may read it."""
         return self._scheduler.faults.first
 
-    def malloc(self, nbytes: int) -> DeviceBuffer:
-        """Allocate ``nbytes`` of device memory (64-byte aligned).
+    def malloc(self, nbytes: int, *, pool: bool = True) -> DeviceBuffer:
+        """Allocate ``nbytes`` of device memory (64-byte aligned), from the device's pool.
+
+        The pool serves a request with a cached block of its size class (up to 25 % larger)
+        when there is one, else with a new block from the runtime. A freed buffer's block
+        becomes reusable only once the work queued on it has completed; the contents of a
+        reused block are undefined (the sim fills it with ``0xCD``). On out-of-memory the
+        cached blocks are given back to the runtime and the allocation is tried once more.
+        See :meth:`memory_stats` and :meth:`empty_cache`.
 
         :param nbytes: any integer type (numpy's too), 1 .. 2**64-1
+        :param pool: False: exactly ``nbytes`` straight from the runtime, given back to it
+            when freed (never cached)
         :raises ValueError: ``nbytes`` below 1, or more than a 64-bit address space holds
-        :raises RuntimeAPIError: the device has not that much memory free
+        :raises MemoryError: (a ``RuntimeAPIError`` with ACL code 207001) the device has not
+            that much memory free, or the allocation would take the device past
+            ``open_device(pool_limit_bytes=...)``
         """
+        if not isinstance(pool, bool):
+            raise TypeError(f"malloc(pool=...) must be a bool, got {type(pool).__name__}")
         nbytes = _integer("malloc(nbytes)", nbytes)
         if nbytes <= 0:
             raise ValueError(f"malloc(nbytes={nbytes}): nbytes must be > 0")
@@ -196,10 +221,11 @@ class Device:
                 f"(at most {PTR_MAX})"
             )
         scheduler = self._owned()
-        scheduler.reap_buffers()
-        ptr = scheduler.bound().malloc(nbytes)
-        buffer = DeviceBuffer(scheduler.lifetimes, ptr, nbytes)
-        scheduler.lifetimes.track(buffer)
+        lifetimes = scheduler.lifetimes
+        lifetimes.reap()
+        ptr, block = lifetimes.memory.allocate(nbytes, pooled=pool)
+        buffer = DeviceBuffer(lifetimes, ptr, nbytes, block=block, pooled=pool)
+        lifetimes.track(buffer)
         return buffer
 
     def pinned_empty(
@@ -245,6 +271,30 @@ class Device:
         if not isinstance(array, np.ndarray):
             array = host_array(array, "pinned_like(array)", writable=False, typed=True)
         return self.pinned_empty(array.shape, array.dtype)
+
+    def memory_stats(self) -> Mapping[str, int]:
+        """The device memory of this device and its pool, in bytes and counts (any thread;
+        after the close too: then nothing is allocated, reserved or cached).
+
+        - ``allocated_bytes``: held by live buffers (their blocks); ``requested_bytes``: what
+          those buffers asked for; ``reserved_bytes``: held from the runtime (allocated plus
+          cached); ``cached_bytes``/``cached_blocks``: freed blocks kept for reuse;
+          ``peak_allocated_bytes``, ``peak_reserved_bytes``; ``limit_bytes``:
+          ``pool_limit_bytes`` (0: none);
+        - counts since the open: ``allocations`` (``malloc`` calls), ``pool_hits`` (served
+          from the cache), ``runtime_allocations`` and ``runtime_frees`` (calls to the
+          runtime's malloc and free), ``oom_retries`` (out-of-memory answers retried after
+          emptying the cache).
+
+        ``stats()["device_buffers"]`` counts the live buffers themselves.
+        """
+        return MappingProxyType(self._scheduler.lifetimes.memory.stats())
+
+    def empty_cache(self) -> int:
+        """Give the pool's cached blocks back to the runtime (e.g. for memory another library
+        allocates); returns the bytes given back. Blocks of live buffers, and of freed ones
+        whose queued work has not completed yet, stay where they are."""
+        return int(self._owned().lifetimes.memory.empty_cache())
 
     def load_module(
         self,
@@ -495,6 +545,7 @@ def open_device(
     batch_cap: int = 512,
     close_timeout: float = 5.0,
     pinned_pool_bytes: int = DEFAULT_RETAINED_BYTES,
+    pool_limit_bytes: int | None = None,
     runtime_options: Mapping[str, Any] | None = None,
 ) -> _DeviceOpener:
     """Open device ``device_id`` on ``backend``: ``async with open_device(0) as dev: ...``.
@@ -511,6 +562,10 @@ def open_device(
         is dropped at once)
     :param pinned_pool_bytes: free pinned staging memory kept for reuse; what a burst of big
         copies allocated beyond it is given back when they finish
+    :param pool_limit_bytes: the most device memory ``malloc`` holds from the runtime (live
+        buffers and the pool's cached blocks); an allocation past it first empties the cache,
+        then raises ``MemoryError`` (a ``RuntimeAPIError``, code 207001). ``None``: no limit
+        but the device's
     :param runtime_options: keyword options for the backend, checked in this call (names
         and types; ``TypeError`` lists the backend's options): sim ``time_model``,
         ``max_queue_depth``, ``memory_bytes``; acl ``library_path`` (the ``libascendcl.so``
@@ -525,6 +580,7 @@ def open_device(
     _check_seconds("close_timeout", close_timeout)
     batch_cap = _check_batch_cap(batch_cap)
     pinned_pool_bytes = _check_pool_bytes(pinned_pool_bytes)
+    pool_limit_bytes = _check_pool_limit(pool_limit_bytes)
     if not isinstance(debug, bool):
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
     if runtime_options is not None and not isinstance(runtime_options, Mapping):
@@ -538,6 +594,7 @@ def open_device(
         "batch_cap": batch_cap,
         "close_timeout": close_timeout,
         "pinned_pool_bytes": pinned_pool_bytes,
+        "pool_limit_bytes": pool_limit_bytes,
         "runtime_options": dict(runtime_options or {}),
     }
     return _DeviceOpener(kwargs, device_id, backend)

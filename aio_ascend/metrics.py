@@ -34,6 +34,7 @@ from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ._sched.devpool import COUNTER_KEYS as MEMORY_COUNTERS
 from ._sched.hooks import HOOKS, ObserverContext, Source
 from ._sched.work import Outcome
 from ._version import __version__
@@ -132,7 +133,10 @@ class PrometheusMetrics(_Observing):
 
     - every watched device's ``stats()`` (:meth:`watch`): ``<namespace>_<key>_total`` for the
       counters (launches, copies, batches, wakeups, timeouts, ...), ``<namespace>_<key>`` for
-      the gauges (in_flight, streams, host_pool_bytes, ...), read at each scrape;
+      the gauges (in_flight, streams, host_pool_bytes, ...), read at each scrape; and its
+      ``memory_stats()`` as ``<namespace>_memory_<key>`` (``_total`` for the counters:
+      allocations, pool_hits, runtime_allocations, runtime_frees, oom_retries), e.g.
+      ``aio_ascend_memory_reserved_bytes``;
     - once :meth:`start`-ed, histograms of every device's tasks, also labelled by ``kind``:
       ``<namespace>_task_queued_seconds``, ``..._task_device_seconds``,
       ``..._task_wake_seconds`` and ``..._task_seconds`` (admitted -> observed complete), and
@@ -167,7 +171,8 @@ class PrometheusMetrics(_Observing):
             self._registry.register(self)
 
     def watch(self, device: Any) -> None:
-        """Export ``device.stats()`` at every scrape while it is open (held weakly)."""
+        """Export ``device.stats()`` and ``device.memory_stats()`` at every scrape while it is
+        open (held weakly)."""
         self._devices.add(device)
 
     def close(self) -> None:
@@ -247,18 +252,19 @@ class PrometheusMetrics(_Observing):
                 self._devices.discard(device)
                 continue
             values = [str(device.device_id), str(device.backend)]
-            for key, value in device.stats().items():
-                family = families.get(key)
+            samples = [
+                (key, f"dev.stats()[{key!r}]", key in COUNTER_STATS, value)
+                for key, value in device.stats().items()
+            ]
+            samples.extend(
+                (f"memory_{key}", f"dev.memory_stats()[{key!r}]", key in MEMORY_COUNTERS, value)
+                for key, value in device.memory_stats().items()
+            )
+            for name, help_text, counter, value in samples:
+                family = families.get(name)
                 if family is None:
-                    if key in COUNTER_STATS:
-                        family = core.CounterMetricFamily(
-                            f"{ns}_{key}", f"dev.stats()[{key!r}]", labels=labels
-                        )
-                    else:
-                        family = core.GaugeMetricFamily(
-                            f"{ns}_{key}", f"dev.stats()[{key!r}]", labels=labels
-                        )
-                    families[key] = family
+                    kind = core.CounterMetricFamily if counter else core.GaugeMetricFamily
+                    family = families[name] = kind(f"{ns}_{name}", help_text, labels=labels)
                 family.add_metric(values, value)
         yield from families.values()
         with self._lock:

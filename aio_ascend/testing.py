@@ -131,9 +131,9 @@ def assert_no_leaks(dev: Device) -> None:
     """After ``await dev.aclose()``: AssertionError naming what the device left behind.
 
     Checks the device's own accounting (streams, device buffers, requests in flight, pooled
-    pinned buffers, pinned arrays still alive: ``Device.pinned_empty``) and, where the
-    backend counts them (the sim), the runtime's live streams, events, device and host
-    allocations and kernel binaries.
+    pinned buffers, pinned arrays still alive: ``Device.pinned_empty``, device memory its
+    caching allocator still holds) and, where the backend counts them (the sim), the runtime's
+    live streams, events, device and host allocations and kernel binaries.
     """
     if not dev.closed:
         raise AssertionError(f"{dev!r} is not closed: close it before checking for leaks")
@@ -144,6 +144,10 @@ def assert_no_leaks(dev: Device) -> None:
                     "host_pool_bytes", "pinned_arrays")
         if stats.get(key)
     }  # fmt: skip
+    memory = dev.memory_stats()
+    left.update(
+        {f"memory {key}": memory[key] for key in ("reserved_bytes", "cached_blocks") if memory[key]}
+    )
     live = getattr(dev.runtime, "live_resources", None)
     if callable(live):
         left.update({f"runtime {key}": count for key, count in live().items() if count})

@@ -7,6 +7,9 @@ validated by a pydantic schema (1..32 rows of 64 finite floats) before any devic
 ``vector_add`` (bias), ``matmul``, ``vector_add`` -- on one of a few streams: the upload and
 the four launches are queued at once (streams run in call order) and one ``s.download(...)``
 waits for the result, without blocking the event loop, so many requests are served at once.
+Each request allocates its scratch buffers at its own batch size and frees them at the end:
+the device's caching allocator serves them from blocks earlier requests freed (no runtime
+call), and a buffer freed while its work is still queued is reused only once that work is done.
 
 Runs on the embedded simulator (``sim``); needs the ``server`` extra
 (``pip install 'aio_ascend[server]'``: fastapi, uvicorn, httpx)::
@@ -30,7 +33,7 @@ API::
 
     POST /infer    {"inputs": [[64 floats], ...]}   (1..32 rows)
                 -> {"outputs": [[16 floats], ...], "batch": B, "stream": k}
-    GET  /healthz  -> {"ok": true, "backend": "sim", "stats": {...}}
+    GET  /healthz  -> {"ok": true, "backend": "sim", "stats": {...}, "memory": {...}}
 """
 
 from __future__ import annotations
@@ -95,16 +98,16 @@ class Model:
 
 
 class _Scratch:
-    """Per-request device buffers, reused from a free list."""
+    """One request's device buffers, for its ``batch`` rows (the device's pool serves them)."""
 
-    def __init__(self, dev: aa.Device) -> None:
-        self.x = dev.malloc(4 * MAX_BATCH * D_IN)
-        self.h = dev.malloc(4 * MAX_BATCH * HIDDEN)
-        self.o = dev.malloc(4 * MAX_BATCH * D_OUT)
+    def __init__(self, dev: aa.Device, batch: int) -> None:
+        self.x = dev.malloc(4 * batch * D_IN)
+        self.h = dev.malloc(4 * batch * HIDDEN)
+        self.o = dev.malloc(4 * batch * D_OUT)
 
     def free(self) -> None:
         for buf in (self.x, self.h, self.o):
-            buf.free()  # deferred by the library while queued work still uses it
+            buf.free()  # back to the pool once the work queued on it has completed
 
 
 class DeviceModel:
@@ -125,8 +128,6 @@ class DeviceModel:
             "b2": np.tile(model.b2, MAX_BATCH),
         }
         self.weights = {name: dev.malloc(arr.nbytes) for name, arr in self._host.items()}
-        self._free: list[_Scratch] = []
-        self._all: list[_Scratch] = []
 
     async def upload(self) -> None:
         """Copy the weights to the device and wait until they are there."""
@@ -140,9 +141,8 @@ class DeviceModel:
             raise ValueError(f"x must be 1..{MAX_BATCH} rows of {D_IN}, got {x.shape}")
         index = next(self._next_stream)
         s = self.streams[index]
-        scratch = self._free.pop() if self._free else self._new_scratch()
+        scratch = _Scratch(self.dev, batch)
         w = self.weights
-        finished = False
         try:
             # Queued, not awaited: the stream runs them in this order after the upload.
             await s.copy_to_device(scratch.x, x)
@@ -176,22 +176,20 @@ class DeviceModel:
             )
             # The one wait: the result, once the device has finished everything above.
             out: F32 = await s.download(scratch.o, np.float32, (batch, D_OUT))
-            finished = True
         finally:
-            if finished:
-                self._free.append(scratch)
-            else:  # cancelled or failed: work may still be queued; let the library free later
-                self._all.remove(scratch)
-                scratch.free()
+            # Done, cancelled or failed: work may still be queued on the buffers (a cancelled
+            # request); their blocks go back to the pool only once it has completed.
+            scratch.free()
         return out, index
 
     def health(self) -> dict[str, Any]:
-        return {"ok": True, "backend": self.dev.backend, "stats": dict(self.dev.stats())}
-
-    def _new_scratch(self) -> _Scratch:
-        scratch = _Scratch(self.dev)
-        self._all.append(scratch)
-        return scratch
+        dev = self.dev
+        return {
+            "ok": True,
+            "backend": dev.backend,
+            "stats": dict(dev.stats()),
+            "memory": dict(dev.memory_stats()),
+        }
 
     async def close(
         self,
@@ -200,12 +198,10 @@ class DeviceModel:
         timeout: float | None = None,  # noqa: ASYNC109 - bounds the device work, not the call
     ) -> None:
         """Close the streams together (their work awaited; with ``timeout``, those still busy
-        after it are destroyed by force), then free the buffers."""
+        after it are destroyed by force), then free the weights."""
         async with anyio.create_task_group() as tg:
             for s in self.streams:
                 tg.start_soon(functools.partial(s.aclose, cancel=cancel, timeout=timeout))
-        for scratch in self._all:
-            scratch.free()
         for buf in self.weights.values():
             buf.free()
 
@@ -254,6 +250,7 @@ class Health(BaseModel):
     ok: bool
     backend: str
     stats: dict[str, int]
+    memory: dict[str, int]
 
 
 class Inference(Protocol):
@@ -391,6 +388,7 @@ class LoadReport:
     latencies_s: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     stats: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
 
     @property
     def verified(self) -> int:
@@ -489,7 +487,8 @@ async def run_load(
     async with httpx.AsyncClient(base_url=url, timeout=request_timeout) as client:
         response = await client.get("/healthz")
         if response.status_code == 200:
-            report.stats = response.json()["stats"]
+            health = response.json()
+            report.stats, report.memory = health["stats"], health["memory"]
     return report
 
 
@@ -511,6 +510,13 @@ def format_report(
             f"  {device}  launches={s.get('launches')} copies={s.get('copies')} "
             f"batches={s.get('batches')} wakeups={s.get('wakeups')} "
             f"peak_in_flight={s.get('peak_in_flight')}"
+        )
+    if r.memory:
+        m = r.memory
+        lines.append(
+            f"  {'memory'.ljust(10)}  malloc calls={m.get('allocations')} "
+            f"served from the pool={m.get('pool_hits')} "
+            f"runtime allocations={m.get('runtime_allocations')}"
         )
     lines += [f"  ERROR       {e}" for e in r.errors[:5]]
     return "\n".join(lines)

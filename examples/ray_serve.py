@@ -12,8 +12,10 @@ NPU alone, so every replica opens *its* NPU as device 0. Each replica:
 - runs requests through ``@serve.batch``: concurrent requests are stacked into one device run
   of at most 32 rows (``batch_size_fn`` counts rows, not requests), up to ``streams`` runs at
   a time;
-- exports ``dev.stats()`` as Ray metrics (``ray.serve.metrics.Gauge``, named
-  ``aio_ascend_<counter>``, tagged with the deployment and replica), at most once a second.
+- exports ``dev.stats()`` and ``dev.memory_stats()`` as Ray metrics
+  (``ray.serve.metrics.Gauge``, named ``aio_ascend_<counter>`` and
+  ``aio_ascend_memory_<counter>``, tagged with the deployment and replica), at most once a
+  second.
 
 Needs the ``ray`` extra (``pip install 'aio_ascend[ray,server]'``). On the simulator, a local
 Ray instance stands in for a cluster: ``ray.init(num_cpus=2, resources={"NPU": 2})`` says the
@@ -151,11 +153,16 @@ class NPUReplica:
         if not force and now < self._next_export:
             return
         self._next_export = now + 1.0
-        for key, value in dm.dev.stats().items():
-            gauge = self._gauges.get(key)
+        samples = [(key, "stats", value) for key, value in dm.dev.stats().items()]
+        samples += [
+            (f"memory_{key}", "memory_stats", value) for key, value in dm.dev.memory_stats().items()
+        ]
+        for name, source, value in samples:
+            gauge = self._gauges.get(name)
             if gauge is None:
-                gauge = self._gauges[key] = metrics.Gauge(
-                    f"aio_ascend_{key}", description=f"aio_ascend Device.stats()[{key!r}]"
+                key = name.removeprefix("memory_") if source == "memory_stats" else name
+                gauge = self._gauges[name] = metrics.Gauge(
+                    f"aio_ascend_{name}", description=f"aio_ascend Device.{source}()[{key!r}]"
                 )
             gauge.set(value)
 
@@ -178,6 +185,7 @@ class NPUReplica:
                 "pid": os.getpid(),
                 "ascend_rt_visible_devices": os.environ.get("ASCEND_RT_VISIBLE_DEVICES"),
                 "stats": stats,
+                "memory_stats": dict(dm.dev.memory_stats()),
                 "library_threads_after_close": threads,
             }
             path = Path(self.shutdown_report) / f"replica-{os.getpid()}.json"

@@ -2,10 +2,11 @@
 
 Device allocations count the queued requests that use them; ``free()`` on one still in use is
 deferred to the moment the last of those requests completes (a deterministic
-``record_stream``). Host buffers go back to the pool only when the request's completion has
-been observed. An allocation dropped without ``free()`` is freed once collected
-(:meth:`Lifetimes.reap`). The decisions (:meth:`Lifetimes.request_free`,
-:meth:`Lifetimes.unuse`) return what to free; :meth:`Lifetimes.release` carries them out.
+``record_stream``); only then does its block go back to the device's :class:`DevicePool`
+(cached for the next ``malloc``, or freed). Host buffers go back to the pool only when the
+request's completion has been observed. An allocation dropped without ``free()`` is given back
+once collected (:meth:`Lifetimes.reap`). The decisions (:meth:`Lifetimes.request_free`,
+:meth:`Lifetimes.unuse`) return what to give back; :meth:`Lifetimes.release` carries them out.
 """
 
 from __future__ import annotations
@@ -17,8 +18,13 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from .._host.pool import HostBuffer, HostBufferPool
+from .devpool import DevicePool
+from .dropped import warn_resource
 
 __all__ = ["Allocation", "Holder", "Lifetimes"]
+
+#: what a tracked allocation gives back: ``(ptr, nbytes, block, pooled)``
+_Site = tuple[int, int, int, bool]
 
 
 class Allocation:
@@ -33,15 +39,20 @@ class Allocation:
     :ivar owner: for memory someone else owns (``external``): what keeps it alive, referenced
         until the allocation is retired
     :ivar external: the memory is never freed here; retiring it only drops ``owner``
+    :ivar block: the bytes of device memory held for it (its size class when ``pooled``; 0
+        for wrapped memory and views, which hold none of their own)
+    :ivar pooled: its block goes back to the device's pool (else to the runtime) when retired
     """
 
     __slots__ = (
         "__weakref__",
+        "block",
         "disposer",
         "external",
         "free_requested",
         "nbytes",
         "owner",
+        "pooled",
         "ptr",
         "registry",
         "released",
@@ -56,10 +67,14 @@ class Allocation:
         *,
         external: bool = False,
         owner: object = None,
+        block: int = 0,
+        pooled: bool = False,
     ) -> None:
         self.registry = registry
         self.ptr = ptr
         self.nbytes = nbytes
+        self.block = block
+        self.pooled = pooled
         self.uses = 0
         self.free_requested = False
         self.released = False
@@ -81,27 +96,31 @@ class Lifetimes:
 
     Thread-safe: the loop thread retains and frees, the library threads release.
 
-    :param free_device: frees a device pointer (binds the calling thread's context itself)
+    :param memory: the device's pool: where the blocks of retired allocations go back to
     :param pool: where requests' host buffers go back to
     :param check_thread: raises unless called on the device's loop thread (``free()`` belongs
         to it while the device is open)
+    :param device_id: the device's number, for the warning about a buffer dropped unfreed
     """
 
     def __init__(
         self,
-        free_device: Callable[[int], None],
+        memory: DevicePool,
         pool: HostBufferPool,
         check_thread: Callable[[], None] | None = None,
+        device_id: int = 0,
     ) -> None:
-        self._free_device = free_device
+        #: the device's caching allocator (``Device.malloc`` takes its blocks from it)
+        self.memory = memory
         self._check_thread = check_thread
+        self._device_id = device_id
         self._pool = pool
         self._lock = threading.Lock()
         # ptr -> a weak reference to the live allocation (a dropped one is collected)
         self._live: dict[int, weakref.ref[Allocation]] = {}
-        self._sizes: dict[weakref.ref[Allocation], tuple[int, int]] = {}
-        #: (ptr, nbytes) of allocations collected without free(), not freed yet (see reap)
-        self.dropped: deque[tuple[int, int]] = deque()
+        self._sizes: dict[weakref.ref[Allocation], _Site] = {}
+        #: allocations collected without free(), not given back yet (see reap)
+        self.dropped: deque[_Site] = deque()
         self._closed = False
 
     @property
@@ -119,7 +138,12 @@ class Lifetimes:
         ref = weakref.ref(allocation, self._collected)
         with self._lock:
             self._live[allocation.ptr] = ref
-            self._sizes[ref] = (allocation.ptr, allocation.nbytes)
+            self._sizes[ref] = (
+                allocation.ptr,
+                allocation.nbytes,
+                allocation.block,
+                allocation.pooled,
+            )
 
     def _collected(self, ref: weakref.ref[Allocation]) -> None:
         # Garbage collection, any thread: dropped without free() (queued work holds its
@@ -133,15 +157,16 @@ class Lifetimes:
             if not self._closed:
                 self.dropped.append(site)
 
-    def reap(self) -> list[tuple[int, int]]:
-        """Allocations collected without ``free()`` since the last call: freed now, returned
-        as ``(ptr, nbytes)`` for the caller to report (loop thread)."""
-        dropped = []
+    def reap(self) -> None:
+        """Give back the allocations collected without ``free()`` since the last call, each
+        with a ``ResourceWarning`` (loop thread)."""
         while self.dropped:
-            site = self.dropped.popleft()
-            self._free_device(site[0])
-            dropped.append(site)
-        return dropped
+            ptr, nbytes, block, pooled = self.dropped.popleft()
+            self.memory.give_back(ptr, block, nbytes, pooled=pooled)
+            warn_resource(
+                f"a DeviceBuffer ({nbytes} bytes at {ptr:#x}) of device {self._device_id} was "
+                "garbage-collected without free(); its memory has been given back now"
+            )
 
     def retain(self, allocations: Iterable[Allocation]) -> None:
         """A queued request uses ``allocations`` until it is released."""
@@ -174,7 +199,9 @@ class Lifetimes:
         if allocation.disposer is not None:
             allocation.disposer()
         else:
-            self._free_device(allocation.ptr)
+            self.memory.give_back(
+                allocation.ptr, allocation.block, allocation.nbytes, pooled=allocation.pooled
+            )
 
     def unuse(self, allocations: Iterable[Allocation]) -> list[Allocation]:
         """Requests using ``allocations`` are done: the allocations now due to be freed."""
@@ -201,19 +228,20 @@ class Lifetimes:
         for allocation in due:
             self._dispose(allocation)
 
-    def take_all(self) -> list[int]:
-        """On close: every allocation still alive, marked released; their pointers to free."""
+    def close(self) -> None:
+        """On close: every allocation still alive is marked released, and the pool frees its
+        block with every cached one (the runtime gets back all the memory it gave)."""
         with self._lock:
             self._closed = True
             live, self._live = self._live, {}
+            sites = list(self._sizes.values()) + list(self.dropped)
             self._sizes.clear()
-            dropped = [ptr for ptr, _ in self.dropped]
             self.dropped.clear()
         for ref in live.values():
             allocation = ref()
             if allocation is not None:
                 allocation.free_requested = allocation.released = True
-        return list(live) + dropped
+        self.memory.close([(ptr, block) for ptr, _, block, _ in sites])
 
     def _retire(self, allocation: Allocation) -> bool:
         # (lock held) The allocation is done: True if it still had to be freed.

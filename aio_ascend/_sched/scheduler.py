@@ -31,7 +31,8 @@ from .batching import Hop, flush_now, form_batches
 from .binding import ContextBinding
 from .counters import Counters, total
 from .delivery import DeliveryQueue
-from .dropped import DroppedLanes, warn_resource
+from .devpool import device_pool
+from .dropped import DroppedLanes
 from .events import BatchEvents, EventRecord, UserEvents
 from .faults import FaultState
 from .forcing import LaneForce, gave_up
@@ -101,6 +102,7 @@ class Scheduler:
         debug: bool,
         batch_cap: int,
         pinned_pool_bytes: int,
+        pool_limit_bytes: int | None = None,
     ) -> None:
         self.adapter = adapter
         self._loop_now = adapter.current
@@ -118,7 +120,8 @@ class Scheduler:
             debug=debug,
             retained_bytes=pinned_pool_bytes,
         )
-        self.lifetimes = Lifetimes(binding.wrap(runtime.free), self.pool, adapter.check_thread)
+        memory = device_pool(binding, pool_limit_bytes)
+        self.lifetimes = Lifetimes(memory, self.pool, adapter.check_thread, self.device_id)
         self.pinned = PinnedArrays(binding.bound(), lambda f: self.adapter.call_soon_threadsafe(f))
         self.graphs = GraphBook(
             self.pool, self.lifetimes, lambda handle: binding.bound().destroy_graph(handle)
@@ -486,17 +489,9 @@ class Scheduler:
         if self.user_events.retired:
             self.user_events.recycle()
         if self.lifetimes.dropped:
-            self.reap_buffers()
+            self.lifetimes.reap()
         if self.dropped_lanes.collected:
             self.retire_dropped()
-
-    def reap_buffers(self) -> None:
-        """Free the device buffers collected without ``free()``, with a ResourceWarning."""
-        for ptr, nbytes in self.lifetimes.reap():
-            warn_resource(
-                f"a DeviceBuffer ({nbytes} bytes at {ptr:#x}) of device {self.device_id} was "
-                "garbage-collected without free(); it has been freed now"
-            )
 
     def drop_lane(self, lane: Lane) -> None:
         """A ``Stream`` was collected (any thread): the loop retires it soon, work or not."""

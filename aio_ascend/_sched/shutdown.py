@@ -123,9 +123,7 @@ def release_everything(
         with contextlib.suppress(Exception):
             runtime.destroy_event(handle)
     batch_events.created.clear()
-    for ptr in lifetimes.take_all():
-        with contextlib.suppress(Exception):
-            runtime.free(ptr)
+    lifetimes.close()  # buffers still alive and cached blocks: all back to the runtime
     for module in modules:
         with contextlib.suppress(Exception):
             runtime.unload_binary(module)

@@ -229,7 +229,14 @@ def test_assert_no_leaks_names_what_was_left() -> None:
         def stats(self) -> dict[str, int]:
             return {"streams": 0, "device_buffers": 1, "in_flight": 0}
 
-    with pytest.raises(AssertionError, match=r"'device_buffers': 1.*'runtime events': 2"):
+        def memory_stats(self) -> dict[str, int]:
+            return {"reserved_bytes": 512, "cached_blocks": 1, "allocated_bytes": 0}
+
+    with pytest.raises(
+        AssertionError,
+        match=r"'device_buffers': 1.*'memory reserved_bytes': 512, 'memory cached_blocks': 1.*"
+        r"'runtime events': 2",
+    ):
         testing.assert_no_leaks(Closed())  # type: ignore[arg-type]
     Closed.closed = False
     with pytest.raises(AssertionError, match="is not closed"):

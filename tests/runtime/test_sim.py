@@ -248,6 +248,19 @@ def test_freed_pinned_memory_reads_as_poison(rt: SimRuntime) -> None:
     assert h.download(dst, 64, np.uint8).tobytes() == bytes([POISON_BYTE]) * 64
 
 
+def test_poison_device_fills_a_live_allocation_only(rt: SimRuntime) -> None:
+    """The pool's poisoning of a block it takes back: the whole block reads 0xCD."""
+    h = Harness(rt)
+    x = h.upload(np.arange(64, dtype=np.uint8))
+    rt.poison_device(x)
+    assert h.download(x, 64, np.uint8).tobytes() == bytes([POISON_BYTE]) * 64
+    with pytest.raises(InvalidParamError, match="not a live allocation"):
+        rt.poison_device(x + 64)
+    rt.free(x)
+    with pytest.raises(InvalidParamError, match="not a live allocation"):
+        rt.poison_device(x)
+
+
 def test_internal_args_regions_are_not_user_allocations(rt: SimRuntime) -> None:
     h = Harness(rt)
     n = 4

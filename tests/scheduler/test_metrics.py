@@ -35,6 +35,7 @@ async def test_prometheus_exports_stats_histograms_and_failures(sim_device: Any)
     async with sim_device() as dev:
         collector.watch(dev)
         s = dev.stream()
+        buf = dev.malloc(100)
         with collector:
             for _ in range(5):
                 await s.run(dev.function("noop"), 1)
@@ -47,6 +48,11 @@ async def test_prometheus_exports_stats_histograms_and_failures(sim_device: Any)
         assert _sample(text, "aio_ascend_launches_total", **device) == 6
         assert _sample(text, "aio_ascend_streams", **device) == 1
         assert _sample(text, "aio_ascend_faulted", **device) == 1
+        # memory_stats(): gauges, and counters with _total (one buffer from the pool)
+        assert _sample(text, "aio_ascend_memory_reserved_bytes", **device) == 512
+        assert _sample(text, "aio_ascend_memory_allocated_bytes", **device) == 512
+        assert _sample(text, "aio_ascend_memory_runtime_allocations_total", **device) == 1
+        buf.free()
         labels = {**device, "kind": "launch"}
         # the fault was submitted (queued) but never completed (no device, total or wake)
         assert _sample(text, "aio_ascend_task_queued_seconds_count", **labels) == 6

@@ -330,7 +330,7 @@ async def test_use_after_close_raises_closed_error(open_dev: OpenDevice) -> None
 async def test_free_is_deferred_while_queued_work_uses_the_buffer(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
-        buf = dev.malloc(256)
+        buf = dev.malloc(256, pool=False)  # given back to the runtime itself once done
 
         def live() -> dict[str, int]:
             return live_resources(dev)

@@ -23,6 +23,7 @@ from aio_ascend._sched.admission import ENTRIES_PER_REQUEST, Admission
 from aio_ascend._sched.batching import Hop, form_batches
 from aio_ascend._sched.counters import Counters, total
 from aio_ascend._sched.delivery import MAX_WAKES_PER_TURN, DeliveryQueue
+from aio_ascend._sched.devpool import DevicePool
 from aio_ascend._sched.events import EventRecord
 from aio_ascend._sched.faults import FaultState, as_device_fault, classify_refusal, fail_batches
 from aio_ascend._sched.lane import Lane
@@ -358,6 +359,10 @@ def test_fail_batches_gives_the_first_fault_to_one_request_only() -> None:
 # --- lifetimes ----------------------------------------------------------------------------
 
 
+def _no_malloc(nbytes: int) -> int:
+    raise AssertionError("these tests allocate nothing")
+
+
 class _Pool:
     def __init__(self) -> None:
         self.released: list[object] = []
@@ -375,8 +380,9 @@ class _Holder:
 def test_free_is_deferred_until_the_last_user_is_released() -> None:
     freed: list[int] = []
     pool = _Pool()
-    lifetimes = Lifetimes(freed.append, pool)  # type: ignore[arg-type]
-    a, b = Allocation(lifetimes, 0x100, 64), Allocation(lifetimes, 0x200, 64)
+    lifetimes = Lifetimes(DevicePool(_no_malloc, freed.append), pool)  # type: ignore[arg-type]
+    a = Allocation(lifetimes, 0x100, 64, block=64)
+    b = Allocation(lifetimes, 0x200, 64, block=64)
     lifetimes.track(a)
     lifetimes.track(b)
     lifetimes.retain((a, b))
@@ -394,14 +400,15 @@ def test_free_is_deferred_until_the_last_user_is_released() -> None:
 
 def test_take_all_on_close_and_nothing_freed_twice_after() -> None:
     freed: list[int] = []
-    lifetimes = Lifetimes(freed.append, _Pool())  # type: ignore[arg-type]
-    a = Allocation(lifetimes, 0x100, 64)
+    lifetimes = Lifetimes(DevicePool(_no_malloc, freed.append), _Pool())  # type: ignore[arg-type]
+    a = Allocation(lifetimes, 0x100, 64, block=64)
     lifetimes.track(a)
     lifetimes.retain((a,))
-    assert lifetimes.take_all() == [0x100]
+    lifetimes.close()
+    assert freed == [0x100] and a.released
     lifetimes.free(a)
     lifetimes.release([_Holder(None, (a,))])
-    assert freed == []  # the closer freed it; nobody does again
+    assert freed == [0x100]  # the closer freed it; nobody does again
 
 
 # --- counters -----------------------------------------------------------------------------

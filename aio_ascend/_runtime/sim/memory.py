@@ -2,8 +2,10 @@
 
 Device memory lives at fake 64-bit addresses starting at :data:`DEVICE_BASE`; each allocation is
 its own ``uint8`` array. Addresses are never reused, so a use after free always faults instead
-of silently reading another buffer. Pinned host memory is real process memory (64-byte aligned
-numpy buffers) so Python code can reach it through its address, as with ``aclrtMallocHost``.
+of silently reading another buffer; a block the library's pool keeps for reuse is poisoned
+instead (:meth:`DeviceMemory.poison`), so a late reader sees the pattern. Pinned host memory is
+real process memory (64-byte aligned numpy buffers) so Python code can reach it through its
+address, as with ``aclrtMallocHost``.
 """
 
 from __future__ import annotations
@@ -44,7 +46,8 @@ _ALIGN = 64
 _GUARD = 4096
 #: device memory the sim offers by default (``aclrtGetMemInfo``'s total; malloc fails beyond it)
 DEFAULT_MEMORY_BYTES = 32 << 30
-#: byte written over pinned memory when it is freed (a late read sees this, never a crash)
+#: byte written over pinned memory when it is freed, and over device memory the library's pool
+#: takes back (a late read sees this, never a crash or the next owner's data)
 POISON_BYTE = 0xCD
 
 U8Array = npt.NDArray[np.uint8]
@@ -129,6 +132,15 @@ class DeviceMemory:
             self.used -= data.nbytes
             index = bisect.bisect_left(self._starts, addr)
             del self._starts[index]
+        return True
+
+    def poison(self, addr: int) -> bool:
+        """Fill the allocation at base ``addr`` with :data:`POISON_BYTE`; False if it is not a
+        live allocation."""
+        data = self._arrays.get(addr)
+        if data is None:
+            return False
+        data.fill(POISON_BYTE)
         return True
 
     def reserve_region(self) -> int:

@@ -478,6 +478,13 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         if not self._memory.free(ptr):
             raise self._param(func, f"devPtr={_hex(ptr)} is not a live device allocation")
 
+    def poison_device(self, ptr: int) -> None:
+        """Fill the device allocation at ``ptr`` with ``0xCD`` (a sim control, no ACL call):
+        the library's pool poisons every block it takes back for reuse, so that a kernel or
+        copy reading it through a stale address sees the pattern."""
+        if not self._memory.poison(ptr):
+            raise self._param("poison_device", f"devPtr={_hex(ptr)} is not a live allocation")
+
     def malloc_host(self, size: int) -> int:
         """``aclrtMallocHost``: zero-filled, 64-byte aligned pinned host memory."""
         return self._allocate("aclrtMallocHost", size, self._pinned.malloc)
