@@ -611,14 +611,14 @@ class Stream(StreamSync):
         """Record an :class:`Event` after the work queued so far on this stream."""
         if not isinstance(timing, bool):
             raise TypeError("timing must be a bool")
-        event = await self._fence(timing)
+        event = await self._fence(timing, drain=True)
         if self._order is not None:
             await self._order.after(self._fence, self._scheduler.adapter)
         return event
 
-    async def _fence(self, timing: bool = False) -> Event:
+    async def _fence(self, timing: bool = False, drain: bool = False) -> Event:
         # record_event without the external stream's handshake (which uses it)
-        await self._admit()
+        await self._admit(drain)
         scheduler = self._scheduler
         task = Task(scheduler.adapter, self._ref, "record_event", scheduler.failures)
 

@@ -45,7 +45,7 @@ class StreamSync:
 
         async def wait_event(self, event: Event | ExternalEvent) -> Task: ...
 
-        async def _fence(self, timing: bool = False) -> Event: ...
+        async def _fence(self, timing: bool = False, drain: bool = False) -> Event: ...
 
         async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task: ...
 
@@ -150,7 +150,7 @@ class StreamSync:
             await self._order.after(self._fence, self._scheduler.adapter)
         return task
 
-    async def _admit(self) -> None:
+    async def _admit(self, drain: bool = True) -> None:
         scheduler = self._scheduler
         lane = self._lane
         while True:
@@ -161,7 +161,7 @@ class StreamSync:
                     continue
                 self._hold = None
                 self._plain = self._order is None
-            if self._order is not None:
+            if drain and self._order is not None:
                 self._order.before()
             if not scheduler.try_admit(lane):
                 await scheduler.admit(lane)

@@ -27,19 +27,21 @@ __all__ = ["FakeTorchEvent", "FakeTorchStream"]
 class FakeTorchStream:
     """A torch_npu stream over runtime stream ``handle`` of ``runtime`` with its task queue.
 
-    :param lag_s: how long the queue thread waits before launching each op (torch_npu's queue
-        thread runs behind the Python thread; the lag makes the reordering it allows happen
-        every time instead of by chance)
+    :param lag_s: how long after its enqueue the queue thread launches an op unless a drain
+        (``npu_stream``) asks for it first: torch_npu's thread runs behind the Python thread,
+        and a long lag makes the reordering it allows happen every time, not by chance
     :param sync: a ``SyncLaunchStream``: no queue, ops are launched by the caller at once
     """
 
     def __init__(self, runtime: Any, handle: int, *, lag_s: float = 0.02, sync: bool = False):
         self._runtime = runtime
-        self._handle = handle
+        self.handle = handle  # what a plain external_stream(handle) would be given
         self._lag_s = lag_s
         self._sync = sync
         self._ops: deque[Op] = deque()
+        self._queued_at: deque[float] = deque()
         self._busy = 0  # ops taken by the thread and not launched yet
+        self._draining = 0  # npu_stream readers waiting for the queue to empty
         self._cond = threading.Condition()
         self._stopping = False
         self.drains = 0  # how many times npu_stream was read
@@ -51,13 +53,14 @@ class FakeTorchStream:
     def enqueue(self, op: Op, name: str = "op") -> None:
         """Queue ``op`` as a torch op call would (it is launched later, by the queue thread)."""
         if self._sync:
-            op(self._runtime, self._handle)
+            op(self._runtime, self.handle)
             self.launched.append(name)
             return
         with self._cond:
             self._ops.append(
                 lambda runtime, stream: (op(runtime, stream), self.launched.append(name))
             )
+            self._queued_at.append(time.monotonic())
             self._cond.notify_all()
 
     @property
@@ -65,27 +68,41 @@ class FakeTorchStream:
         """The runtime handle, once every op queued so far has been launched (the drain)."""
         self.drains += 1
         with self._cond:
-            while self._ops or self._busy:
-                self._cond.wait()
-        return self._handle
+            self._draining += 1
+            self._cond.notify_all()
+            try:
+                while self._ops or self._busy:
+                    self._cond.wait()
+            finally:
+                self._draining -= 1
+        return self.handle
 
     def _main(self) -> None:
         self._runtime.set_current_context(self._runtime.context)
+        cond = self._cond
         while True:
-            with self._cond:
+            with cond:
                 while not self._ops and not self._stopping:
-                    self._cond.wait()
+                    cond.wait()
                 if self._stopping and not self._ops:
                     return
+                # torch's thread runs behind: an op waits for its lag, unless a drain or the
+                # close asks for it now
+                deadline = self._queued_at[0] + self._lag_s
+                while not (self._draining or self._stopping):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    cond.wait(left)
                 op = self._ops.popleft()
+                self._queued_at.popleft()
                 self._busy += 1
-            time.sleep(self._lag_s)
             try:
-                op(self._runtime, self._handle)
+                op(self._runtime, self.handle)
             finally:
-                with self._cond:
+                with cond:
                     self._busy -= 1
-                    self._cond.notify_all()
+                    cond.notify_all()
 
     def close(self) -> None:
         """Launch what is queued, then stop the thread."""
