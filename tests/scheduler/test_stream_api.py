@@ -239,13 +239,14 @@ async def test_a_stream_close_waits_for_its_host_function(open_any: Callable[...
     async with open_any() as dev:
         s = dev.stream()
         ran = threading.Event()
-        host = await s.launch_host_func(lambda: (anyio_sleep_blocking(0.05), ran.set()))
+
+        def slow() -> None:
+            threading.Event().wait(0.05)
+            ran.set()
+
+        host = await s.launch_host_func(slow)
         await s.aclose()
         assert ran.is_set() and host.done()
-
-
-def anyio_sleep_blocking(seconds: float) -> None:
-    threading.Event().wait(seconds)
 
 
 # --- copy_device from another device ------------------------------------------------------------
@@ -294,9 +295,7 @@ def test_device_count_asks_the_backend() -> None:
     from backends import fake_driver
 
     assert aa.device_count("cuda", runtime_options={"driver": fake_driver()}) == 1
-    from doubles.acl_double import DEFAULT_PERSONA, build_double
-
-    from doubles.acl_double import double_control
+    from doubles.acl_double import DEFAULT_PERSONA, build_double, double_control
 
     library = str(build_double(DEFAULT_PERSONA).library)
     double_control().set_device_count(3)

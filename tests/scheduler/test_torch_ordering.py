@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-import numpy as np
 import pytest
 from backends import backend_params
 from doubles.torch_npu_queue import FakeTorchEvent, FakeTorchStream
