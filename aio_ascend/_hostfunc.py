@@ -80,6 +80,7 @@ class HostFuncs:
             target=self._main, name=f"aio_ascend-hostfunc-{device_id}", daemon=True
         )
         self.pending: set[Task] = set()  # host-function tasks not resolved yet (loop thread)
+        self._running: list[Any] = []  # waiters of functions handed to the thread
         self.closed = False
         self._idle: list[Any] = []
 
@@ -122,8 +123,14 @@ class HostFuncs:
         if self._thread.ident is None:
             self._thread.start()
         self._jobs.put(job)
-        with anyio.CancelScope(shield=True):  # fn runs whatever happens: wait for its result
-            await adapter.wait(waiter)
+        self._running.append(waiter)
+        try:
+            with anyio.CancelScope(shield=True):  # fn runs whatever happens: wait for it
+                await adapter.wait(waiter)
+        finally:
+            self._running.remove(waiter)
+        if not outcome:  # abandoned by the close: it still runs, unobserved
+            return ClosedError("the device closed while the host function ran")
         return outcome[0]
 
     def _finish(self, task: Task, error: BaseException | None) -> None:
@@ -153,9 +160,12 @@ class HostFuncs:
                 waiter = self._adapter.new_waiter()
                 self._idle.append(waiter)
                 await self._adapter.wait(waiter)
-        for task in list(self.pending):
+        if self.pending:
             log.error("a host function did not return when its device closed; it is abandoned")
-            self._finish(task, ClosedError("the device closed while the host function ran"))
+            for waiter in self._running:  # their coroutines end (a trio run can then end)
+                self._adapter.wake(waiter)
+            for task in list(self.pending):
+                self._finish(task, ClosedError("the device closed while the host function ran"))
         self.stop()
         if self._thread.ident is not None:
             await join(self._thread, time.monotonic() + STUCK_AFTER_S)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -233,6 +234,32 @@ async def test_the_close_waits_for_a_running_host_function(open_any: Callable[..
     assert host.done()
     await host
     assert not [t for t in threading.enumerate() if t.name.startswith("aio_ascend-hostfunc")]
+
+
+async def test_a_close_abandons_a_host_function_past_its_timeout(
+    open_any: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        started.set()
+        release.wait(30)
+
+    dev = await open_any()
+    s = dev.stream()
+    host = await s.launch_host_func(stuck)
+    while not started.is_set():
+        await anyio.sleep(0.001)
+    start = time.monotonic()
+    await dev.aclose(timeout=0.1)
+    waited = time.monotonic() - start
+    assert waited < 10  # bounded: the timeout, then the thread's own 2 s
+    assert "did not return" in caplog.text
+    with pytest.raises(aa.ClosedError, match="while the host function ran"):
+        await host
+    release.set()  # the abandoned function returns; its thread exits
+    while any(t.name.startswith("aio_ascend-hostfunc") for t in threading.enumerate()):
+        await anyio.sleep(0.01)
 
 
 async def test_a_stream_close_waits_for_its_host_function(open_any: Callable[..., Any]) -> None:
