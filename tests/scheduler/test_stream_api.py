@@ -248,8 +248,7 @@ async def test_a_close_abandons_a_host_function_past_its_timeout(
     dev = await open_any()
     s = dev.stream()
     host = await s.launch_host_func(stuck)
-    while not started.is_set():
-        await anyio.sleep(0.001)
+    await anyio.to_thread.run_sync(started.wait, 10)
     start = time.monotonic()
     await dev.aclose(timeout=0.1)
     waited = time.monotonic() - start
@@ -258,8 +257,9 @@ async def test_a_close_abandons_a_host_function_past_its_timeout(
     with pytest.raises(aa.ClosedError, match="while the host function ran"):
         await host
     release.set()  # the abandoned function returns; its thread exits
-    while any(t.name.startswith("aio_ascend-hostfunc") for t in threading.enumerate()):
-        await anyio.sleep(0.01)
+    for thread in threading.enumerate():
+        if thread.name.startswith("aio_ascend-hostfunc"):
+            await anyio.to_thread.run_sync(thread.join, 10)
 
 
 async def test_a_stream_close_waits_for_its_host_function(open_any: Callable[..., Any]) -> None:
