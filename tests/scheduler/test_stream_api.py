@@ -210,6 +210,23 @@ async def test_a_host_function_after_failed_work_never_runs(open_any: Callable[.
     assert dev.closed
 
 
+async def test_a_host_function_cancelled_before_admission_never_runs(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        s = dev.stream(max_in_flight=1)
+        busy = await s.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
+        ran: list[int] = []
+        with anyio.move_on_after(0.005) as scope:
+            await s.launch_host_func(lambda: ran.append(1))  # waits for the slot: cancelled
+        assert scope.cancelled_caught
+        await busy
+        buf = dev.malloc(8)
+        await s.memset(buf, 4)  # nothing holds the stream
+        assert (await s.download(buf)).tolist() == [4] * 8
+        assert ran == [] and s.query()
+
+
 async def test_launch_host_func_misuse_is_refused(open_any: Callable[..., Any]) -> None:
     async with open_any() as dev:
         s = dev.stream()
