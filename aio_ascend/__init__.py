@@ -16,6 +16,7 @@ from ._device import Device as Device
 from ._device import DeviceBuffer as DeviceBuffer
 from ._device import Function as Function
 from ._device import Module as Module
+from ._device import device_count as device_count
 from ._device import open_device as open_device
 from ._errors import AscendError as AscendError
 from ._errors import BackendUnavailableError as BackendUnavailableError
@@ -27,6 +28,7 @@ from ._errors import TaskTimeoutError as TaskTimeoutError
 from ._event import Event as Event
 from ._graph import Graph as Graph
 from ._host.hostargs import HostArgs as HostArgs
+from ._interop import ExternalEvent as ExternalEvent
 from ._launch_config import LaunchConfig as LaunchConfig
 from ._launch_config import LaunchConfigDict as LaunchConfigDict
 from ._runtime import available_backends as available_backends
@@ -48,6 +50,7 @@ __all__ = (
     "DeviceBuffer",
     "DeviceFaultError",
     "Event",
+    "ExternalEvent",
     "Function",
     "Graph",
     "HostArgs",
@@ -60,6 +63,7 @@ __all__ = (
     "Task",
     "TaskTimeoutError",
     "available_backends",
+    "device_count",
     "is_compiled",
     "open_device",
     "sim",

@@ -17,8 +17,11 @@ import numpy.typing as npt
 from ._buffer import DeviceBuffer
 from ._host.hostdata import dims_of, host_array
 from ._host.pool import DEFAULT_RETAINED_BYTES
+from ._hostfunc import close_host_funcs
+from ._interop import ExternalEvent, TorchOrder, event_handle, stream_handle
 from ._module import Function, Module
 from ._runtime import Runtime, check_runtime_options, choose_backend, open_runtime
+from ._runtime import device_count as _runtime_device_count
 from ._runtime.abi import PTR_MAX, check_load_options
 from ._runtime.base import FunctionInfo
 from ._sched.admission import ENTRIES_PER_REQUEST
@@ -381,16 +384,25 @@ class Device:
         lane = self._scheduler.open_lane(max_in_flight, priority=priority)
         return Stream(self, self._scheduler, lane)
 
-    def external_stream(self, handle: int, *, max_in_flight: int = 1024) -> Stream:
-        """A runtime stream created elsewhere (e.g. torch_npu's current stream), scheduled like
-        any stream of this device.
+    def external_stream(self, handle: object, *, max_in_flight: int = 1024) -> Stream:
+        """A runtime stream created elsewhere, scheduled like any stream of this device.
+
+        ``handle`` is the stream's handle (an int), or the framework's stream object itself
+        (anything with an ``npu_stream`` or ``cuda_stream`` attribute, such as
+        ``torch.npu.current_stream()``). Given the object, every operation keeps its order
+        with the framework's own work on that stream, both ways: just before an operation is
+        queued, ``npu_stream`` is read again (for torch_npu that drains its task queue, so
+        torch's earlier ops reach the stream first), and the call returns once the operation
+        has been handed to the runtime (so a torch op issued next lands after it). That costs
+        a thread round trip per call and one event record per operation; a plain handle has
+        neither cost nor either guarantee.
 
         It is never destroyed here (``aclose`` only stops using it) and its failure mode is
         left as its owner set it. Its entry budget counts only the work queued through
         aio_ascend: work its owner queues on it directly is outside it. On the sim, ``handle``
         comes from ``dev.runtime.create_stream()``.
         """
-        handle = _integer("external_stream(handle)", handle)
+        handle, owner = stream_handle(handle)
         if handle <= 0:
             raise ValueError(f"external_stream(handle={handle}): not a stream handle")
         max_in_flight = _check_max_in_flight(max_in_flight)
@@ -398,7 +410,24 @@ class Device:
         if any(lane.handle == handle for lane in self._scheduler.lanes):
             raise ValueError(f"stream {handle:#x} is already open on this device")
         lane = self._scheduler.open_lane(max_in_flight, external=handle)
-        return Stream(self, self._scheduler, lane)
+        order = None if owner is None else TorchOrder(owner, handle)
+        return Stream(self, self._scheduler, lane, order)
+
+    def external_event(self, event: object, *, after: object = None) -> ExternalEvent:
+        """A runtime event created and recorded elsewhere (a handle, or an object with an
+        ``npu_event`` or ``cuda_event`` attribute such as a recorded ``torch.npu.Event``):
+        ``await stream.wait_event(ext)`` makes a stream wait for it on the device, ``await
+        ext`` waits for it on the host, ``ext.query()`` asks the runtime.
+
+        :param after: the framework stream object the event is recorded on: it is drained
+            (its ``npu_stream`` read) before every wait or query, so a record still in
+            torch_npu's task queue reaches the runtime first. Without it, record the event
+            and read the stream's ``npu_stream`` before handing the event over.
+        """
+        handle = event_handle(event)
+        if after is not None:
+            stream_handle(after)  # checked now: it must be a stream object
+        return ExternalEvent(self, self._owned(), handle, after)
 
     @property
     def info(self) -> Mapping[str, object]:
@@ -452,6 +481,8 @@ class Device:
         """
         check_close_args(cancel, timeout)
         await self._scheduler.aclose(cancel=cancel, timeout=timeout)
+        # host functions whose earlier work completed still run: bounded like the device's work
+        await close_host_funcs(self, self.task_timeout if timeout is None else timeout)
         self._finalizer.detach()
 
     async def __aenter__(self) -> Device:
@@ -598,3 +629,20 @@ def open_device(
         "runtime_options": dict(runtime_options or {}),
     }
     return _DeviceOpener(kwargs, device_id, backend)
+
+
+def device_count(backend: str = "auto", *, runtime_options: Mapping[str, Any] | None = None) -> int:
+    """How many devices ``backend`` sees (``"auto"``: the backend ``open_device`` would choose):
+    ``aclrtGetDeviceCount`` on acl, ``cuDeviceGetCount`` on cuda, 1 on the sim (where every
+    ``device_id`` opens an independent simulated device). No device is opened.
+
+    :param runtime_options: where the runtime is, as ``open_device`` takes it (acl:
+        ``library_path``; cuda: ``driver``)
+    :raises BackendUnavailableError: the backend cannot be used here
+    """
+    if not isinstance(backend, str):
+        raise TypeError(f"backend must be a str, got {type(backend).__name__}")
+    options = dict(runtime_options or {})
+    name, _ = choose_backend(backend)
+    _check_runtime_options(name, options)
+    return _runtime_device_count(name, **options)

@@ -16,6 +16,7 @@ from ._graph import Graph
 from ._host.hostargs import HostArgs, PackedArgs
 from ._host.hostdata import destination_bytes, dims_of, source_bytes
 from ._host.pinned import PinnedArrays, pinned_owner
+from ._interop import ExternalEvent, TorchOrder
 from ._launch_config import LaunchConfig, LaunchConfigDict
 from ._module import Function
 from ._runtime.abi import MAX_NUM_BLOCKS
@@ -25,6 +26,7 @@ from ._sched.scheduler import Scheduler
 from ._sched.task import Task
 from ._sched.unseen import raise_failures
 from ._sched.work import PinnedCopyToDevice, PinnedCopyToHost
+from ._stream_sync import StreamSync
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -316,7 +318,7 @@ async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, 
     raise_failures(errors, what)
 
 
-class Stream:
+class Stream(StreamSync):
     """A device stream: work submitted to it runs in submission order.
 
     Create with ``dev.stream(max_in_flight=1024)``. Every operation (``launch``, copies,
@@ -337,13 +339,18 @@ class Stream:
     :ivar max_in_flight: the admission bound
     """
 
-    def __init__(self, device: object, scheduler: Scheduler, lane: Lane) -> None:
+    def __init__(
+        self, device: object, scheduler: Scheduler, lane: Lane, order: TorchOrder | None = None
+    ) -> None:
         self.device = device
         self.handle = lane.handle
         self.max_in_flight = lane.admission.limit
         self._scheduler = scheduler
         self._lane = lane
         self._ref = weakref.ref(self)
+        self._order = order
+        self._hold = None
+        self._plain = order is None
         # Collected without aclose(): the scheduler destroys its runtime stream once its queued
         # work is done (the lane is the scheduler's, so nothing else would)
         weakref.finalize(self, scheduler.drop_lane, lane).atexit = False
@@ -392,10 +399,13 @@ class Stream:
         else:
             buffers = ()
         lane = self._lane
-        if not scheduler.try_admit(lane):
-            await scheduler.admit(lane)
+        if not (self._plain and scheduler.try_admit(lane)):
+            await self._admit()
         task = Task(scheduler.adapter, self._ref, "launch", scheduler.failures)
-        return scheduler.launch(lane, task, fn.handle, blocks, cfg, packed, buffers)
+        scheduler.launch(lane, task, fn.handle, blocks, cfg, packed, buffers)
+        if self._order is not None:
+            await self._order.after(self._fence, scheduler.adapter)
+        return task
 
     def _check_function(self, fn: object) -> None:
         if not isinstance(fn, Function):
@@ -424,8 +434,10 @@ class Stream:
         if addr:  # straight from the user's pinned memory
             scheduler.lifetimes.retain((root,))
             copy = PinnedCopyToDevice(self._lane, task, None, dst_buf, root, (addr, source), count)
-            return scheduler.enqueue(copy)
-        return scheduler.copy_to_device(self._lane, task, dst_buf, root, source, count)
+            return await self._queued(scheduler.enqueue(copy))
+        return await self._queued(
+            scheduler.copy_to_device(self._lane, task, dst_buf, root, source, count)
+        )
 
     async def copy_to_host(self, dst: Any, src: DeviceBuffer) -> Task:
         """Copy as many bytes of ``src`` as ``dst`` holds into ``dst``, in place: a writable,
@@ -459,23 +471,39 @@ class Stream:
         if addr:  # straight into the user's pinned memory
             scheduler.lifetimes.retain((root,))
             copy = PinnedCopyToHost(self._lane, task, None, (addr, dst_bytes), src_buf, root, count)
-            return scheduler.enqueue(copy)
-        return scheduler.copy_to_host(self._lane, task, dst_bytes, src_buf, root, count)
+            return await self._queued(scheduler.enqueue(copy))
+        return await self._queued(
+            scheduler.copy_to_host(self._lane, task, dst_bytes, src_buf, root, count)
+        )
 
     async def copy_device(
-        self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int | None = None
+        self,
+        dst: DeviceBuffer,
+        src: DeviceBuffer,
+        nbytes: int | None = None,
+        *,
+        src_stream: Stream | None = None,
     ) -> Task:
-        """Copy ``nbytes`` (default: all of ``src``) from ``src`` to ``dst``, both device memory
-        of this device, on this stream.
+        """Copy ``nbytes`` (default: all of ``src``) from ``src`` to ``dst`` (device memory of
+        this device) on this stream.
 
-        :raises ValueError: ``nbytes`` exceeds either buffer, or the two ranges overlap
+        ``src`` may belong to another device: then the read is queued on ``src_stream``, a
+        stream of that device (after the work queued on it so far), staged through host
+        memory, and the call returns once it is done, with the Task of the write here.
+
+        :raises ValueError: ``nbytes`` exceeds either buffer, the two ranges overlap, or
+            ``src`` is on another device and no ``src_stream`` of that device is given
         """
         scheduler = self._scheduler
         scheduler.check_open()
+        if isinstance(src, DeviceBuffer) and src.registry is not scheduler.lifetimes:
+            return await self._copy_from_peer(dst, src, nbytes, src_stream)
         dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "copy_device", scheduler.failures)
-        return scheduler.copy_device(self._lane, task, dst_buf, src_buf, roots, count)
+        return await self._queued(
+            scheduler.copy_device(self._lane, task, dst_buf, src_buf, roots, count)
+        )
 
     async def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> Task:
         """Set ``nbytes`` bytes (default: all) of ``dst`` to the byte ``value`` (0..255) on this
@@ -485,7 +513,7 @@ class Stream:
         dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
         await self._admit()
         task = Task(scheduler.adapter, self._ref, "memset", scheduler.failures)
-        return scheduler.memset(self._lane, task, dst_buf, root, byte, count)
+        return await self._queued(scheduler.memset(self._lane, task, dst_buf, root, byte, count))
 
     # --- one await: queue and wait for completion ---------------------------------------
 
@@ -587,7 +615,7 @@ class Stream:
         record = graph.record
         task = Task(scheduler.adapter, self._ref, "launch_graph", scheduler.failures)
         scheduler.lifetimes.retain((record,))
-        return scheduler.enqueue(LaunchGraph(self._lane, task, record))
+        return await self._queued(scheduler.enqueue(LaunchGraph(self._lane, task, record)))
 
     async def run_graph(self, graph: Graph) -> None:
         """:meth:`launch_graph` and wait until the replay has finished."""
@@ -597,7 +625,14 @@ class Stream:
         """Record an :class:`Event` after the work queued so far on this stream."""
         if not isinstance(timing, bool):
             raise TypeError("timing must be a bool")
-        await self._admit()
+        event = await self._fence(timing, drain=True)
+        if self._order is not None:
+            await self._order.after(self._fence, self._scheduler.adapter)
+        return event
+
+    async def _fence(self, timing: bool = False, drain: bool = False) -> Event:
+        # record_event without the external stream's handshake (which uses it)
+        await self._admit(drain)
         scheduler = self._scheduler
         task = Task(scheduler.adapter, self._ref, "record_event", scheduler.failures)
 
@@ -608,19 +643,20 @@ class Stream:
         assert isinstance(event, Event)
         return event
 
-    async def wait_event(self, event: Event) -> Task:
-        """Make work queued on this stream after this call wait for ``event`` (on the device)."""
-        if not isinstance(event, Event):
+    async def wait_event(self, event: Event | ExternalEvent) -> Task:
+        """Make work queued on this stream after this call wait for ``event`` (on the device):
+        an :class:`Event` of this device, or one made elsewhere (``dev.external_event``). The
+        returned Task completes once the stream is past the wait, so awaiting it waits for
+        the event too."""
+        if not isinstance(event, Event | ExternalEvent):
             raise TypeError(f"wait_event() takes an Event, got {type(event).__name__}")
         if event.device is not self.device:
             raise ValueError("wait_event(): the event belongs to a different device")
+        if isinstance(event, ExternalEvent):
+            event.drain()
         await self._admit()
         task = Task(self._scheduler.adapter, self._ref, "wait_event", self._scheduler.failures)
-        return self._scheduler.wait_event(self._lane, task, event)
-
-    async def _admit(self) -> None:
-        if not self._scheduler.try_admit(self._lane):
-            await self._scheduler.admit(self._lane)
+        return await self._queued(self._scheduler.wait_event(self._lane, task, event))
 
     async def synchronize(self) -> None:
         """Wait until everything queued on this stream so far has finished.

@@ -22,6 +22,7 @@ from .._errors import BackendUnavailableError
 from .base import Runtime
 
 __all__ = [
+    "device_count",
     "BACKENDS",
     "Runtime",
     "available_backends",
@@ -71,6 +72,24 @@ def probe_backend(name: str) -> tuple[bool, str]:
         return False, "backend module has no probe()"
     result: tuple[bool, str] = probe()
     return result
+
+
+#: ``device_count("sim")``: one simulated device (every device_id opens an independent one)
+SIM_DEVICE_COUNT = 1
+
+
+def device_count(backend: str = "auto", **options: Any) -> int:
+    """How many devices backend ``backend`` (``"auto"`` resolved as ``open_runtime`` does)
+    sees, asked of its runtime (``aclrtGetDeviceCount``, ``cuDeviceGetCount``); ``options``
+    are the backend's open options (checked by the caller): those that say where the
+    runtime is are used (acl: ``library_path``, cuda: ``driver``), the others ignored."""
+    name, _ = choose_backend(backend)
+    if name == "sim":
+        return SIM_DEVICE_COUNT
+    counter = importlib.import_module(BACKENDS[name].partition(":")[0]).device_count
+    wanted = inspect.signature(counter).parameters
+    count: int = counter(**{key: value for key, value in options.items() if key in wanted})
+    return count
 
 
 def available_backends() -> list[str]:

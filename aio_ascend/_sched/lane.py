@@ -52,6 +52,11 @@ class Lane:
         #: runtime tasks submitted to the stream so far (the submitter thread's count)
         self.submitted = 0
 
+    def hold_for(self, task: Task) -> None:
+        """``task`` (a host function, resolved outside the threads) is the stream's latest:
+        ``synchronize``, ``query`` and the stream's close wait for it (loop thread)."""
+        self.last = task
+
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<Lane {self.handle:#x} {state} {self.admission!r}>"

@@ -75,7 +75,9 @@ class Task:
     :ivar captured: what active observers (``aio_ascend.tracing``, ``aio_ascend.metrics``)
         captured from the creating code; ``None`` when none was active
     :ivar kind: ``"launch"``, ``"copy_to_device"``, ``"copy_to_host"``, ``"copy_device"``,
-        ``"memset"``, ``"record_event"`` or ``"wait_event"``
+        ``"memset"``, ``"record_event"``, ``"wait_event"`` or ``"host_func"`` (a host
+        function: no batch, resolved when the function returned; ``submitted_at`` and
+        ``completed_at`` stay ``None``)
     """
 
     __slots__ = (

@@ -329,6 +329,7 @@ class _Closed:
 
     dev: aa.Device
     s: aa.Stream
+    s2: aa.Stream
     buf: aa.DeviceBuffer
     other: aa.DeviceBuffer
     event: aa.Event
@@ -342,7 +343,7 @@ class _Closed:
     async def make(cls, backend: str) -> _Closed:
         c = cls()
         c.dev = dev = await open_backend(backend)
-        c.s = dev.stream()
+        c.s, c.s2 = dev.stream(), dev.stream()
         c.buf, c.other = dev.malloc(64), dev.malloc(64)
         c.event = await c.s.record_event(timing=True)
         await c.event
@@ -365,6 +366,7 @@ def _host() -> Any:
 #: every public call that needs the open device: ClosedError after close
 AFTER_CLOSE: dict[str, Callable[[_Closed], object]] = {
     "Device.__aenter__": lambda c: c.dev.__aenter__(),
+    "Device.external_event": lambda c: c.dev.external_event(0x1234),
     "Device.external_stream": lambda c: c.dev.external_stream(0x1234),
     "Device.function": lambda c: c.dev.function("noop"),
     "Device.info": lambda c: c.dev.info,
@@ -391,6 +393,8 @@ AFTER_CLOSE: dict[str, Callable[[_Closed], object]] = {
     "Stream.run_graph": lambda c: c.s.run_graph(c.graph),
     "Stream.upload": lambda c: c.s.upload(c.buf, _host()),
     "Stream.wait_event": lambda c: c.s.wait_event(c.event),
+    "Stream.wait_stream": lambda c: c.s.wait_stream(c.s2),
+    "Stream.launch_host_func": lambda c: c.s.launch_host_func(lambda: None),
     "GraphCapture.__aenter__": lambda c: c.capture.__aenter__(),
     "GraphCapture.copy_device": lambda c: c.recording.copy_device(c.other, c.buf),
     "GraphCapture.copy_to_device": lambda c: c.recording.copy_to_device(c.buf, _host()),
@@ -416,6 +420,7 @@ STILL_ANSWER = {
     "Device.runtime": "the runtime object (closed), for diagnostics",
     "Stream.closed": "state",
     "Stream.in_flight": "state",
+    "Stream.query": "state: what was queued before the close has finished or failed",
     "DeviceBuffer.base": "state",
     "DeviceBuffer.root": "state",
     "DeviceBuffer.freed": "state",
@@ -425,6 +430,7 @@ STILL_ANSWER = {
     "Event.done": "the recorded work's outcome, known before the close",
     "Event.failure": "the recorded work's outcome, known before the close",
     "Event.query": "the recorded work's outcome, known before the close",
+    "Event.recorded": "state: whether the record reached the runtime",
 }
 
 

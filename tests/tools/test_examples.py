@@ -58,13 +58,18 @@ def test_torch_npu_interop_code_path_on_the_sim(external: bool) -> None:
     class Tensor:  # stands for the torch_npu tensor that owns the memory
         pass
 
+    class TorchStream:  # stands for torch.npu.current_stream() (its task queue empty)
+        def __init__(self, handle: int) -> None:
+            self.npu_stream = handle
+
     async def scenario() -> tuple[np.ndarray[Any, Any], bool]:
         async with aa.open_device(0, backend="sim") as dev:
             owner = Tensor()
             ref = weakref.ref(owner)
             ptr = dev.runtime.malloc(4 * 1000)
             handle = dev.runtime.create_stream() if external else None
-            got = await example.exchange(dev, ptr, 1000, owner=owner, stream_handle=handle)
+            torch_stream = None if handle is None else TorchStream(handle)
+            got = await example.exchange(dev, ptr, 1000, owner=owner, torch_stream=torch_stream)
             del owner
             gc.collect()
             released = ref() is None

@@ -12,6 +12,7 @@ EXPORTED = {
     "DeviceBuffer",
     "DeviceFaultError",
     "Event",
+    "ExternalEvent",
     "Function",
     "Graph",
     "HostArgs",
@@ -24,6 +25,7 @@ EXPORTED = {
     "Task",
     "TaskTimeoutError",
     "available_backends",
+    "device_count",
     "is_compiled",
     "open_device",
     "sim",
@@ -104,7 +106,12 @@ def test_v02_signatures_follow_the_design() -> None:
     assert params(aa.Stream.run) == ["fn", "blocks", "args", "config"]
     assert params(aa.Stream.upload) == ["dst", "src"]
     assert params(aa.Stream.download) == ["src", "dtype", "shape", "out"]
-    assert params(aa.Stream.copy_device) == ["dst", "src", "nbytes"]
+    assert params(aa.Stream.copy_device) == ["dst", "src", "nbytes", "src_stream"]
+    assert params(aa.Stream.wait_stream) == ["other"]
+    assert params(aa.Stream.launch_host_func) == ["fn"]
+    assert params(aa.Stream.query) == []
+    assert params(aa.Device.external_event) == ["event", "after"]
+    assert params(aa.device_count) == ["backend", "runtime_options"]
     assert params(aa.Stream.memset) == ["dst", "value", "nbytes"]
     assert params(aa.Device.wrap) == ["ptr", "nbytes", "owner"]
     assert params(aa.Device.stream) == ["max_in_flight", "priority"]

@@ -732,6 +732,12 @@ class AclRuntime(AclGraphs):
             raise self._sticky(exc) from None
 
 
+def device_count(*, library_path: str | os.PathLike[str] | None = None) -> int:
+    """``aclrtGetDeviceCount`` of the library :func:`open_acl_runtime` would load (``aclInit``
+    first, once per process, as opening does)."""
+    return usable_library(library_path).device_count()
+
+
 def open_acl_runtime(
     device_id: int,
     *,

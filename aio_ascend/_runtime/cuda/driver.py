@@ -5,9 +5,17 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..._errors import BackendUnavailableError
 from .errors import cuda_error_name
 
-__all__ = ["INIT_LOCK", "cuda_version_string", "device_name_string", "import_driver", "probe"]
+__all__ = [
+    "INIT_LOCK",
+    "cuda_version_string",
+    "device_count",
+    "device_name_string",
+    "import_driver",
+    "probe",
+]
 
 #: serialises ``cuInit`` calls
 INIT_LOCK = threading.Lock()
@@ -49,6 +57,39 @@ def probe() -> tuple[bool, str]:
     if count <= 0:
         return False, "cuda-bindings and the driver load, but no CUDA device is visible"
     return True, f"cuda-bindings {_bindings_version()}, {count} device(s)"
+
+
+def device_count(*, driver: Any = None) -> int:
+    """``cuDeviceGetCount`` (after ``cuInit``); 0 when the driver loads but sees none.
+
+    :raises BackendUnavailableError: cuda-bindings or the NVIDIA driver is missing
+    """
+    if driver is None:
+        try:
+            driver = import_driver()
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                f"the cuda backend needs cuda-bindings ({exc}); pip install 'aio_ascend[cuda]'"
+            ) from exc
+    try:
+        with INIT_LOCK:
+            (err,) = driver.cuInit(0)
+        if int(err):
+            raise BackendUnavailableError(
+                f"cuInit failed: {cuda_error_name(int(err), driver)}", code=int(err), func="cuInit"
+            )
+        err, count = driver.cuDeviceGetCount()
+    except BackendUnavailableError:
+        raise
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"the NVIDIA driver cannot be loaded: {type(exc).__name__}: {exc}", func="cuInit"
+        ) from exc
+    if int(err):
+        raise BackendUnavailableError(
+            f"cuDeviceGetCount failed: {cuda_error_name(int(err), driver)}", code=int(err)
+        )
+    return int(count)
 
 
 def cuda_version_string(version: int) -> str:

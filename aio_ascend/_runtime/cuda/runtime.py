@@ -100,7 +100,14 @@ from .core import (
     CudaStream,
     StreamRingOps,
 )
-from .driver import INIT_LOCK, cuda_version_string, device_name_string, import_driver, probe
+from .driver import (
+    INIT_LOCK,
+    cuda_version_string,
+    device_count,
+    device_name_string,
+    import_driver,
+    probe,
+)
 from .errors import (
     CUDA_ERROR_INVALID_DEVICE,
     CUDA_ERROR_INVALID_HANDLE,
@@ -122,6 +129,7 @@ __all__ = [
     "CudaRuntime",
     "compile_cuda_source",
     "cuda_version_string",
+    "device_count",
     "device_name_string",
     "open_cuda_runtime",
     "probe",

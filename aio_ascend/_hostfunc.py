@@ -1,0 +1,193 @@
+"""Host functions in stream order (``Stream.launch_host_func``), emulated on every backend.
+
+``aclrtLaunchHostFunc`` and ``aclrtLaunchCallback`` exist, but the first stalls the stream on
+every launch through a runtime-owned thread, the second needs a thread subscribed per stream
+(``aclrtSubscribeReport``), neither exists on CANN releases before 8.0's successors in the
+same form, the sim and the cuda backend have neither, and a callback must not call the
+runtime. So one mechanism serves every backend, built on the operations the scheduler already
+has:
+
+1. an event is recorded on the stream after the work queued so far;
+2. once the poller has seen it complete, ``fn()`` runs on the device's host-function thread
+   (``aio_ascend-hostfunc-<id>``: one per device, started with the first host function, so
+   host functions of one device run one at a time, in the order their events completed, as
+   ``aclrtLaunchHostFunc``'s per-context thread runs them);
+3. meanwhile the stream is *held*: later operations on it wait (as a full stream makes them
+   wait) until ``fn`` has returned, so work queued after the host function starts after it,
+   as in CUDA's ``cuLaunchHostFunc``. Other streams are not held.
+
+The price of the hold is one round trip device -> poller -> loop -> host-function thread ->
+loop before the stream's next work is submitted (the same stall ``aclrtLaunchHostFunc`` has).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._errors import ClosedError, derived_error
+from ._sched.loop import LoopAdapter
+from ._sched.shutdown import join
+from ._sched.task import Task, resolve_task
+
+if TYPE_CHECKING:
+    from ._event import Event
+
+__all__ = ["HostFuncs", "host_funcs", "spawn"]
+
+log = logging.getLogger("aio_ascend")
+
+#: how long a close waits for a host function still running once the device's own work is done
+#: (a callback cannot be interrupted): past it the thread is abandoned, logged at ERROR
+STUCK_AFTER_S = 2.0
+
+_RUNNERS: weakref.WeakKeyDictionary[object, HostFuncs] = weakref.WeakKeyDictionary()
+_BACKGROUND: set[Any] = set()  # asyncio tasks of spawn(), kept alive until they finish
+
+
+def spawn(adapter: LoopAdapter, start: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``start()`` in the background on the adapter's loop (loop thread).
+
+    The coroutine must not raise: it reports through the tasks it resolves. On trio it is a
+    system task (cancelled when the run ends); on asyncio a task kept referenced until done.
+    """
+    if adapter.name == "trio":
+        import trio
+
+        trio.lowlevel.spawn_system_task(start)
+        return
+    import asyncio
+
+    task = asyncio.get_running_loop().create_task(start())
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
+
+
+class HostFuncs:
+    """One device's host functions: the thread that runs them, and those not finished yet."""
+
+    def __init__(self, device_id: int, adapter: LoopAdapter) -> None:
+        self._adapter = adapter
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._main, name=f"aio_ascend-hostfunc-{device_id}", daemon=True
+        )
+        self.pending: set[Task] = set()  # host-function tasks not resolved yet (loop thread)
+        self._running: list[Any] = []  # waiters of functions handed to the thread
+        self.closed = False
+        self._idle: list[Any] = []
+
+    def start(self, recorded: Event, task: Task, fn: Callable[[], object]) -> None:
+        """Run ``fn`` once ``recorded`` has completed, then resolve ``task`` (loop thread)."""
+        self.pending.add(task)
+        spawn(self._adapter, lambda: self._run(recorded, task, fn))
+
+    async def _run(self, recorded: Event, task: Task, fn: Callable[[], object]) -> None:
+        error: BaseException | None = None
+        try:
+            try:
+                await recorded
+            except BaseException as exc:  # reported through the task
+                if isinstance(exc, anyio.get_cancelled_exc_class()):
+                    raise
+                error = derived_error(exc, "the work queued before the host function failed")
+            else:
+                if self.closed:
+                    error = ClosedError("the device closed before the host function ran")
+                else:
+                    error = await self._call(fn)
+        except BaseException:  # the loop is ending (trio cancels its system tasks)
+            error = ClosedError("the event loop ended before the host function finished")
+        self._finish(task, error)
+
+    async def _call(self, fn: Callable[[], object]) -> BaseException | None:
+        adapter = self._adapter
+        waiter = adapter.new_waiter()
+        outcome: list[BaseException | None] = []
+
+        def job() -> None:
+            try:
+                fn()
+                outcome.append(None)
+            except BaseException as exc:  # fails the task, not the thread
+                outcome.append(exc)
+            adapter.call_soon_threadsafe(adapter.wake, waiter)
+
+        if self._thread.ident is None:
+            self._thread.start()
+        self._jobs.put(job)
+        self._running.append(waiter)
+        try:
+            with anyio.CancelScope(shield=True):  # fn runs whatever happens: wait for it
+                await adapter.wait(waiter)
+        finally:
+            self._running.remove(waiter)
+        if not outcome:  # abandoned by the close: it still runs, unobserved
+            return ClosedError("the device closed while the host function ran")
+        return outcome[0]
+
+    def _finish(self, task: Task, error: BaseException | None) -> None:
+        self.pending.discard(task)
+        resolve_task(task, error)
+        if not self.pending:
+            idle, self._idle = self._idle, []
+            for waiter in idle:
+                self._adapter.wake(waiter)
+
+    def _main(self) -> None:
+        get = self._jobs.get
+        while True:
+            job = get()
+            if job is None:
+                return
+            job()
+            del job  # nothing of a finished job is kept while the thread waits
+
+    async def aclose(self, timeout: float | None) -> None:  # noqa: ASYNC109 - bounds fn, not us
+        """Wait for the host functions queued so far (after the device's own close), then stop
+        the thread; past ``timeout`` (or :data:`STUCK_AFTER_S` with none) a host function still
+        running is abandoned with an ERROR log and its task fails with ``ClosedError``."""
+        self.closed = True
+        with anyio.move_on_after(STUCK_AFTER_S if timeout is None else max(timeout, 0.0)):
+            while self.pending:
+                waiter = self._adapter.new_waiter()
+                self._idle.append(waiter)
+                await self._adapter.wait(waiter)
+        if self.pending:
+            log.error("a host function did not return when its device closed; it is abandoned")
+            for waiter in self._running:  # their coroutines end (a trio run can then end)
+                self._adapter.wake(waiter)
+            for task in list(self.pending):
+                self._finish(task, ClosedError("the device closed while the host function ran"))
+        self.stop()
+        if self._thread.ident is not None:
+            await join(self._thread, time.monotonic() + STUCK_AFTER_S)
+
+    def stop(self) -> None:
+        """Let the thread exit once its current job is done (any thread; idempotent)."""
+        self.closed = True
+        self._jobs.put(None)
+
+
+def host_funcs(device: object, device_id: int, adapter: LoopAdapter) -> HostFuncs:
+    """The host-function runner of ``device``, created with its first host function; it stops
+    when the device closes, or when the device is collected without a close."""
+    runner = _RUNNERS.get(device)
+    if runner is None:
+        runner = _RUNNERS[device] = HostFuncs(device_id, adapter)
+        weakref.finalize(device, runner.stop).atexit = False
+    return runner
+
+
+async def close_host_funcs(device: object, timeout: float | None) -> None:  # noqa: ASYNC109
+    """At a device's close: its host functions (if it ever had any) finish or are abandoned."""
+    runner = _RUNNERS.get(device)
+    if runner is not None:
+        await runner.aclose(timeout)

@@ -1,0 +1,208 @@
+"""Working beside torch_npu: its streams kept in order with ours, and events made elsewhere.
+
+torch_npu (Ascend/pytorch) does not launch an op when Python calls it: with its task queue on
+(``TASK_QUEUE_ENABLE``, the default) the op goes into a queue that a torch_npu thread empties
+onto the runtime stream later (``torch_npu/csrc/core/npu/NPUQueue.cpp``). Reading a stream's
+``npu_stream`` calls ``NPUStream::stream()`` (``torch_npu/csrc/core/npu/NPUStream.cpp``), which
+first waits until that queue is empty (``Repository::MakeSureQueueEmpty``; the queue of the
+stream, or the device's one queue without per-stream queues); a ``SyncLaunchStream``
+(``is_sync_launch``) has no queue and returns at once.
+
+So two things order aio_ascend's work with torch's on the same runtime stream, and
+:class:`TorchOrder` does both for every operation of a stream opened with
+``dev.external_stream(torch_stream)``:
+
+- *torch's earlier ops before ours*: ``npu_stream`` is read again just before the operation is
+  queued, so everything torch had queued is on the runtime stream before our submitter adds
+  to it;
+- *our op before torch's later ones*: the call returns only once the operation has been handed
+  to the runtime (an event recorded after it reports its submission), so a torch op issued
+  after the call returns is launched by torch's thread after it.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
+
+import anyio
+
+from ._errors import ClosedError
+from ._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
+from ._sched.events import EventRecord
+from ._sched.loop import LoopAdapter
+from ._sched.scheduler import DeviceState, Scheduler
+
+__all__ = ["ExternalEvent", "TorchOrder", "event_handle", "stream_handle"]
+
+_HANDLE_ATTRS = ("npu_stream", "cuda_stream")
+#: how often a wait for a submission looks again without a wake-up (a refused record is
+#: reported through its task, not through the hook that reports a submission)
+_RECHECK_S = 0.005
+#: host polling of a foreign event: from 50 us, doubling up to 2 ms
+_POLL_FIRST_S = 50e-6
+_POLL_MAX_S = 2e-3
+
+
+def stream_handle(stream: object) -> tuple[int, object | None]:
+    """``external_stream``'s argument: (the runtime handle, the stream object or ``None`` for
+    a plain handle). An object with ``npu_stream`` (torch_npu) or ``cuda_stream`` (torch.cuda,
+    CuPy) is read for its handle, which drains a torch_npu stream's task queue."""
+    if isinstance(stream, bool):
+        raise TypeError("external_stream(): a bool is not a stream handle")
+    if not isinstance(stream, int):
+        for attr in _HANDLE_ATTRS:
+            value = getattr(stream, attr, None)
+            if value is not None:
+                try:
+                    return operator.index(value), stream
+                except TypeError:
+                    raise TypeError(
+                        f"external_stream(): {type(stream).__name__}.{attr} is not an int"
+                    ) from None
+    try:
+        return operator.index(stream), None  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            "external_stream() takes a stream handle (an int) or a stream object with an "
+            f"npu_stream or cuda_stream attribute, got {type(stream).__name__}"
+        ) from None
+
+
+def event_handle(event: object) -> int:
+    """``external_event``'s argument: a runtime event handle, or an object with ``npu_event``
+    (torch_npu) or ``cuda_event`` (torch.cuda) read for it."""
+    if isinstance(event, bool):
+        raise TypeError("external_event(): a bool is not an event handle")
+    value = event
+    if not isinstance(event, int):
+        for attr in ("npu_event", "cuda_event"):
+            if hasattr(event, attr):
+                value = getattr(event, attr)
+                break
+    try:
+        handle = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            "external_event() takes an event handle (an int) or an event object with an "
+            f"npu_event or cuda_event attribute, got {type(event).__name__}"
+        ) from None
+    if handle <= 0:
+        raise ValueError(
+            f"external_event(): {handle} is not an event handle (a torch event has none until "
+            "it is first recorded)"
+        )
+    return handle
+
+
+def _read_handle(owner: object) -> object:
+    # Reading it is the drain: NPUStream::stream() empties torch_npu's task queue first
+    for attr in _HANDLE_ATTRS:
+        value = getattr(owner, attr, None)
+        if value is not None:
+            return value
+    return None
+
+
+class TorchOrder:
+    """The handshake of one external stream with the framework that owns it (see the module
+    docstring): :meth:`before` each operation is queued, :meth:`after` it is."""
+
+    def __init__(self, owner: object, handle: int) -> None:
+        self._owner = owner
+        self.handle = handle
+
+    def before(self) -> None:
+        """Drain the owner's queue: its ops queued so far reach the runtime stream now."""
+        handle = _read_handle(self._owner)
+        if handle != self.handle:
+            raise RuntimeError(
+                f"external stream {self.handle:#x}: its owner now reports {handle!r}; open a "
+                "new external_stream for it"
+            )
+
+    async def after(self, record: Callable[[], Awaitable[Any]], adapter: LoopAdapter) -> None:
+        """Return once the operation just queued has been handed to the runtime.
+
+        ``record()`` queues an event after it on the same stream (without this handshake);
+        the submitter thread calls its ``on_recorded`` hook once it is submitted. Shielded:
+        the operation is queued and will run, and a torch op the caller issues next must not
+        overtake it.
+        """
+        with anyio.CancelScope(shield=True):
+            try:
+                fence = await record()
+            except ClosedError:
+                return  # closed meanwhile: nothing of it will be submitted
+            waiter = adapter.new_waiter()
+
+            def submitted() -> None:  # the submitter thread
+                adapter.call_soon_threadsafe(adapter.wake, waiter)
+
+            fence.on_recorded = submitted
+            while not (fence.recorded or fence.error is not None or fence.done()):
+                # (a refused or dropped record reports through its task, not the hook)
+                with anyio.move_on_after(_RECHECK_S):
+                    await adapter.wait(waiter)
+                waiter = adapter.new_waiter()
+            fence.on_recorded = None
+
+
+class ExternalEvent(EventRecord):
+    """A runtime event created and recorded elsewhere (torch_npu, another library), made
+    usable here: ``await stream.wait_event(ext)`` makes a stream wait for it on the device
+    (the returned Task completes once the stream is past it), ``ext.query()`` asks the
+    runtime whether it has completed, and ``await ext`` waits for that on the host.
+
+    Made by ``dev.external_event(handle_or_event, *, after=None)``. It is never destroyed
+    here. A runtime wait is for the event's latest record *when the wait is submitted*: a
+    record still queued in torch_npu's task queue is not seen yet, so pass ``after=`` the
+    torch stream the event is recorded on (it is drained before every use).
+
+    :ivar handle: the runtime event handle
+    :ivar device: the device
+    """
+
+    __slots__ = ("__weakref__", "_after", "_scheduler", "device")
+
+    def __init__(
+        self, device: object, scheduler: Scheduler, handle: int, after: object | None
+    ) -> None:
+        super().__init__(handle, 0)
+        self.recorded = True  # someone else records it: a wait is always submitted
+        self.device = device
+        self._scheduler = scheduler
+        self._after = after
+
+    def drain(self) -> None:
+        """Make the owner's queued record reach the runtime first (see ``after=``)."""
+        if self._after is not None:
+            _read_handle(self._after)
+
+    def query(self) -> bool:
+        """Whether the event's latest record has completed on the device (a runtime call).
+
+        :raises RuntimeError: called from another thread than the device's event loop's
+        """
+        scheduler = self._scheduler
+        scheduler.adapter.check_thread()
+        scheduler.check_open()
+        self.drain()
+        status = scheduler.bound().query_event_status(self.handle)
+        return status == ACL_EVENT_RECORDED_STATUS_COMPLETE
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return self._wait().__await__()
+
+    async def _wait(self) -> None:
+        # Host polling with backoff: an event of someone else's has no batch in our poller
+        delay = _POLL_FIRST_S
+        while not self.query():
+            await anyio.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+            if self._scheduler.state is not DeviceState.OPEN:
+                raise ClosedError("the device closed while waiting for an external event")
+
+    def __repr__(self) -> str:
+        return f"<ExternalEvent {self.handle:#x}>"

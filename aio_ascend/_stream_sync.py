@@ -1,0 +1,171 @@
+"""What a stream offers beyond queueing work: waiting for another stream, asking whether it
+is idle, host functions in stream order, and the admission every operation goes through (a
+host function holds later work; an external torch stream does its handshake)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._buffer import DeviceBuffer, byte_range
+from ._errors import ClosedError
+from ._hostfunc import host_funcs
+from ._sched.task import Task
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from ._event import Event
+    from ._interop import ExternalEvent, TorchOrder
+    from ._sched.lane import Lane
+    from ._sched.scheduler import Scheduler
+
+__all__ = ["StreamSync"]
+
+
+class StreamSync:
+    """The base of :class:`~aio_ascend.Stream` that holds these operations."""
+
+    device: object
+    _scheduler: Scheduler
+    _lane: Lane
+    _ref: Callable[[], object]
+    #: the handshake with the framework owning this (external) stream, if any
+    _order: TorchOrder | None
+    #: the latest host function: later operations wait until it is done
+    _hold: Task | None
+    #: neither of them: an operation may take the fast path of admission
+    _plain: bool
+
+    if TYPE_CHECKING:
+
+        async def record_event(self, *, timing: bool = False) -> Event: ...
+
+        async def wait_event(self, event: Event | ExternalEvent) -> Task: ...
+
+        async def _fence(self, timing: bool = False, drain: bool = False) -> Event: ...
+
+        async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task: ...
+
+        async def download(
+            self,
+            src: DeviceBuffer,
+            dtype: npt.DTypeLike | None = None,
+            shape: int | tuple[int, ...] | None = None,
+            *,
+            out: Any = None,
+        ) -> Any: ...
+
+    async def wait_stream(self, other: StreamSync) -> Task:
+        """Make work queued on this stream after this call wait (on the device) for the work
+        queued on ``other`` so far: an event recorded on ``other``, waited for here. Returns
+        the wait's Task (done once this stream is past it).
+
+        Cancelled between the two steps, the event is recorded and nothing waits for it.
+
+        :raises ValueError: ``other`` is this stream, or a stream of another device
+        """
+        if not isinstance(other, StreamSync):
+            raise TypeError(f"wait_stream() takes a Stream, got {type(other).__name__}")
+        if other is self:
+            raise ValueError("wait_stream(): a stream's work is always ordered after its own")
+        if other.device is not self.device:
+            raise ValueError(
+                "wait_stream(): the streams belong to different devices (an event of one "
+                "device cannot be waited for on another: await other.synchronize() instead)"
+            )
+        self._scheduler.check_usable()
+        if self._lane.closed:
+            raise ClosedError("the stream is closed")
+        return await self.wait_event(await other.record_event())
+
+    def query(self) -> bool:
+        """Whether everything queued on this stream so far has finished (successfully or not),
+        without waiting: ``False`` while any of it is queued, submitted or running, or
+        finished on the device but not yet observed by the library. A closed stream whose
+        work is done answers ``True``.
+
+        :raises RuntimeError: called from another thread than the device's event loop's
+        """
+        self._scheduler.adapter.check_thread()
+        last = self._lane.last
+        return last is None or last.done()
+
+    async def launch_host_func(self, fn: Callable[[], object]) -> Task:
+        """Run ``fn()`` on a library thread once the work queued on this stream so far has
+        finished; return its :class:`Task` (done when ``fn`` has returned; an exception from
+        ``fn`` fails the Task, never the stream or the device).
+
+        Later operations on this stream wait until ``fn`` has returned (their calls wait, as
+        on a full stream), so work queued after the host function runs after it; other
+        streams carry on. ``fn`` runs on the device's host-function thread
+        (``aio_ascend-hostfunc-<id>``), one at a time per device: it must not block on this
+        event loop, and should not call the device (use the loop for that). If the earlier
+        work fails, ``fn`` does not run and the Task fails with an error caused by that
+        failure. Emulated on every backend (an event, then the thread); the device's close
+        waits for a running ``fn`` (up to ``aclose``'s timeout, else ``task_timeout``).
+
+        :raises TypeError: ``fn`` is not callable
+        """
+        if not callable(fn):
+            raise TypeError(f"launch_host_func() takes a callable, got {type(fn).__name__}")
+        scheduler = self._scheduler
+        scheduler.check_usable()
+        if self._lane.closed:
+            raise ClosedError("the stream is closed")
+        recorded = await self.record_event()
+        task = Task(scheduler.adapter, self._ref, "host_func", scheduler.failures)
+        # (no await from the record's admission to here: nothing else is queued in between)
+        self._hold = task
+        self._plain = False
+        self._lane.hold_for(task)
+        device = self.device
+        host_funcs(device, scheduler.device_id, scheduler.adapter).start(recorded, task, fn)
+        return task
+
+    async def _copy_from_peer(
+        self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int | None, src_stream: object
+    ) -> Task:
+        # copy_device from another device's buffer: read there (on src_stream, in its order)
+        # into host memory, then write here. The runtimes' peer copies are not used: the sim,
+        # the acl double and the cuda fake have no peers to test them on.
+        if src_stream is None:
+            raise ValueError(
+                "copy_device: src belongs to another device; pass src_stream=, a stream of "
+                "that device (the read is queued on it, after its work)"
+            )
+        if not isinstance(src_stream, StreamSync):
+            raise TypeError(f"src_stream must be a Stream, got {type(src_stream).__name__}")
+        _, _, count = byte_range(src, src.registry, "copy_device src", nbytes)
+        byte_range(dst, self._scheduler.lifetimes, "copy_device dst", count)
+        host = np.empty(count, np.uint8)
+        await src_stream.download(src if count == src.nbytes else src[:count], out=host)
+        return await self.copy_to_device(dst, host)
+
+    async def _queued(self, task: Task) -> Task:
+        # An operation was queued: an external stream's handshake returns once it is submitted
+        if self._order is not None:
+            await self._order.after(self._fence, self._scheduler.adapter)
+        return task
+
+    async def _admit(self, drain: bool = True) -> None:
+        scheduler = self._scheduler
+        lane = self._lane
+        while True:
+            hold = self._hold
+            if hold is not None:
+                if not hold.done():  # a host function: later work starts after it
+                    await hold.wait_finished()
+                    continue
+                self._hold = None
+                self._plain = self._order is None
+            if drain and self._order is not None:
+                self._order.before()
+            if not scheduler.try_admit(lane):
+                await scheduler.admit(lane)
+            if self._hold is None or self._hold.done():
+                return
+            # a host function was queued while this call waited for admission: after it
+            scheduler.unadmit(lane)

@@ -1,0 +1,360 @@
+"""Stream API parity with torch.npu.Stream / CuPy: ``wait_stream``, ``query``,
+``launch_host_func``, ``copy_device`` from another device, ``aa.device_count``.
+
+Each test runs on the sim, the acl C double and the cuda backend over its fake driver, on
+asyncio, uvloop and trio; the few that need the sim's controls say so.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from backends import backend_params
+from helpers import open_backend
+
+import aio_ascend as aa
+
+pytestmark = pytest.mark.anyio
+
+SLOW_US = 30_000  # a kernel long enough for the host to act while it runs
+
+
+@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake"]))
+def api_backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    if name != "sim" and request.node.get_closest_marker("sim_only") is not None:
+        pytest.skip("needs the sim's test controls")
+    return name
+
+
+@pytest.fixture
+def open_any(api_backend: str, anyio_backend: object) -> Callable[..., Any]:
+    return functools.partial(open_backend, api_backend)
+
+
+@pytest.fixture
+def two_devices(api_backend: str) -> Iterator[None]:
+    """Device 1 exists too (the acl double shows one device unless told otherwise)."""
+    if api_backend == "cuda-fake":
+        pytest.skip("the fake CUDA driver has one device")
+    if api_backend != "acl":
+        yield
+        return
+    from doubles.acl_double import double_control
+
+    control = double_control()
+    control.set_device_count(2)
+    try:
+        yield
+    finally:
+        control.set_device_count(1)
+
+
+def sleep_args(microseconds: int) -> aa.HostArgs:
+    return aa.HostArgs().u32(microseconds)
+
+
+# --- wait_stream ------------------------------------------------------------------------------
+
+
+async def test_wait_stream_orders_later_work_after_the_other_streams(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        a, b = dev.stream(), dev.stream()
+        src, dst = dev.malloc(64), dev.malloc(64)
+        await b.memset(src, 0)
+        await b.memset(dst, 0)
+        await b.synchronize()
+        await a.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
+        await a.memset(src, 7)  # lands after the sleep
+        wait = await b.wait_stream(a)
+        await b.copy_device(dst, src)  # without the wait it would read src before the 7s
+        assert (await b.download(dst)).tolist() == [7] * 64
+        await wait
+        assert a.query()
+
+
+async def test_wait_stream_misuse_is_refused(
+    open_any: Callable[..., Any], two_devices: None
+) -> None:
+    async with open_any() as dev, open_any(1) as other:
+        s = dev.stream()
+        with pytest.raises(TypeError, match="Stream"):
+            await s.wait_stream(object())  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="its own"):
+            await s.wait_stream(s)
+        with pytest.raises(ValueError, match="different devices"):
+            await s.wait_stream(other.stream())
+        done = dev.stream()
+        await done.aclose()
+        with pytest.raises(aa.ClosedError):
+            await done.wait_stream(s)
+
+
+# --- query --------------------------------------------------------------------------------------
+
+
+async def test_query_tells_whether_everything_queued_has_finished(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        s = dev.stream()
+        assert s.query()  # nothing queued
+        task = await s.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
+        assert not s.query()  # queued, not even submitted yet (same loop tick)
+        await anyio.sleep(0.005)
+        assert not s.query()  # submitted, running
+        await task
+        assert s.query()
+        failing = await s.launch(dev.function("sleep"), 1, sleep_args(1))
+        await failing
+        assert s.query()
+
+
+async def test_query_belongs_to_the_loop_thread(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev:
+        s = dev.stream()
+        with pytest.raises(RuntimeError, match="thread"):
+            await anyio.to_thread.run_sync(s.query)
+
+
+# --- launch_host_func ---------------------------------------------------------------------------
+
+
+async def test_a_host_function_runs_after_earlier_work_and_holds_later_work(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        s = dev.stream()
+        buf = dev.malloc(16)
+        earlier = await s.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
+        release = threading.Event()
+        seen: list[tuple[str, bool]] = []
+
+        def fn() -> None:
+            seen.append((threading.current_thread().name, earlier.done()))
+            release.wait(10)
+
+        host = await s.launch_host_func(fn)
+        assert not s.query()
+        # later work waits for fn: the call is held (cancelled there, nothing is queued)
+        with anyio.move_on_after(0.2) as scope:
+            await s.memset(buf, 1)
+        assert scope.cancelled_caught
+        assert seen == [(f"aio_ascend-hostfunc-{dev.device_id}", True)]
+        assert not host.done()
+        release.set()
+        later = await s.memset(buf, 2)
+        assert host.done()
+        await host
+        await later
+        assert (await s.download(buf)).tolist() == [2] * 16
+        assert s.query()
+
+
+async def test_an_exception_in_a_host_function_fails_its_task_not_the_stream(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        s = dev.stream()
+        buf = dev.malloc(8)
+
+        def boom() -> None:
+            raise KeyError("from fn")
+
+        host = await s.launch_host_func(boom)
+        with pytest.raises(KeyError, match="from fn"):
+            await host
+        await s.memset(buf, 3)
+        assert (await s.download(buf)).tolist() == [3] * 8
+        await s.synchronize()  # the error was retrieved: nothing raised
+        assert dev.fault is None
+
+
+async def test_host_functions_run_in_stream_order_and_synchronize_waits_for_them(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        a, b = dev.stream(), dev.stream()
+        order: list[str] = []
+        await a.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
+        await a.launch_host_func(lambda: order.append("a1"))
+        await b.launch_host_func(lambda: order.append("b1"))  # b has nothing before it
+        await a.launch_host_func(lambda: order.append("a2"))
+        await a.synchronize()
+        await b.synchronize()
+        assert order.index("a1") < order.index("a2")
+        assert order[0] == "b1"
+
+
+@pytest.mark.sim_only
+async def test_a_host_function_after_failed_work_never_runs(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev:
+        s = dev.stream()
+        ran: list[int] = []
+        fault = await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015))
+        host = await s.launch_host_func(lambda: ran.append(1))
+        with pytest.raises(aa.DeviceFaultError):
+            await host
+        with pytest.raises(aa.DeviceFaultError):
+            await fault
+        assert ran == []
+    assert dev.closed
+
+
+async def test_a_host_function_cancelled_before_admission_never_runs(
+    open_any: Callable[..., Any],
+) -> None:
+    async with open_any() as dev:
+        s = dev.stream(max_in_flight=1)
+        busy = await s.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
+        ran: list[int] = []
+        with anyio.move_on_after(0.005) as scope:
+            await s.launch_host_func(lambda: ran.append(1))  # waits for the slot: cancelled
+        assert scope.cancelled_caught
+        await busy
+        buf = dev.malloc(8)
+        await s.memset(buf, 4)  # nothing holds the stream
+        assert (await s.download(buf)).tolist() == [4] * 8
+        assert ran == [] and s.query()
+
+
+async def test_launch_host_func_misuse_is_refused(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev:
+        s = dev.stream()
+        with pytest.raises(TypeError, match="callable"):
+            await s.launch_host_func(42)  # type: ignore[arg-type]
+        await s.aclose()
+        with pytest.raises(aa.ClosedError):
+            await s.launch_host_func(lambda: None)
+
+
+async def test_the_close_waits_for_a_running_host_function(open_any: Callable[..., Any]) -> None:
+    finished = threading.Event()
+
+    def slow() -> None:
+        finished.wait(0.3)
+        finished.set()
+
+    async with open_any() as dev:
+        s = dev.stream()
+        host = await s.launch_host_func(slow)
+    assert finished.is_set()
+    assert host.done()
+    await host
+    assert not [t for t in threading.enumerate() if t.name.startswith("aio_ascend-hostfunc")]
+
+
+async def test_a_close_abandons_a_host_function_past_its_timeout(
+    open_any: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        started.set()
+        release.wait(30)
+
+    dev = await open_any()
+    s = dev.stream()
+    host = await s.launch_host_func(stuck)
+    await anyio.to_thread.run_sync(started.wait, 10)
+    start = time.monotonic()
+    await dev.aclose(timeout=0.1)
+    waited = time.monotonic() - start
+    assert waited < 10  # bounded: the timeout, then the thread's own 2 s
+    assert "did not return" in caplog.text
+    with pytest.raises(aa.ClosedError, match="while the host function ran"):
+        await host
+    release.set()  # the abandoned function returns; its thread exits
+    for thread in threading.enumerate():
+        if thread.name.startswith("aio_ascend-hostfunc"):
+            await anyio.to_thread.run_sync(thread.join, 10)
+
+
+async def test_a_stream_close_waits_for_its_host_function(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev:
+        s = dev.stream()
+        ran = threading.Event()
+
+        def slow() -> None:
+            threading.Event().wait(0.05)
+            ran.set()
+
+        host = await s.launch_host_func(slow)
+        await s.aclose()
+        assert ran.is_set() and host.done()
+
+
+# --- copy_device from another device ------------------------------------------------------------
+
+
+async def test_copy_device_reads_a_buffer_of_another_device(
+    open_any: Callable[..., Any], two_devices: None
+) -> None:
+    async with open_any(0) as dev, open_any(1) as other:
+        here, there = dev.stream(), other.stream()
+        src = other.malloc(32)
+        dst = dev.malloc(32)
+        await there.launch(other.function("sleep"), 1, sleep_args(SLOW_US))
+        await there.upload(src, np.arange(8, dtype=np.float32))
+        task = await here.copy_device(dst, src, src_stream=there)  # after there's work
+        await task
+        got = await here.download(dst, np.float32)
+        np.testing.assert_array_equal(got, np.arange(8, dtype=np.float32))
+        part = dev.malloc(8)
+        await here.copy_device(part, src, 8, src_stream=there)
+        np.testing.assert_array_equal(await here.download(part, np.float32), [0, 1])
+
+
+async def test_copy_device_across_devices_misuse_is_refused(
+    open_any: Callable[..., Any], two_devices: None
+) -> None:
+    async with open_any(0) as dev, open_any(1) as other:
+        here, there = dev.stream(), other.stream()
+        src, dst = other.malloc(32), dev.malloc(16)
+        with pytest.raises(ValueError, match="src_stream"):
+            await here.copy_device(dst, src)
+        with pytest.raises(ValueError, match="different device"):
+            await here.copy_device(dst, src, 16, src_stream=here)  # a stream of the wrong device
+        with pytest.raises(TypeError, match="src_stream"):
+            await here.copy_device(dst, src, src_stream=object())  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="16"):
+            await here.copy_device(dst, src, src_stream=there)  # 32 bytes do not fit in 16
+        assert there.query()  # nothing was queued by the refused calls
+
+
+# --- device_count ---------------------------------------------------------------------------------
+
+
+def test_device_count_asks_the_backend() -> None:
+    assert aa.device_count("sim") == 1
+    from backends import fake_driver
+
+    assert aa.device_count("cuda", runtime_options={"driver": fake_driver()}) == 1
+    from doubles.acl_double import DEFAULT_PERSONA, build_double, double_control
+
+    library = str(build_double(DEFAULT_PERSONA).library)
+    double_control().set_device_count(3)
+    try:
+        assert aa.device_count("acl", runtime_options={"library_path": library}) == 3
+    finally:
+        double_control().set_device_count(1)
+    with pytest.raises(ValueError, match="backend"):
+        aa.device_count("tpu")
+    with pytest.raises(TypeError):
+        aa.device_count(backend=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        aa.device_count("acl", runtime_options={"nonsense": 1})
+
+
+def test_device_count_auto_follows_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIO_ASCEND_BACKEND", "sim")
+    assert aa.device_count() == 1

@@ -1,0 +1,189 @@
+"""Work is ordered as written across torch_npu and aio_ascend on one runtime stream, against a
+double of torch_npu's task queue (``tests/doubles/torch_npu_queue.py``: a thread that launches
+queued ops later, as torch_npu's does; reading ``npu_stream`` drains it).
+
+``dev.external_stream(torch_stream)`` (the stream object) does the handshake both ways; a
+plain handle (``external_stream(torch_stream.npu_stream)``, what the docs said before) does
+not, and the same programs read stale data with it: the tests show both.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from backends import backend_params
+from doubles.torch_npu_queue import FakeTorchEvent, FakeTorchStream
+from helpers import open_backend
+
+import aio_ascend as aa
+from aio_ascend._runtime.abi import ACL_EVENT_SYNC, ACL_MEMCPY_DEVICE_TO_DEVICE
+
+pytestmark = pytest.mark.anyio
+
+N = 64
+
+
+@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake"]))
+def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
+    return functools.partial(open_backend, request.param)
+
+
+@asynccontextmanager
+async def torch_beside(
+    dev: aa.Device, *, lag_s: float = 0.05, sync: bool = False
+) -> AsyncIterator[FakeTorchStream]:
+    """A torch_npu stream (with its task queue) over a runtime stream torch created."""
+    runtime = dev.runtime
+    runtime.set_current_context(runtime.context)
+    handle = runtime.create_stream()
+    torch = FakeTorchStream(runtime, handle, lag_s=lag_s, sync=sync)
+    try:
+        yield torch
+    finally:
+        torch.close()
+        runtime.set_current_context(runtime.context)
+        runtime.synchronize_stream(handle, 5000)
+        runtime.destroy_stream(handle)
+
+
+def torch_fill(buf: aa.DeviceBuffer, value: int) -> Callable[[Any, int], None]:
+    return lambda runtime, stream: runtime.memset_async(buf.ptr, N, value, N, stream)
+
+
+def torch_copy(dst: aa.DeviceBuffer, src: aa.DeviceBuffer) -> Callable[[Any, int], None]:
+    return lambda runtime, stream: runtime.memcpy_async(
+        dst.ptr, N, src.ptr, N, ACL_MEMCPY_DEVICE_TO_DEVICE, stream
+    )
+
+
+async def _ours_after_torch(dev: aa.Device, torch: FakeTorchStream, ordered: bool) -> list[int]:
+    # torch fills x, then we copy x to y on the same runtime stream: y must hold torch's fill
+    x, y = dev.malloc(N), dev.malloc(N)
+    setup = dev.stream()
+    await setup.memset(x, 0)
+    await setup.memset(y, 0)
+    await setup.synchronize()
+    ours = dev.external_stream(torch if ordered else torch.handle)
+    torch.enqueue(torch_fill(x, 5), "fill x")  # queued; torch's thread launches it later
+    await ours.copy_device(y, x)
+    result: list[int] = (await ours.download(y)).tolist()
+    torch.npu_stream  # noqa: B018 - drained: what torch queued has been launched
+    await ours.aclose()
+    await setup.aclose()
+    return result
+
+
+async def _torch_after_ours(dev: aa.Device, torch: FakeTorchStream, ordered: bool) -> list[int]:
+    # we fill x, then torch copies x to y: torch's copy must see our fill
+    x, y = dev.malloc(N), dev.malloc(N)
+    setup = dev.stream()
+    await setup.memset(x, 0)
+    await setup.memset(y, 0)
+    await setup.synchronize()
+    ours = dev.external_stream(torch if ordered else torch.handle)
+    await ours.memset(x, 9)
+    torch.enqueue(torch_copy(y, x), "copy x to y")
+    torch.npu_stream  # noqa: B018 - torch launches it (any later torch call that syncs would)
+    result: list[int] = (await ours.download(y)).tolist()
+    await ours.aclose()
+    await setup.aclose()
+    return result
+
+
+async def test_our_work_follows_torchs_queued_ops(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev, torch_beside(dev, lag_s=60.0) as torch:
+        assert await _ours_after_torch(dev, torch, ordered=True) == [5] * N
+        assert torch.launched == ["fill x"]
+
+
+async def test_torchs_later_ops_follow_our_work(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev, torch_beside(dev, lag_s=60.0) as torch:
+        assert await _torch_after_ours(dev, torch, ordered=True) == [9] * N
+
+
+async def test_a_plain_handle_does_neither(open_any: Callable[..., Any]) -> None:
+    # What the handshake prevents: the same programs over the handle alone read stale data
+    async with open_any() as dev, torch_beside(dev, lag_s=60.0) as torch:
+        assert await _ours_after_torch(dev, torch, ordered=False) == [0] * N
+        assert await _torch_after_ours(dev, torch, ordered=False) == [0] * N
+
+
+async def test_a_sync_launch_stream_is_ordered_too(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev, torch_beside(dev, sync=True) as torch:
+        assert await _ours_after_torch(dev, torch, ordered=True) == [5] * N
+        assert await _torch_after_ours(dev, torch, ordered=True) == [9] * N
+
+
+async def test_every_operation_drains_torchs_queue(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev, torch_beside(dev) as torch:
+        ours = dev.external_stream(torch)
+        buf = dev.malloc(N)
+        before = torch.drains
+        await ours.memset(buf, 1)
+        await ours.record_event()
+        await ours.launch(dev.function("sleep"), 1, aa.HostArgs().u32(1))
+        assert torch.drains - before == 3
+        await ours.aclose()
+
+
+async def test_an_external_stream_object_must_keep_its_handle(
+    open_any: Callable[..., Any],
+) -> None:
+    class Moving:
+        def __init__(self, handle: int) -> None:
+            self.npu_stream = handle
+
+    async with open_any() as dev, torch_beside(dev, sync=True) as torch:
+        moving = Moving(torch.npu_stream)
+        ours = dev.external_stream(moving)
+        moving.npu_stream += 1
+        with pytest.raises(RuntimeError, match="new external_stream"):
+            await ours.memset(dev.malloc(N), 0)
+        await ours.aclose()
+        with pytest.raises(TypeError, match="npu_stream"):
+            dev.external_stream(type("Bad", (), {"npu_stream": "x"})())
+
+
+# --- external events -------------------------------------------------------------------------
+
+
+async def test_a_stream_waits_for_a_torch_event(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev, torch_beside(dev) as torch:
+        x, y = dev.malloc(N), dev.malloc(N)
+        async with dev.stream() as setup:
+            await setup.memset(x, 0)
+            await setup.memset(y, 0)
+        runtime = dev.runtime
+        event = FakeTorchEvent(runtime, ACL_EVENT_SYNC)
+        torch.enqueue(lambda rt, s: rt.memset_async(x.ptr, N, 0, 0, s), "noop")
+        torch.enqueue(torch_fill(x, 4), "fill x")
+        event.record(torch)  # queued in torch's queue, launched later
+        ext = dev.external_event(event, after=torch)
+        async with dev.stream() as ours:
+            waited = await ours.wait_event(ext)
+            await ours.copy_device(y, x)
+            assert (await ours.download(y)).tolist() == [4] * N
+            await waited
+        await ext
+        assert ext.query()
+        event.destroy()
+
+
+async def test_external_event_misuse_is_refused(open_any: Callable[..., Any]) -> None:
+    async with open_any() as dev:
+        with pytest.raises(TypeError, match="event handle"):
+            dev.external_event("e")
+        with pytest.raises(TypeError, match="event handle"):
+            dev.external_event(True)
+        with pytest.raises(ValueError, match="first recorded"):
+            dev.external_event(type("Lazy", (), {"npu_event": 0})())
+        with pytest.raises(TypeError, match="stream"):
+            dev.external_event(1234, after=object())
+        async with open_any(0) as other:
+            ext = other.external_event(1234)
+            with pytest.raises(ValueError, match="different device"):
+                await dev.stream().wait_event(ext)
