@@ -194,7 +194,8 @@ class Lifetimes:
             host = request.host
             if host is not None:
                 request.host = None
-                release_host(host)
+                if not host.shared:  # a shared args image goes back with its owner
+                    release_host(host)
             if request.buffers:
                 due.extend(self.unuse(request.buffers))
                 request.buffers = ()

@@ -457,11 +457,11 @@ def bench_packing(cfg: BenchConfig) -> dict[str, float]:
         args = HostArgs().ptr(0x1000).ptr(0x2000).ptr(0x3000).u32(7).f32(0.5).placeholder(tiling)
         packed = args.pack()
         for _ in range(64):  # warm-up
-            pool.release(snapshot_args(pool, packed)[0])
+            pool.release(snapshot_args(pool, packed))
         before = pool.stats()["allocations"]
         t0 = time.perf_counter()
         for _ in range(n):
-            buf, _table_offset = snapshot_args(pool, packed)
+            buf = snapshot_args(pool, packed)
             pool.release(buf)
         snapshot_us = (time.perf_counter() - t0) / n * 1e6
         allocations = pool.stats()["allocations"] - before

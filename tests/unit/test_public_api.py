@@ -18,6 +18,7 @@ EXPORTED = {
     "InternalError",
     "LaunchConfig",
     "LaunchConfigDict",
+    "LaunchPlan",
     "Module",
     "RuntimeAPIError",
     "Stream",
