@@ -142,6 +142,9 @@ class LaunchPlan:
         return self._record.free_requested
 
     async def __aenter__(self) -> LaunchPlan:
+        if self.closed:
+            raise ClosedError("the launch plan is closed")
+        self._scheduler.check_usable(self._lane)
         return self
 
     async def __aexit__(
