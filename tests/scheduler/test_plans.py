@@ -176,3 +176,30 @@ async def test_a_plan_launch_after_a_fault_raises_the_fault(open_dev: OpenDevice
         plan.close()
         with pytest.raises(aa.DeviceFaultError):
             await dev.synchronize()
+
+
+async def test_launchers_waiting_for_admission_are_admitted_first_come_first_served(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        # one slot: each completion admits one waiter (trio resumes the waiters woken in one
+        # round in an order of its own, so the order is observed one at a time)
+        s = dev.stream(max_in_flight=1)
+        noop = dev.function("noop")
+        plan = s.plan(noop, 1)
+        admitted: list[int] = []
+        hold = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(50_000))  # full
+
+        async def launcher(i: int) -> None:
+            for _ in range(3):  # each comes back to the end of the line after each launch
+                await (plan.launch() if i % 2 else s.launch(noop, 1))
+                admitted.append(i)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(launcher, i)
+                await anyio.sleep(0.001)  # queued in this order
+            assert admitted == []  # all waiting behind the sleep
+        await hold
+        assert admitted == list(range(6)) * 3
+        plan.close()
