@@ -55,6 +55,7 @@ class LaunchPlan:
         "_blocks",
         "_cfg",
         "_func",
+        "_holds",
         "_lane",
         "_packed",
         "_record",
@@ -89,6 +90,7 @@ class LaunchPlan:
         self._packed = packed
         host = shared_image(scheduler.pool, packed) if shareable(packed, fn.info) else None
         self._record = PlanRecord(scheduler.lifetimes, scheduler.pool, host, buffers)
+        self._holds = (self._record,)  # what each launch holds (one tuple for all of them)
 
     async def launch(self) -> Task:
         """Queue the launch on the plan's stream; return its :class:`Task`.
@@ -114,7 +116,7 @@ class LaunchPlan:
                 lane,
                 task,
                 record.host,
-                (record,),
+                self._holds,
                 self._func,
                 self._blocks,
                 self._cfg,
