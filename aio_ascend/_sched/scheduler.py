@@ -315,14 +315,22 @@ class Scheduler:
         """Queue an admitted request (every operation comes here): take its staging buffer,
         retain the device memory it uses, make it its stream's latest task. If that fails,
         its admission is given back."""
+        buffers = request.buffers
+        for allocation in buffers:
+            if allocation.free_requested:  # freed (a graph: closed) during an admission wait
+                self.unadmit(request.lane)
+                raise ValueError(
+                    f"{request.kind}: {allocation!r} was freed while the request waited for "
+                    "admission"
+                )
         if request.host is None and request.staged:
             try:
                 request.stage(self.pool)
             except BaseException:
                 self.unadmit(request.lane)
                 raise
-        if request.buffers:
-            self.lifetimes.retain(request.buffers)
+        if buffers:
+            self.lifetimes.retain(buffers)
         request.lane.last = request.task
         pending = self._pending
         pending.append(request)

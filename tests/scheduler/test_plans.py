@@ -203,3 +203,32 @@ async def test_launchers_waiting_for_admission_are_admitted_first_come_first_ser
         await hold
         assert admitted == list(range(6)) * 3
         plan.close()
+
+
+async def test_a_buffer_freed_while_its_launch_waits_for_admission_refuses_the_launch(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream(max_in_flight=1)
+        n = 64
+        x = await upload(dev, s, np.ones(n, F32))
+        buffers = dev.stats()["device_buffers"]
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(30_000))  # the stream is full
+        axpy = dev.function("axpy")
+        refused: list[BaseException] = []
+
+        async def launch() -> None:
+            try:
+                await s.launch(axpy, 1, aa.HostArgs().ptr(x).ptr(x).f32(1.0).u32(n))
+            except ValueError as exc:
+                refused.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(launch)
+            await anyio.sleep(0.005)  # checked, and waiting for its slot
+            x.free()  # nothing queued uses it yet: freed now
+        assert len(refused) == 1 and "freed while the request waited" in str(refused[0])
+        assert dev.stats()["device_buffers"] == buffers - 1
+        await s.synchronize()
+        assert s.in_flight == 0
+    assert_runtime_clean(dev)
