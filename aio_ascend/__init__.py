@@ -31,6 +31,7 @@ from ._host.hostargs import HostArgs as HostArgs
 from ._interop import ExternalEvent as ExternalEvent
 from ._launch_config import LaunchConfig as LaunchConfig
 from ._launch_config import LaunchConfigDict as LaunchConfigDict
+from ._plan import LaunchPlan as LaunchPlan
 from ._runtime import available_backends as available_backends
 from ._sched.compiled import compiled as is_compiled
 from ._sched.task import Task as Task
@@ -57,6 +58,7 @@ __all__ = (
     "InternalError",
     "LaunchConfig",
     "LaunchConfigDict",
+    "LaunchPlan",
     "Module",
     "RuntimeAPIError",
     "Stream",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._host.hostargs import HostArgs, PackedArgs
+from ._host.pool import HostBuffer
 from ._runtime.base import FunctionInfo
 
 __all__ = ["Function", "Module"]
@@ -21,7 +22,7 @@ class Function:
         parameters, hidden arguments, data placement); ``None`` when nothing
     """
 
-    __slots__ = ("device", "handle", "info", "module", "name", "no_args")
+    __slots__ = ("device", "handle", "info", "module", "name", "no_args", "no_args_image")
 
     def __init__(
         self,
@@ -43,6 +44,9 @@ class Function:
             self.no_args = HostArgs().pack(self.info)
         except ValueError:
             pass
+        #: ``no_args`` pinned once, shared by the launches without args (made by the first;
+        #: freed with the device)
+        self.no_args_image: HostBuffer | None = None
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r} of {self.module!r}>"

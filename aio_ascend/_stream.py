@@ -16,16 +16,29 @@ from ._graph import Graph
 from ._host.hostargs import HostArgs, PackedArgs
 from ._host.hostdata import destination_bytes, dims_of, source_bytes
 from ._host.pinned import PinnedArrays, pinned_owner
+from ._host.pool import HostBuffer
+from ._host.snapshot import shareable, shared_image
 from ._interop import ExternalEvent, TorchOrder
 from ._launch_config import LaunchConfig, LaunchConfigDict
 from ._module import Function
+from ._plan import LaunchPlan
 from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.graphs import CaptureGraph, LaunchGraph
 from ._sched.lane import Lane
 from ._sched.scheduler import Scheduler
 from ._sched.task import Task
 from ._sched.unseen import raise_failures
-from ._sched.work import PinnedCopyToDevice, PinnedCopyToHost
+from ._sched.work import (
+    CopyDevice,
+    CopyToDevice,
+    CopyToHost,
+    Launch,
+    Memset,
+    PinnedCopyToDevice,
+    PinnedCopyToHost,
+    RecordEvent,
+    WaitEvent,
+)
 from ._stream_sync import StreamSync
 
 if TYPE_CHECKING:
@@ -41,7 +54,6 @@ __all__ = ["Stream"]
 _Out = TypeVar("_Out")
 
 _EMPTY_ARGS = HostArgs()  # never changed: it caches its packing for the last kernel it met
-_EMPTY_PACKED = _EMPTY_ARGS.pack()
 
 
 def _pack_for(fn: Function, args: object) -> PackedArgs:
@@ -53,6 +65,42 @@ def _pack_for(fn: Function, args: object) -> PackedArgs:
         return args.pack(fn.info)
     except ValueError as exc:
         raise ValueError(f"kernel {fn.name!r}: {exc}") from None
+
+
+def launch_args(
+    device: object, scheduler: Scheduler, fn: object, blocks: object, args: object, config: object
+) -> tuple[Function, PackedArgs, LaunchConfig | None, tuple[DeviceBuffer, ...]]:
+    """A launch's input, checked (the one definition, for launches, plans and captures):
+    ``(fn, args packed for it, config, the device buffers the args point to)``."""
+    if not isinstance(fn, Function):
+        raise TypeError(f"fn must be a Function, got {type(fn).__name__}")
+    if fn.device is not device:
+        raise ValueError(f"{fn!r} belongs to a different device")
+    _check_blocks(blocks)
+    if args is None:
+        packed = fn.no_args  # (packed once per kernel)
+        if packed is None:  # it declares parameters: the error names them
+            packed = _pack_for(fn, _EMPTY_ARGS)
+    else:
+        packed = _pack_for(fn, args)
+    cfg = None if config is None else LaunchConfig.coerce(config)  # type: ignore[arg-type]
+    if not packed.buffers:
+        return fn, packed, cfg, ()
+    scheduler.check_open()
+    buffers = allocations_of(
+        packed.buffers, scheduler.lifetimes, "HostArgs.ptr", others_allowed=True
+    )
+    return fn, packed, cfg, buffers
+
+
+def _pin_no_args(scheduler: Scheduler, fn: Function, packed: PackedArgs) -> HostBuffer | None:
+    """The pinned image ``fn``'s launches without args share (made once per kernel, kept
+    until the device closes), or None where each launch needs its own copy."""
+    if not shareable(packed, fn.info):
+        return None
+    scheduler.check_open()  # (the pool closes with the device)
+    fn.no_args_image = shared_image(scheduler.pool, packed)
+    return fn.no_args_image
 
 
 def _check_blocks(blocks: object) -> int:
@@ -202,19 +250,9 @@ class GraphCapture:
     ) -> None:
         """Record a kernel launch (see :meth:`Stream.launch`); ``args`` is snapshotted now."""
         self._recording()
-        if not isinstance(fn, Function):
-            raise TypeError(f"fn must be a Function, got {type(fn).__name__}")
-        if fn.device is not self._stream.device:
-            raise ValueError(f"{fn!r} belongs to a different device")
-        blocks = _check_blocks(blocks)
-        if args is None and fn.info is None:
-            packed = _EMPTY_PACKED
-        else:  # (Stream.launch inlines the same choice: its hot path)
-            packed = _pack_for(fn, _EMPTY_ARGS if args is None else args)
-        cfg = None if config is None else LaunchConfig.coerce(config)
         scheduler = self._scheduler
-        buffers = allocations_of(
-            packed.buffers, scheduler.lifetimes, "HostArgs.ptr", others_allowed=True
+        fn, packed, cfg, buffers = launch_args(
+            self._stream.device, scheduler, fn, blocks, args, config
         )
         self._ops.append(
             scheduler.graphs.launch(self._lane, self._task, fn.handle, blocks, cfg, packed, buffers)
@@ -276,8 +314,7 @@ class GraphCapture:
         except BaseException:
             record.registry.free(record)  # nothing was queued: released now
             raise
-        scheduler.lifetimes.retain((record,))  # the capture request holds it until done
-        scheduler.enqueue(CaptureGraph(self._lane, self._task, record))
+        scheduler.enqueue(CaptureGraph(self._lane, self._task, record))  # (it holds the record)
         try:
             await self._task
         except BaseException:
@@ -376,42 +413,62 @@ class Stream(StreamSync):
         :raises DeviceFaultError: the device has faulted (cause: the first fault)
         """
         scheduler = self._scheduler
-        if type(fn) is not Function or fn.device is not self.device:
-            self._check_function(fn)
-        if type(blocks) is not int or not 0 < blocks <= MAX_NUM_BLOCKS:
-            blocks = _check_blocks(blocks)
-        if args is None:
-            packed = fn.no_args  # (packed once per kernel)
-            if packed is None:  # it declares parameters: the error names them
-                packed = _pack_for(fn, _EMPTY_ARGS)
-        elif fn.info is not None:  # the kernel has hidden arguments or declared parameters
-            packed = _pack_for(fn, args)
-        elif isinstance(args, HostArgs):
-            packed = args.pack()
-        else:
-            raise TypeError(f"args must be a HostArgs or None, got {type(args).__name__}")
-        cfg = None if config is None else LaunchConfig.coerce(config)
-        if packed.buffers:
-            scheduler.check_open()
-            buffers = allocations_of(
-                packed.buffers, scheduler.lifetimes, "HostArgs.ptr", others_allowed=True
-            )
-        else:
-            buffers = ()
+        fn, packed, cfg, buffers = launch_args(self.device, scheduler, fn, blocks, args, config)
+        host = None
+        if args is None:  # one pinned image per kernel, shared by its launches without args
+            host = fn.no_args_image
+            if host is None:
+                host = _pin_no_args(scheduler, fn, packed)
         lane = self._lane
         if not (self._plain and scheduler.try_admit(lane)):
             await self._admit()
-        task = Task(scheduler.adapter, self._ref, "launch", scheduler.failures)
-        scheduler.launch(lane, task, fn.handle, blocks, cfg, packed, buffers)
+        task = self._task("launch")
+        scheduler.enqueue(
+            Launch(
+                lane,
+                task,
+                host,
+                buffers,
+                fn.handle,
+                blocks,
+                cfg,
+                packed.nbytes,
+                packed.table_offset,
+                packed.placeholder_count,
+                packed,
+            )
+        )
         if self._order is not None:
             await self._order.after(self._fence, scheduler.adapter)
         return task
 
-    def _check_function(self, fn: object) -> None:
-        if not isinstance(fn, Function):
-            raise TypeError(f"fn must be a Function, got {type(fn).__name__}")
-        if fn.device is not self.device:
-            raise ValueError(f"{fn!r} belongs to a different device")
+    def plan(
+        self,
+        fn: Function,
+        blocks: int,
+        args: HostArgs | None = None,
+        *,
+        config: LaunchConfig | LaunchConfigDict | None = None,
+    ) -> LaunchPlan:
+        """A :class:`LaunchPlan`: ``fn`` on ``blocks`` blocks with ``args``, checked, packed
+        and pinned once, to queue on this stream again and again (``await plan.launch()``,
+        ``await plan.run()``). ``args`` is snapshotted now; the device buffers it points to
+        stay alive until the plan is closed and its launches have finished.
+
+        :raises TypeError: bad argument types
+        :raises ValueError: bad argument values
+        :raises ClosedError: the stream or device is closed
+        :raises DeviceFaultError: the device has faulted
+        """
+        scheduler = self._scheduler
+        scheduler.check_usable(self._lane)
+        fn, packed, cfg, buffers = launch_args(self.device, scheduler, fn, blocks, args, config)
+        return LaunchPlan(self, self._ref, scheduler, self._lane, fn, blocks, cfg, packed, buffers)
+
+    def _task(self, kind: str) -> Task:
+        # The Task of an admitted request of this stream (every operation's).
+        scheduler = self._scheduler
+        return Task(scheduler.adapter, self._ref, kind, scheduler.failures)
 
     async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:
         """Copy host data into ``dst`` on this stream: an ndarray, an object with the buffer
@@ -430,14 +487,14 @@ class Stream(StreamSync):
         dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
         addr = _pinned_address(scheduler.pinned, source, "copy_to_device src")
         await self._admit()
-        task = Task(scheduler.adapter, self._ref, "copy_to_device", scheduler.failures)
+        task = self._task("copy_to_device")
         if addr:  # straight from the user's pinned memory
-            scheduler.lifetimes.retain((root,))
-            copy = PinnedCopyToDevice(self._lane, task, None, dst_buf, root, (addr, source), count)
-            return await self._queued(scheduler.enqueue(copy))
-        return await self._queued(
-            scheduler.copy_to_device(self._lane, task, dst_buf, root, source, count)
-        )
+            copy: Request = PinnedCopyToDevice(
+                self._lane, task, None, dst_buf, root, (addr, source), count
+            )
+        else:
+            copy = CopyToDevice(self._lane, task, None, dst_buf, root, source, count)
+        return await self._queued(scheduler.enqueue(copy))
 
     async def copy_to_host(self, dst: Any, src: DeviceBuffer) -> Task:
         """Copy as many bytes of ``src`` as ``dst`` holds into ``dst``, in place: a writable,
@@ -467,14 +524,14 @@ class Stream(StreamSync):
             raise ValueError(f"copy_to_host: dst has {count} bytes, src buffer only {room}")
         addr = _pinned_address(scheduler.pinned, dst_bytes, "copy_to_host dst")
         await self._admit()
-        task = Task(scheduler.adapter, self._ref, "copy_to_host", scheduler.failures)
+        task = self._task("copy_to_host")
         if addr:  # straight into the user's pinned memory
-            scheduler.lifetimes.retain((root,))
-            copy = PinnedCopyToHost(self._lane, task, None, (addr, dst_bytes), src_buf, root, count)
-            return await self._queued(scheduler.enqueue(copy))
-        return await self._queued(
-            scheduler.copy_to_host(self._lane, task, dst_bytes, src_buf, root, count)
-        )
+            copy: Request = PinnedCopyToHost(
+                self._lane, task, None, (addr, dst_bytes), src_buf, root, count
+            )
+        else:
+            copy = CopyToHost(self._lane, task, None, dst_bytes, src_buf, root, count)
+        return await self._queued(scheduler.enqueue(copy))
 
     async def copy_device(
         self,
@@ -500,9 +557,9 @@ class Stream(StreamSync):
             return await self._copy_from_peer(dst, src, nbytes, src_stream)
         dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
         await self._admit()
-        task = Task(scheduler.adapter, self._ref, "copy_device", scheduler.failures)
+        task = self._task("copy_device")
         return await self._queued(
-            scheduler.copy_device(self._lane, task, dst_buf, src_buf, roots, count)
+            scheduler.enqueue(CopyDevice(self._lane, task, dst_buf, src_buf, count, roots))
         )
 
     async def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> Task:
@@ -512,8 +569,10 @@ class Stream(StreamSync):
         scheduler.check_open()
         dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
         await self._admit()
-        task = Task(scheduler.adapter, self._ref, "memset", scheduler.failures)
-        return await self._queued(scheduler.memset(self._lane, task, dst_buf, root, byte, count))
+        task = self._task("memset")
+        return await self._queued(
+            scheduler.enqueue(Memset(self._lane, task, dst_buf, root, byte, count))
+        )
 
     # --- one await: queue and wait for completion ---------------------------------------
 
@@ -611,11 +670,10 @@ class Stream(StreamSync):
         if graph.closed:
             raise ValueError(f"launch_graph(): {graph!r} is closed")
         await self._admit()
-        scheduler = self._scheduler
-        record = graph.record
-        task = Task(scheduler.adapter, self._ref, "launch_graph", scheduler.failures)
-        scheduler.lifetimes.retain((record,))
-        return await self._queued(scheduler.enqueue(LaunchGraph(self._lane, task, record)))
+        task = self._task("launch_graph")
+        return await self._queued(
+            self._scheduler.enqueue(LaunchGraph(self._lane, task, graph.record))
+        )
 
     async def run_graph(self, graph: Graph) -> None:
         """:meth:`launch_graph` and wait until the replay has finished."""
@@ -634,13 +692,14 @@ class Stream(StreamSync):
         # record_event without the external stream's handshake (which uses it)
         await self._admit(drain)
         scheduler = self._scheduler
-        task = Task(scheduler.adapter, self._ref, "record_event", scheduler.failures)
-
-        def make_event(handle: int) -> Event:
-            return Event(self.device, scheduler, self, handle, timing, task)
-
-        event = scheduler.record_event(self._lane, task, make_event, event_flags(timing))
-        assert isinstance(event, Event)
+        task = self._task("record_event")
+        try:
+            handle = scheduler.user_events.take(event_flags(timing))
+            event = Event(self.device, scheduler, self, handle, timing, task)
+        except BaseException:
+            scheduler.unadmit(self._lane)
+            raise
+        scheduler.enqueue(RecordEvent(self._lane, task, event))
         return event
 
     async def wait_event(self, event: Event | ExternalEvent) -> Task:
@@ -655,8 +714,8 @@ class Stream(StreamSync):
         if isinstance(event, ExternalEvent):
             event.drain()
         await self._admit()
-        task = Task(self._scheduler.adapter, self._ref, "wait_event", self._scheduler.failures)
-        return await self._queued(self._scheduler.wait_event(self._lane, task, event))
+        task = self._task("wait_event")
+        return await self._queued(self._scheduler.enqueue(WaitEvent(self._lane, task, event)))
 
     async def synchronize(self) -> None:
         """Wait until everything queued on this stream so far has finished.

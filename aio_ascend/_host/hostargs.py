@@ -145,6 +145,8 @@ class PackedArgs:
     :ivar table: the ``aclrtPlaceHolderInfo`` array (8 bytes per placeholder)
     :ivar placeholders: ``(addrOffset, dataOffset)`` pairs
     :ivar buffers: the device buffers the args point to (kept alive until completion)
+    :ivar table_offset: where the placeholder table goes after the image in the one buffer a
+        launch reads: the next 8-byte boundary
     """
 
     __slots__ = (
@@ -155,6 +157,7 @@ class PackedArgs:
         "placeholder_count",
         "placeholders",
         "table",
+        "table_offset",
     )
 
     def __init__(
@@ -168,6 +171,7 @@ class PackedArgs:
         #: ``(offset, size)`` of each argument (a placeholder: its 8-byte slot), in order
         self.fields = fields
         self.nbytes = len(image)
+        self.table_offset = (self.nbytes + 7) & ~7
         self.placeholders = placeholders
         self.placeholder_count = len(placeholders)
         self.table = b"".join(_PLACEHOLDER_ENTRY.pack(a, d) for a, d in placeholders)

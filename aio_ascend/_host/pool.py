@@ -36,9 +36,11 @@ class HostBuffer:
     :ivar addr: host address of the usable region (64-byte aligned)
     :ivar capacity: usable bytes (the size class)
     :ivar view: a writable ``memoryview`` of the usable region
+    :ivar shared: pinned by :meth:`HostBufferPool.pin`: read by many requests, given back by
+        its owner (``unpin``), never by a request that used it
     """
 
-    __slots__ = ("addr", "alloc", "base", "capacity", "in_use", "view")
+    __slots__ = ("addr", "alloc", "base", "capacity", "in_use", "shared", "view")
 
     def __init__(self, alloc: int, base: int, addr: int, capacity: int, view: memoryview) -> None:
         # the malloc_host address to free with this buffer (0: it lives in a shared slab)
@@ -49,6 +51,7 @@ class HostBuffer:
         self.capacity = capacity
         self.view = view
         self.in_use = False
+        self.shared = False
 
     def __repr__(self) -> str:
         state = "in use" if self.in_use else "free"
@@ -103,6 +106,8 @@ class HostBufferPool:
         self._owned = 0  # buffers created
         self._discarded = 0  # buffers freed
         self._slabs: list[int] = []
+        # buffers lent by pin() and not unpinned: not "in use" by requests, freed at close
+        self._pinned: set[HostBuffer] = set()
         self._violations = 0
         self._closed = False
         self._guard = bytes([GUARD_BYTE]) * _GUARD
@@ -114,7 +119,7 @@ class HostBufferPool:
 
     def _in_use(self) -> int:
         cached = sum(len(bucket) for bucket in list(self._free.values()))
-        return self._owned - self._discarded - cached
+        return self._owned - self._discarded - cached - len(self._pinned)
 
     def acquire(self, nbytes: int) -> HostBuffer:
         """A buffer of at least ``nbytes`` (its contents are unspecified)."""
@@ -136,6 +141,26 @@ class HostBufferPool:
                 self._check(buf, poisoned=True)
         buf.in_use = True
         return buf
+
+    def pin(self, data: bytes) -> HostBuffer:
+        """A buffer holding ``data``, shared by the requests that read it (``shared``): kept
+        until :meth:`unpin` or the pool's close, not counted as in use by requests."""
+        buf = self.acquire(len(data))
+        buf.view[: len(data)] = data
+        buf.shared = True
+        with self._lock:
+            self._pinned.add(buf)
+        return buf
+
+    def unpin(self, buf: HostBuffer) -> None:
+        """Give back a buffer of :meth:`pin` (nothing can read it any more). After the pool's
+        close it was freed already: nothing to do."""
+        with self._lock:
+            if buf not in self._pinned:
+                return
+            self._pinned.discard(buf)
+        buf.shared = False
+        self.release(buf)
 
     def release(self, buf: HostBuffer) -> None:
         """Give ``buf`` back; call only once the device can no longer read it."""
@@ -249,6 +274,8 @@ class HostBufferPool:
                 return 0
             self._closed = True
             cached = [buf for bucket in self._free.values() for buf in bucket]
+            cached.extend(self._pinned)  # their owners outlive the device: freed with it
+            self._pinned.clear()
             self._free.clear()
             self._discarded += len(cached)
             leaked = self._owned - self._discarded

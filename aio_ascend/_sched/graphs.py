@@ -23,7 +23,6 @@ import numpy as np
 
 from .._host.hostargs import PackedArgs
 from .._host.pool import HostBufferPool
-from .._host.snapshot import snapshot_args
 from .._launch_config import LaunchConfig
 from .compiled import interpreted
 from .lifetimes import Allocation, Lifetimes
@@ -145,20 +144,22 @@ class GraphBook:
         allocations: tuple[Allocation, ...],
     ) -> Launch:
         """A launch to record: its args snapshotted, its buffers retained (by the graph)."""
-        host, table_offset = snapshot_args(self._pool, packed)
-        self._lifetimes.retain(allocations)
-        return Launch(
+        request = Launch(
             lane,
             task,
-            host,
+            None,
             allocations,
             func,
             blocks,
             cfg,
             packed.nbytes,
-            table_offset,
+            packed.table_offset,
             packed.placeholder_count,
+            packed,
         )
+        request.stage(self._pool)
+        self._lifetimes.retain(allocations)
+        return request
 
     def copy_to_device(
         self, lane: Lane, task: Task, dst: Allocation, root: Allocation, src: Any, count: int

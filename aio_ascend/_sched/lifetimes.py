@@ -32,7 +32,8 @@ class Allocation:
 
     :ivar ptr: the device address
     :ivar nbytes: its size in bytes
-    :ivar uses: queued requests that reference it
+    :ivar retained: how many queued requests took it (written by the loop thread only)
+    :ivar unused: how many of those are done with it (written under the registry's lock)
     :ivar free_requested: ``free()`` was called (the memory may still be in use)
     :ivar released: the memory has been given back to the runtime
     :ivar registry: the :class:`Lifetimes` of the device it belongs to
@@ -56,7 +57,8 @@ class Allocation:
         "ptr",
         "registry",
         "released",
-        "uses",
+        "retained",
+        "unused",
     )
 
     def __init__(
@@ -75,13 +77,19 @@ class Allocation:
         self.nbytes = nbytes
         self.block = block
         self.pooled = pooled
-        self.uses = 0
+        self.retained = 0
+        self.unused = 0
         self.free_requested = False
         self.released = False
         self.external = external
         self.owner = owner
         #: what retiring it does instead of freeing device memory (a graph: destroy it)
         self.disposer: Callable[[], None] | None = None
+
+    @property
+    def uses(self) -> int:
+        """Queued requests that reference it."""
+        return self.retained - self.unused
 
 
 class Holder(Protocol):
@@ -169,10 +177,15 @@ class Lifetimes:
             )
 
     def retain(self, allocations: Iterable[Allocation]) -> None:
-        """A queued request uses ``allocations`` until it is released."""
-        with self._lock:
-            for allocation in allocations:
-                allocation.uses += 1
+        """A queued request uses ``allocations`` until it is released (loop thread).
+
+        No lock: the loop thread is the one writer of ``retained``, and it never retains an
+        allocation whose ``free()`` was called (the calls check ``free_requested`` first), so a
+        releasing thread that reads ``retained`` while it changes never retires it early (it
+        retires only what ``free()`` was called on).
+        """
+        for allocation in allocations:
+            allocation.retained += 1
 
     def request_free(self, allocation: Allocation) -> bool:
         """``free()`` was called: True if the memory should be freed now (nobody uses it)."""
@@ -180,7 +193,7 @@ class Lifetimes:
             if allocation.free_requested:
                 return False
             allocation.free_requested = True
-            if allocation.uses:
+            if allocation.retained != allocation.unused:
                 return False  # the last user frees it
             return self._retire(allocation)
 
@@ -205,26 +218,41 @@ class Lifetimes:
 
     def unuse(self, allocations: Iterable[Allocation]) -> list[Allocation]:
         """Requests using ``allocations`` are done: the allocations now due to be freed."""
-        due = []
         with self._lock:
-            for allocation in allocations:
-                allocation.uses -= 1
-                if allocation.uses == 0 and allocation.free_requested and self._retire(allocation):
-                    due.append(allocation)
+            return self._unuse(allocations, [])
+
+    def _unuse(self, allocations: Iterable[Allocation], due: list[Allocation]) -> list[Allocation]:
+        # (lock held)
+        for allocation in allocations:
+            allocation.unused += 1
+            if (
+                allocation.free_requested
+                and allocation.unused == allocation.retained
+                and self._retire(allocation)
+            ):
+                due.append(allocation)
         return due
 
     def release(self, requests: Iterable[Holder]) -> None:
-        """Give back what finished requests held (any library thread, once the device is done)."""
+        """Give back what finished requests held (any library thread, once the device is done).
+
+        One lock for all of them: the poller releases a round's requests in one call."""
         release_host = self._pool.release
         due: list[Allocation] = []
+        holding = []
         for request in requests:
             host = request.host
             if host is not None:
                 request.host = None
-                release_host(host)
+                if not host.shared:  # a shared args image goes back with its owner
+                    release_host(host)
             if request.buffers:
-                due.extend(self.unuse(request.buffers))
+                holding.append(request.buffers)
                 request.buffers = ()
+        if holding:
+            with self._lock:
+                for buffers in holding:
+                    self._unuse(buffers, due)
         for allocation in due:
             self._dispose(allocation)
 

@@ -12,17 +12,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import anyio
-import numpy as np
 
 from .._errors import ClosedError, derived_error
-from .._host.hostargs import PackedArgs
 from .._host.pinned import PinnedArrays
-from .._host.pool import HostBuffer, HostBufferPool
-from .._launch_config import LaunchConfig
+from .._host.pool import HostBufferPool
 from .._runtime import Runtime
 from .._runtime.abi import ACL_STOP_ON_FAILURE
 from .._runtime.threads import LoopPulse
@@ -33,13 +29,13 @@ from .counters import Counters, total
 from .delivery import DeliveryQueue
 from .devpool import device_pool
 from .dropped import DroppedLanes
-from .events import BatchEvents, EventRecord, UserEvents
+from .events import BatchEvents, UserEvents
 from .faults import FaultState
 from .forcing import LaneForce, gave_up
 from .graphs import GraphBook
 from .hooks import Source
 from .lane import Lane
-from .lifetimes import Allocation, Lifetimes
+from .lifetimes import Lifetimes
 from .loop import OTHER_THREAD, LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
@@ -55,18 +51,7 @@ from .submitter import Submitter
 from .task import Task, resolve_task
 from .unseen import FailureLog
 from .waiter import Waiter
-from .work import (
-    STAGE_AT_HAND_BYTES,
-    CopyDevice,
-    CopyToDevice,
-    CopyToHost,
-    Delivery,
-    Launch,
-    Memset,
-    RecordEvent,
-    Request,
-    WaitEvent,
-)
+from .work import Delivery, Request
 
 __all__ = ["DeviceState", "Scheduler", "flush_now"]
 
@@ -105,8 +90,6 @@ class Scheduler:
         pool_limit_bytes: int | None = None,
     ) -> None:
         self.adapter = adapter
-        self._loop_now = adapter.current
-        self._loop_identity = adapter.identity
         self.runtime = runtime
         self.device_id = runtime.device_id
         self.state = DeviceState.OPEN
@@ -209,8 +192,12 @@ class Scheduler:
         if self.state is not DeviceState.OPEN:
             raise ClosedError(f"the device is {self.state.value}")
 
-    def check_usable(self) -> None:
-        """Raise unless new work may be queued: open, this loop, not faulted."""
+    def check_usable(self, lane: Lane | None = None) -> None:
+        """Raise unless new work may be queued (on ``lane``): the stream is open (else
+        ``ClosedError``), the device open (``ClosedError``), this is its loop
+        (``RuntimeError``), no fault (the fault's error). Every request checks it."""
+        if lane is not None and lane.closed:  # first: the caller's own object is closed
+            raise ClosedError("the stream is closed")
         self.check_open()
         if not self.adapter.is_current():
             raise RuntimeError(OTHER_THREAD)
@@ -264,28 +251,15 @@ class Scheduler:
     # --- admission (loop thread) -----------------------------------------------------------
 
     def try_admit(self, lane: Lane) -> bool:
-        """Admit a request on ``lane`` without waiting, if nothing stands in the way."""
-        if (
-            self.yield_due
-            or self.state is not DeviceState.OPEN
-            or self.faults.first is not None
-            or self._loop_now() is not self._loop_identity
-            or lane.closed
-        ):
-            return False
+        """Admit a request on ``lane`` at once if it fits and nobody waits ahead of it; False
+        when it must wait (:meth:`admit`). Raises as :meth:`check_usable` does."""
+        if self.yield_due:
+            return False  # admit() lets the loop run first
+        self.check_usable(lane)
         admission = lane.admission
-        # Admission.try_enter, inlined: ~0.1 us per launch (``aio-ascend bench --only poll``)
-        if (
-            admission.in_flight >= admission.limit
-            or admission.entries + ENTRIES_PER_REQUEST > admission.entry_budget
-            or admission.queue
-        ):
+        if not admission.try_enter():
             return False
-        admission.in_flight += 1
-        admission.entries += ENTRIES_PER_REQUEST
-        if admission.in_flight > self.peak_in_flight:
-            self.peak_in_flight = admission.in_flight
-        self.unsettled += 1
+        self._admitted(admission.in_flight)
         return True
 
     async def admit(self, lane: Lane) -> None:
@@ -299,21 +273,15 @@ class Scheduler:
             # loop run (this bounds loop lag at a few ms however fast the caller launches).
             self.yield_due = False
             await self.adapter.checkpoint()
-        if lane.closed:  # before the device's state: the caller's own object is closed
-            raise ClosedError("the stream is closed")
-        # (check_usable's conditions inline: every launch of a saturated stream comes here;
-        # ~0.1 us a call, ``aio-ascend bench --only poll``)
-        if (
-            self.state is not DeviceState.OPEN
-            or self.faults.first is not None
-            or self._loop_now() is not self._loop_identity
-        ):
-            self.check_usable()
+        self.check_usable(lane)
         admission = lane.admission
         if not admission.try_enter():
             await self._wait_for_slot(lane)
-        if admission.in_flight > self.peak_in_flight:
-            self.peak_in_flight = admission.in_flight
+        self._admitted(admission.in_flight)
+
+    def _admitted(self, in_flight: int) -> None:
+        if in_flight > self.peak_in_flight:
+            self.peak_in_flight = in_flight
         self.unsettled += 1
 
     async def _wait_for_slot(self, lane: Lane) -> None:
@@ -329,15 +297,11 @@ class Scheduler:
         if ticket.refused:  # closed while waiting: nothing is held
             self.check_usable()
             raise ClosedError("the stream was closed while waiting for admission")
-        if (
-            self.state is not DeviceState.OPEN
-            or self.faults.first is not None
-            or self._loop_now() is not self._loop_identity
-            or lane.closed
-        ):
+        try:
+            self.check_usable(lane)
+        except BaseException:
             self._release_slot(lane)
-            self.check_usable()
-            raise ClosedError("the stream was closed while waiting for admission")
+            raise
 
     def unadmit(self, lane: Lane) -> None:
         """Take back an admission whose request could not be built."""
@@ -351,116 +315,31 @@ class Scheduler:
 
     # --- requests (loop thread, after admission) -------------------------------------------
 
-    def launch(
-        self,
-        lane: Lane,
-        task: Task,
-        func: int,
-        blocks: int,
-        cfg: LaunchConfig | None,
-        packed: PackedArgs,
-        allocations: tuple[Allocation, ...],
-    ) -> Task:
-        """Queue an admitted launch: snapshot its args, retain its buffers."""
-        try:
-            # snapshot_args, inlined: the bench's "(c) scheduler" row pays ~0.2 us per launch
-            # for the call
-            nbytes = packed.nbytes
-            count = packed.placeholder_count
-            table_offset = (nbytes + 7) & ~7
-            host = self.pool.acquire(table_offset + 8 * count)
-            view = host.view
-            view[:nbytes] = packed.image
-            if count:
-                view[table_offset : table_offset + 8 * count] = packed.table
-            if allocations:
-                self.lifetimes.retain(allocations)
-        except BaseException:
-            self.unadmit(lane)
-            raise
-        lane.last = task
+    def enqueue(self, request: Request) -> Task:
+        """Queue an admitted request (every operation comes here): take its staging buffer,
+        retain the device memory it uses, make it its stream's latest task. If that fails,
+        its admission is given back."""
+        buffers = request.buffers
+        for allocation in buffers:
+            if allocation.free_requested:  # freed (a graph: closed) during an admission wait
+                self.unadmit(request.lane)
+                raise ValueError(
+                    f"{request.kind}: {allocation!r} was freed while the request waited for "
+                    "admission"
+                )
+        if request.host is None and request.staged:
+            try:
+                request.stage(self.pool)
+            except BaseException:
+                self.unadmit(request.lane)
+                raise
+        if buffers:
+            self.lifetimes.retain(buffers)
+        request.lane.last = request.task
         pending = self._pending
-        pending.append(
-            Launch(lane, task, host, allocations, func, blocks, cfg, nbytes, table_offset, count)
-        )
+        pending.append(request)
         if len(pending) >= self._flush_at or not self._flush_scheduled:
             self._schedule_flush()
-        return task
-
-    def copy_to_device(
-        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, src: Any, count: int
-    ) -> Task:
-        """Queue an admitted host-to-device copy (staged just before submission)."""
-        host = self._stage(lane, count, (root,))
-        return self.enqueue(CopyToDevice(lane, task, host, dst, root, src, count))
-
-    def copy_to_host(
-        self,
-        lane: Lane,
-        task: Task,
-        dst: np.ndarray[Any, Any],
-        src: Allocation,
-        root: Allocation,
-        count: int,
-    ) -> Task:
-        """Queue an admitted device-to-host copy (``dst`` filled before the task resolves)."""
-        host = self._stage(lane, count, (root,))
-        return self.enqueue(CopyToHost(lane, task, host, dst, src, root, count))
-
-    def copy_device(
-        self,
-        lane: Lane,
-        task: Task,
-        dst: Allocation,
-        src: Allocation,
-        roots: tuple[Allocation, Allocation],
-        count: int,
-    ) -> Task:
-        """Queue an admitted device-to-device copy."""
-        self._stage(lane, 0, roots)
-        return self.enqueue(CopyDevice(lane, task, dst, src, count, roots))
-
-    def memset(
-        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int
-    ) -> Task:
-        """Queue an admitted memset."""
-        self._stage(lane, 0, (root,))
-        return self.enqueue(Memset(lane, task, dst, root, value, count))
-
-    def record_event(
-        self, lane: Lane, task: Task, make_event: Callable[[int], EventRecord], flags: int
-    ) -> EventRecord:
-        """Queue an admitted event record; ``make_event(handle)`` builds the public event."""
-        try:
-            event = make_event(self.user_events.take(flags))
-        except BaseException:
-            self.unadmit(lane)
-            raise
-        self.enqueue(RecordEvent(lane, task, event))
-        return event
-
-    def wait_event(self, lane: Lane, task: Task, event: EventRecord) -> Task:
-        """Queue an admitted wait for ``event`` on ``lane``."""
-        return self.enqueue(WaitEvent(lane, task, event))
-
-    def _stage(
-        self, lane: Lane, count: int, allocations: tuple[Allocation, ...]
-    ) -> HostBuffer | None:
-        # A staging buffer of `count` bytes (none for 0), `allocations` retained. A big one is
-        # left to a staging thread: allocating hundreds of MiB stalls no loop or stream then.
-        try:
-            host = self.pool.acquire(count) if 0 < count <= STAGE_AT_HAND_BYTES else None
-            self.lifetimes.retain(allocations)
-        except BaseException:
-            self.unadmit(lane)
-            raise
-        return host
-
-    def enqueue(self, request: Request) -> Task:
-        """Queue an admitted request (the stream's latest task from now on)."""
-        request.lane.last = request.task
-        self._pending.append(request)
-        self._schedule_flush()
         return request.task
 
     def _schedule_flush(self) -> None:
@@ -523,8 +402,6 @@ class Scheduler:
         adapter = current_loop_adapter()
         with self._post_lock:
             self.adapter = adapter
-            self._loop_now = adapter.current
-            self._loop_identity = adapter.identity
             self._delivery.rebind(adapter.wake, adapter.call_soon)
             undelivered, self._undelivered = self._undelivered, []
         log.info(

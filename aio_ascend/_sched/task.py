@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
@@ -151,10 +152,8 @@ class Task:
             self._failures.retrieved(unseen)
 
     def __await__(self) -> Generator[Any, None, None]:
-        return self.wait().__await__()
-
-    async def wait(self) -> None:
-        """The same as ``await task``."""
+        # A generator, not ``wait().__await__()``: one coroutine object and frame less per
+        # ``await task`` (the request-handler shape awaits every launch)
         if self._done:
             # Awaiting a finished task does not suspend; a coroutine that awaits thousands in
             # a row would hold the loop for tens of ms. Every READY_AWAITS_PER_CHECKPOINT-th
@@ -164,11 +163,11 @@ class Task:
             adapter.ready_awaits += 1
             if adapter.ready_awaits >= READY_AWAITS_PER_CHECKPOINT:
                 adapter.ready_awaits = 0
-                await adapter.checkpoint()
+                yield from adapter.checkpoint().__await__()
         else:
             self._retrievers += 1
             try:
-                await self.wait_finished()
+                yield from self._finished()
             finally:
                 self._retrievers -= 1
         if self._exc is not None:
@@ -176,11 +175,19 @@ class Task:
                 self._retrieved()
             raise self._exc
 
+    async def wait(self) -> None:
+        """The same as ``await task``."""
+        await self
+
     async def wait_finished(self) -> None:
         """Wait until the task is done, successfully or not, without raising its error (a
         failure stays unretrieved: see the class docstring)."""
-        if self._done:
-            return
+        if not self._done:
+            await self._finished()
+
+    @types.coroutine
+    def _finished(self) -> Generator[Any, None, None]:
+        # The one wait for the task to finish (``await task`` and ``wait_finished``).
         adapter = self._adapter
         if not adapter.is_current():
             raise RuntimeError("this Task belongs to a device opened in a different event loop")
@@ -190,7 +197,7 @@ class Task:
         else:
             self._waiters.append(waiter)
         try:
-            await adapter.wait(waiter)
+            yield from adapter.wait(waiter).__await__()
             if self.resumed_at is None:  # the first waiter to resume after the wake
                 self.resumed_at = _now()
                 if HOOKS.observers:

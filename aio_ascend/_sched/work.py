@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import derived_error
+from .._host.snapshot import snapshot_args
 from .._runtime.abi import (
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
@@ -26,7 +27,8 @@ from .events import EventRecord
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._host.pool import HostBuffer
+    from .._host.hostargs import PackedArgs
+    from .._host.pool import HostBuffer, HostBufferPool
     from .._launch_config import LaunchConfig
     from .._runtime import Runtime
     from .lane import Lane
@@ -88,8 +90,9 @@ class Request:
     needs_completion = False
     #: runtime tasks it queues on its stream (fault reports count them)
     runtime_tasks = 1
-    #: whether it goes through a pinned staging buffer (``host``; for a big copy the loop
-    #: leaves it None, and the submitter has :meth:`prepare` run by its staging thread)
+    #: whether it goes through a pinned staging buffer (``host``: taken by :meth:`stage` when
+    #: it is queued; for a big copy the loop leaves it None, and the submitter has
+    #: :meth:`prepare` run by its staging thread)
     staged = False
 
     def __init__(
@@ -117,6 +120,9 @@ class Request:
     def submit(self, runtime: Runtime, stream: int) -> None:
         """Queue the operation on ``stream`` (submitter thread)."""
 
+    def stage(self, pool: HostBufferPool) -> None:
+        """Take its pinned staging buffer from ``pool`` (loop thread, when it is queued)."""
+
     def prepare(self, acquire: Callable[[int], HostBuffer]) -> None:
         """Take the pinned staging buffer of a big copy from ``acquire`` and fill it (a staging
         thread, while the request waits)."""
@@ -138,17 +144,19 @@ Delivery = tuple[Request, BaseException | None, Outcome]
 
 @mypyc_attr(acyclic=True)
 class Launch(Request):
-    """A kernel launch with a snapshot of its host args in a pooled pinned buffer."""
+    """A kernel launch: its host args in a pinned buffer, its own copy (taken by :meth:`stage`)
+    or an image shared by many launches (``host`` given: see ``snapshot.shareable``)."""
 
-    __slots__ = ("blocks", "cfg", "func", "nbytes", "placeholder_count", "table_offset")
+    __slots__ = ("args", "blocks", "cfg", "func", "nbytes", "placeholder_count", "table_offset")
     kind = "launch"
     is_launch = True
+    staged = True
 
     def __init__(
         self,
         lane: Lane,
         task: Task,
-        host: HostBuffer,
+        host: HostBuffer | None,
         buffers: tuple[Allocation, ...],
         func: int,
         blocks: int,
@@ -156,22 +164,23 @@ class Launch(Request):
         nbytes: int,
         table_offset: int,
         placeholder_count: int,
+        args: PackedArgs | None = None,
     ) -> None:
-        # (no super().__init__: this is the hot path)
-        self.lane = lane
-        self.task = task
-        self.host = host
-        self.buffers = buffers
-        self.settled = False
-        self.entries = 2
-        self.closes_batch = False
-        self.position = -1
+        Request.__init__(self, lane, task, host, buffers)
         self.func = func
         self.blocks = blocks
         self.cfg = cfg
         self.nbytes = nbytes
         self.table_offset = table_offset
         self.placeholder_count = placeholder_count
+        #: the args :meth:`stage` copies into a buffer of its own (``host`` None)
+        self.args = args
+
+    def stage(self, pool: HostBufferPool) -> None:
+        args = self.args
+        assert args is not None
+        self.host = snapshot_args(pool, args)
+        self.args = None
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         addr = self.host.addr  # type: ignore[union-attr]
@@ -239,6 +248,10 @@ class CopyToDevice(_Copy):
     ) -> None:
         super().__init__(lane, task, host, (dst.ptr, dst.nbytes), src, count, (root,))
 
+    def stage(self, pool: HostBufferPool) -> None:
+        if self.count <= STAGE_AT_HAND_BYTES:  # else staged aside (prepare)
+            self.host = pool.acquire(self.count)
+
     def prepare(self, acquire: Callable[[int], HostBuffer]) -> None:
         self.host = acquire(self.count)  # held from here: released with the request
         self._fill(self.host)
@@ -287,6 +300,10 @@ class CopyToHost(_Copy):
         runtime.memcpy_async(
             host.addr, host.capacity, self.src[0], self.count, ACL_MEMCPY_DEVICE_TO_HOST, stream
         )
+
+    def stage(self, pool: HostBufferPool) -> None:
+        if self.count <= STAGE_AT_HAND_BYTES:  # else staged aside (prepare)
+            self.host = pool.acquire(self.count)
 
     def prepare(self, acquire: Callable[[int], HostBuffer]) -> None:
         self.host = acquire(self.count)

@@ -175,18 +175,23 @@ def bench_naive(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def bench_scheduler(
-    cfg: BenchConfig, completion: str, batch_cap: int = 512, *, traced: bool = False
+    cfg: BenchConfig,
+    completion: str,
+    batch_cap: int = 512,
+    *,
+    traced: bool = False,
+    plans: bool = False,
 ) -> dict[str, Any]:
     """(c): ``launchers`` coroutines each launching ``noop`` through one Device, ``repeats``
     times (``traced``: with an :class:`aio_ascend.tracing.Tracer` recording the measured
-    launches)."""
+    launches; ``plans``: each launch through a ``LaunchPlan``)."""
     n = cfg.n(50_000)
 
     async def main() -> dict[str, Any]:
         async with open_device(
             0, backend=cfg.backend, completion=completion, batch_cap=batch_cap
         ) as dev:
-            await launch_storm(dev, min(n, 5_000), cfg.launchers)  # warm-up: pools, events
+            await launch_storm(dev, min(n, 5_000), cfg.launchers, plans=plans)  # warm-up
             allocs0 = dev.stats()["host_buffer_allocations"]
             batches0, wakeups0 = dev.stats()["batches"], dev.stats()["wakeups"]
             rates, cpus = [], []
@@ -195,7 +200,7 @@ def bench_scheduler(
                 wall0, cpu0 = time.perf_counter(), time.process_time()
                 if tracer is not None:
                     tracer.start()
-                done = await launch_storm(dev, n, cfg.launchers)
+                done = await launch_storm(dev, n, cfg.launchers, plans=plans)
                 if tracer is not None:
                     tracer.stop()  # (its records are built here: counted, as tracing's cost)
                 wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -457,11 +462,11 @@ def bench_packing(cfg: BenchConfig) -> dict[str, float]:
         args = HostArgs().ptr(0x1000).ptr(0x2000).ptr(0x3000).u32(7).f32(0.5).placeholder(tiling)
         packed = args.pack()
         for _ in range(64):  # warm-up
-            pool.release(snapshot_args(pool, packed)[0])
+            pool.release(snapshot_args(pool, packed))
         before = pool.stats()["allocations"]
         t0 = time.perf_counter()
         for _ in range(n):
-            buf, _table_offset = snapshot_args(pool, packed)
+            buf = snapshot_args(pool, packed)
             pool.release(buf)
         snapshot_us = (time.perf_counter() - t0) / n * 1e6
         allocations = pool.stats()["allocations"] - before
@@ -484,6 +489,7 @@ STEPS: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]] = [
     ("unbatched", "(b2) scheduler, batch_cap=1", lambda c: bench_scheduler(c, "poll", 1)),
     ("poll", "(c) scheduler, poll mode", lambda c: bench_scheduler(c, "poll")),
     ("handler", "(c) request-handler shape", bench_handler),
+    ("plan", "(c) plan launches, poll mode", lambda c: bench_scheduler(c, "poll", plans=True)),
     ("roundtrip", "launch+await vs to_thread(noop)", bench_roundtrip),
     ("fanout", "256 handlers vs one", bench_fanout),
     ("block", "(c') scheduler, block mode", lambda c: bench_scheduler(c, "block")),
@@ -568,6 +574,9 @@ def ratios(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if "poll" in r and "raw" in r:
         v = r["poll"]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
         add("host CPU per launch (c)/(a)", v, "<= 3", v <= 3)
+    if "plan" in r and "raw" in r:
+        v = r["plan"]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
+        add("plan launch / (a)", v, "<= 1.6", v <= 1.6)
     if "handler" in r and "raw" in r:
         v = r["handler"]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
         add("host CPU per launch, request-handler shape / (a)", v, "<= 3", v <= 3)
@@ -638,6 +647,7 @@ def format_table(r: dict[str, Any]) -> str:
         ("naive", "(b) naive await to_thread(launch + sync)"),
         ("unbatched", "(b2) scheduler without batching (batch_cap=1)"),
         ("poll", "(c) scheduler, poll completion"),
+        ("plan", "(c) the same through a LaunchPlan"),
         ("block", "(c') scheduler, block completion"),
         ("traced", "(c) with aio_ascend.tracing recording"),
     ]:
@@ -654,7 +664,7 @@ def format_table(r: dict[str, Any]) -> str:
             "(c) request-handler shape (launch, then await)",
             f"{x['cpu_us_per_launch']:6.1f} us CPU/launch",
         )
-    for key in ("raw", "poll", "handler"):
+    for key in ("raw", "poll", "plan", "handler"):
         if key in r and "cpu_us_spread" in r[key]:
             sp = r[key]["cpu_us_spread"]
             row(

@@ -64,23 +64,34 @@ def run_async(cfg: ShapeConfig, fn: Callable[[], Coroutine[Any, Any, Any]]) -> A
     return asyncio.run(fn())
 
 
-async def launch_storm(dev: Device, total: int, launchers: int, streams: int = 1) -> float:
-    """``launchers`` coroutines launching ``noop`` fire-and-forget, each awaiting its last."""
+async def launch_storm(
+    dev: Device, total: int, launchers: int, streams: int = 1, *, plans: bool = False
+) -> float:
+    """``launchers`` coroutines launching ``noop`` fire-and-forget, each awaiting its last
+    (``plans``: through one ``stream.plan(noop, 1)`` per stream)."""
     ss = [dev.stream() for _ in range(streams)]
     noop = dev.function("noop")
     per = max(1, total // launchers)
+    made = [s.plan(noop, 1) for s in ss] if plans else []
 
     async def worker(i: int) -> None:
         s = ss[i % len(ss)]
         last = None
-        for _ in range(per):
-            last = await s.launch(noop, 1)
+        if plans:
+            plan = made[i % len(ss)]
+            for _ in range(per):
+                last = await plan.launch()
+        else:
+            for _ in range(per):
+                last = await s.launch(noop, 1)
         if last is not None:
             await last
 
     async with anyio.create_task_group() as tg:
         for i in range(launchers):
             tg.start_soon(worker, i)
+    for plan in made:
+        plan.close()
     for s in ss:
         await s.aclose()
     return float(per * launchers)

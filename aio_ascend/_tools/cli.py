@@ -697,7 +697,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--only",
         metavar="a,b,c",
-        help="comma-separated steps: packing, raw, naive, unbatched, poll, handler, "
+        help="comma-separated steps: packing, raw, naive, unbatched, poll, plan, handler, "
         "roundtrip, fanout, block, traced, bare_wakes, wake_poll, wake_block, wake_churn, "
         "loop_lag, producer_lag, graph, copy_isolation, idle_poll, idle_block (default: all; "
         "with --backend "

@@ -151,8 +151,8 @@ async def test_a_timed_out_download_into_a_pinned_array_keeps_it_until_the_devic
     async with open_dev(task_timeout=0.1) as dev:
         s = dev.stream()
         buf = await upload(dev, s, np.full(4096, 5, np.uint8))
-        # 1.5 s: the device is still busy when the check below runs (~0.13 s in), 10x over
-        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(1_500_000))
+        # 3 s: the device is still busy when the check below runs (~0.13 s in), 20x over
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(3_000_000))
         dst = dev.pinned_empty(4096, np.uint8)
         task = await s.copy_to_host(dst, buf)
         with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError):

@@ -338,6 +338,7 @@ class _Closed:
     graph: aa.Graph
     capture: Any
     recording: Any
+    plan: aa.LaunchPlan
 
     @classmethod
     async def make(cls, backend: str) -> _Closed:
@@ -355,6 +356,7 @@ class _Closed:
         c.capture = c.s.capture()
         c.recording = c.s.capture()
         await c.recording.__aenter__()
+        c.plan = c.s.plan(c.fn, 1)
         await dev.aclose()
         return c
 
@@ -388,6 +390,7 @@ AFTER_CLOSE: dict[str, Callable[[_Closed], object]] = {
     "Stream.launch": lambda c: c.s.launch(c.fn, 1),
     "Stream.launch_graph": lambda c: c.s.launch_graph(c.graph),
     "Stream.memset": lambda c: c.s.memset(c.buf, 0),
+    "Stream.plan": lambda c: c.s.plan(c.fn, 1),
     "Stream.record_event": lambda c: c.s.record_event(),
     "Stream.run": lambda c: c.s.run(c.fn, 1),
     "Stream.run_graph": lambda c: c.s.run_graph(c.graph),
@@ -403,6 +406,9 @@ AFTER_CLOSE: dict[str, Callable[[_Closed], object]] = {
     "DeviceBuffer.__getitem__": lambda c: c.buf[0:8],
     "Event.elapsed_ms": lambda c: c.event.elapsed_ms(c.event),
     "Module.function": lambda c: c.module.function("noop"),
+    "LaunchPlan.__aenter__": lambda c: c.plan.__aenter__(),
+    "LaunchPlan.launch": lambda c: c.plan.launch(),
+    "LaunchPlan.run": lambda c: c.plan.run(),
 }
 
 #: public calls that keep working after close, and why
@@ -413,6 +419,8 @@ STILL_ANSWER = {
     "Stream.synchronize": "nothing is queued: returns at once",
     "DeviceBuffer.free": "idempotent cleanup (the close released the memory)",
     "Graph.close": "idempotent cleanup (the close destroyed the graph)",
+    "LaunchPlan.close": "idempotent cleanup (the close released what it held)",
+    "LaunchPlan.closed": "state",
     "Device.stats": "a read of counters (metrics collectors read it at any time)",
     "Device.memory_stats": "a read of counters (all zero but the totals after the close)",
     "Device.closed": "state",
@@ -431,6 +439,7 @@ STILL_ANSWER = {
     "Event.failure": "the recorded work's outcome, known before the close",
     "Event.query": "the recorded work's outcome, known before the close",
     "Event.recorded": "state: whether the record reached the runtime",
+    "DeviceBuffer.uses": "state: queued requests still using it (none after the close)",
 }
 
 
@@ -438,7 +447,8 @@ def _public_calls() -> set[str]:
     from aio_ascend._stream import GraphCapture
 
     names = set()
-    for cls in (aa.Device, aa.Stream, GraphCapture, aa.DeviceBuffer, aa.Event, aa.Module, aa.Graph):
+    classes = (aa.Device, aa.Stream, GraphCapture, aa.DeviceBuffer, aa.Event, aa.Module, aa.Graph)
+    for cls in (*classes, aa.LaunchPlan):
         for klass in cls.__mro__[:-1]:
             for name, value in vars(klass).items():
                 if name.startswith("_") and name not in ("__aenter__", "__getitem__", "__await__"):

@@ -169,7 +169,7 @@ def test_bench_shapes_report_their_rows_ratios_and_spread(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "bench.json"
-    steps = "raw,handler,roundtrip,fanout,producer_lag,graph"
+    steps = "raw,plan,handler,roundtrip,fanout,producer_lag,graph"
     code = main(
         ["bench", "--scale", "0.01", "--repeats", "2", "--only", steps, "-q", "--json", str(path)]
     )
@@ -185,6 +185,7 @@ def test_bench_shapes_report_their_rows_ratios_and_spread(
     ratios = data["ratios"]
     for name in (
         "host CPU per launch, request-handler shape / (a)",
+        "plan launch / (a)",
         "launch+await round trip / to_thread(noop), p50",
         "256 handlers / one handler, launches/s",
         "loop lag p99 (ms), one producer, 10k launches",

@@ -377,6 +377,16 @@ class _Holder:
         self.buffers = buffers
 
 
+class _Host(str):
+    """A host buffer as Lifetimes sees it: a name, and whether a plan shares it."""
+
+    shared = False
+
+
+class _SharedHost(_Host):
+    shared = True
+
+
 def test_free_is_deferred_until_the_last_user_is_released() -> None:
     freed: list[int] = []
     pool = _Pool()
@@ -390,12 +400,21 @@ def test_free_is_deferred_until_the_last_user_is_released() -> None:
     lifetimes.free(a)
     lifetimes.free(a)  # twice is once
     assert freed == [] and a.free_requested
-    lifetimes.release([_Holder("h1", (a, b))])
+    lifetimes.release([_Holder(_Host("h1"), (a, b))])
     assert freed == [] and pool.released == ["h1"]
     lifetimes.release([_Holder(None, (a,))])
     assert freed == [0x100] and lifetimes.live_count == 1
     lifetimes.free(b)  # unused: freed at once
     assert freed == [0x100, 0x200] and lifetimes.live_count == 0
+
+
+def test_a_shared_args_image_is_not_given_back_by_the_requests_that_read_it() -> None:
+    pool = _Pool()
+    lifetimes = Lifetimes(lambda ptr: None, pool)  # type: ignore[arg-type]
+    holders = [_Holder(_SharedHost("image"), ()), _Holder(_Host("own"), ())]
+    lifetimes.release(holders)
+    assert pool.released == ["own"]  # the image goes back with its owner (the plan)
+    assert all(holder.host is None for holder in holders)
 
 
 def test_take_all_on_close_and_nothing_freed_twice_after() -> None:

@@ -28,6 +28,7 @@ _FACADES = {
     "_stream",
     "_event",
     "_graph",
+    "_plan",
     "_module",
     "_buffer",
     "_hostfunc",

@@ -126,3 +126,36 @@ def test_large_classes_are_not_cached(runtime: Runtime) -> None:
     assert pool.stats()["free"] == 0
     assert runtime.live_resources()["host_allocations"] == 0  # type: ignore[attr-defined]
     pool.close()
+
+
+def test_a_pinned_buffer_is_shared_until_unpinned_and_never_counted_in_use(
+    runtime: Runtime,
+) -> None:
+    pool = HostBufferPool(runtime.malloc_host, runtime.free_host, debug=True)
+    image = bytes(range(16))
+    buf = pool.pin(image)
+    assert buf.shared and buf.view[:16] == image
+    assert pool.stats()["in_use"] == 0  # a plan's image, not a request's buffer
+    pool.unpin(buf)
+    assert not buf.shared and pool.stats()["violations"] == 0
+    pool.unpin(buf)  # given back once
+    assert pool.stats()["free"] >= 1
+    kept = pool.pin(image)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not reported as a leak: its owner outlives the pool
+        assert pool.close() == 0
+    pool.unpin(kept)  # after the close: freed already, nothing to do
+
+
+def test_only_an_image_the_runtime_never_writes_is_shared() -> None:
+    from aio_ascend._host.hostargs import HostArgs
+    from aio_ascend._host.snapshot import shareable
+    from aio_ascend._runtime.base import FunctionInfo
+
+    plain = HostArgs().u32(1).pack()
+    assert shareable(plain, None)
+    assert shareable(plain, FunctionInfo())
+    assert not shareable(HostArgs().u32(1).placeholder(b"tiling!!").pack(), None)
+    assert not shareable(plain, FunctionInfo(kernel_type="mix"))
+    assert not shareable(plain, FunctionInfo(prefix=(0x1000,)))
+    assert not shareable(plain, FunctionInfo(suffix=(0x2000,)))

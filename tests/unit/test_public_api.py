@@ -19,6 +19,7 @@ EXPORTED = {
     "InternalError",
     "LaunchConfig",
     "LaunchConfigDict",
+    "LaunchPlan",
     "Module",
     "RuntimeAPIError",
     "Stream",

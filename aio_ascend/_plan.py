@@ -1,0 +1,167 @@
+"""``LaunchPlan``: one kernel launch checked, packed and pinned once, queued again and again."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ._errors import ClosedError
+from ._host.snapshot import shareable, shared_image
+from ._sched.plans import PlanRecord
+from ._sched.task import Task
+from ._sched.work import Launch
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from ._host.hostargs import PackedArgs
+    from ._launch_config import LaunchConfig
+    from ._module import Function
+    from ._sched.lane import Lane
+    from ._sched.lifetimes import Allocation
+    from ._sched.scheduler import Scheduler
+    from ._stream_sync import StreamSync
+
+__all__ = ["LaunchPlan"]
+
+
+class LaunchPlan:
+    """A kernel launch prepared once on a stream (``stream.plan(fn, blocks, args)``) and
+    queued as often as wanted with ``await plan.launch()`` (its :class:`Task`) or ``await
+    plan.run()`` (and wait)::
+
+        async with stream.plan(fn, 8, HostArgs().ptr(buf).u32(n)) as plan:
+            for _ in range(1000):
+                await plan.launch()
+        await stream.synchronize()
+
+    The arguments are checked, packed and copied into pinned memory when the plan is made;
+    a launch only checks what can change: the stream and device are open, the device has
+    not faulted, the call comes from the device's event loop. Launches without placeholders
+    (and not of a MIX kernel) all read that one pinned image; the others each get their own
+    copy of it, since the runtime writes into the args buffer during such a launch.
+
+    Lifetimes: the plan keeps the device buffers its args point to, as a ``Graph`` does:
+    their ``free()`` waits until the plan is closed and its queued launches have finished.
+    Close it (:meth:`close`, or ``async with``); a plan left open holds them until the device
+    closes.
+
+    :ivar stream: the stream it launches on
+    :ivar function: the kernel
+    :ivar blocks: the number of blocks
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_blocks",
+        "_cfg",
+        "_func",
+        "_holds",
+        "_lane",
+        "_packed",
+        "_record",
+        "_ref",
+        "_scheduler",
+        "blocks",
+        "function",
+        "stream",
+    )
+
+    def __init__(
+        self,
+        stream: Any,
+        stream_ref: Callable[[], Any],
+        scheduler: Scheduler,
+        lane: Lane,
+        fn: Function,
+        blocks: int,
+        cfg: LaunchConfig | None,
+        packed: PackedArgs,
+        buffers: tuple[Allocation, ...],
+    ) -> None:
+        self.stream = stream
+        self.function = fn
+        self.blocks = blocks
+        self._scheduler = scheduler
+        self._lane = lane
+        self._ref = stream_ref
+        self._func = fn.handle
+        self._blocks = blocks
+        self._cfg = cfg
+        self._packed = packed
+        host = shared_image(scheduler.pool, packed) if shareable(packed, fn.info) else None
+        self._record = PlanRecord(scheduler.lifetimes, scheduler.pool, host, buffers)
+        self._holds = (self._record,)  # what each launch holds (one tuple for all of them)
+
+    async def launch(self) -> Task:
+        """Queue the launch on the plan's stream; return its :class:`Task`.
+
+        :raises ClosedError: the plan, the stream or the device is closed
+        :raises DeviceFaultError: the device has faulted (cause: the first fault)
+        :raises RuntimeError: called from another thread or event loop than the device's
+        """
+        record = self._record
+        if record.free_requested:
+            raise ClosedError("the launch plan is closed")
+        scheduler = self._scheduler
+        lane = self._lane
+        stream: StreamSync = self.stream
+        # The stream's own admission (a plan is part of its stream's facade): after a pending
+        # host function, with an external torch stream's queue drained first.
+        if not (stream._plain and scheduler.try_admit(lane)):  # noqa: SLF001
+            await stream._admit()  # noqa: SLF001
+            if record.free_requested:  # closed while this launch waited for its slot
+                scheduler.unadmit(lane)
+                raise ClosedError("the launch plan is closed")
+        task = Task(scheduler.adapter, self._ref, "launch", scheduler.failures)
+        packed = self._packed
+        scheduler.enqueue(
+            Launch(
+                lane,
+                task,
+                record.host,
+                self._holds,
+                self._func,
+                self._blocks,
+                self._cfg,
+                packed.nbytes,
+                packed.table_offset,
+                packed.placeholder_count,
+                packed,
+            )
+        )
+        return await stream._queued(task)  # noqa: SLF001
+
+    async def run(self) -> None:
+        """:meth:`launch` and wait until the kernel has finished (cancelled after the launch
+        was admitted, only the wait is cancelled: see :class:`Task`)."""
+        await (await self.launch())
+
+    def close(self) -> None:
+        """Launch no more: what the plan holds is released once its queued launches have
+        finished (then the buffers' deferred frees proceed). Idempotent."""
+        record = self._record
+        record.registry.free(record)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has been called (queued launches may still be running)."""
+        return self._record.free_requested
+
+    async def __aenter__(self) -> LaunchPlan:
+        if self.closed:
+            raise ClosedError("the launch plan is closed")
+        self._scheduler.check_usable(self._lane)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "open"
+        return f"<LaunchPlan {self.function.name!r} blocks={self.blocks} {state}>"
