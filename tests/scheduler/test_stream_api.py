@@ -160,6 +160,31 @@ async def test_a_host_function_runs_after_earlier_work_and_holds_later_work(
         assert s.query()
 
 
+async def test_a_plan_launch_waits_for_a_host_function_as_every_operation_does(
+    open_any: Callable[..., Any],
+) -> None:
+    # A launch plan queues on its stream through the stream's own admission: a host function
+    # queued before holds it, as it holds a plain launch.
+    async with open_any() as dev:
+        s = dev.stream()
+        x = dev.malloc(16)
+        y = dev.malloc(16)
+        await s.upload(x, np.ones(4, np.float32))
+        await s.upload(y, np.zeros(4, np.float32))
+        plan = s.plan(dev.function("axpy"), 1, aa.HostArgs().ptr(x).ptr(y).f32(7.0).u32(4))
+        release = threading.Event()
+        host = await s.launch_host_func(lambda: release.wait(10))
+        with anyio.move_on_after(0.2) as scope:
+            await plan.launch()
+        assert scope.cancelled_caught, "the plan's launch overtook the host function"
+        release.set()
+        task = await plan.launch()
+        assert host.done()
+        await task
+        assert (await s.download(y, np.float32, 4)).tolist() == [7.0] * 4
+        plan.close()
+
+
 async def test_an_exception_in_a_host_function_fails_its_task_not_the_stream(
     open_any: Callable[..., Any],
 ) -> None:
