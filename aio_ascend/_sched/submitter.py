@@ -30,6 +30,7 @@ from .._errors import (
 )
 from .._host.pool import HostBuffer
 from .._runtime import Runtime
+from .._runtime.base import LaunchBatch
 from .._runtime.threads import GilTurns, LoopPulse
 from .batching import Hop
 from .counters import Counters
@@ -84,6 +85,8 @@ class Submitter:
         pulse: LoopPulse | None = None,
     ) -> None:
         self._runtime = runtime
+        #: the runtime's one call for a run of plain launches; None: launches go one by one
+        self._launch_batch: LaunchBatch | None = getattr(runtime, "launch_batch", None)
         #: when to hand the loop the GIL: hops that follow each other add up (see LoopPulse)
         self._turns = GilTurns(pulse or LoopPulse())
         self._faults = faults
@@ -286,15 +289,41 @@ class Submitter:
         runtime = self._runtime
         launch = runtime.launch_kernel_with_host_args
         task_id = runtime.last_task_id  # the runtime's id of what this thread just submitted
+        launch_batch = self._launch_batch
         counters = self.counters
         faults = self._faults
         parked = self._parked
-        for index, req in enumerate(requests):
+        #: plain launches that passed their checks, submitted together by one launch_batch
+        #: call when the run ends: before anything else is looked at, and after a launch that
+        #: closes a batch (its event must follow it)
+        run: list[Request] = []
+        slow = -1  # the index of a launch the batch call left to the per-launch method
+        index = 0
+        total = len(requests)
+        while index < total or run:
+            if index == total or (run and run[-1].closes_batch):
+                index = self._flush(run, index, open_batches, broken, failures, deadline)
+                if index < 0:
+                    slow, index = -index - 1, -index - 1
+                continue
+            req = requests[index]
             if index & 31 == 31:
                 self._turns.offer()
             lane = req.lane
+            plain = launch_batch is not None and type(req) is Launch and index != slow
+            if run and not plain:  # the run goes first; this one is looked at after it
+                index = self._flush(run, index, open_batches, broken, failures, deadline)
+                if index < 0:
+                    slow, index = -index - 1, -index - 1
+                continue
             if parked and lane in parked:  # behind a big copy being staged: in order
+                if run:
+                    index = self._flush(run, index, open_batches, broken, failures, deadline)
+                    if index < 0:
+                        slow, index = -index - 1, -index - 1
+                    continue
                 parked[lane].append((req, deadline))
+                index += 1
                 continue
             error = broken.get(lane)
             first = faults.first
@@ -306,6 +335,16 @@ class Submitter:
                 error = derived_error(error, "not submitted: an earlier request was refused")
             elif lane.forced:  # its stream is being destroyed by force
                 error = gave_up(req.kind)
+            if error is None and plain and req.cfg is None:  # type: ignore[attr-defined]
+                run.append(req)  # submitted with its run (position set there)
+                index += 1
+                continue
+            if run:  # (refused or not plain after all) the run goes first
+                index = self._flush(run, index, open_batches, broken, failures, deadline)
+                if index < 0:
+                    slow, index = -index - 1, -index - 1
+                continue
+            index += 1
             if error is None:
                 try:
                     if type(req) is Launch:
@@ -341,19 +380,65 @@ class Submitter:
                 else:
                     tid = task_id()
                     req.position = -1 if tid is None else tid
-                    lane.submitted += req.runtime_tasks
-            if error is not None:
-                self._refuse(req, error, failures)
+            self._place(req, error, open_batches, deadline, failures)
+
+    def _flush(
+        self,
+        run: list[Request],
+        index: int,
+        open_batches: dict[Lane, list[Request]],
+        broken: dict[Lane, BaseException],
+        failures: list[Delivery],
+        deadline: float,
+    ) -> int:
+        """Submit ``run`` (the plain launches just before ``requests[index]``) with one
+        ``launch_batch`` call. Returns the index to go on from: ``index``, or where the run
+        stopped: the request after a refused launch (its stream's later ones are refused from
+        it), or ``-1 - i`` for a launch ``i`` that the per-launch method must submit."""
+        launch_batch = self._launch_batch
+        assert launch_batch is not None
+        submitted, refusal = launch_batch(run)
+        self.counters.launches += submitted
+        for req in run[:submitted]:
+            self._place(req, None, open_batches, deadline, failures)
+        rest = len(run) - submitted
+        if rest:
+            stopped = run[submitted]
+            index -= rest
+            if refusal is None:
+                index = -1 - index
             else:
-                batch = open_batches.get(lane)
-                if batch is None:
-                    open_batches[lane] = [req]
-                else:
-                    batch.append(req)
-            if req.closes_batch:
-                batch = open_batches.pop(lane, None)
-                if batch:
-                    self._close_batch(lane, batch, deadline, failures)
+                self._caught.append(refusal)
+                error = broken[stopped.lane] = self._classify(refusal)
+                self._place(stopped, error, open_batches, deadline, failures)
+                index += 1
+        run.clear()
+        return index
+
+    def _place(
+        self,
+        req: Request,
+        error: BaseException | None,
+        open_batches: dict[Lane, list[Request]],
+        deadline: float,
+        failures: list[Delivery],
+    ) -> None:
+        """A request was submitted (``error`` None) or refused: into its stream's open batch,
+        or its failure; the batch is closed after the request that closes it."""
+        lane = req.lane
+        if error is not None:
+            self._refuse(req, error, failures)
+        else:
+            lane.submitted += req.runtime_tasks
+            batch = open_batches.get(lane)
+            if batch is None:
+                open_batches[lane] = [req]
+            else:
+                batch.append(req)
+        if req.closes_batch:
+            batch = open_batches.pop(lane, None)
+            if batch:
+                self._close_batch(lane, batch, deadline, failures)
 
     # --- big copies: staged aside while their stream waits ----------------------------------
 
