@@ -27,14 +27,19 @@ import os
 import shutil
 import struct
 import subprocess
+import sysconfig
 import tempfile
 import threading
 from dataclasses import dataclass
+from importlib.machinery import ExtensionFileLoader
+from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
+from aio_ascend._runtime.acl import batch as _batch
 from aio_ascend._runtime.acl.runtime import ENV_BUILTINS, AclRuntime, open_acl_runtime
 
 __all__ = [
@@ -50,6 +55,7 @@ __all__ = [
     "build_unusable_double",
     "control_for",
     "double_control",
+    "native_extension",
     "open_double_runtime",
 ]
 
@@ -504,3 +510,40 @@ def control_for(runtime: AclRuntime) -> DoubleControl:
         if built is not None and str(built.library) == runtime.library_path:
             return double_control(persona)
     raise LookupError(f"{runtime!r} is not open on a persona of the double")
+
+
+_native: list[ModuleType] = []
+
+
+def native_extension() -> ModuleType:
+    """The acl backend's native batch submit (``aio_ascend/_runtime/acl/_native.c``): the
+    installed one, else compiled from the package's source now, as ``setup.py`` builds it
+    (``pytest.skip`` without a C compiler or the Python headers)."""
+    installed = _batch.native_module()
+    if installed is not None:
+        return installed
+    with _build_lock:
+        if _native:
+            return _native[0]
+        compiler = _compiler()
+        include = sysconfig.get_paths()["include"]
+        if compiler is None or not Path(include, "Python.h").exists():
+            pytest.skip("no C compiler or Python headers to build the native batch submit")
+        source = Path(_batch.__file__).with_name("_native.c")
+        home = Path(tempfile.mkdtemp(prefix="aio_ascend_native_"))
+        atexit.register(shutil.rmtree, home, True)
+        target = home / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
+        command = [compiler, "-shared", "-fPIC", "-O2", f"-I{include}", "-o", str(target)]
+        result = subprocess.run(
+            [*command, str(source)], capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"building the native batch submit failed:\n{result.stderr}")
+        name = f"{_batch.__package__}._native"
+        loader = ExtensionFileLoader(name, str(target))
+        spec = spec_from_file_location(name, target, loader=loader)
+        assert spec is not None
+        module = module_from_spec(spec)
+        loader.exec_module(module)
+        _native.append(module)
+        return module
