@@ -85,8 +85,6 @@ class Submitter:
         pulse: LoopPulse | None = None,
     ) -> None:
         self._runtime = runtime
-        #: the runtime's one call for a run of plain launches; None: launches go one by one
-        self._launch_batch: LaunchBatch | None = getattr(runtime, "launch_batch", None)
         #: when to hand the loop the GIL: hops that follow each other add up (see LoopPulse)
         self._turns = GilTurns(pulse or LoopPulse())
         self._faults = faults
@@ -289,7 +287,8 @@ class Submitter:
         runtime = self._runtime
         launch = runtime.launch_kernel_with_host_args
         task_id = runtime.last_task_id  # the runtime's id of what this thread just submitted
-        launch_batch = self._launch_batch
+        #: the runtime's one call for a run of plain launches; None: launches go one by one
+        launch_batch: LaunchBatch | None = getattr(runtime, "launch_batch", None)
         counters = self.counters
         faults = self._faults
         parked = self._parked
@@ -302,7 +301,9 @@ class Submitter:
         total = len(requests)
         while index < total or run:
             if index == total or (run and run[-1].closes_batch):
-                index = self._flush(run, index, open_batches, broken, failures, deadline)
+                index = self._flush(
+                    launch_batch, run, index, open_batches, broken, failures, deadline
+                )
                 if index < 0:
                     slow, index = -index - 1, -index - 1
                 continue
@@ -312,13 +313,17 @@ class Submitter:
             lane = req.lane
             plain = launch_batch is not None and type(req) is Launch and index != slow
             if run and not plain:  # the run goes first; this one is looked at after it
-                index = self._flush(run, index, open_batches, broken, failures, deadline)
+                index = self._flush(
+                    launch_batch, run, index, open_batches, broken, failures, deadline
+                )
                 if index < 0:
                     slow, index = -index - 1, -index - 1
                 continue
             if parked and lane in parked:  # behind a big copy being staged: in order
                 if run:
-                    index = self._flush(run, index, open_batches, broken, failures, deadline)
+                    index = self._flush(
+                        launch_batch, run, index, open_batches, broken, failures, deadline
+                    )
                     if index < 0:
                         slow, index = -index - 1, -index - 1
                     continue
@@ -340,7 +345,9 @@ class Submitter:
                 index += 1
                 continue
             if run:  # (refused or not plain after all) the run goes first
-                index = self._flush(run, index, open_batches, broken, failures, deadline)
+                index = self._flush(
+                    launch_batch, run, index, open_batches, broken, failures, deadline
+                )
                 if index < 0:
                     slow, index = -index - 1, -index - 1
                 continue
@@ -384,6 +391,7 @@ class Submitter:
 
     def _flush(
         self,
+        launch_batch: LaunchBatch | None,
         run: list[Request],
         index: int,
         open_batches: dict[Lane, list[Request]],
@@ -395,7 +403,6 @@ class Submitter:
         ``launch_batch`` call. Returns the index to go on from: ``index``, or where the run
         stopped: the request after a refused launch (its stream's later ones are refused from
         it), or ``-1 - i`` for a launch ``i`` that the per-launch method must submit."""
-        launch_batch = self._launch_batch
         assert launch_batch is not None
         submitted, refusal = launch_batch(run)
         self.counters.launches += submitted

@@ -41,6 +41,7 @@ import pytest
 
 from aio_ascend._runtime.acl import batch as _batch
 from aio_ascend._runtime.acl.runtime import ENV_BUILTINS, AclRuntime, open_acl_runtime
+from aio_ascend._tools.bench_acl import BUILTINS_MAGIC, DOUBLE_CFLAGS, DOUBLE_KERNELS
 
 __all__ = [
     "BUILTINS_MAGIC",
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 SOURCE = Path(__file__).resolve().parent / "acl_double.c"
-BUILTINS_MAGIC = b"AIO_ASCEND_ACL_DOUBLE_BUILTINS"
 #: persona name -> its ACL_PERSONA number
 PERSONAS = {"8.0": 800, "8.3": 830, "8.5": 850, "9.1": 910}
 DEFAULT_PERSONA = "9.1"
@@ -113,7 +113,8 @@ PERSONA_SYMBOLS: dict[str, frozenset[str]] = {
     "8.5": frozenset((_COMMON + _ADDED_83 + _ADDED_85).split()),
     "9.1": frozenset((_COMMON + _ADDED_83 + _ADDED_85 + _ADDED_91).split()),
 }
-CFLAGS = ["-shared", "-fPIC", "-O2", "-pthread", "-std=gnu11", "-Wall", "-Wextra"]
+#: how the double is compiled: the bench builds it too (aio_ascend/_tools/bench_acl.py)
+CFLAGS = DOUBLE_CFLAGS
 
 
 @dataclass(frozen=True)
@@ -183,9 +184,7 @@ def _build(define: str) -> Built:
                 f"building the acl test double failed:\n{' '.join(command)}\n{result.stderr}"
             )
         builtins = home / "builtins.o"
-        builtins.write_bytes(
-            BUILTINS_MAGIC + b"\nvector_add axpy scale matmul sleep fault hang noop"
-        )
+        builtins.write_bytes(BUILTINS_MAGIC + b"\n" + DOUBLE_KERNELS)
         built = _built[define] = Built(home, library, builtins)
         return built
 

@@ -22,7 +22,8 @@ import ctypes
 import functools
 import importlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import ModuleType
 from typing import Any, Final
 
@@ -30,7 +31,14 @@ from ..._errors import AscendError, DeviceFaultError, RuntimeAPIError
 from ..abi import MAX_NUM_BLOCKS, MAX_PLACEHOLDERS, UINT32_MAX, check_placeholder_table
 from .values import LAUNCH
 
-__all__ = ["ENV_NATIVE", "NativeBatch", "native_batch", "native_module", "native_submit"]
+__all__ = [
+    "ENV_NATIVE",
+    "NativeBatch",
+    "native_batch",
+    "native_disabled",
+    "native_module",
+    "native_submit",
+]
 
 #: ``0`` turns the native batch submit off (the pure-Python path, as without a compiler)
 ENV_NATIVE: Final = "AIO_ASCEND_NATIVE"
@@ -59,6 +67,17 @@ def native_submit() -> bool:
     """Whether the acl backend submits runs of launches with one native call (reported by
     ``aio-ascend info`` and the bench; independent of ``aio_ascend.is_compiled()``)."""
     return _NATIVE is not None
+
+
+@contextmanager
+def native_disabled() -> Iterator[None]:
+    """Runtimes opened meanwhile launch one by one (the bench's comparison row)."""
+    global _NATIVE
+    saved, _NATIVE = _NATIVE, None
+    try:
+        yield
+    finally:
+        _NATIVE = saved
 
 
 class NativeBatch:
