@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR, CO_ITERABLE_COROUTINE
 from typing import Any
 
@@ -387,7 +387,7 @@ class Submitter:
                 else:
                     tid = task_id()
                     req.position = -1 if tid is None else tid
-            self._place(req, error, open_batches, deadline, failures)
+            self._place((req,), error, open_batches, deadline, failures)
 
     def _flush(
         self,
@@ -406,8 +406,7 @@ class Submitter:
         assert launch_batch is not None
         submitted, refusal = launch_batch(run)
         self.counters.launches += submitted
-        for req in run[:submitted]:
-            self._place(req, None, open_batches, deadline, failures)
+        self._place(run[:submitted], None, open_batches, deadline, failures)
         rest = len(run) - submitted
         if rest:
             stopped = run[submitted]
@@ -417,35 +416,36 @@ class Submitter:
             else:
                 self._caught.append(refusal)
                 error = broken[stopped.lane] = self._classify(refusal)
-                self._place(stopped, error, open_batches, deadline, failures)
+                self._place((stopped,), error, open_batches, deadline, failures)
                 index += 1
         run.clear()
         return index
 
     def _place(
         self,
-        req: Request,
+        requests: Sequence[Request],
         error: BaseException | None,
         open_batches: dict[Lane, list[Request]],
         deadline: float,
         failures: list[Delivery],
     ) -> None:
-        """A request was submitted (``error`` None) or refused: into its stream's open batch,
-        or its failure; the batch is closed after the request that closes it."""
-        lane = req.lane
-        if error is not None:
-            self._refuse(req, error, failures)
-        else:
-            lane.submitted += req.runtime_tasks
-            batch = open_batches.get(lane)
-            if batch is None:
-                open_batches[lane] = [req]
+        """Requests were submitted (``error`` None) or refused: into their stream's open
+        batch, or their failure; a batch is closed after the request that closes it."""
+        for req in requests:
+            lane = req.lane
+            if error is not None:
+                self._refuse(req, error, failures)
             else:
-                batch.append(req)
-        if req.closes_batch:
-            batch = open_batches.pop(lane, None)
-            if batch:
-                self._close_batch(lane, batch, deadline, failures)
+                lane.submitted += req.runtime_tasks
+                batch = open_batches.get(lane)
+                if batch is None:
+                    open_batches[lane] = [req]
+                else:
+                    batch.append(req)
+            if req.closes_batch:
+                batch = open_batches.pop(lane, None)
+                if batch:
+                    self._close_batch(lane, batch, deadline, failures)
 
     # --- big copies: staged aside while their stream waits ----------------------------------
 
