@@ -46,6 +46,8 @@ from .work import Batch, Delivery, Launch, Outcome, Request
 __all__ = ["Submitter"]
 
 _STOP = object()
+#: a request whose stream waits for a big copy's staging (not an error: it is queued)
+_PARKED = InternalError("parked")
 #: code flags of frames that ``frame.clear()`` would close (a generator's or coroutine's)
 _RESUMABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE
 
@@ -300,58 +302,47 @@ class Submitter:
         index = 0
         total = len(requests)
         while index < total or run:
-            if index == total or (run and run[-1].closes_batch):
-                index = self._flush(
-                    launch_batch, run, index, open_batches, broken, failures, deadline
+            if run and (index == total or run[-1].closes_batch):
+                index, slow = self._flush(
+                    launch_batch, run, index, open_batches, broken, failures, deadline, slow
                 )
-                if index < 0:
-                    slow, index = -index - 1, -index - 1
                 continue
             req = requests[index]
             if index & 31 == 31:
                 self._turns.offer()
             lane = req.lane
-            plain = launch_batch is not None and type(req) is Launch and index != slow
-            if run and not plain:  # the run goes first; this one is looked at after it
-                index = self._flush(
-                    launch_batch, run, index, open_batches, broken, failures, deadline
-                )
-                if index < 0:
-                    slow, index = -index - 1, -index - 1
-                continue
             if parked and lane in parked:  # behind a big copy being staged: in order
-                if run:
-                    index = self._flush(
-                        launch_batch, run, index, open_batches, broken, failures, deadline
-                    )
-                    if index < 0:
-                        slow, index = -index - 1, -index - 1
+                error: BaseException | None = _PARKED
+            else:
+                error = broken.get(lane)
+                first = faults.first
+                if first is not None:
+                    # the device fault is every later task's cause, directly: also when the
+                    # refusal that broke this stream's hop was that fault noted by the poller
+                    # in between
+                    error = derived_error(first, "device faulted earlier")
+                elif error is not None:
+                    error = derived_error(error, "not submitted: an earlier request was refused")
+                elif lane.forced:  # its stream is being destroyed by force
+                    error = gave_up(req.kind)
+                elif (
+                    launch_batch is not None
+                    and type(req) is Launch
+                    and req.cfg is None
+                    and index != slow
+                ):
+                    run.append(req)  # submitted with its run (its position set there)
+                    index += 1
                     continue
-                parked[lane].append((req, deadline))
-                index += 1
-                continue
-            error = broken.get(lane)
-            first = faults.first
-            if first is not None:
-                # the device fault is every later task's cause, directly: also when the refusal
-                # that broke this stream's hop was that fault noted by the poller in between
-                error = derived_error(first, "device faulted earlier")
-            elif error is not None:
-                error = derived_error(error, "not submitted: an earlier request was refused")
-            elif lane.forced:  # its stream is being destroyed by force
-                error = gave_up(req.kind)
-            if error is None and plain and req.cfg is None:  # type: ignore[attr-defined]
-                run.append(req)  # submitted with its run (position set there)
-                index += 1
-                continue
-            if run:  # (refused or not plain after all) the run goes first
-                index = self._flush(
-                    launch_batch, run, index, open_batches, broken, failures, deadline
+            if run:  # the run goes first; this one is looked at again after it
+                index, slow = self._flush(
+                    launch_batch, run, index, open_batches, broken, failures, deadline, slow
                 )
-                if index < 0:
-                    slow, index = -index - 1, -index - 1
                 continue
             index += 1
+            if error is _PARKED:
+                parked[lane].append((req, deadline))
+                continue
             if error is None:
                 try:
                     if type(req) is Launch:
@@ -398,11 +389,13 @@ class Submitter:
         broken: dict[Lane, BaseException],
         failures: list[Delivery],
         deadline: float,
-    ) -> int:
+        slow: int,
+    ) -> tuple[int, int]:
         """Submit ``run`` (the plain launches just before ``requests[index]``) with one
-        ``launch_batch`` call. Returns the index to go on from: ``index``, or where the run
-        stopped: the request after a refused launch (its stream's later ones are refused from
-        it), or ``-1 - i`` for a launch ``i`` that the per-launch method must submit."""
+        ``launch_batch`` call. Returns where to go on from, and the index of the launch left to
+        the per-launch method (else ``slow`` as it was): ``index``; or where the run stopped,
+        the request after a refused launch (its stream's later requests are refused from it
+        on), or a launch that the per-launch method must submit."""
         assert launch_batch is not None
         submitted, refusal = launch_batch(run)
         self.counters.launches += submitted
@@ -412,14 +405,14 @@ class Submitter:
             stopped = run[submitted]
             index -= rest
             if refusal is None:
-                index = -1 - index
+                slow = index
             else:
                 self._caught.append(refusal)
                 error = broken[stopped.lane] = self._classify(refusal)
                 self._place((stopped,), error, open_batches, deadline, failures)
                 index += 1
         run.clear()
-        return index
+        return index, slow
 
     def _place(
         self,
