@@ -190,6 +190,27 @@ def test_placeholders_are_checked_and_patched_in_a_run(kit: _Kit, ctl: DoubleCon
     assert last.args[6:8] == (kit.image + 16, 1)
 
 
+def test_a_position_that_cannot_be_set_does_not_undo_the_submission(
+    kit: _Kit, ctl: DoubleControl
+) -> None:
+    class Fixed:
+        """A launch whose ``position`` is read-only."""
+
+        def __init__(self, launch: _Launch) -> None:
+            self.__dict__.update(vars(launch))
+            del self.__dict__["position"]
+
+        @property
+        def position(self) -> int:
+            return -7
+
+    run = [Fixed(launch) for launch in kit.launches(2)]
+    mark = ctl.mark()
+    assert kit.batch(run) == (2, None)  # submitted is submitted: no error after the launches
+    assert len(ctl.calls(mark, LAUNCH)) == 2
+    assert [r.position for r in run] == [-7, -7]
+
+
 def test_a_fault_keeps_its_first_text(kit: _Kit, ctl: DoubleControl) -> None:
     ctl.set_fault(kit.rt.context, 507015, "EZ9999: the first fault")
     submitted, refusal = kit.batch(kit.launches(2))

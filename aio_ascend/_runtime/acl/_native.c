@@ -156,16 +156,14 @@ static PyObject *launch_batch(PyObject *self, PyObject *args) {
         }
         Py_END_ALLOW_THREADS
     }
-    /* 3. each submitted request's position: the runtime's id of its task */
+    /* 3. each submitted request's position: the runtime's id of its task. They were submitted:
+       a position that cannot be set (no such request from the scheduler) stays as it was, and
+       only the fault attribution of that one request is lost, never the submission's result */
     for (Py_ssize_t i = 0; i < done; i++) {
         PyObject *position = PyLong_FromLongLong(ids[i]);
-        if (position == NULL || PyObject_SetAttr(PyList_GET_ITEM(requests, i), s_position, position)) {
-            Py_XDECREF(position);
-            PyMem_Free(items);
-            PyMem_Free(ids);
-            return NULL; /* (cannot happen with the scheduler's requests) */
-        }
-        Py_DECREF(position);
+        if (position == NULL || PyObject_SetAttr(PyList_GET_ITEM(requests, i), s_position, position))
+            PyErr_Clear();
+        Py_XDECREF(position);
     }
     PyMem_Free(items);
     PyMem_Free(ids);
@@ -183,7 +181,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_native",
     "One native call per run of acl kernel launches (built when a C compiler is present).", -1,
-    methods,
+    methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
