@@ -63,3 +63,10 @@ def test_without_the_doubles_source_the_rows_say_why(
 def test_the_bench_builds_the_double_the_tests_build() -> None:
     tests = Path(__file__).resolve().parents[1]
     assert tests / "doubles" / "acl_double.c" == bench_acl.DOUBLE_SOURCE
+
+
+def test_info_says_how_acl_launches_are_submitted(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "acl submit" in x)
+    assert ("native batch submit" in line) is native_submit()
+    assert ("AIO_ASCEND_NATIVE=0" in line) is not native_submit()
