@@ -112,8 +112,7 @@ class AclRuntime(AclGraphs):
     calls (model-RI capture) come from :class:`~.graphs.AclGraphs`."""
 
     name = "acl"
-    #: see ``base.LaunchBatch``: the host-args path with the native extension (:mod:`.batch`)
-    launch_batch: LaunchBatch | None = None
+    launch_batch: LaunchBatch | None = None  # base.LaunchBatch: host args, if built (.batch)
     ordered_task_ids = False  # (flip << 16) | id: wraps, and counts the runtime's own tasks
 
     def __init__(
@@ -254,6 +253,7 @@ class AclRuntime(AclGraphs):
             fn = self._fn
             self._fn = _refusing(ClosedError, "the acl runtime is closed")
         _LIVE.discard(self)
+        self.launch_batch = None  # it refers back to this runtime: no cycle once closed
         if fn is not self._library.functions:  # forked child: nothing may touch ACL
             return
         errors: list[AscendError] = []
