@@ -1,6 +1,13 @@
-"""The optional compiled hot path: ``AIO_ASCEND_COMPILE=1 pip install .`` compiles the modules
-listed in ``aio_ascend/_sched/compiled.py`` with mypyc (a C compiler and the Python headers are
-needed); without the variable the package is pure Python. Everything else is in pyproject.toml.
+"""The package's C parts, both optional.
+
+- The acl backend's native batch submit (``aio_ascend/_runtime/acl/_native.c``): built when a C
+  compiler and the Python headers are present; a failed build is not an error (the backend
+  then launches through ctypes), and ``AIO_ASCEND_NATIVE=0`` skips it.
+- The compiled hot path: ``AIO_ASCEND_COMPILE=1 pip install .`` compiles the modules listed in
+  ``aio_ascend/_sched/compiled.py`` with mypyc (a C compiler and the Python headers are
+  needed); without the variable they stay pure Python.
+
+Everything else is in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 
 def compiled_module_paths() -> list[str]:
@@ -26,6 +33,15 @@ def compiled_module_paths() -> list[str]:
             names = ast.literal_eval(node.value)
             return [name.replace(".", "/") + ".py" for name in names]
     raise RuntimeError(f"no COMPILED_MODULES in {source}")
+
+
+def native_extensions() -> list[Extension]:
+    """The acl backend's batch submit, unless ``AIO_ASCEND_NATIVE=0`` (optional: a machine
+    without a compiler installs the package without it)."""
+    if os.environ.get("AIO_ASCEND_NATIVE", "1").strip() == "0":
+        return []
+    source = "aio_ascend/_runtime/acl/_native.c"
+    return [Extension("aio_ascend._runtime.acl._native", [source], optional=True)]
 
 
 ext_modules = []
@@ -45,4 +61,4 @@ if os.environ.get("AIO_ASCEND_COMPILE", "0") not in ("", "0"):
             compiled_module_paths(), opt_level="3", group_name="aio_ascend._sched"
         )
 
-setup(ext_modules=ext_modules)
+setup(ext_modules=[*ext_modules, *native_extensions()])

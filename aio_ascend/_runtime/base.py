@@ -25,13 +25,14 @@ creation and cleanup calls (malloc, free, create/destroy stream and event) keep 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from .._errors import AscendError
     from .._launch_config import LaunchConfig
     from .abi import KernelType
 
-__all__ = ["PLAIN_FUNCTION", "FunctionInfo", "Runtime"]
+__all__ = ["PLAIN_FUNCTION", "FunctionInfo", "LaunchBatch", "Runtime"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,29 @@ class FunctionInfo:
 
 #: a kernel the backend knows nothing special about
 PLAIN_FUNCTION = FunctionInfo()
+
+
+class LaunchBatch(Protocol):
+    """``runtime.launch_batch(launches)``: a run of plain launches in one call, where a backend
+    has one (the acl backend on the host-args path with its native extension built:
+    ``aio_ascend._runtime.acl.batch``); elsewhere the attribute is absent or ``None`` and the
+    caller launches one by one with :meth:`Runtime.launch_kernel_with_host_args`.
+
+    ``launches`` are launch requests: objects with ``func``, ``blocks``, ``cfg``, ``host.addr``,
+    ``nbytes``, ``table_offset``, ``placeholder_count`` and ``lane.handle`` (the stream), each
+    meaning what it does for :meth:`Runtime.launch_kernel_with_host_args` (the placeholder
+    table at ``host.addr + table_offset``). They are submitted in order, each with that
+    method's checks, and each one submitted gets ``position`` (:meth:`Runtime.last_task_id`
+    right after it, ``-1`` for ``None``). Returns ``(submitted, refusal)``: all of them were
+    submitted (``submitted == len(launches)``); or ``launches[submitted]`` was refused with
+    ``refusal`` (the error the per-launch method would have raised) and nothing after it was
+    submitted; or ``refusal`` is ``None`` and ``launches[submitted]`` is one this call leaves
+    to the per-launch method (a launch config, a value that needs the precise check, a closed
+    runtime), nothing after it submitted either. The calling thread's current context is the
+    one every launch goes to, as for the per-launch method.
+    """
+
+    def __call__(self, launches: list[Any]) -> tuple[int, AscendError | None]: ...
 
 
 @runtime_checkable

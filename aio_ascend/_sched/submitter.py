@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR, CO_ITERABLE_COROUTINE
 from typing import Any
 
@@ -30,6 +30,7 @@ from .._errors import (
 )
 from .._host.pool import HostBuffer
 from .._runtime import Runtime
+from .._runtime.base import LaunchBatch
 from .._runtime.threads import GilTurns, LoopPulse
 from .batching import Hop
 from .counters import Counters
@@ -45,6 +46,8 @@ from .work import Batch, Delivery, Launch, Outcome, Request
 __all__ = ["Submitter"]
 
 _STOP = object()
+#: a request whose stream waits for a big copy's staging (not an error: it is queued)
+_PARKED = InternalError("parked")
 #: code flags of frames that ``frame.clear()`` would close (a generator's or coroutine's)
 _RESUMABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE
 
@@ -286,26 +289,60 @@ class Submitter:
         runtime = self._runtime
         launch = runtime.launch_kernel_with_host_args
         task_id = runtime.last_task_id  # the runtime's id of what this thread just submitted
+        #: the runtime's one call for a run of plain launches; None: launches go one by one
+        launch_batch: LaunchBatch | None = getattr(runtime, "launch_batch", None)
         counters = self.counters
         faults = self._faults
         parked = self._parked
-        for index, req in enumerate(requests):
+        #: plain launches that passed their checks, submitted together by one launch_batch
+        #: call when the run ends: before anything else is looked at, and after a launch that
+        #: closes a batch (its event must follow it)
+        run: list[Request] = []
+        slow = -1  # the index of a launch the batch call left to the per-launch method
+        index = 0
+        total = len(requests)
+        while index < total or run:
+            if run and (index == total or run[-1].closes_batch):
+                index, slow = self._flush(
+                    launch_batch, run, index, open_batches, broken, failures, deadline, slow
+                )
+                continue
+            req = requests[index]
             if index & 31 == 31:
                 self._turns.offer()
             lane = req.lane
             if parked and lane in parked:  # behind a big copy being staged: in order
+                error: BaseException | None = _PARKED
+            else:
+                error = broken.get(lane)
+                first = faults.first
+                if first is not None:
+                    # the device fault is every later task's cause, directly: also when the
+                    # refusal that broke this stream's hop was that fault noted by the poller
+                    # in between
+                    error = derived_error(first, "device faulted earlier")
+                elif error is not None:
+                    error = derived_error(error, "not submitted: an earlier request was refused")
+                elif lane.forced:  # its stream is being destroyed by force
+                    error = gave_up(req.kind)
+                elif (
+                    launch_batch is not None
+                    and type(req) is Launch
+                    and req.cfg is None
+                    and index != slow
+                ):
+                    run.append(req)  # submitted with its run (its position set there)
+                    index += 1
+                    continue
+            if run:  # the run goes first; this one is looked at again after it
+                index, slow = self._flush(
+                    launch_batch, run, index, open_batches, broken, failures, deadline, slow
+                )
+                continue
+            index += 1
+            if error is _PARKED:
                 parked[lane].append((req, deadline))
                 continue
-            error = broken.get(lane)
-            first = faults.first
-            if first is not None:
-                # the device fault is every later task's cause, directly: also when the refusal
-                # that broke this stream's hop was that fault noted by the poller in between
-                error = derived_error(first, "device faulted earlier")
-            elif error is not None:
-                error = derived_error(error, "not submitted: an earlier request was refused")
-            elif lane.forced:  # its stream is being destroyed by force
-                error = gave_up(req.kind)
             if error is None:
                 try:
                     if type(req) is Launch:
@@ -341,10 +378,58 @@ class Submitter:
                 else:
                     tid = task_id()
                     req.position = -1 if tid is None else tid
-                    lane.submitted += req.runtime_tasks
+            self._place((req,), error, open_batches, deadline, failures)
+
+    def _flush(
+        self,
+        launch_batch: LaunchBatch | None,
+        run: list[Request],
+        index: int,
+        open_batches: dict[Lane, list[Request]],
+        broken: dict[Lane, BaseException],
+        failures: list[Delivery],
+        deadline: float,
+        slow: int,
+    ) -> tuple[int, int]:
+        """Submit ``run`` (the plain launches just before ``requests[index]``) with one
+        ``launch_batch`` call. Returns where to go on from, and the index of the launch left to
+        the per-launch method (else ``slow`` as it was): ``index``; or where the run stopped,
+        the request after a refused launch (its stream's later requests are refused from it
+        on), or a launch that the per-launch method must submit."""
+        assert launch_batch is not None
+        submitted, refusal = launch_batch(run)
+        self.counters.launches += submitted
+        self._place(run[:submitted], None, open_batches, deadline, failures)
+        rest = len(run) - submitted
+        if rest:
+            stopped = run[submitted]
+            index -= rest
+            if refusal is None:
+                slow = index
+            else:
+                self._caught.append(refusal)
+                error = broken[stopped.lane] = self._classify(refusal)
+                self._place((stopped,), error, open_batches, deadline, failures)
+                index += 1
+        run.clear()
+        return index, slow
+
+    def _place(
+        self,
+        requests: Sequence[Request],
+        error: BaseException | None,
+        open_batches: dict[Lane, list[Request]],
+        deadline: float,
+        failures: list[Delivery],
+    ) -> None:
+        """Requests were submitted (``error`` None) or refused: into their stream's open
+        batch, or their failure; a batch is closed after the request that closes it."""
+        for req in requests:
+            lane = req.lane
             if error is not None:
                 self._refuse(req, error, failures)
             else:
+                lane.submitted += req.runtime_tasks
                 batch = open_batches.get(lane)
                 if batch is None:
                     open_batches[lane] = [req]

@@ -29,7 +29,9 @@ from .._host.pool import HostBufferPool
 from .._host.snapshot import snapshot_args
 from .._runtime import open_runtime
 from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS
+from .._runtime.acl.batch import native_submit
 from ..tracing import Tracer
+from .bench_acl import ACL_STEPS, acl_ratios, acl_rows, acl_steps
 from .bench_shapes import (
     bench_copy_isolation,
     bench_fanout,
@@ -504,6 +506,7 @@ STEPS: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]] = [
     ("copy_isolation", "another stream under big copies", bench_copy_isolation),
     ("idle_poll", "idle CPU, poll", lambda c: bench_idle_cost(c, "poll")),
     ("idle_block", "idle CPU, block", lambda c: bench_idle_cost(c, "block")),
+    *acl_steps(bench_raw, lambda c: bench_scheduler(c, "poll")),
 ]
 
 
@@ -531,6 +534,8 @@ def machine_metadata() -> dict[str, Any]:
         "aio_ascend": __version__,
         # the hot path compiled with mypyc (AIO_ASCEND_COMPILE=1 at install) or pure Python
         "compiled": is_compiled(),
+        # the acl backend's native batch submit built (a C compiler at install) or not
+        "native_submit": native_submit(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
 
@@ -548,6 +553,7 @@ def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]
         "repeats": cfg.repeats,
         "python": sys.version.split()[0],
         "compiled": is_compiled(),
+        "native_submit": native_submit(),
     }
     results["machine"] = machine_metadata()
     for key, label, fn in steps:
@@ -623,6 +629,7 @@ def ratios(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
     if "packing" in r:
         v = r["packing"]["pool_allocations_per_100k"]
         add("pool allocations per 100k launches", v, "== 0", v == 0)
+    acl_ratios(r, add)
     return out
 
 
@@ -783,6 +790,9 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append("host args (a typical launch: 3 pointers + 2 scalars + 16 B tiling)")
         row("build and pack a HostArgs", f"{x['build_and_pack_us']:.2f} us")
         row("snapshot it into a pooled pinned buffer", f"{x['snapshot_into_pool_us']:.2f} us")
+    if any(key in r for key in ACL_STEPS):
+        lines.append("the acl backend over its C test double (noop kernels)")
+        acl_rows(r, row)
     if "ratios" in r:
         lines.append("targets (ratios measured side by side in this run)")
         for name, x in r["ratios"].items():

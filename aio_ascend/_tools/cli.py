@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__, is_compiled
+from .._runtime.acl.batch import ENV_NATIVE, native_submit
 
 __all__ = ["build_parser", "main", "subcommands"]
 
@@ -244,6 +245,12 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"  {'hot path':<12} compiled (mypyc)"
         if is_compiled()
         else f"  {'hot path':<12} pure Python (AIO_ASCEND_COMPILE=1 at install compiles it)"
+    )
+    print(
+        f"  {'acl submit':<12} native batch submit (one C call per run of launches)"
+        if native_submit()
+        else f"  {'acl submit':<12} one ctypes call per launch (the native batch submit is built "
+        f"at install where a C compiler is present; {ENV_NATIVE}=0 turns it off)"
     )
     for dist, note in [
         ("numpy", ""),
@@ -699,8 +706,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="a,b,c",
         help="comma-separated steps: packing, raw, naive, unbatched, poll, plan, handler, "
         "roundtrip, fanout, block, traced, bare_wakes, wake_poll, wake_block, wake_churn, "
-        "loop_lag, producer_lag, graph, copy_isolation, idle_poll, idle_block (default: all; "
-        "with --backend "
+        "loop_lag, producer_lag, graph, copy_isolation, idle_poll, idle_block, and on the "
+        "acl backend over its C test double (built from tests/doubles/ in a checkout): "
+        "acl_raw, acl_poll, acl_poll_ctypes (default: all; with --backend "
         "cuda: raw, naive, unbatched, poll, block, traced)",
     )
     bench.add_argument(

@@ -27,15 +27,21 @@ import os
 import shutil
 import struct
 import subprocess
+import sysconfig
 import tempfile
 import threading
 from dataclasses import dataclass
+from importlib.machinery import ExtensionFileLoader
+from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
 
+from aio_ascend._runtime.acl import batch as _batch
 from aio_ascend._runtime.acl.runtime import ENV_BUILTINS, AclRuntime, open_acl_runtime
+from aio_ascend._tools.bench_acl import BUILTINS_MAGIC, DOUBLE_CFLAGS, DOUBLE_KERNELS
 
 __all__ = [
     "BUILTINS_MAGIC",
@@ -50,11 +56,11 @@ __all__ = [
     "build_unusable_double",
     "control_for",
     "double_control",
+    "native_extension",
     "open_double_runtime",
 ]
 
 SOURCE = Path(__file__).resolve().parent / "acl_double.c"
-BUILTINS_MAGIC = b"AIO_ASCEND_ACL_DOUBLE_BUILTINS"
 #: persona name -> its ACL_PERSONA number
 PERSONAS = {"8.0": 800, "8.3": 830, "8.5": 850, "9.1": 910}
 DEFAULT_PERSONA = "9.1"
@@ -107,7 +113,8 @@ PERSONA_SYMBOLS: dict[str, frozenset[str]] = {
     "8.5": frozenset((_COMMON + _ADDED_83 + _ADDED_85).split()),
     "9.1": frozenset((_COMMON + _ADDED_83 + _ADDED_85 + _ADDED_91).split()),
 }
-CFLAGS = ["-shared", "-fPIC", "-O2", "-pthread", "-std=gnu11", "-Wall", "-Wextra"]
+#: how the double is compiled: the bench builds it too (aio_ascend/_tools/bench_acl.py)
+CFLAGS = DOUBLE_CFLAGS
 
 
 @dataclass(frozen=True)
@@ -177,9 +184,7 @@ def _build(define: str) -> Built:
                 f"building the acl test double failed:\n{' '.join(command)}\n{result.stderr}"
             )
         builtins = home / "builtins.o"
-        builtins.write_bytes(
-            BUILTINS_MAGIC + b"\nvector_add axpy scale matmul sleep fault hang noop"
-        )
+        builtins.write_bytes(BUILTINS_MAGIC + b"\n" + DOUBLE_KERNELS)
         built = _built[define] = Built(home, library, builtins)
         return built
 
@@ -504,3 +509,40 @@ def control_for(runtime: AclRuntime) -> DoubleControl:
         if built is not None and str(built.library) == runtime.library_path:
             return double_control(persona)
     raise LookupError(f"{runtime!r} is not open on a persona of the double")
+
+
+_native: list[ModuleType] = []
+
+
+def native_extension() -> ModuleType:
+    """The acl backend's native batch submit (``aio_ascend/_runtime/acl/_native.c``): the
+    installed one, else compiled from the package's source now, as ``setup.py`` builds it
+    (``pytest.skip`` without a C compiler or the Python headers)."""
+    installed = _batch.native_module()
+    if installed is not None:
+        return installed
+    with _build_lock:
+        if _native:
+            return _native[0]
+        compiler = _compiler()
+        include = sysconfig.get_paths()["include"]
+        if compiler is None or not Path(include, "Python.h").exists():
+            pytest.skip("no C compiler or Python headers to build the native batch submit")
+        source = Path(_batch.__file__).with_name("_native.c")
+        home = Path(tempfile.mkdtemp(prefix="aio_ascend_native_"))
+        atexit.register(shutil.rmtree, home, True)
+        target = home / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
+        command = [compiler, "-shared", "-fPIC", "-O2", f"-I{include}", "-o", str(target)]
+        result = subprocess.run(
+            [*command, str(source)], capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"building the native batch submit failed:\n{result.stderr}")
+        name = f"{_batch.__package__}._native"
+        loader = ExtensionFileLoader(name, str(target))
+        spec = spec_from_file_location(name, target, loader=loader)
+        assert spec is not None
+        module = module_from_spec(spec)
+        loader.exec_module(module)
+        _native.append(module)
+        return module

@@ -47,6 +47,7 @@ from aio_ascend._launch_config import LaunchAttrId, LaunchConfig
 from aio_ascend._runtime import abi, open_runtime, probe_backend
 from aio_ascend._runtime.acl import ffi
 from aio_ascend._runtime.acl import runtime as _acl
+from aio_ascend._runtime.acl.batch import native_submit
 from aio_ascend._runtime.acl.runtime import AclRuntime, open_acl_runtime
 
 F32 = np.float32
@@ -1211,6 +1212,8 @@ def test_info_reports_what_the_library_says(rt: AclRuntime, ctl: DoubleControl) 
         "cube_core_count": 24,
         "vector_core_count": 48,
         "library_path": str(build_double().library),
+        # the host-args path submits runs of launches natively where the extension is built
+        "native_submit": native_submit(),
     }
     mem = _only(ctl.calls(mark, "aclrtGetMemInfo"))
     assert mem.args[0] == _acl.ACL_HBM_MEM == 1

@@ -195,6 +195,14 @@ async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
         real_launch(*args)
 
     runtime.launch_kernel_with_host_args = stuck_launch
+    real_batch = getattr(runtime, "launch_batch", None)
+    if real_batch is not None:  # the acl backend's native batch submit: stuck the same way
+
+        def stuck_batch(launches: list[Any]) -> Any:
+            release.wait(30)
+            return real_batch(launches)
+
+        runtime.launch_batch = stuck_batch
     try:
         s = dev.stream()
         task = await s.launch(dev.function("noop"), 1)

@@ -78,14 +78,21 @@ def test_build_makes_an_sdist_that_builds_on_its_own(dist: Path) -> None:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     # pyproject's in-tree backend (backend-path) must travel, or the wheel cannot be built
     # from the sdist (which is how `python -m build` makes it)
-    for required in ("pyproject.toml", "setup.py", "build_tools/aio_ascend_build.py"):
+    for required in (
+        "pyproject.toml",
+        "setup.py",
+        "build_tools/aio_ascend_build.py",
+        "aio_ascend/_runtime/acl/_native.c",  # the optional extension builds from the sdist
+    ):
         assert required in names
     assert "aio_ascend/py.typed" in names
 
 
-def test_the_wheel_is_pure_python_typed_and_holds_no_tests(dist: Path) -> None:
+def test_the_wheel_is_typed_holds_no_tests_and_at_most_the_native_submit(dist: Path) -> None:
     wheel = _one(dist, "aio_ascend-*.whl")
-    assert wheel.name == f"aio_ascend-{aio_ascend.__version__}-py3-none-any.whl"
+    # Pure Python, or (a compiler was present) a platform wheel whose one binary is the acl
+    # backend's optional batch submit; never the mypyc build unless asked for.
+    pure = wheel.name == f"aio_ascend-{aio_ascend.__version__}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
@@ -94,7 +101,15 @@ def test_the_wheel_is_pure_python_typed_and_holds_no_tests(dist: Path) -> None:
     tops = {name.split("/", 1)[0] for name in names}
     assert tops == {"aio_ascend", f"aio_ascend-{aio_ascend.__version__}.dist-info"}
     assert not [n for n in names if re.search(r"(^|/)(tests?|conftest\.py)(/|$)", n)]
-    assert not [n for n in names if n.endswith((".so", ".c"))]
+    binaries = [n for n in names if n.endswith((".so", ".pyd"))]
+    if pure:
+        assert not binaries
+    else:
+        assert wheel.name.startswith(f"aio_ascend-{aio_ascend.__version__}-cp"), wheel.name
+        assert binaries and all(
+            n.startswith("aio_ascend/_runtime/acl/_native.") for n in binaries
+        ), binaries
+    assert not [n for n in names if n.endswith(".c")]
     assert "aio-ascend = aio_ascend._tools.cli:main" in scripts
     assert "aio_ascend = aio_ascend.testing" in scripts
 

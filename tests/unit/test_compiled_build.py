@@ -17,7 +17,7 @@ from aio_ascend._sched.compiled import COMPILED_MODULES, compiled
 ROOT = Path(aio_ascend.__file__).parent.parent
 
 
-def _setup_module() -> object:
+def _setup_module(native: bool = False) -> object:
     spec = importlib.util.spec_from_file_location("aio_ascend_setup", ROOT / "setup.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -30,15 +30,25 @@ def _setup_module() -> object:
         spec.loader.exec_module(module)
     finally:
         setuptools.setup = real
-    assert setup_calls == [{"ext_modules": []}]  # no AIO_ASCEND_COMPILE: a pure build
+    # no AIO_ASCEND_COMPILE: nothing for mypyc; the acl backend's native batch submit, optional
+    # (a machine without a compiler installs without it), unless AIO_ASCEND_NATIVE=0
+    (call,) = setup_calls
+    extensions = call["ext_modules"]  # type: ignore[index]
+    assert [ext.name for ext in extensions] == (
+        ["aio_ascend._runtime.acl._native"] if native else []
+    )
+    assert all(ext.optional for ext in extensions)
     return module
 
 
 @pytest.mark.skipif(not (ROOT / "setup.py").exists(), reason="an installed copy, not a checkout")
 def test_setup_compiles_exactly_the_listed_modules(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AIO_ASCEND_COMPILE", raising=False)
+    monkeypatch.setenv("AIO_ASCEND_NATIVE", "0")
     monkeypatch.setattr(sys, "argv", ["setup.py", "egg_info"])
     setup = _setup_module()
+    monkeypatch.delenv("AIO_ASCEND_NATIVE")
+    _setup_module(native=True)
     paths = setup.compiled_module_paths()  # type: ignore[attr-defined]
     assert paths == [name.replace(".", "/") + ".py" for name in COMPILED_MODULES]
     assert all((ROOT / path).is_file() for path in paths)

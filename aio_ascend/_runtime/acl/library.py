@@ -236,10 +236,15 @@ class AclLibrary:
     def _errcheck(self, result: int, function: Any, arguments: tuple[Any, ...]) -> int:
         """THE checker: a non-zero ``aclError`` becomes the typed error with the runtime text."""
         if result:
-            message = self._fetch_message()
-            self._last.text = message
-            raise error_for_code(result, function.__name__, message)
+            raise self.refusal(result, function.__name__)
         return result
+
+    def refusal(self, code: int, func: str) -> AscendError:
+        """The typed error of ``func`` returning ``code`` on this thread just now, with the
+        runtime's text (the checker's, and the native batch submit's: ``batch.py``)."""
+        message = self._fetch_message()
+        self._last.text = message
+        return error_for_code(code, func, message)
 
     def ensure_initialised(self) -> None:
         """``aclInit(NULL)`` once per process; refuse a child forked after it."""

@@ -48,9 +48,10 @@ from ..abi import (
     check_placeholder_table,
     param_error,
 )
-from ..base import FunctionInfo
+from ..base import FunctionInfo, LaunchBatch
 from . import ffi as ffi
 from .argshandle import launch_with_args_handle
+from .batch import native_batch
 from .devargs import DeviceArgsPath, load_legacy
 from .exceptions import Sites
 from .facts import ACL_HBM_MEM, device_facts
@@ -111,6 +112,7 @@ class AclRuntime(AclGraphs):
     calls (model-RI capture) come from :class:`~.graphs.AclGraphs`."""
 
     name = "acl"
+    launch_batch: LaunchBatch | None = None  # base.LaunchBatch: host args, if built (.batch)
     ordered_task_ids = False  # (flip << 16) | id: wraps, and counts the runtime's own tasks
 
     def __init__(
@@ -129,6 +131,10 @@ class AclRuntime(AclGraphs):
         self._path = library.launch_path
         if self._path is LaunchPath.ARGS_HANDLE:
             self.launch_kernel_with_host_args = self._launch_args_handle  # type: ignore[method-assign]
+        elif self._path is LaunchPath.HOST_ARGS:  # runs of launches in one native call, if built
+            self.launch_batch = native_batch(
+                library, lambda: self._fn is library.functions, self._sticky
+            )
         # Before CANN 9.1 the headers lack ACL_STREAM_ATTR_PRIORITY (cann-support.md row 42):
         # a priority is given at creation (aclrtCreateStreamWithConfig, 8.5 on) instead.
         version = library.version_tuple
@@ -247,6 +253,7 @@ class AclRuntime(AclGraphs):
             fn = self._fn
             self._fn = _refusing(ClosedError, "the acl runtime is closed")
         _LIVE.discard(self)
+        self.launch_batch = None  # it refers back to this runtime: no cycle once closed
         if fn is not self._library.functions:  # forked child: nothing may touch ACL
             return
         errors: list[AscendError] = []
@@ -564,6 +571,7 @@ class AclRuntime(AclGraphs):
         facts = device_facts(self._fn, self._library, self.device_id)
         facts["launch_path"] = self.launch_path
         facts["library_path"] = self.library_path
+        facts["native_submit"] = self.launch_batch is not None
         return facts
 
     # --- kernels -----------------------------------------------------------------------
