@@ -577,15 +577,14 @@ def ratios(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
         add("throughput (c)/(b)", v, ">= 15", v >= 15)
         v = r["poll"]["single_launch_p50_us"] / r["naive"]["single_launch_p50_us"]
         add("single-launch latency (c)/(b)", v, "<= 1", v <= 1)
-    if "poll" in r and "raw" in r:
-        v = r["poll"]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
-        add("host CPU per launch (c)/(a)", v, "<= 3", v <= 3)
-    if "plan" in r and "raw" in r:
-        v = r["plan"]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
-        add("plan launch / (a)", v, "<= 1.6", v <= 1.6)
-    if "handler" in r and "raw" in r:
-        v = r["handler"]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
-        add("host CPU per launch, request-handler shape / (a)", v, "<= 3", v <= 3)
+    for key, name, limit in (
+        ("poll", "host CPU per launch (c)/(a)", 3),
+        ("plan", "plan launch / (a)", 1.6),
+        ("handler", "host CPU per launch, request-handler shape / (a)", 3),
+    ):
+        if key in r and "raw" in r:
+            v = r[key]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
+            add(name, v, f"<= {limit}", v <= limit)
     if "roundtrip" in r:
         x = r["roundtrip"]
         v = x["launch_await_p50_us"] / x["to_thread_noop_p50_us"]

@@ -376,15 +376,7 @@ BENCH_THROUGHPUT: dict[str, str] = {
     "block": "(c') scheduler, block",
     "traced": "(c) + tracing",
 }
-BENCH_CPU: dict[str, str] = {
-    "raw": "(a) raw runtime loop",
-    "naive": "(b) naive to_thread",
-    "unbatched": "(b2) batch_cap=1",
-    "poll": "(c) scheduler, poll",
-    "block": "(c') scheduler, block",
-    "traced": "(c) + tracing",
-    "handler": "(c) request-handler shape",
-}
+BENCH_CPU: dict[str, str] = {**BENCH_THROUGHPUT, "handler": "(c) request-handler shape"}
 
 #: bench backends: the sim, and cuda where it runs
 BENCH_BACKENDS = ("sim", "cuda")

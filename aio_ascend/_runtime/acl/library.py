@@ -337,6 +337,12 @@ def usable_library(library_path: str | os.PathLike[str] | None) -> AclLibrary:
     return library
 
 
+def device_count(*, library_path: str | os.PathLike[str] | None = None) -> int:
+    """``aclrtGetDeviceCount`` of the library ``open_acl_runtime`` would load (``aclInit``
+    first, once per process, as opening does)."""
+    return usable_library(library_path).device_count()
+
+
 def probe() -> tuple[bool, str]:
     """Whether the ``acl`` backend can run here, and why (never raises)."""
     try:

@@ -60,6 +60,7 @@ from .kernels import read_function_info
 from .library import (
     LIBRARY_NAME,
     AclLibrary,
+    device_count,
     fork_error,
     library_candidates,
     probe,
@@ -84,6 +85,7 @@ __all__ = [
     "ENV_BUILTINS",
     "LIBRARY_NAME",
     "AclRuntime",
+    "device_count",
     "library_candidates",
     "open_acl_runtime",
     "probe",
@@ -738,12 +740,6 @@ class AclRuntime(AclGraphs):
             )
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
-
-
-def device_count(*, library_path: str | os.PathLike[str] | None = None) -> int:
-    """``aclrtGetDeviceCount`` of the library :func:`open_acl_runtime` would load (``aclInit``
-    first, once per process, as opening does)."""
-    return usable_library(library_path).device_count()
 
 
 def open_acl_runtime(
