@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from backends import (
     REAL_DEVICE,
+    skip_without_kernels,
     REFUSES_ALL_AFTER_FAULT,
     RUNTIME_FACTORIES,
     backend_params,
@@ -85,10 +86,18 @@ class Dev:
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
-        self.binary = runtime.load_binary(None)
+        self._binary: int | None = None
         self._functions: dict[str, int] = {}
         self.stream = runtime.create_stream()
         runtime.set_stream_failure_mode(self.stream, ACL_STOP_ON_FAILURE)
+
+    @property
+    def binary(self) -> int:
+        """The built-in kernels, loaded on first use (a test without kernels never loads them)."""
+        if self._binary is None:
+            skip_without_kernels(self.rt)
+            self._binary = self.rt.load_binary(None)
+        return self._binary
 
     def fn(self, name: str) -> int:
         if name not in self._functions:
