@@ -122,5 +122,8 @@ def backend_params(names: list[str] | None = None) -> list[object]:
     """``pytest.param`` per backend name (all of the registry by default), real devices marked
     ``gpu``: for ``@pytest.fixture(params=...)``."""
     chosen = sorted(RUNTIME_FACTORIES) if names is None else names
-    marks = {**dict.fromkeys(REAL_DEVICE, pytest.mark.gpu), **dict.fromkeys(REAL_RUNTIME, pytest.mark.realrt)}
+    marks = {
+        **dict.fromkeys(REAL_DEVICE, pytest.mark.gpu),
+        **dict.fromkeys(REAL_RUNTIME, pytest.mark.realrt),
+    }
     return [pytest.param(name, marks=marks[name]) if name in marks else name for name in chosen]

@@ -138,24 +138,23 @@ chmod +x "$OUT/cc-O0"
 # The acl-compat tarball (a prebuilt libascendcl) is only copied when include_acl is absent;
 # nothing that is built here needs it.
 mkdir -p "$BUILD/include_acl/tdt" "$BUILD/lib_acl"
-if [ ! -f "$BUILD/Makefile" ]; then
-    log "configuring"
-    cmake -S "$RT" -B "$BUILD" \
-        -DENABLE_OPEN_SRC=True \
-        -DCMAKE_BUILD_TYPE=Release \
-        -DUSE_CXX11_ABI=ON \
-        -DCANN_3RD_LIB_PATH="$THIRD" \
-        -DASCEND_INSTALL_PATH="$OUT/no-ascend" \
-        -DENABLE_BUILD_DEVICE=OFF \
-        -DCMAKE_C_COMPILER_LAUNCHER="$OUT/cc-O0" \
-        -DCMAKE_CXX_COMPILER_LAUNCHER="$OUT/cc-O0" \
-        -DCMAKE_SHARED_LINKER_FLAGS='-Wl,-rpath,$ORIGIN' \
-        >"$OUT/configure.log" 2>&1 || {
-        tail -40 "$OUT/configure.log" >&2
-        log "configure failed: $OUT/configure.log"
-        exit 1
-    }
-fi
+# configured every time (seconds when cached) so that a flag changed here reaches the build
+log "configuring"
+cmake -S "$RT" -B "$BUILD" \
+    -DENABLE_OPEN_SRC=True \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DUSE_CXX11_ABI=ON \
+    -DCANN_3RD_LIB_PATH="$THIRD" \
+    -DASCEND_INSTALL_PATH="$OUT/no-ascend" \
+    -DENABLE_BUILD_DEVICE=OFF \
+    -DCMAKE_C_COMPILER_LAUNCHER="$OUT/cc-O0" \
+    -DCMAKE_CXX_COMPILER_LAUNCHER="$OUT/cc-O0" \
+    -DCMAKE_SHARED_LINKER_FLAGS='-Wl,-rpath,$ORIGIN' \
+    >"$OUT/configure.log" 2>&1 || {
+    tail -40 "$OUT/configure.log" >&2
+    log "configure failed: $OUT/configure.log"
+    exit 1
+}
 
 # --- build only what the acl path loads ---------------------------------------------------
 TARGETS=(acl_rt runtime runtime_v100 runtime_common)

@@ -1,4 +1,4 @@
-"""The real CANN runtime as a test fixture: the build of ``tests/realrt/build.sh``, found and loaded.
+"""The real CANN runtime as a test fixture: the build of ``tests/realrt/build.sh``.
 
 The build (the runtime's ``libacl_rt.so`` + ``libruntime.so`` + plugins from the pinned public
 source, over our fake driver ``libascend_hal.so`` from ``tests/realrt/fakehal``) lives in a cache

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from backends import (
     REAL_DEVICE,
-    skip_without_kernels,
     REFUSES_ALL_AFTER_FAULT,
     RUNTIME_FACTORIES,
     backend_params,
     gpu_skip_reason,
+    skip_without_kernels,
 )
 
 from aio_ascend._errors import (
