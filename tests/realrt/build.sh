@@ -95,10 +95,11 @@ if [ ! -f "$OUT/src/.unpacked" ]; then
     for f in "$RUNTIME_TAR" "$CMAKE_TAR" "$CSEC_TAR"; do
         tar -C "$OUT/src" -xJf "$SRC/$f"
     done
-    # Debian's protobuf keeps the google namespace; the runtime's platform library maps
-    # google to ascend_private for its own protobuf build: reverse the mapping.
-    sed -i 's/google=ascend_private/ascend_private=google/' \
-        "$OUT/src/hicann-runtime/src/platform/CMakeLists.txt"
+    # Debian's protobuf keeps the google namespace; the runtime's libraries (platform, adump)
+    # map google to ascend_private for its own protobuf build: reverse the mapping.
+    find "$OUT/src/hicann-runtime/src" \( -name CMakeLists.txt -o -name '*.cmake' \) \
+        -exec grep -l 'google=ascend_private' {} + \
+        | xargs sed -i 's/google=ascend_private/ascend_private=google/'
     touch "$OUT/src/.unpacked"
 fi
 RT="$OUT/src/hicann-runtime"
@@ -138,23 +139,25 @@ chmod +x "$OUT/cc-O0"
 # The acl-compat tarball (a prebuilt libascendcl) is only copied when include_acl is absent;
 # nothing that is built here needs it.
 mkdir -p "$BUILD/include_acl/tdt" "$BUILD/lib_acl"
-# configured every time (seconds when cached) so that a flag changed here reaches the build
-log "configuring"
-cmake -S "$RT" -B "$BUILD" \
-    -DENABLE_OPEN_SRC=True \
-    -DCMAKE_BUILD_TYPE=Release \
-    -DUSE_CXX11_ABI=ON \
-    -DCANN_3RD_LIB_PATH="$THIRD" \
-    -DASCEND_INSTALL_PATH="$OUT/no-ascend" \
-    -DENABLE_BUILD_DEVICE=OFF \
-    -DCMAKE_C_COMPILER_LAUNCHER="$OUT/cc-O0" \
-    -DCMAKE_CXX_COMPILER_LAUNCHER="$OUT/cc-O0" \
-    -DCMAKE_SHARED_LINKER_FLAGS='-Wl,-rpath,$ORIGIN' \
-    >"$OUT/configure.log" 2>&1 || {
-    tail -40 "$OUT/configure.log" >&2
-    log "configure failed: $OUT/configure.log"
-    exit 1
-}
+# configured once per cache directory: a change to this script is a new key, a new directory
+if [ ! -f "$BUILD/Makefile" ]; then
+    log "configuring"
+    cmake -S "$RT" -B "$BUILD" \
+        -DENABLE_OPEN_SRC=True \
+        -DCMAKE_BUILD_TYPE=Release \
+        -DUSE_CXX11_ABI=ON \
+        -DCANN_3RD_LIB_PATH="$THIRD" \
+        -DASCEND_INSTALL_PATH="$OUT/no-ascend" \
+        -DENABLE_BUILD_DEVICE=OFF \
+        -DCMAKE_C_COMPILER_LAUNCHER="$OUT/cc-O0" \
+        -DCMAKE_CXX_COMPILER_LAUNCHER="$OUT/cc-O0" \
+        -DCMAKE_SHARED_LINKER_FLAGS='-Wl,-rpath,$ORIGIN' \
+        >"$OUT/configure.log" 2>&1 || {
+        tail -40 "$OUT/configure.log" >&2
+        log "configure failed: $OUT/configure.log"
+        exit 1
+    }
+fi
 
 # --- build only what the acl path loads ---------------------------------------------------
 TARGETS=(acl_rt runtime runtime_v100 runtime_common)

@@ -186,6 +186,7 @@ enum {
 #define FH_MAX_EVENT 65536U
 #define FH_MAX_ID 65536U
 #define FH_SQ_DEPTH 2048U
+#define FH_SQ_REG_SIZE 4096U
 #define FH_DEVICE_MEMORY (64ULL << 30) /* what halMemGetInfo reports: a 910B1's 64 GiB */
 #define FH_ALIGN 512U
 
@@ -197,6 +198,7 @@ struct fh_sq {
     uint32_t tail; /* next free slot */
     uint32_t depth;
     uint8_t* ring;
+    uint8_t* regs; /* the queue's register page (SQ_REG_BASE); only device-side tasks use it */
     int stop;
     pthread_t worker;
     pthread_cond_t more;
@@ -506,6 +508,49 @@ DVresult drvMemsetD8(DVdeviceptr dst, size_t destMax, UINT8 value, size_t num)
     return DRV_ERROR_NONE;
 }
 
+/* A converted copy (drvMemConvertAddr): the PCIe DMA SQE carries its address as the "DMA
+ * queue" (memory_task_v100.cc:212-215: sq_addr = dmaAddr.phyAddr.src, sq_tail_ptr = len). */
+struct fh_dma_desc {
+    uint64_t magic;
+    uintptr_t src;
+    uintptr_t dst;
+    size_t len;
+};
+#define FH_DMA_MAGIC 0x66616b65646d6121ULL
+
+DVresult drvMemConvertAddr(DVdeviceptr p_src, DVdeviceptr p_dst, UINT32 len, struct DMA_ADDR* dma_addr)
+{
+    /* npu_driver.cc:246-290 MemConvertAddr: fixed_size must come back as len */
+    struct fh_dma_desc* d = calloc(1, sizeof(*d));
+    if (d == NULL) {
+        return DRV_ERROR_OUT_OF_MEMORY;
+    }
+    d->magic = FH_DMA_MAGIC;
+    d->src = (uintptr_t)p_src;
+    d->dst = (uintptr_t)p_dst;
+    d->len = len;
+    memset(dma_addr, 0, sizeof(*dma_addr));
+    dma_addr->phyAddr.src = d;
+    dma_addr->phyAddr.dst = (void*)(uintptr_t)p_dst;
+    dma_addr->phyAddr.len = 1; /* one descriptor */
+    dma_addr->phyAddr.flag = 1; /* a chain: src is the descriptor list */
+    dma_addr->fixed_size = len;
+    FH_TRACE("drvMemConvertAddr %#llx -> %#llx (%u bytes) -> %p", (unsigned long long)p_src,
+             (unsigned long long)p_dst, len, (void*)d);
+    return DRV_ERROR_NONE;
+}
+
+DVresult drvMemDestroyAddr(struct DMA_ADDR* ptr)
+{
+    struct fh_dma_desc* d = ptr->phyAddr.src;
+    if (d != NULL && d->magic == FH_DMA_MAGIC) {
+        d->magic = 0;
+        free(d);
+    }
+    ptr->phyAddr.src = NULL;
+    return DRV_ERROR_NONE;
+}
+
 /* ---- ids ---------------------------------------------------------------------------- */
 
 drvError_t halResourceIdAlloc(uint32_t devId, struct halResourceIdInputInfo* in, struct halResourceIdOutputInfo* out)
@@ -622,6 +667,13 @@ static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw)
                      (unsigned long)s->dst, (unsigned long)s->length, s->is_converted);
             if (!s->is_converted && s->length > 0) {
                 memmove((void*)(uintptr_t)s->dst, (const void*)(uintptr_t)s->src, (size_t)s->length);
+            } else if (s->is_converted) {
+                const struct fh_dma_desc* d =
+                    (const struct fh_dma_desc*)(((uintptr_t)s->sq_addr_high << 32) | s->sq_addr_low);
+                if (d == NULL || d->magic != FH_DMA_MAGIC) {
+                    return 1; /* a bad DMA queue: an SDMA-class error */
+                }
+                memmove((void*)d->dst, (const void*)d->src, d->len);
             }
             return 0;
         }
@@ -762,6 +814,7 @@ drvError_t halSqCqAllocate(uint32_t devId, struct halSqCqInputInfo* in, struct h
         memset(sq, 0, sizeof(*sq));
         sq->depth = FH_SQ_DEPTH;
         sq->ring = calloc(sq->depth, FH_SQE_SIZE);
+        sq->regs = calloc(1, FH_SQ_REG_SIZE);
         sq->stream_id = in->info[0];
         sq->cq_id = ((in->flag & TSDRV_FLAG_SPECIFIED_CQ_ID) != 0) ? in->cqId : id;
         sq->valid = 1;
@@ -801,6 +854,7 @@ drvError_t halSqCqFree(uint32_t devId, struct halSqCqFreeInfo* info)
         pthread_join(worker, NULL);
         pthread_mutex_lock(&g_lock);
         free(sq->ring);
+        free(sq->regs);
         pthread_cond_destroy(&sq->more);
         memset(sq, 0, sizeof(*sq));
         pthread_mutex_unlock(&g_lock);
@@ -837,6 +891,13 @@ drvError_t halSqCqQuery(uint32_t devId, struct halSqCqQueryInfo* info)
             break;
         case DRV_SQCQ_PROP_SQ_TAIL:
             info->value[0] = sq->tail;
+            break;
+        case DRV_SQCQ_PROP_SQ_REG_BASE:
+            /* npu_driver_res.cc:1185-1203: value[0] the high, value[1] the low 32 bits of the
+             * queue's register page, value[2] its size; 0 is refused (stream.cc:761-765) */
+            info->value[0] = (uint32_t)((uintptr_t)sq->regs >> 32);
+            info->value[1] = (uint32_t)((uintptr_t)sq->regs & 0xFFFFFFFFU);
+            info->value[2] = FH_SQ_REG_SIZE;
             break;
         case DRV_SQCQ_PROP_SQ_DEPTH:
             info->value[0] = sq->depth;
