@@ -90,7 +90,7 @@ def test_the_library_is_the_runtime_built_from_source() -> None:
 
 def test_device_count_is_the_drivers(rt: Any) -> None:
     count = ctypes.c_uint32()
-    rt.library.functions["aclrtGetDeviceCount"](ctypes.byref(count))
+    rt._fn["aclrtGetDeviceCount"](ctypes.byref(count))
     assert count.value == 1
 
 

@@ -200,6 +200,7 @@ struct fh_sq {
     uint8_t* ring;
     uint8_t* regs; /* the queue's register page (SQ_REG_BASE); only device-side tasks use it */
     int stop;
+    int held; /* aio_fakehal_hold: the queue's work is stuck (a hung task) */
     pthread_t worker;
     pthread_cond_t more;
 };
@@ -268,11 +269,16 @@ FH_EXPORT int aio_fakehal_unmodelled(const char* name)
 /* Every SQE takes at least this long on its worker (0: none). */
 FH_EXPORT void aio_fakehal_set_delay_us(unsigned us) { g_delay_us = us; }
 
-/* Workers stop before their next SQE while held (a busy device), resume when released. */
+/* hold(1): the queues that exist now stop before their next SQE (their work is stuck, as
+ * under a hung kernel); queues made later run, as a device's other queues do (the runtime
+ * makes streams of its own, e.g. for a synchronize). hold(0) releases every queue. */
 FH_EXPORT void aio_fakehal_hold(int hold)
 {
     pthread_mutex_lock(&g_lock);
     g_hold = hold;
+    for (unsigned i = 0; i < FH_MAX_SQ; i++) {
+        g_sq[i].held = g_sq[i].valid && hold;
+    }
     pthread_cond_broadcast(&g_hold_cond);
     pthread_mutex_unlock(&g_lock);
 }
@@ -723,8 +729,8 @@ static void* fh_worker(void* arg)
     uint8_t sqe[FH_SQE_SIZE];
     pthread_mutex_lock(&g_lock);
     for (;;) {
-        while (!sq->stop && (sq->head == sq->tail || g_hold)) {
-            pthread_cond_wait(g_hold ? &g_hold_cond : &sq->more, &g_lock);
+        while (!sq->stop && (sq->head == sq->tail || sq->held)) {
+            pthread_cond_wait(sq->held ? &g_hold_cond : &sq->more, &g_lock);
         }
         if (sq->stop) {
             break;
