@@ -93,6 +93,23 @@ def _open_realrt() -> Runtime:
     return runtime
 
 
+#: contract tests the real runtime answers differently (findings, docs/cann-support.md §13.2):
+#: test name -> what the real runtime does
+REALRT_DIVERGENCES = {
+    "test_never_recorded_ex_event_is_complete": "CreateEventExWithFlag: 107000",
+    "test_elapsed_time_needs_time_line_and_completed_events": "no 107000 for a non-time-line event",
+    "test_a_thread_needs_set_current_context": "aclGetRecentErrMsg is empty in another thread",
+    "test_a_captured_copy_reads_its_pinned_source_at_each_replay": "stale source on replay",
+}
+
+
+def mark_realrt_divergence(request: pytest.FixtureRequest, backend: str) -> None:
+    """A strict xfail for a test the real runtime is known to answer differently."""
+    reason = REALRT_DIVERGENCES.get(getattr(request.node, "originalname", ""))
+    if backend in REAL_RUNTIME and reason is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=f"real runtime: {reason}"))
+
+
 def skip_without_kernels(runtime: Runtime) -> None:
     """Skip the running test when ``runtime``'s backend cannot load kernels yet."""
     if str(getattr(runtime, "library_path", "")).endswith("libacl_rt.so"):

@@ -99,16 +99,6 @@ async def test_events_order_two_streams(dev: aa.Device, hal: FakeHal) -> None:
     assert (await consumer.download(b)).tolist() == [0x77] * 128
 
 
-async def test_timing_events(dev: aa.Device) -> None:
-    s = dev.stream()
-    start = await s.record_event(timing=True)
-    buf = dev.malloc(64)
-    await s.memset(buf, 0)
-    end = await s.record_event(timing=True)
-    await end
-    assert end.elapsed_ms(start) >= 0.0
-
-
 async def test_stream_synchronize(dev: aa.Device) -> None:
     s = dev.stream()
     buf = dev.malloc(64)
@@ -128,46 +118,3 @@ async def test_task_timeout_on_a_held_device(anyio_backend: object, hal: FakeHal
             await task
         hal.hold(False)
         await dev.synchronize()
-
-
-async def test_stream_aclose_with_timeout_forces_a_held_stream(
-    anyio_backend: object, hal: FakeHal
-) -> None:
-    async with open_realrt() as dev:
-        s, other = dev.stream(), dev.stream()
-        buf, buf2 = dev.malloc(64), dev.malloc(64)
-        hal.hold(True)
-        task = await s.memset(buf, 1)
-        with anyio.fail_after(30):
-            await s.aclose(timeout=0.2)
-        with pytest.raises(TaskTimeoutError):
-            await task
-        hal.hold(False)
-        await other.upload(buf2, b"\x09" * 64)
-        assert (await other.download(buf2)).tolist() == [9] * 64
-
-
-async def test_device_aclose_with_timeout_under_a_held_device(
-    anyio_backend: object, hal: FakeHal
-) -> None:
-    dev = open_realrt()
-    s = dev.stream()
-    buf = dev.malloc(64)
-    hal.hold(True)
-    task = await s.memset(buf, 1)
-    try:
-        with anyio.fail_after(30):
-            await dev.aclose(timeout=0.2)
-    finally:
-        hal.hold(False)
-    assert task.done()
-
-
-async def test_an_error_completion_fails_the_task(anyio_backend: object, hal: FakeHal) -> None:
-    async with open_realrt() as dev:
-        s = dev.stream()
-        buf = dev.malloc(64)
-        hal.fail_next(0)
-        task = await s.memset(buf, 1)
-        with pytest.raises(aa.AscendError):
-            await task

@@ -20,6 +20,7 @@ from backends import (
     RUNTIME_FACTORIES,
     backend_params,
     gpu_skip_reason,
+    mark_realrt_divergence,
     skip_without_kernels,
 )
 
@@ -65,6 +66,7 @@ def backend(request: pytest.FixtureRequest) -> str:
         pytest.skip("relies on the sim backend's strictness or test controls")
     if name in REAL_DEVICE and (reason := gpu_skip_reason()):
         pytest.skip(reason)
+    mark_realrt_divergence(request, name)
     return name
 
 
