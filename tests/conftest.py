@@ -35,6 +35,16 @@ from aio_ascend.testing import loop_params
 pytest_plugins = ["pytester"]  # tests/testing: the plugin tested in pytest runs of its own
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """One line on the real-runtime fixture when its tests are selected (``-m realrt``)."""
+    if "realrt" not in (config.getoption("-m") or "") or "not realrt" in config.getoption("-m"):
+        return None
+    from realrt.fixture import NOT_BUILT, find_library_dir
+
+    found = find_library_dir()
+    return f"realrt: {found}" if found is not None else f"realrt: {NOT_BUILT}; its tests skip"
+
+
 @pytest.fixture(params=loop_params())
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
     backend: tuple[str, dict[str, object]] = request.param

@@ -20,6 +20,8 @@ from backends import (
     RUNTIME_FACTORIES,
     backend_params,
     gpu_skip_reason,
+    mark_realrt_divergence,
+    skip_without_kernels,
 )
 
 from aio_ascend._errors import (
@@ -64,6 +66,7 @@ def backend(request: pytest.FixtureRequest) -> str:
         pytest.skip("relies on the sim backend's strictness or test controls")
     if name in REAL_DEVICE and (reason := gpu_skip_reason()):
         pytest.skip(reason)
+    mark_realrt_divergence(request, name)
     return name
 
 
@@ -85,10 +88,18 @@ class Dev:
 
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
-        self.binary = runtime.load_binary(None)
+        self._binary: int | None = None
         self._functions: dict[str, int] = {}
         self.stream = runtime.create_stream()
         runtime.set_stream_failure_mode(self.stream, ACL_STOP_ON_FAILURE)
+
+    @property
+    def binary(self) -> int:
+        """The built-in kernels, loaded on first use (a test without kernels never loads them)."""
+        if self._binary is None:
+            skip_without_kernels(self.rt)
+            self._binary = self.rt.load_binary(None)
+        return self._binary
 
     def fn(self, name: str) -> int:
         if name not in self._functions:

@@ -1,0 +1,993 @@
+/*
+ * A fake Ascend driver (libascend_hal.so) that plays one Ascend 910B1 to the real CANN runtime
+ * built from its public source (tests/realrt/build.sh). Written from the public driver headers
+ * (pkg_inc/driver/ascend_hal*.h) and from what the runtime calls; every behaviour cites the
+ * runtime line (paths relative to the hicann/runtime tree) it answers.
+ *
+ * The device is host memory and threads:
+ * - device and pinned host allocations are distinct blocks of host memory (aligned like a
+ *   device's), so a copy or a memset moves real bytes;
+ * - each normal submission queue (one per stream) has its own worker thread that runs the
+ *   queue's SQEs in order: copies (SDMA, PCIe DMA), event record / wait / reset, write value,
+ *   place holders; anything else (a kernel) completes without effect. After each SQE the SQ
+ *   head moves (what the runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a
+ *   completion (CQE) is queued for the stream's logic CQ, read by halCqReportRecv;
+ * - controls for tests, exported as C functions (ctypes): a delay per SQE, an error completion
+ *   injected into the Nth next SQE, holding the workers, counters.
+ *
+ * Every other symbol of the public headers comes from a stub generated from them
+ * (cmake/stub/h2c.py of the runtime: `return 0`), linked in with weak symbols, so what is not
+ * modelled answers "success, nothing to report" as the runtime's own unit-test stub does.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ascend_hal.h"
+
+#define FH_EXPORT __attribute__((visibility("default")))
+
+/* ---- SQE and CQE layouts, mirrored from the runtime's internal headers ------------------ */
+
+/* src/runtime/core/inc/task/task_info_base.hpp:42 (packed, task_info_base.hpp:40-41) */
+#pragma pack(push, 1)
+struct fh_sqe_header {
+    uint8_t type : 6;
+    uint8_t l1_lock : 1;
+    uint8_t l1_unlock : 1;
+    uint8_t ie : 2;
+    uint8_t pre_p : 2;
+    uint8_t post_p : 2;
+    uint8_t wr_cqe : 1;
+    uint8_t reserved : 1;
+    uint16_t block_dim;
+    uint16_t rt_stream_id;
+    uint16_t task_id;
+};
+
+/* src/runtime/core/inc/sqe/v100/stars_dma.hpp:125 RtStarsMemcpyAsyncSqe */
+struct fh_sdma_sqe {
+    struct fh_sqe_header header;
+    uint32_t res3;
+    uint16_t res4;
+    uint8_t kernel_credit;
+    uint8_t ptr_mode : 1;
+    uint8_t res5 : 7;
+    uint32_t opcode : 8;
+    uint32_t flags : 24;
+    uint16_t src_streamid;
+    uint16_t src_sub_streamid;
+    uint16_t dst_streamid;
+    uint16_t dst_sub_streamid;
+    uint32_t length;
+    uint32_t src_addr_low;
+    uint32_t src_addr_high;
+    uint32_t dst_addr_low;
+    uint32_t dst_addr_high;
+    uint32_t src_offset_low;
+    uint32_t dst_offset_low;
+    uint16_t src_offset_high;
+    uint16_t dst_offset_high;
+    uint32_t res_last;
+};
+
+/* src/runtime/core/inc/sqe/v100/stars_dma.hpp:47 RtStarsPcieDmaSqe */
+struct fh_pcie_dma_sqe {
+    struct fh_sqe_header header;
+    uint32_t res0;
+    uint16_t res1;
+    uint16_t kernel_credit : 8;
+    uint16_t res2 : 8;
+    uint32_t sq_addr_low;
+    uint32_t sq_addr_high;
+    uint16_t sq_tail_ptr;
+    uint16_t res3;
+    uint32_t is_converted : 1;
+    uint32_t is_dsa_update : 1;
+    uint32_t is_sqe_update : 1;
+    uint32_t offset : 8;
+    uint32_t res4 : 21;
+    uint64_t src;
+    uint64_t dst;
+    uint64_t length;
+    uint32_t passid;
+    uint32_t res5;
+};
+
+/* src/runtime/core/inc/sqe/v100/stars_kernel.hpp:296 RtStarsEventSqe */
+struct fh_event_sqe {
+    struct fh_sqe_header header;
+    uint16_t event_id;
+    uint16_t res2;
+    uint16_t res3;
+    uint8_t kernel_credit;
+    uint8_t res4;
+    uint32_t exe_result;
+    uint32_t timeout;
+    uint32_t res5[10];
+};
+
+/* src/runtime/core/inc/sqe/v100/stars_sqe.hpp:51 RtStarsWriteValueSqe */
+struct fh_write_value_sqe {
+    struct fh_sqe_header header;
+    uint32_t res3;
+    uint32_t res4 : 16;
+    uint32_t kernel_credit : 8;
+    uint32_t res5 : 8;
+    uint32_t write_addr_low;
+    uint32_t write_addr_high : 17;
+    uint32_t res6 : 3;
+    uint32_t awsize : 3;
+    uint32_t snoop : 1;
+    uint32_t awcache : 4;
+    uint32_t awprot : 3;
+    uint32_t va : 1;
+    uint32_t res7; /* the event id of an event reset */
+    uint32_t sub_type;
+    uint32_t write_value[8];
+};
+#pragma pack(pop)
+
+/* src/runtime/core/inc/task/task_info_base.hpp:354 rtCqReport_t (not packed: 32 bytes) */
+struct fh_cqe {
+    volatile uint16_t stream_id;
+    volatile uint16_t task_id;
+    volatile uint32_t error_code;
+    volatile uint8_t error_type;
+    volatile uint8_t sqe_type;
+    volatile uint16_t sq_id;
+    volatile uint16_t sq_head;
+    volatile uint16_t match_flag : 1;
+    volatile uint16_t drop_flag : 1;
+    volatile uint16_t error_bit : 1;
+    volatile uint16_t acc_error : 1;
+    volatile uint16_t next_task_vld : 1;
+    volatile uint16_t notify_attached : 1;
+    volatile uint16_t reserved0 : 10;
+    volatile uint64_t timestamp;
+    volatile uint64_t reserved1;
+};
+
+_Static_assert(sizeof(struct fh_sqe_header) == 8, "STARS SQE header is 8 bytes");
+_Static_assert(sizeof(struct fh_sdma_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_pcie_dma_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_event_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_write_value_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_cqe) == 32, "rtCqReport_t is 32 bytes");
+
+/* src/runtime/core/inc/sqe/v100/stars_sqe.hpp:25-45 */
+enum {
+    FH_SQE_FFTS = 0,
+    FH_SQE_AICPU = 1,
+    FH_SQE_PLACE_HOLDER = 3,
+    FH_SQE_EVENT_RECORD = 4,
+    FH_SQE_EVENT_WAIT = 5,
+    FH_SQE_NOTIFY_RECORD = 6,
+    FH_SQE_NOTIFY_WAIT = 7,
+    FH_SQE_WRITE_VALUE = 8,
+    FH_SQE_SDMA = 11,
+    FH_SQE_PCIE_DMA = 17,
+};
+#define FH_SQE_SIZE 64U
+
+/* ---- the device --------------------------------------------------------------------- */
+
+/* PLAT_COMBINE(ARCH_C220 = 4, CHIP_910_B_93 = 5, RT_VER_BIN1 = 1): pkg_inc/runtime/runtime/config.h:23,
+ * src/runtime/core/inc/soc/soc_define.hpp:24, src/runtime/core/inc/spec/base_info.hpp:182 */
+#define FH_HW_VERSION 0x40501LL
+#define FH_MAX_SQ 1024U
+#define FH_MAX_CQ 1024U
+#define FH_MAX_EVENT 65536U
+#define FH_MAX_ID 65536U
+#define FH_SQ_DEPTH 2048U
+#define FH_SQ_REG_SIZE 4096U
+#define FH_DEVICE_MEMORY (64ULL << 30) /* what halMemGetInfo reports: a 910B1's 64 GiB */
+#define FH_ALIGN 512U
+
+struct fh_sq {
+    int valid;
+    uint32_t stream_id;
+    uint32_t cq_id;
+    uint32_t head; /* next SQE to run (what SQ_HEAD reports) */
+    uint32_t tail; /* next free slot */
+    uint32_t depth;
+    uint8_t* ring;
+    uint8_t* regs; /* the queue's register page (SQ_REG_BASE); only device-side tasks use it */
+    int stop;
+    int held; /* aio_fakehal_hold: the queue's work is stuck (a hung task) */
+    pthread_t worker;
+    pthread_cond_t more;
+};
+
+struct fh_cq {
+    int valid;
+    uint32_t stream_id;
+    struct fh_cqe* ring;
+    uint32_t head, count, depth;
+};
+
+struct fh_alloc {
+    uintptr_t base;
+    size_t size;
+    uint32_t mem_type; /* DV_MEM_LOCK_DEV or DV_MEM_LOCK_HOST (drvMemGetAttribute) */
+    void* raw;
+    struct fh_alloc* next;
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cq_cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t g_event_cond = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t g_hold_cond = PTHREAD_COND_INITIALIZER;
+static struct fh_sq g_sq[FH_MAX_SQ];
+static struct fh_cq g_cq[FH_MAX_CQ];
+static uint8_t g_event_flag[FH_MAX_EVENT];
+static uint8_t g_id_used[DRV_INVALID_ID][FH_MAX_ID];
+static struct fh_alloc* g_allocs;
+static size_t g_dev_bytes;
+static uint64_t g_sqe_count;
+
+/* test controls */
+static unsigned g_delay_us;
+static int g_hold;
+static long g_fail_after = -1;
+static uint32_t g_fail_error_type = 1;
+static uint32_t g_fail_error_code = 0x1;
+
+static int fh_trace_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char* v = getenv("AIO_FAKEHAL_TRACE");
+        on = (v != NULL && v[0] == '1') ? 1 : 0;
+    }
+    return on;
+}
+
+#define FH_TRACE(...)                                    \
+    do {                                                 \
+        if (fh_trace_on()) {                             \
+            fprintf(stderr, "[fakehal] " __VA_ARGS__);   \
+            fputc('\n', stderr);                         \
+        }                                                \
+    } while (0)
+
+/* Called by the generated stub (build.sh rewrites its bodies) for what is not modelled. */
+FH_EXPORT int aio_fakehal_unmodelled(const char* name)
+{
+    FH_TRACE("unmodelled %s", name);
+    return 0;
+}
+
+/* ---- test controls (ctypes) ---------------------------------------------------------- */
+
+/* Every SQE takes at least this long on its worker (0: none). */
+FH_EXPORT void aio_fakehal_set_delay_us(unsigned us) { g_delay_us = us; }
+
+/* hold(1): the queues that exist now stop before their next SQE (their work is stuck, as
+ * under a hung kernel); queues made later run, as a device's other queues do (the runtime
+ * makes streams of its own, e.g. for a synchronize). hold(0) releases every queue. */
+FH_EXPORT void aio_fakehal_hold(int hold)
+{
+    pthread_mutex_lock(&g_lock);
+    g_hold = hold;
+    for (unsigned i = 0; i < FH_MAX_SQ; i++) {
+        g_sq[i].held = g_sq[i].valid && hold;
+    }
+    pthread_cond_broadcast(&g_hold_cond);
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* The SQE `after` SQEs from now (0: the next one) completes with an error CQE:
+ * error_type is the STARS error bits (bit0-5, rtCqReport_t::errorType), error_code the
+ * accelerator's status (rtCqReport_t::errorCode). */
+FH_EXPORT void aio_fakehal_fail_next(long after, uint32_t error_type, uint32_t error_code)
+{
+    pthread_mutex_lock(&g_lock);
+    g_fail_after = after;
+    g_fail_error_type = error_type;
+    g_fail_error_code = error_code;
+    pthread_mutex_unlock(&g_lock);
+}
+
+FH_EXPORT uint64_t aio_fakehal_sqe_count(void) { return __atomic_load_n(&g_sqe_count, __ATOMIC_ACQUIRE); }
+
+/* Bytes of device memory allocated now. */
+FH_EXPORT size_t aio_fakehal_device_bytes(void)
+{
+    pthread_mutex_lock(&g_lock);
+    size_t n = g_dev_bytes;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Submission queues allocated now. */
+FH_EXPORT unsigned aio_fakehal_live_sqs(void)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (unsigned i = 0; i < FH_MAX_SQ; i++) {
+        n += g_sq[i].valid ? 1U : 0U;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* ---- device facts -------------------------------------------------------------------- */
+
+drvError_t halGetAPIVersion(int* halAPIVersion)
+{
+    /* the version the headers were written for (ascend_hal.h __HAL_API_VERSION) */
+    *halAPIVersion = __HAL_API_VERSION;
+    return DRV_ERROR_NONE;
+}
+
+drvError_t drvGetDevNum(uint32_t* num_dev)
+{
+    *num_dev = 1;
+    return DRV_ERROR_NONE;
+}
+
+drvError_t drvGetDevIDs(uint32_t* devices, uint32_t len)
+{
+    if (len > 0) {
+        devices[0] = 0;
+    }
+    return DRV_ERROR_NONE;
+}
+
+drvError_t drvGetPlatformInfo(uint32_t* info)
+{
+    /* 1: online, the host side of a PCIe card (the runtime's RT_RUN_MODE_ONLINE; the UT stub,
+     * tests/ut/runtime/runtime/test/platform/910B/stub/hal_stub.cc:665, answers the same) */
+    *info = 1;
+    return DRV_ERROR_NONE;
+}
+
+drvError_t drvDeviceGetPhyIdByIndex(uint32_t devIndex, uint32_t* phyId)
+{
+    *phyId = devIndex;
+    return DRV_ERROR_NONE;
+}
+
+drvError_t drvDeviceGetIndexByPhyId(uint32_t phyId, uint32_t* devIndex)
+{
+    *devIndex = phyId;
+    return DRV_ERROR_NONE;
+}
+
+drvError_t halGetDeviceInfo(uint32_t devId, int32_t moduleType, int32_t infoType, int64_t* value)
+{
+    if (devId != 0) {
+        return DRV_ERROR_INVALID_DEVICE;
+    }
+    *value = 0;
+    if (moduleType == MODULE_TYPE_SYSTEM && infoType == INFO_TYPE_VERSION) {
+        /* the hardware version the runtime reads the chip from (runtime_keeper.cc:163-168) */
+        *value = FH_HW_VERSION;
+    } else if (moduleType == MODULE_TYPE_AICORE && infoType == INFO_TYPE_CORE_NUM) {
+        *value = 24; /* a 910B1's cube cores (hal_stub.cc:170) */
+    } else if (moduleType == MODULE_TYPE_VECTOR_CORE && infoType == INFO_TYPE_CORE_NUM) {
+        *value = 48;
+    } else if (moduleType == MODULE_TYPE_AICPU && infoType == INFO_TYPE_CORE_NUM) {
+        *value = 6;
+    } else if (moduleType == MODULE_TYPE_SYSTEM && infoType == INFO_TYPE_CORE_NUM) {
+        *value = 1;
+    }
+    FH_TRACE("halGetDeviceInfo module=%d info=%d -> %lld", moduleType, infoType, (long long)*value);
+    return DRV_ERROR_NONE;
+}
+
+drvError_t halGetPhyDeviceInfo(uint32_t phyId, int32_t moduleType, int32_t infoType, int64_t* value)
+{
+    return halGetDeviceInfo(phyId, moduleType, infoType, value);
+}
+
+/* ---- memory ---------------------------------------------------------------------------- */
+
+static void* fh_alloc(size_t size, uint32_t mem_type)
+{
+    if (size == 0) {
+        size = 1;
+    }
+    struct fh_alloc* a = calloc(1, sizeof(*a));
+    if (a == NULL) {
+        return NULL;
+    }
+    void* raw = NULL;
+    if (posix_memalign(&raw, FH_ALIGN, size) != 0) {
+        free(a);
+        return NULL;
+    }
+    /* a device's fresh memory is not zero: a test that reads what it never wrote sees it */
+    memset(raw, 0xA5, size);
+    a->raw = raw;
+    a->base = (uintptr_t)raw;
+    a->size = size;
+    a->mem_type = mem_type;
+    pthread_mutex_lock(&g_lock);
+    a->next = g_allocs;
+    g_allocs = a;
+    if (mem_type == DV_MEM_LOCK_DEV) {
+        g_dev_bytes += size;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return raw;
+}
+
+static int fh_free(void* p)
+{
+    pthread_mutex_lock(&g_lock);
+    for (struct fh_alloc** pp = &g_allocs; *pp != NULL; pp = &(*pp)->next) {
+        if ((*pp)->base == (uintptr_t)p) {
+            struct fh_alloc* a = *pp;
+            *pp = a->next;
+            if (a->mem_type == DV_MEM_LOCK_DEV) {
+                g_dev_bytes -= a->size;
+            }
+            pthread_mutex_unlock(&g_lock);
+            free(a->raw);
+            free(a);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return -1;
+}
+
+static struct fh_alloc* fh_find_locked(uintptr_t p)
+{
+    for (struct fh_alloc* a = g_allocs; a != NULL; a = a->next) {
+        if (p >= a->base && p < a->base + a->size) {
+            return a;
+        }
+    }
+    return NULL;
+}
+
+drvError_t halMemAlloc(void** pp, unsigned long long size, unsigned long long flag)
+{
+    /* the virtual memory type sits in bits 10-13 of the flag (ascend_hal_define.h:704-718) */
+    unsigned virt = (unsigned)((flag >> MEM_VIRT_BIT) & ((1U << MEM_VIRT_WIDTH) - 1U));
+    uint32_t type = (virt == MEM_HOST_VAL || virt == MEM_HOST_AGENT_VAL) ? DV_MEM_LOCK_HOST : DV_MEM_LOCK_DEV;
+    *pp = fh_alloc((size_t)size, type);
+    FH_TRACE("halMemAlloc size=%llu flag=%#llx -> %p", size, flag, *pp);
+    return (*pp == NULL) ? DRV_ERROR_OUT_OF_MEMORY : DRV_ERROR_NONE;
+}
+
+drvError_t halMemFree(void* pp)
+{
+    FH_TRACE("halMemFree %p", pp);
+    return (fh_free(pp) == 0) ? DRV_ERROR_NONE : DRV_ERROR_INVALID_VALUE;
+}
+
+DVresult drvMemGetAttribute(DVdeviceptr vptr, struct DVattribute* attr)
+{
+    memset(attr, 0, sizeof(*attr));
+    pthread_mutex_lock(&g_lock);
+    struct fh_alloc* a = fh_find_locked((uintptr_t)vptr);
+    /* not ours: plain user memory (DV_MEM_USER_MALLOC, ascend_hal_base.h:1946) */
+    attr->memType = (a != NULL) ? a->mem_type : DV_MEM_USER_MALLOC;
+    pthread_mutex_unlock(&g_lock);
+    attr->devId = 0;
+    FH_TRACE("drvMemGetAttribute %#llx -> %#x", (unsigned long long)vptr, attr->memType);
+    return DRV_ERROR_NONE;
+}
+
+DVresult halMemGetInfoEx(DVdevice device, unsigned int type, struct MemInfo* info)
+{
+    (void)device;
+    (void)type;
+    memset(info, 0, sizeof(*info));
+    pthread_mutex_lock(&g_lock);
+    info->phy_info.total = FH_DEVICE_MEMORY;
+    info->phy_info.free = FH_DEVICE_MEMORY - g_dev_bytes;
+    pthread_mutex_unlock(&g_lock);
+    return DRV_ERROR_NONE;
+}
+
+DVresult halMemGetInfo(DVdevice device, unsigned int type, struct MemInfo* info)
+{
+    return halMemGetInfoEx(device, type, info);
+}
+
+DVresult drvMemcpy(DVdeviceptr dst, size_t dest_max, DVdeviceptr src, size_t byte_count)
+{
+    if (byte_count > dest_max) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    memmove((void*)(uintptr_t)dst, (const void*)(uintptr_t)src, byte_count);
+    return DRV_ERROR_NONE;
+}
+
+DVresult drvMemsetD8(DVdeviceptr dst, size_t destMax, UINT8 value, size_t num)
+{
+    if (num > destMax) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    memset((void*)(uintptr_t)dst, value, num);
+    return DRV_ERROR_NONE;
+}
+
+/* A converted copy (drvMemConvertAddr): the PCIe DMA SQE carries its address as the "DMA
+ * queue" (memory_task_v100.cc:212-215: sq_addr = dmaAddr.phyAddr.src, sq_tail_ptr = len). */
+struct fh_dma_desc {
+    uint64_t magic;
+    uintptr_t src;
+    uintptr_t dst;
+    size_t len;
+};
+#define FH_DMA_MAGIC 0x66616b65646d6121ULL
+
+DVresult drvMemConvertAddr(DVdeviceptr p_src, DVdeviceptr p_dst, UINT32 len, struct DMA_ADDR* dma_addr)
+{
+    /* npu_driver.cc:246-290 MemConvertAddr: fixed_size must come back as len */
+    struct fh_dma_desc* d = calloc(1, sizeof(*d));
+    if (d == NULL) {
+        return DRV_ERROR_OUT_OF_MEMORY;
+    }
+    d->magic = FH_DMA_MAGIC;
+    d->src = (uintptr_t)p_src;
+    d->dst = (uintptr_t)p_dst;
+    d->len = len;
+    memset(dma_addr, 0, sizeof(*dma_addr));
+    dma_addr->phyAddr.src = d;
+    dma_addr->phyAddr.dst = (void*)(uintptr_t)p_dst;
+    dma_addr->phyAddr.len = 1; /* one descriptor */
+    dma_addr->phyAddr.flag = 1; /* a chain: src is the descriptor list */
+    dma_addr->fixed_size = len;
+    FH_TRACE("drvMemConvertAddr %#llx -> %#llx (%u bytes) -> %p", (unsigned long long)p_src,
+             (unsigned long long)p_dst, len, (void*)d);
+    return DRV_ERROR_NONE;
+}
+
+DVresult drvMemDestroyAddr(struct DMA_ADDR* ptr)
+{
+    struct fh_dma_desc* d = ptr->phyAddr.src;
+    if (d != NULL && d->magic == FH_DMA_MAGIC) {
+        d->magic = 0;
+        free(d);
+    }
+    ptr->phyAddr.src = NULL;
+    return DRV_ERROR_NONE;
+}
+
+/* ---- ids ---------------------------------------------------------------------------- */
+
+drvError_t halResourceIdAlloc(uint32_t devId, struct halResourceIdInputInfo* in, struct halResourceIdOutputInfo* out)
+{
+    (void)devId;
+    if ((unsigned)in->type >= DRV_INVALID_ID) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&g_lock);
+    /* id 0 is left out: a real driver hands out ids from its pool in any order */
+    for (uint32_t id = 1; id < FH_MAX_ID; id++) {
+        if (!g_id_used[in->type][id]) {
+            g_id_used[in->type][id] = 1;
+            out->resourceId = id;
+            if (in->type == DRV_EVENT_ID && id < FH_MAX_EVENT) {
+                g_event_flag[id] = 0;
+            }
+            pthread_mutex_unlock(&g_lock);
+            FH_TRACE("halResourceIdAlloc type=%d -> %u", in->type, id);
+            return DRV_ERROR_NONE;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return DRV_ERROR_NO_RESOURCES;
+}
+
+drvError_t halResourceIdFree(uint32_t devId, struct halResourceIdInputInfo* in)
+{
+    (void)devId;
+    if ((unsigned)in->type >= DRV_INVALID_ID || in->resourceId >= FH_MAX_ID) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&g_lock);
+    g_id_used[in->type][in->resourceId] = 0;
+    pthread_mutex_unlock(&g_lock);
+    return DRV_ERROR_NONE;
+}
+
+/* ---- submission and completion -------------------------------------------------------- */
+
+static uint64_t fh_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+static void fh_push_cqe_locked(uint32_t sq_id, const struct fh_sqe_header* h, uint32_t error_type,
+                               uint32_t error_code)
+{
+    struct fh_sq* sq = &g_sq[sq_id];
+    uint32_t target = FH_MAX_CQ;
+    /* the logic CQ of the SQE's stream (LogicCqAllocateV2 passes the stream id in info[0]:
+     * src/runtime/driver/npu_driver_res.cc:1845), else any logic CQ */
+    for (uint32_t i = 0; i < FH_MAX_CQ; i++) {
+        if (g_cq[i].valid && g_cq[i].stream_id == h->rt_stream_id) {
+            target = i;
+            break;
+        }
+    }
+    if (target == FH_MAX_CQ && sq->cq_id < FH_MAX_CQ && g_cq[sq->cq_id].valid) {
+        target = sq->cq_id;
+    }
+    if (target == FH_MAX_CQ) {
+        FH_TRACE("no logic CQ for stream %u: CQE dropped", h->rt_stream_id);
+        return;
+    }
+    struct fh_cq* cq = &g_cq[target];
+    if (cq->count == cq->depth) {
+        FH_TRACE("logic CQ %u full: CQE dropped", target);
+        return;
+    }
+    struct fh_cqe* e = &cq->ring[(cq->head + cq->count) % cq->depth];
+    memset((void*)e, 0, sizeof(*e));
+    e->stream_id = h->rt_stream_id;
+    e->task_id = h->task_id;
+    e->error_code = error_code;
+    e->error_type = (uint8_t)error_type;
+    e->sqe_type = h->type;
+    e->sq_id = (uint16_t)sq_id;
+    e->sq_head = (uint16_t)sq->head;
+    e->error_bit = (error_type != 0) ? 1 : 0;
+    e->timestamp = fh_now_ns();
+    cq->count++;
+    pthread_cond_broadcast(&g_cq_cond);
+}
+
+/* Runs one SQE; g_lock is NOT held. Returns the STARS error bits (0: success). */
+static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw)
+{
+    const struct fh_sqe_header* h = (const struct fh_sqe_header*)raw;
+    switch (h->type) {
+        case FH_SQE_SDMA: {
+            /* memory_task_v100.cc:233-266 ConstructMemcpySqe: src/dst/length, opcode 0 a copy */
+            const struct fh_sdma_sqe* s = (const struct fh_sdma_sqe*)raw;
+            if (s->ptr_mode) {
+                /* memory_task_v100.cc:131-154: the SDMA SQE sits in memory (not modelled) */
+                FH_TRACE("sq %u: SDMA ptr-mode SQE not modelled", sq_id);
+                return 0;
+            }
+            uintptr_t src = ((uintptr_t)s->src_addr_high << 32) | s->src_addr_low;
+            uintptr_t dst = ((uintptr_t)s->dst_addr_high << 32) | s->dst_addr_low;
+            FH_TRACE("sq %u: SDMA %#lx -> %#lx (%u bytes, opcode %u)", sq_id, (unsigned long)src,
+                     (unsigned long)dst, s->length, s->opcode);
+            if (s->opcode == 0 && s->length > 0) {
+                memmove((void*)dst, (const void*)src, s->length);
+            }
+            return 0;
+        }
+        case FH_SQE_PCIE_DMA: {
+            /* memory_task_v100.cc:158-185 ConstructPcieDmaSqe: src/dst/length when not converted */
+            const struct fh_pcie_dma_sqe* s = (const struct fh_pcie_dma_sqe*)raw;
+            FH_TRACE("sq %u: PCIe DMA %#lx -> %#lx (%lu bytes, converted %u)", sq_id, (unsigned long)s->src,
+                     (unsigned long)s->dst, (unsigned long)s->length, s->is_converted);
+            if (!s->is_converted && s->length > 0) {
+                memmove((void*)(uintptr_t)s->dst, (const void*)(uintptr_t)s->src, (size_t)s->length);
+            } else if (s->is_converted) {
+                const struct fh_dma_desc* d =
+                    (const struct fh_dma_desc*)(((uintptr_t)s->sq_addr_high << 32) | s->sq_addr_low);
+                if (d == NULL || d->magic != FH_DMA_MAGIC) {
+                    return 1; /* a bad DMA queue: an SDMA-class error */
+                }
+                memmove((void*)d->dst, (const void*)d->src, d->len);
+            }
+            return 0;
+        }
+        case FH_SQE_EVENT_RECORD: {
+            /* event_task_v100.cc:42: the event id */
+            const struct fh_event_sqe* s = (const struct fh_event_sqe*)raw;
+            pthread_mutex_lock(&g_lock);
+            g_event_flag[s->event_id] = 1;
+            pthread_cond_broadcast(&g_event_cond);
+            pthread_mutex_unlock(&g_lock);
+            FH_TRACE("sq %u: event record %u", sq_id, s->event_id);
+            return 0;
+        }
+        case FH_SQE_EVENT_WAIT: {
+            /* event_task_v100.cc:179: wait for the event's flag, then clear it (STARS consumes
+             * the record; the runtime resets with a WRITE_VALUE SQE too, event_task_v100.cc:95) */
+            const struct fh_event_sqe* s = (const struct fh_event_sqe*)raw;
+            FH_TRACE("sq %u: event wait %u", sq_id, s->event_id);
+            pthread_mutex_lock(&g_lock);
+            while (!g_event_flag[s->event_id] && !g_sq[sq_id].stop) {
+                pthread_cond_wait(&g_event_cond, &g_lock);
+            }
+            g_event_flag[s->event_id] = 0;
+            pthread_mutex_unlock(&g_lock);
+            return 0;
+        }
+        case FH_SQE_WRITE_VALUE: {
+            const struct fh_write_value_sqe* s = (const struct fh_write_value_sqe*)raw;
+            if (s->sub_type == 1 /* RT_STARS_WRITE_VALUE_SUB_TYPE_EVENT_RESET */) {
+                pthread_mutex_lock(&g_lock);
+                g_event_flag[s->res7 % FH_MAX_EVENT] = 0;
+                pthread_mutex_unlock(&g_lock);
+            }
+            FH_TRACE("sq %u: write value sub_type %u", sq_id, s->sub_type);
+            return 0;
+        }
+        default:
+            FH_TRACE("sq %u: SQE type %u completes without effect", sq_id, h->type);
+            return 0;
+    }
+}
+
+static void* fh_worker(void* arg)
+{
+    uint32_t sq_id = (uint32_t)(uintptr_t)arg;
+    struct fh_sq* sq = &g_sq[sq_id];
+    uint8_t sqe[FH_SQE_SIZE];
+    pthread_mutex_lock(&g_lock);
+    for (;;) {
+        while (!sq->stop && (sq->head == sq->tail || sq->held)) {
+            pthread_cond_wait(sq->held ? &g_hold_cond : &sq->more, &g_lock);
+        }
+        if (sq->stop) {
+            break;
+        }
+        memcpy(sqe, sq->ring + (size_t)(sq->head % sq->depth) * FH_SQE_SIZE, FH_SQE_SIZE);
+        uint32_t error_type = 0;
+        uint32_t error_code = 0;
+        if (g_fail_after == 0) {
+            error_type = g_fail_error_type;
+            error_code = g_fail_error_code;
+        }
+        if (g_fail_after >= 0) {
+            g_fail_after--;
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (g_delay_us > 0) {
+            usleep(g_delay_us);
+        }
+        if (error_type == 0) {
+            error_type = fh_run_sqe(sq_id, sqe);
+        }
+        pthread_mutex_lock(&g_lock);
+        sq->head = (sq->head + 1) % sq->depth;
+        const struct fh_sqe_header* h = (const struct fh_sqe_header*)sqe;
+        if (h->wr_cqe || error_type != 0) {
+            fh_push_cqe_locked(sq_id, h, error_type, error_code);
+        }
+        __atomic_add_fetch(&g_sqe_count, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return NULL;
+}
+
+static uint32_t fh_free_slot_locked(void* table, size_t stride, size_t n, uint32_t wanted, int specified)
+{
+    if (specified) {
+        return (wanted < n) ? wanted : UINT32_MAX;
+    }
+    for (uint32_t i = 1; i < n; i++) {
+        if (!*(int*)((uint8_t*)table + stride * i)) {
+            return i;
+        }
+    }
+    return UINT32_MAX;
+}
+
+drvError_t halSqCqAllocate(uint32_t devId, struct halSqCqInputInfo* in, struct halSqCqOutputInfo* out)
+{
+    if (devId != 0) {
+        return DRV_ERROR_INVALID_DEVICE;
+    }
+    memset(out, 0, sizeof(*out));
+    out->sqId = SQCQ_UMAX;
+    out->cqId = SQCQ_UMAX;
+    pthread_mutex_lock(&g_lock);
+    if (in->type == DRV_LOGIC_TYPE) {
+        /* npu_driver_res.cc:1820-1850 LogicCqAllocateV2: info[0] the stream, cqeSize 32 */
+        uint32_t id = fh_free_slot_locked(g_cq, sizeof(g_cq[0]), FH_MAX_CQ, in->cqId,
+                                          (in->flag & TSDRV_FLAG_SPECIFIED_CQ_ID) != 0);
+        if (id == UINT32_MAX) {
+            pthread_mutex_unlock(&g_lock);
+            return DRV_ERROR_NO_RESOURCES;
+        }
+        struct fh_cq* cq = &g_cq[id];
+        if (!cq->valid) {
+            cq->depth = (in->cqeDepth > 0) ? in->cqeDepth : 1024U;
+            cq->ring = calloc(cq->depth, sizeof(struct fh_cqe));
+            cq->head = cq->count = 0;
+        }
+        cq->valid = 1;
+        cq->stream_id = in->info[0];
+        out->cqId = id;
+        pthread_mutex_unlock(&g_lock);
+        FH_TRACE("halSqCqAllocate logic cq %u stream %u flag %#x", id, in->info[0], in->flag);
+        return DRV_ERROR_NONE;
+    }
+    if (in->type == DRV_NORMAL_TYPE) {
+        /* npu_driver_res.cc:1640-1740 NormalSqCqAllocate: info[0] the stream id
+         * (stream_sqcq_manage.cc:176, rtStreamAllocInfo_t) */
+        uint32_t id = fh_free_slot_locked(g_sq, sizeof(g_sq[0]), FH_MAX_SQ, in->sqId,
+                                          (in->flag & TSDRV_FLAG_SPECIFIED_SQ_ID) != 0);
+        if (id == UINT32_MAX || g_sq[id].valid) {
+            pthread_mutex_unlock(&g_lock);
+            return (id == UINT32_MAX) ? DRV_ERROR_SQID_FULL : DRV_ERROR_INVALID_VALUE;
+        }
+        struct fh_sq* sq = &g_sq[id];
+        memset(sq, 0, sizeof(*sq));
+        sq->depth = FH_SQ_DEPTH;
+        sq->ring = calloc(sq->depth, FH_SQE_SIZE);
+        sq->regs = calloc(1, FH_SQ_REG_SIZE);
+        sq->stream_id = in->info[0];
+        sq->cq_id = ((in->flag & TSDRV_FLAG_SPECIFIED_CQ_ID) != 0) ? in->cqId : id;
+        sq->valid = 1;
+        pthread_cond_init(&sq->more, NULL);
+        pthread_create(&sq->worker, NULL, fh_worker, (void*)(uintptr_t)id);
+        out->sqId = id;
+        out->cqId = sq->cq_id;
+        pthread_mutex_unlock(&g_lock);
+        FH_TRACE("halSqCqAllocate normal sq %u cq %u stream %u flag %#x", id, out->cqId, in->info[0], in->flag);
+        return DRV_ERROR_NONE;
+    }
+    pthread_mutex_unlock(&g_lock);
+    FH_TRACE("halSqCqAllocate type %d: answered without a queue", in->type);
+    /* callback / ctrl / shm queues are not modelled: ids that do not clash with ours */
+    out->sqId = FH_MAX_SQ + (uint32_t)in->type;
+    out->cqId = FH_MAX_CQ + (uint32_t)in->type;
+    return DRV_ERROR_NONE;
+}
+
+drvError_t halSqCqFree(uint32_t devId, struct halSqCqFreeInfo* info)
+{
+    (void)devId;
+    FH_TRACE("halSqCqFree type %d sq %u cq %u flag %#x", info->type, info->sqId, info->cqId, info->flag);
+    if (info->type == DRV_NORMAL_TYPE && info->sqId < FH_MAX_SQ) {
+        pthread_mutex_lock(&g_lock);
+        struct fh_sq* sq = &g_sq[info->sqId];
+        if (!sq->valid) {
+            pthread_mutex_unlock(&g_lock);
+            return DRV_ERROR_INVALID_VALUE;
+        }
+        sq->stop = 1;
+        pthread_cond_broadcast(&sq->more);
+        pthread_cond_broadcast(&g_event_cond);
+        pthread_cond_broadcast(&g_hold_cond);
+        pthread_t worker = sq->worker;
+        pthread_mutex_unlock(&g_lock);
+        pthread_join(worker, NULL);
+        pthread_mutex_lock(&g_lock);
+        free(sq->ring);
+        free(sq->regs);
+        pthread_cond_destroy(&sq->more);
+        memset(sq, 0, sizeof(*sq));
+        pthread_mutex_unlock(&g_lock);
+        return DRV_ERROR_NONE;
+    }
+    if (info->type == DRV_LOGIC_TYPE && info->cqId < FH_MAX_CQ) {
+        pthread_mutex_lock(&g_lock);
+        struct fh_cq* cq = &g_cq[info->cqId];
+        free(cq->ring);
+        memset(cq, 0, sizeof(*cq));
+        pthread_cond_broadcast(&g_cq_cond);
+        pthread_mutex_unlock(&g_lock);
+    }
+    return DRV_ERROR_NONE;
+}
+
+drvError_t halSqCqQuery(uint32_t devId, struct halSqCqQueryInfo* info)
+{
+    (void)devId;
+    if (info->type != DRV_NORMAL_TYPE || info->sqId >= FH_MAX_SQ) {
+        memset(info->value, 0, sizeof(info->value));
+        return DRV_ERROR_NONE;
+    }
+    pthread_mutex_lock(&g_lock);
+    struct fh_sq* sq = &g_sq[info->sqId];
+    if (!sq->valid) {
+        pthread_mutex_unlock(&g_lock);
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    memset(info->value, 0, sizeof(info->value));
+    switch (info->prop) {
+        case DRV_SQCQ_PROP_SQ_HEAD: /* npu_driver_standard_soc.cc:413-425 */
+            info->value[0] = sq->head;
+            break;
+        case DRV_SQCQ_PROP_SQ_TAIL:
+            info->value[0] = sq->tail;
+            break;
+        case DRV_SQCQ_PROP_SQ_REG_BASE:
+            /* npu_driver_res.cc:1185-1203: value[0] the high, value[1] the low 32 bits of the
+             * queue's register page, value[2] its size; 0 is refused (stream.cc:761-765) */
+            info->value[0] = (uint32_t)((uintptr_t)sq->regs >> 32);
+            info->value[1] = (uint32_t)((uintptr_t)sq->regs & 0xFFFFFFFFU);
+            info->value[2] = FH_SQ_REG_SIZE;
+            break;
+        case DRV_SQCQ_PROP_SQ_DEPTH:
+            info->value[0] = sq->depth;
+            break;
+        case DRV_SQCQ_PROP_SQE_SIZE:
+            info->value[0] = FH_SQE_SIZE;
+            break;
+        default:
+            break;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return DRV_ERROR_NONE;
+}
+
+drvError_t halSqTaskSend(uint32_t devId, struct halTaskSendInfo* info)
+{
+    /* task_submit.cc:557-583 (v100): DRV_NORMAL_TYPE, sqe_addr, sqe_num, sqId */
+    if (devId != 0 || info->type != DRV_NORMAL_TYPE || info->sqId >= FH_MAX_SQ) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&g_lock);
+    struct fh_sq* sq = &g_sq[info->sqId];
+    if (!sq->valid) {
+        pthread_mutex_unlock(&g_lock);
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    uint32_t used = (sq->tail + sq->depth - sq->head) % sq->depth;
+    if (used + info->sqe_num >= sq->depth) {
+        pthread_mutex_unlock(&g_lock);
+        return DRV_ERROR_QUEUE_FULL;
+    }
+    info->pos = sq->tail;
+    for (uint32_t i = 0; i < info->sqe_num; i++) {
+        memcpy(sq->ring + (size_t)sq->tail * FH_SQE_SIZE, info->sqe_addr + (size_t)i * FH_SQE_SIZE, FH_SQE_SIZE);
+        sq->tail = (sq->tail + 1) % sq->depth;
+    }
+    const struct fh_sqe_header* h = (const struct fh_sqe_header*)info->sqe_addr;
+    FH_TRACE("halSqTaskSend sq %u: %u SQE(s), first type %u stream %u task %u wr_cqe %u", info->sqId,
+             info->sqe_num, h->type, h->rt_stream_id, h->task_id, h->wr_cqe);
+    pthread_cond_broadcast(&sq->more);
+    pthread_mutex_unlock(&g_lock);
+    return DRV_ERROR_NONE;
+}
+
+drvError_t halCqReportRecv(uint32_t devId, struct halReportRecvInfo* info)
+{
+    /* npu_driver_res.cc:2287-2308 LogicCqReportV2: a logic CQ, a timeout in ms, room for
+     * cqe_num 32-byte CQEs; report_cqe_num is the answer */
+    (void)devId;
+    if (info->type != DRV_LOGIC_TYPE || info->cqId >= FH_MAX_CQ) {
+        info->report_cqe_num = 0;
+        return DRV_ERROR_NONE;
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    if (info->timeout > 0) {
+        deadline.tv_sec += info->timeout / 1000;
+        deadline.tv_nsec += (long)(info->timeout % 1000) * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&g_lock);
+    struct fh_cq* cq = &g_cq[info->cqId];
+    while (cq->valid && cq->count == 0 && info->timeout != 0) {
+        int rc = (info->timeout < 0) ? pthread_cond_wait(&g_cq_cond, &g_lock)
+                                     : pthread_cond_timedwait(&g_cq_cond, &g_lock, &deadline);
+        if (rc == ETIMEDOUT) {
+            break;
+        }
+    }
+    uint32_t n = 0;
+    struct fh_cqe* outp = (struct fh_cqe*)info->cqe_addr;
+    while (cq->valid && cq->count > 0 && n < info->cqe_num) {
+        memcpy((void*)&outp[n], (const void*)&cq->ring[cq->head], sizeof(struct fh_cqe));
+        cq->head = (cq->head + 1) % cq->depth;
+        cq->count--;
+        n++;
+    }
+    pthread_mutex_unlock(&g_lock);
+    info->report_cqe_num = n;
+    if (n == 0 && info->timeout != 0) {
+        return DRV_ERROR_WAIT_TIMEOUT;
+    }
+    return DRV_ERROR_NONE;
+}

@@ -1,0 +1,151 @@
+"""The real CANN runtime as a test fixture: the build of ``tests/realrt/build.sh``.
+
+The build (the runtime's ``libacl_rt.so`` + ``libruntime.so`` + plugins from the pinned public
+source, over our fake driver ``libascend_hal.so`` from ``tests/realrt/fakehal``) lives in a cache
+outside the working tree. It is found through ``$AIO_ASCEND_REALRT_LIB`` (its library folder),
+else as the newest complete build in ``$AIO_ASCEND_REALRT_CACHE`` (default
+``~/.cache/aio_ascend/realrt``) whose driver was built from the sources in this tree. Nothing
+here starts the build: without one, every user skips with :data:`NOT_BUILT`.
+
+``FakeHal`` wraps the driver's test controls (C functions, ``aio_fakehal_*``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+__all__ = [
+    "ENV_LIB",
+    "NOT_BUILT",
+    "FakeHal",
+    "fakehal",
+    "find_library_dir",
+    "open_realrt_runtime",
+    "realrt_library",
+    "require_library_dir",
+]
+
+HERE = Path(__file__).resolve().parent
+ENV_LIB = "AIO_ASCEND_REALRT_LIB"
+ENV_CACHE = "AIO_ASCEND_REALRT_CACHE"
+NOT_BUILT = (
+    "the real CANN runtime fixture is not built: run `bash tests/realrt/build.sh` "
+    f"(or set {ENV_LIB} to its library folder)"
+)
+#: the runtime's own symbols, which no libascendcl.so shim or test double exports
+RUNTIME_SYMBOLS = ("rtSetSocVersion", "rtGetSocVersion")
+
+
+def _fakehal_key() -> str:
+    """The key build.sh gives the driver it builds from ``fakehal/`` (the same hashing)."""
+    sources = sorted(
+        str(p) for p in (HERE / "fakehal").iterdir() if p.suffix in (".c", ".h") and p.is_file()
+    )
+    digests = "".join(hashlib.sha256(Path(p).read_bytes()).hexdigest() + "\n" for p in sources)
+    return hashlib.sha256(digests.encode()).hexdigest()[:16]
+
+
+def find_library_dir() -> Path | None:
+    """The fixture's library folder, or None when none is built for this tree's driver."""
+    explicit = os.environ.get(ENV_LIB)
+    if explicit:
+        path = Path(explicit)
+        return path if (path / "libacl_rt.so").is_file() else None
+    root = Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "aio_ascend" / "realrt")
+    if not root.is_dir():
+        return None
+    builds = [p.parent for p in root.glob(f"*/fake-{_fakehal_key()}/.complete")]
+    if not builds:
+        return None
+    newest = max(builds, key=lambda p: (p / ".complete").stat().st_mtime)
+    return newest / "lib"
+
+
+def require_library_dir() -> Path:
+    """:func:`find_library_dir`, or skip the test with :data:`NOT_BUILT`."""
+    found = find_library_dir()
+    if found is None:
+        pytest.skip(NOT_BUILT)
+    return found
+
+
+def realrt_library() -> Path:
+    """The ``libacl_rt.so`` of the fixture, its driver loaded first (skips when not built).
+
+    Our ``libascend_hal.so`` is loaded globally before the runtime, so that the runtime's
+    libraries (which need a library of that name) bind to it whatever their run paths say.
+    """
+    lib_dir = require_library_dir()
+    fakehal(lib_dir)
+    return lib_dir / "libacl_rt.so"
+
+
+class FakeHal:
+    """The fake driver's test controls (``tests/realrt/fakehal/fakehal.c``)."""
+
+    def __init__(self, cdll: ctypes.CDLL) -> None:
+        self._cdll = cdll
+        cdll.aio_fakehal_set_delay_us.argtypes = (ctypes.c_uint,)
+        cdll.aio_fakehal_hold.argtypes = (ctypes.c_int,)
+        cdll.aio_fakehal_fail_next.argtypes = (ctypes.c_long, ctypes.c_uint32, ctypes.c_uint32)
+        cdll.aio_fakehal_sqe_count.restype = ctypes.c_uint64
+        cdll.aio_fakehal_device_bytes.restype = ctypes.c_size_t
+        cdll.aio_fakehal_live_sqs.restype = ctypes.c_uint
+
+    def set_delay_us(self, microseconds: int) -> None:
+        """Every SQE takes at least this long on the device (0: none)."""
+        self._cdll.aio_fakehal_set_delay_us(microseconds)
+
+    def hold(self, held: bool) -> None:
+        """Hold the device's queues before their next SQE (a busy device), or release them."""
+        self._cdll.aio_fakehal_hold(1 if held else 0)
+
+    def fail_next(self, after: int = 0, error_type: int = 1, error_code: int = 1) -> None:
+        """The SQE ``after`` SQEs from now completes with an error CQE."""
+        self._cdll.aio_fakehal_fail_next(after, error_type, error_code)
+
+    def reset(self) -> None:
+        """No delay, no hold, no pending error."""
+        self.set_delay_us(0)
+        self.hold(False)
+        self._cdll.aio_fakehal_fail_next(-1, 0, 0)
+
+    def sqe_count(self) -> int:
+        """SQEs the device has run."""
+        return int(self._cdll.aio_fakehal_sqe_count())
+
+    def device_bytes(self) -> int:
+        """Bytes of device memory allocated now."""
+        return int(self._cdll.aio_fakehal_device_bytes())
+
+    def live_queues(self) -> int:
+        """Submission queues allocated now."""
+        return int(self._cdll.aio_fakehal_live_sqs())
+
+
+_hals: dict[Path, FakeHal] = {}
+
+
+def fakehal(lib_dir: Path | None = None) -> FakeHal:
+    """The loaded fake driver of the fixture (loaded globally on first use)."""
+    lib_dir = require_library_dir() if lib_dir is None else lib_dir
+    hal = _hals.get(lib_dir)
+    if hal is None:
+        cdll = ctypes.CDLL(str(lib_dir / "libascend_hal.so"), mode=ctypes.RTLD_GLOBAL)
+        hal = _hals[lib_dir] = FakeHal(cdll)
+    return hal
+
+
+def open_realrt_runtime(**options: Any) -> Any:
+    """The ``acl`` backend opened on device 0 of the real runtime (skips when not built)."""
+    from aio_ascend._runtime.acl.runtime import open_acl_runtime
+
+    library = realrt_library()
+    fakehal().reset()
+    return open_acl_runtime(0, library_path=library, **options)

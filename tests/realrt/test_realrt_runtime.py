@@ -1,0 +1,248 @@
+"""The acl backend over the real CANN runtime (built from source) over our fake driver.
+
+Each test opens ``open_acl_runtime(0, library_path=<fixture>/libacl_rt.so)``: the runtime's own
+``aclrt*`` implementation, its streams, tasks, events and memory management, down to the driver
+calls our ``tests/realrt/fakehal`` answers. Skipped (one reason) until ``tests/realrt/build.sh``
+has built the fixture.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from realrt.fixture import FakeHal, fakehal, open_realrt_runtime, realrt_library
+
+from aio_ascend._runtime.abi import (
+    ACL_EVENT_RECORDED_STATUS_COMPLETE,
+    ACL_EVENT_SYNC,
+    ACL_EVENT_TIME_LINE,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+    ACL_MEMCPY_DEVICE_TO_HOST,
+    ACL_MEMCPY_HOST_TO_DEVICE,
+)
+from aio_ascend._runtime.hostmem import host_view
+
+pytestmark = pytest.mark.realrt
+
+SYNC_MS = 10_000
+
+
+@pytest.fixture
+def rt() -> Iterator[Any]:
+    runtime = open_realrt_runtime()
+    try:
+        yield runtime
+    finally:
+        runtime.close()
+        fakehal().reset()
+
+
+@pytest.fixture
+def hal(rt: Any) -> FakeHal:
+    return fakehal()
+
+
+def pinned(rt: Any, data: bytes) -> int:
+    addr: int = rt.malloc_host(len(data))
+    host_view(addr, len(data))[:] = data
+    return addr
+
+
+def upload(rt: Any, stream: int, data: bytes) -> int:
+    ptr: int = rt.malloc(len(data))
+    src = pinned(rt, data)
+    rt.memcpy_async(ptr, len(data), src, len(data), ACL_MEMCPY_HOST_TO_DEVICE, stream)
+    rt.synchronize_stream(stream, SYNC_MS)
+    rt.free_host(src)
+    return ptr
+
+
+def download(rt: Any, stream: int, ptr: int, size: int) -> bytes:
+    dst = rt.malloc_host(size)
+    rt.memcpy_async(dst, size, ptr, size, ACL_MEMCPY_DEVICE_TO_HOST, stream)
+    rt.synchronize_stream(stream, SYNC_MS)
+    out = bytes(host_view(dst, size))
+    rt.free_host(dst)
+    return out
+
+
+# --- the library in use is the source build ------------------------------------------------
+
+
+def test_the_library_is_the_runtime_built_from_source() -> None:
+    """The runtime's own symbols are exported and it answers as the 910B1 our driver plays."""
+    library = ctypes.CDLL(str(realrt_library()))
+    assert hasattr(library, "rtSetSocVersion")
+    assert hasattr(library, "rtGetSocVersion")
+    runtime = open_realrt_runtime()
+    try:
+        assert runtime.info()["soc_name"] == "Ascend910B1"
+    finally:
+        runtime.close()
+
+
+def test_device_count_is_the_drivers(rt: Any) -> None:
+    count = ctypes.c_uint32()
+    rt._fn["aclrtGetDeviceCount"](ctypes.byref(count))
+    assert count.value == 1
+
+
+# --- streams ---------------------------------------------------------------------------------
+
+
+def test_streams_are_distinct_and_each_gets_a_queue(rt: Any, hal: FakeHal) -> None:
+    before = hal.live_queues()
+    streams = [rt.create_stream() for _ in range(4)]
+    assert len(set(streams)) == 4 and 0 not in streams
+    assert hal.live_queues() >= before + 4
+    for stream in streams:
+        rt.destroy_stream(stream)
+    assert hal.live_queues() == before
+
+
+def test_synchronize_an_empty_stream(rt: Any) -> None:
+    stream = rt.create_stream()
+    rt.synchronize_stream(stream, SYNC_MS)
+    rt.destroy_stream(stream)
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def test_device_allocations_are_distinct_and_counted(rt: Any, hal: FakeHal) -> None:
+    before = hal.device_bytes()
+    ptrs = [rt.malloc(1000) for _ in range(8)]
+    assert len(set(ptrs)) == 8
+    assert hal.device_bytes() >= before + 8 * 1000
+    for ptr in ptrs:
+        rt.free(ptr)
+    assert hal.device_bytes() == before
+
+
+@pytest.mark.parametrize("size", [1, 4096, 1 << 20])
+def test_copies_round_trip(rt: Any, size: int) -> None:
+    stream = rt.create_stream()
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    ptr = upload(rt, stream, data)
+    assert download(rt, stream, ptr, size) == data
+    rt.free(ptr)
+    rt.destroy_stream(stream)
+
+
+def test_device_to_device_copy(rt: Any) -> None:
+    stream = rt.create_stream()
+    data = bytes(range(256)) * 16
+    src = upload(rt, stream, data)
+    dst = rt.malloc(len(data))
+    rt.memcpy_async(dst, len(data), src, len(data), ACL_MEMCPY_DEVICE_TO_DEVICE, stream)
+    rt.synchronize_stream(stream, SYNC_MS)
+    assert download(rt, stream, dst, len(data)) == data
+    rt.free(src)
+    rt.free(dst)
+    rt.destroy_stream(stream)
+
+
+@pytest.mark.parametrize("value", [0, 0x5A, 0xFF])
+def test_memset_sets_every_byte(rt: Any, value: int) -> None:
+    stream = rt.create_stream()
+    ptr = upload(rt, stream, b"\x01" * 4096)
+    rt.memset_async(ptr, 4096, value, 4096, stream)
+    rt.synchronize_stream(stream, SYNC_MS)
+    assert download(rt, stream, ptr, 4096) == bytes([value]) * 4096
+    rt.free(ptr)
+    rt.destroy_stream(stream)
+
+
+def test_pinned_host_memory_is_usable_and_freed(rt: Any) -> None:
+    addr = rt.malloc_host(8192)
+    view = host_view(addr, 8192)
+    view[:] = b"\x07" * 8192
+    assert bytes(view[:4]) == b"\x07" * 4
+    rt.free_host(addr)
+
+
+def test_copies_on_one_stream_run_in_order(rt: Any) -> None:
+    stream = rt.create_stream()
+    ptr = rt.malloc(1024)
+    sources = [pinned(rt, bytes([i]) * 1024) for i in range(1, 9)]
+    for src in sources:
+        rt.memcpy_async(ptr, 1024, src, 1024, ACL_MEMCPY_HOST_TO_DEVICE, stream)
+    rt.synchronize_stream(stream, SYNC_MS)
+    assert download(rt, stream, ptr, 1024) == bytes([8]) * 1024
+    for src in sources:
+        rt.free_host(src)
+    rt.free(ptr)
+    rt.destroy_stream(stream)
+
+
+# --- events ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [ACL_EVENT_SYNC, ACL_EVENT_TIME_LINE])
+def test_record_then_synchronize_and_query(rt: Any, flags: int) -> None:
+    stream = rt.create_stream()
+    event = rt.create_event(flags)
+    rt.record_event(event, stream)
+    rt.synchronize_event(event, SYNC_MS)
+    assert rt.query_event_status(event) == ACL_EVENT_RECORDED_STATUS_COMPLETE
+    rt.destroy_event(event)
+    rt.destroy_stream(stream)
+
+
+def test_stream_wait_event_orders_two_streams(rt: Any, hal: FakeHal) -> None:
+    producer, consumer = rt.create_stream(), rt.create_stream()
+    event = rt.create_event(ACL_EVENT_SYNC)
+    a = upload(rt, producer, b"\x00" * 256)
+    b = rt.malloc(256)
+    src = pinned(rt, b"\x33" * 256)
+    hal.set_delay_us(20_000)
+    rt.memcpy_async(a, 256, src, 256, ACL_MEMCPY_HOST_TO_DEVICE, producer)
+    rt.record_event(event, producer)
+    rt.stream_wait_event(consumer, event)
+    rt.memcpy_async(b, 256, a, 256, ACL_MEMCPY_DEVICE_TO_DEVICE, consumer)
+    rt.synchronize_stream(consumer, SYNC_MS)
+    hal.set_delay_us(0)
+    assert download(rt, consumer, b, 256) == b"\x33" * 256
+    for stream in (producer, consumer):
+        rt.destroy_stream(stream)
+    rt.destroy_event(event)
+    rt.free(a)
+    rt.free(b)
+    rt.free_host(src)
+
+
+def test_elapsed_time_between_time_line_events(rt: Any, hal: FakeHal) -> None:
+    stream = rt.create_stream()
+    start, end = rt.create_event(ACL_EVENT_TIME_LINE), rt.create_event(ACL_EVENT_TIME_LINE)
+    ptr = rt.malloc(64)
+    rt.record_event(start, stream)
+    hal.set_delay_us(5_000)
+    rt.memset_async(ptr, 64, 0, 64, stream)
+    hal.set_delay_us(0)
+    rt.record_event(end, stream)
+    rt.synchronize_stream(stream, SYNC_MS)
+    assert rt.event_elapsed_time(start, end) >= 0.0
+    for event in (start, end):
+        rt.destroy_event(event)
+    rt.free(ptr)
+    rt.destroy_stream(stream)
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+# --- close -----------------------------------------------------------------------------------
+
+
+def test_reopen_after_close(hal: FakeHal) -> None:
+    for _ in range(3):
+        runtime = open_realrt_runtime()
+        stream = runtime.create_stream()
+        runtime.synchronize_stream(stream, SYNC_MS)
+        runtime.destroy_stream(stream)
+        runtime.close()
+    assert hal.live_queues() >= 0

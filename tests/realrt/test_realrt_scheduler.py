@@ -1,0 +1,107 @@
+"""The scheduler over the real CANN runtime (built from source) over our fake driver.
+
+``aa.open_device(backend="acl", runtime_options={"library_path": <fixture>/libacl_rt.so})`` on
+asyncio, uvloop (where installed) and trio: copies, memsets, events, streams, timeouts and a
+forced close, end to end through the runtime's own task and completion machinery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from realrt.fixture import FakeHal, fakehal, realrt_library
+
+import aio_ascend as aa
+
+pytestmark = [pytest.mark.realrt, pytest.mark.anyio]
+
+
+def open_realrt(**kwargs: Any) -> aa.Device:
+    library = realrt_library()
+    fakehal().reset()
+    options = {"library_path": str(library), **kwargs.pop("runtime_options", {})}
+    return aa.open_device(0, backend="acl", runtime_options=options, **kwargs)
+
+
+@pytest.fixture
+def hal() -> Iterator[FakeHal]:
+    realrt_library()
+    hal = fakehal()
+    hal.reset()
+    yield hal
+    hal.reset()
+
+
+@pytest.fixture
+async def dev(anyio_backend: object) -> AsyncIterator[aa.Device]:
+    async with open_realrt() as device:
+        yield device
+    fakehal().reset()
+
+
+async def test_upload_download_round_trip(dev: aa.Device) -> None:
+    s = dev.stream()
+    data = np.arange(4096, dtype=np.float32)
+    buf = dev.malloc(data.nbytes)
+    await s.upload(buf, data)
+    out = await s.download(buf, np.float32)
+    np.testing.assert_array_equal(out, data)
+
+
+async def test_memset_then_download(dev: aa.Device) -> None:
+    s = dev.stream()
+    buf = dev.malloc(1000)
+    await (await s.memset(buf, 0x42))
+    out = await s.download(buf)
+    assert out.tolist() == [0x42] * 1000
+
+
+async def test_device_copy(dev: aa.Device) -> None:
+    s = dev.stream()
+    src, dst = dev.malloc(256), dev.malloc(256)
+    await s.upload(src, bytes(range(256)))
+    await (await s.copy_device(dst, src))
+    assert (await s.download(dst)).tolist() == list(range(256))
+
+
+async def test_many_copies_on_several_streams(dev: aa.Device) -> None:
+    streams = [dev.stream() for _ in range(3)]
+    buffers = [dev.malloc(512) for _ in streams]
+
+    async def fill(i: int) -> None:
+        for round_ in range(5):
+            await streams[i].upload(buffers[i], bytes([i * 10 + round_]) * 512)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(streams)):
+            tg.start_soon(fill, i)
+    for i, stream in enumerate(streams):
+        assert (await stream.download(buffers[i])).tolist() == [i * 10 + 4] * 512
+
+
+async def test_events_order_two_streams(dev: aa.Device, hal: FakeHal) -> None:
+    producer, consumer = dev.stream(), dev.stream()
+    a, b = dev.malloc(128), dev.malloc(128)
+    await producer.upload(a, b"\x00" * 128)
+    hal.set_delay_us(10_000)
+    await producer.copy_to_device(a, b"\x77" * 128)
+    event = await producer.record_event()
+    await consumer.wait_event(event)
+    await (await consumer.copy_device(b, a))
+    hal.set_delay_us(0)
+    await event
+    assert event.query()
+    assert (await consumer.download(b)).tolist() == [0x77] * 128
+
+
+async def test_stream_synchronize(dev: aa.Device) -> None:
+    s = dev.stream()
+    buf = dev.malloc(64)
+    for value in range(4):
+        await s.memset(buf, value)
+    await s.synchronize()
+    assert (await s.download(buf)).tolist() == [3] * 64
