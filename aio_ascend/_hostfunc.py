@@ -190,4 +190,6 @@ async def close_host_funcs(device: object, timeout: float | None) -> None:  # no
     """At a device's close: its host functions (if it ever had any) finish or are abandoned."""
     runner = _RUNNERS.get(device)
     if runner is not None:
-        await runner.aclose(timeout)
+        # shielded, as the device's own close: cancelled half-way, the thread would outlive it
+        with anyio.CancelScope(shield=True):
+            await runner.aclose(timeout)

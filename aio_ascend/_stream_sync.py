@@ -105,7 +105,8 @@ class StreamSync:
         event loop, and should not call the device (use the loop for that). If the earlier
         work fails, ``fn`` does not run and the Task fails with an error caused by that
         failure. Emulated on every backend (an event, then the thread); the device's close
-        waits for a running ``fn`` (up to ``aclose``'s timeout, else ``task_timeout``).
+        waits for a running ``fn`` (up to ``aclose``'s timeout, else ``task_timeout``). On a
+        stream of torch_npu's, torch's own later ops are not held by it.
 
         :raises TypeError: ``fn`` is not callable
         """
@@ -115,7 +116,11 @@ class StreamSync:
         scheduler.check_usable()
         if self._lane.closed:
             raise ClosedError("the stream is closed")
-        recorded = await self.record_event()
+        # The fence without the torch handshake: the hold must be in place before this call
+        # awaits anything after queueing the record (else later work overtakes it); torch's
+        # own later ops are not held by a host function (they reach the runtime stream
+        # directly), so there is nothing to hand over.
+        recorded = await self._fence(drain=True)
         task = Task(scheduler.adapter, self._ref, "host_func", scheduler.failures)
         # (no await from the record's admission to here: nothing else is queued in between)
         self._hold = task

@@ -83,7 +83,10 @@ def _from_dlpack(obj: object, what: str) -> np.ndarray[Any, Any] | None:
             "and copy_device)"
         )
     try:
-        return np.from_dlpack(obj, copy=False)  # type: ignore[arg-type]
+        try:
+            return np.from_dlpack(obj, copy=False)  # type: ignore[arg-type]
+        except TypeError:  # numpy < 2.1 has no copy= (and never copies)
+            return np.from_dlpack(obj)  # type: ignore[arg-type]
     except Exception as exc:  # BufferError, or the exporter's own (torch: RuntimeError)
         raise TypeError(f"{what}: this {name} cannot be read through __dlpack__: {exc}") from None
 

@@ -383,3 +383,24 @@ def test_device_count_asks_the_backend() -> None:
 def test_device_count_auto_follows_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIO_ASCEND_BACKEND", "sim")
     assert aa.device_count() == 1
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio", "asyncio"])
+async def test_a_device_close_cancelled_half_way_still_stops_the_host_function_thread(
+    anyio_backend: str,
+) -> None:
+    # The device's close is shielded once started, its host functions' part included: a
+    # cancelled scope around the device leaves no hostfunc thread behind.
+    release = threading.Event()
+    with anyio.move_on_after(0.3):
+        async with await aa.open_device(0, backend="sim", task_timeout=5.0) as dev:
+            s = dev.stream()
+            await s.launch_host_func(lambda: release.wait(2))
+            await anyio.sleep(10)
+    release.set()
+    name = f"aio_ascend-hostfunc-{dev.device_id}"
+    deadline = time.monotonic() + 10
+    while any(t.name == name for t in threading.enumerate()) and time.monotonic() < deadline:  # noqa: ASYNC110 - a thread list
+        await anyio.sleep(0.01)
+    assert not any(t.name == name for t in threading.enumerate())
+    assert dev.closed

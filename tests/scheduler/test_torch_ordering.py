@@ -187,3 +187,37 @@ async def test_external_event_misuse_is_refused(open_any: Callable[..., Any]) ->
             ext = other.external_event(1234)
             with pytest.raises(ValueError, match="different device"):
                 await dev.stream().wait_event(ext)
+
+
+async def test_a_host_function_on_a_torch_stream_holds_work_issued_while_its_call_runs(
+    open_any: Callable[..., Any],
+) -> None:
+    # The hold is in place before launch_host_func awaits anything after queueing its event:
+    # an operation issued by another coroutine meanwhile still runs after fn.
+    import threading
+
+    import anyio
+
+    async with open_any() as dev, torch_beside(dev) as torch:
+        ours = dev.external_stream(torch)
+        buf = dev.malloc(N)
+        release = threading.Event()
+        host: list[aa.Task] = []
+        later: list[aa.Task] = []
+
+        async def call_host_func() -> None:
+            host.append(await ours.launch_host_func(lambda: release.wait(10)))
+
+        async def issue_later() -> None:
+            later.append(await ours.memset(buf, 3))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call_host_func)
+            await anyio.lowlevel.checkpoint()  # the host function's call has begun
+            tg.start_soon(issue_later)
+            await anyio.sleep(0.3)
+            assert not later or not later[0].done(), "work overtook the host function"
+            release.set()
+        await later[0]
+        assert host[0].done()
+        await ours.aclose()
