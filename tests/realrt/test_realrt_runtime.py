@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 from realrt.fixture import FakeHal, fakehal, open_realrt_runtime, realrt_library
 
+from aio_ascend._errors import EventSyncTimeoutError, StreamSyncTimeoutError
 from aio_ascend._runtime.abi import (
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
+    ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_EVENT_SYNC,
     ACL_EVENT_TIME_LINE,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
@@ -110,6 +112,21 @@ def test_synchronize_an_empty_stream(rt: Any) -> None:
     rt.destroy_stream(stream)
 
 
+def test_synchronize_times_out_while_the_device_is_busy(rt: Any, hal: FakeHal) -> None:
+    stream = rt.create_stream()
+    ptr = rt.malloc(64)
+    hal.hold(stream)
+    try:
+        rt.memset_async(ptr, 64, 1, 64, stream)
+        with pytest.raises(StreamSyncTimeoutError):
+            rt.synchronize_stream(stream, 50)
+    finally:
+        hal.hold(stream, held=False)
+    rt.synchronize_stream(stream, SYNC_MS)
+    rt.destroy_stream(stream)
+    rt.free(ptr)
+
+
 # --- memory ----------------------------------------------------------------------------------
 
 
@@ -191,6 +208,26 @@ def test_record_then_synchronize_and_query(rt: Any, flags: int) -> None:
     assert rt.query_event_status(event) == ACL_EVENT_RECORDED_STATUS_COMPLETE
     rt.destroy_event(event)
     rt.destroy_stream(stream)
+
+
+def test_event_is_not_ready_while_the_device_is_busy(rt: Any, hal: FakeHal) -> None:
+    stream = rt.create_stream()
+    event = rt.create_event(ACL_EVENT_SYNC)
+    ptr = rt.malloc(64)
+    hal.hold(stream)
+    try:
+        rt.memset_async(ptr, 64, 0, 64, stream)
+        rt.record_event(event, stream)
+        assert rt.query_event_status(event) == ACL_EVENT_RECORDED_STATUS_NOT_READY
+        with pytest.raises(EventSyncTimeoutError):
+            rt.synchronize_event(event, 50)
+    finally:
+        hal.hold(stream, held=False)
+    rt.synchronize_event(event, SYNC_MS)
+    assert rt.query_event_status(event) == ACL_EVENT_RECORDED_STATUS_COMPLETE
+    rt.destroy_event(event)
+    rt.destroy_stream(stream)
+    rt.free(ptr)
 
 
 def test_stream_wait_event_orders_two_streams(rt: Any, hal: FakeHal) -> None:

@@ -16,6 +16,7 @@ import pytest
 from realrt.fixture import FakeHal, fakehal, realrt_library
 
 import aio_ascend as aa
+from aio_ascend._errors import TaskTimeoutError
 
 pytestmark = [pytest.mark.realrt, pytest.mark.anyio]
 
@@ -105,3 +106,15 @@ async def test_stream_synchronize(dev: aa.Device) -> None:
         await s.memset(buf, value)
     await s.synchronize()
     assert (await s.download(buf)).tolist() == [3] * 64
+
+
+async def test_task_timeout_on_a_held_device(anyio_backend: object, hal: FakeHal) -> None:
+    async with open_realrt(task_timeout=0.3) as dev:
+        s = dev.stream()
+        buf = dev.malloc(64)
+        hal.hold(s.handle)
+        task = await s.memset(buf, 1)
+        with pytest.raises(TaskTimeoutError):
+            await task
+        hal.hold(s.handle, held=False)
+        await dev.synchronize()

@@ -200,7 +200,6 @@ struct fh_sq {
     uint8_t* ring;
     uint8_t* regs; /* the queue's register page (SQ_REG_BASE); only device-side tasks use it */
     int stop;
-    int held; /* aio_fakehal_hold: the queue's work is stuck (a hung task) */
     pthread_t worker;
     pthread_cond_t more;
 };
@@ -234,7 +233,7 @@ static uint64_t g_sqe_count;
 
 /* test controls */
 static unsigned g_delay_us;
-static int g_hold;
+static uint8_t g_stream_held[FH_MAX_ID];
 static long g_fail_after = -1;
 static uint32_t g_fail_error_type = 1;
 static uint32_t g_fail_error_code = 0x1;
@@ -269,15 +268,19 @@ FH_EXPORT int aio_fakehal_unmodelled(const char* name)
 /* Every SQE takes at least this long on its worker (0: none). */
 FH_EXPORT void aio_fakehal_set_delay_us(unsigned us) { g_delay_us = us; }
 
-/* hold(1): the queues that exist now stop before their next SQE (their work is stuck, as
- * under a hung kernel); queues made later run, as a device's other queues do (the runtime
- * makes streams of its own, e.g. for a synchronize). hold(0) releases every queue. */
-FH_EXPORT void aio_fakehal_hold(int hold)
+/* hold_stream(id, 1): the SQEs of the runtime stream `id` (the header's rt_stream_id, what
+ * aclrtStreamGetId answers) stop at the head of their queue, as under a hung kernel; every
+ * other queue runs on. Only a chosen stream is held because the runtime keeps queues of its
+ * own (made at aclrtSetDevice) and waits on them without a timeout in its synchronize paths:
+ * holding every queue hung the runtime's main thread inside the call, never returning.
+ * hold_stream(-1, 0) releases every stream. */
+FH_EXPORT void aio_fakehal_hold_stream(int stream_id, int hold)
 {
     pthread_mutex_lock(&g_lock);
-    g_hold = hold;
-    for (unsigned i = 0; i < FH_MAX_SQ; i++) {
-        g_sq[i].held = g_sq[i].valid && hold;
+    if (stream_id < 0) {
+        memset(g_stream_held, 0, sizeof(g_stream_held));
+    } else if ((unsigned)stream_id < FH_MAX_ID) {
+        g_stream_held[stream_id] = (uint8_t)(hold != 0);
     }
     pthread_cond_broadcast(&g_hold_cond);
     pthread_mutex_unlock(&g_lock);
@@ -722,6 +725,14 @@ static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw)
     }
 }
 
+/* Whether the SQE at the head of `sq` belongs to a held stream (aio_fakehal_hold_stream). */
+static int fh_head_held_locked(const struct fh_sq* sq)
+{
+    const struct fh_sqe_header* h =
+        (const struct fh_sqe_header*)(sq->ring + (size_t)(sq->head % sq->depth) * FH_SQE_SIZE);
+    return g_stream_held[h->rt_stream_id];
+}
+
 static void* fh_worker(void* arg)
 {
     uint32_t sq_id = (uint32_t)(uintptr_t)arg;
@@ -729,8 +740,8 @@ static void* fh_worker(void* arg)
     uint8_t sqe[FH_SQE_SIZE];
     pthread_mutex_lock(&g_lock);
     for (;;) {
-        while (!sq->stop && (sq->head == sq->tail || sq->held)) {
-            pthread_cond_wait(sq->held ? &g_hold_cond : &sq->more, &g_lock);
+        while (!sq->stop && (sq->head == sq->tail || fh_head_held_locked(sq))) {
+            pthread_cond_wait((sq->head != sq->tail) ? &g_hold_cond : &sq->more, &g_lock);
         }
         if (sq->stop) {
             break;
