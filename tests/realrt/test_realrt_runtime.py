@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 from realrt.fixture import FakeHal, fakehal, open_realrt_runtime, realrt_library
 
-from aio_ascend._errors import EventSyncTimeoutError, StreamSyncTimeoutError
+from aio_ascend._errors import (
+    DeviceFaultError,
+    EventSyncTimeoutError,
+    RuntimeAPIError,
+    StreamSyncTimeoutError,
+)
 from aio_ascend._runtime.abi import (
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
@@ -31,6 +36,8 @@ from aio_ascend._runtime.hostmem import host_view
 pytestmark = pytest.mark.realrt
 
 SYNC_MS = 10_000
+#: ACL_ERROR_RT_TS_ERROR (rt_error_codes.h:93): a task the device reported failed
+ACL_ERROR_RT_TS_ERROR = 507001
 
 
 @pytest.fixture
@@ -270,6 +277,30 @@ def test_elapsed_time_between_time_line_events(rt: Any, hal: FakeHal) -> None:
 
 
 # --- faults ----------------------------------------------------------------------------------
+
+
+def test_an_error_completion_fails_the_synchronize_then_the_stream_runs_on(
+    rt: Any, hal: FakeHal
+) -> None:
+    """A copy SQE whose CQE carries STARS error bits: the runtime reads the CQE (our driver
+    says one waits, halSqCqQuery SQ_CQE_STATUS), maps it to TS_ERROR_SDMA_ERROR
+    (memory_memcpy_async_task.cc:730-741) and reports ACL_ERROR_RT_TS_ERROR
+    (errcode_manage.cc:477) from the synchronize; the next copy on the stream succeeds."""
+    stream = rt.create_stream()
+    ptr = upload(rt, stream, b"\x00" * 64)
+    src = pinned(rt, b"\x11" * 64)
+    hal.fail_next(0, error_type=1, error_code=1)
+    rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)
+    with pytest.raises(RuntimeAPIError) as caught:
+        rt.synchronize_stream(stream, SYNC_MS)
+    assert caught.value.code == ACL_ERROR_RT_TS_ERROR
+    assert not isinstance(caught.value, (StreamSyncTimeoutError, DeviceFaultError))
+    rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)
+    rt.synchronize_stream(stream, SYNC_MS)
+    assert download(rt, stream, ptr, 64) == b"\x11" * 64
+    rt.free_host(src)
+    rt.free(ptr)
+    rt.destroy_stream(stream)
 
 
 # --- close -----------------------------------------------------------------------------------

@@ -118,3 +118,17 @@ async def test_task_timeout_on_a_held_device(anyio_backend: object, hal: FakeHal
             await task
         hal.hold(s.handle, held=False)
         await dev.synchronize()
+
+
+async def test_an_error_completion_fails_the_task(dev: aa.Device, hal: FakeHal) -> None:
+    """An error CQE for a copy: the runtime's ACL_ERROR_RT_TS_ERROR reaches the awaiting
+    task as the library's typed error, and the stream runs on."""
+    s = dev.stream()
+    buf = dev.malloc(64)
+    await s.upload(buf, b"\x00" * 64)
+    hal.fail_next(0)
+    with pytest.raises(aa.RuntimeAPIError) as caught:
+        await (await s.copy_to_device(buf, b"\x22" * 64))
+    assert caught.value.code == 507001
+    await s.upload(buf, b"\x33" * 64)
+    assert (await s.download(buf)).tolist() == [0x33] * 64

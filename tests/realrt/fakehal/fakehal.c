@@ -888,6 +888,20 @@ drvError_t halSqCqFree(uint32_t devId, struct halSqCqFreeInfo* info)
     return DRV_ERROR_NONE;
 }
 
+/* 1 when a CQE that queue `sq_id` wrote has not been read yet. */
+static uint32_t fh_sq_has_cqe_locked(uint32_t sq_id)
+{
+    for (uint32_t i = 0; i < FH_MAX_CQ; i++) {
+        const struct fh_cq* cq = &g_cq[i];
+        for (uint32_t k = 0; cq->valid && k < cq->count; k++) {
+            if (cq->ring[(cq->head + k) % cq->depth].sq_id == sq_id) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 drvError_t halSqCqQuery(uint32_t devId, struct halSqCqQueryInfo* info)
 {
     (void)devId;
@@ -921,6 +935,14 @@ drvError_t halSqCqQuery(uint32_t devId, struct halSqCqQueryInfo* info)
             break;
         case DRV_SQCQ_PROP_SQE_SIZE:
             info->value[0] = FH_SQE_SIZE;
+            break;
+        case DRV_SQCQ_PROP_SQ_CQE_STATUS:
+            /* whether a CQE of this queue waits in a logic CQ: the runtime reads the logic CQ
+             * (and so sees an error CQE) only when this says so or the stream expects one
+             * (npu_driver_res.cc:861-878 GetCqeStatus, stream.cc:4438 IsExistCqe,
+             * stars_engine.cc:731-745 SendingProcReport); 0 made it reclaim the failed task by
+             * the SQ head alone, as a success */
+            info->value[0] = fh_sq_has_cqe_locked(info->sqId);
             break;
         default:
             break;
