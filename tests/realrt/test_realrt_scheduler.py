@@ -120,15 +120,44 @@ async def test_task_timeout_on_a_held_device(anyio_backend: object, hal: FakeHal
         await dev.synchronize()
 
 
+#: The real runtime reads a stream's CQEs (and so learns of a failed task) only in
+#: aclrtSynchronizeStream and its recycling, never for aclrtQueryEventStatus or
+#: aclrtSynchronizeEvent: an event recorded after a failed copy reads complete, and the
+#: scheduler, which completes tasks and drains streams by events, never calls the stream
+#: synchronize. Shown by test_realrt_runtime.py::test_an_error_completion_fails_the_synchronize*.
+SILENT_COPY_ERROR = pytest.mark.xfail(
+    strict=True,
+    reason="real runtime: a copy's error CQE is reported only by aclrtSynchronizeStream, "
+    "which the scheduler never calls (it completes tasks by events)",
+)
+
+
+@SILENT_COPY_ERROR
 async def test_an_error_completion_fails_the_task(dev: aa.Device, hal: FakeHal) -> None:
-    """An error CQE for a copy: the runtime's ACL_ERROR_RT_TS_ERROR reaches the awaiting
-    task as the library's typed error, and the stream runs on."""
+    """An error CQE for a copy: the runtime's ACL_ERROR_RT_TS_ERROR should reach the task
+    that awaits the copy."""
     s = dev.stream()
     buf = dev.malloc(64)
     await s.upload(buf, b"\x00" * 64)
     hal.fail_next(0)
     with pytest.raises(aa.RuntimeAPIError) as caught:
         await (await s.copy_to_device(buf, b"\x22" * 64))
+    assert caught.value.code == 507001
+
+
+@SILENT_COPY_ERROR
+async def test_an_error_completion_fails_the_stream_synchronize(
+    dev: aa.Device, hal: FakeHal
+) -> None:
+    """The runtime reports a copy's error CQE (ACL_ERROR_RT_TS_ERROR) from the stream's
+    synchronize, as the library's typed error; the stream runs on after it."""
+    s = dev.stream()
+    buf = dev.malloc(64)
+    await s.upload(buf, b"\x00" * 64)
+    hal.fail_next(0)
+    await s.copy_to_device(buf, b"\x22" * 64)
+    with pytest.raises(aa.RuntimeAPIError) as caught:
+        await s.synchronize()
     assert caught.value.code == 507001
     await s.upload(buf, b"\x33" * 64)
     assert (await s.download(buf)).tolist() == [0x33] * 64
