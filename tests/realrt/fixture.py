@@ -94,7 +94,12 @@ class FakeHal:
         self._cdll = cdll
         cdll.aio_fakehal_set_delay_us.argtypes = (ctypes.c_uint,)
         cdll.aio_fakehal_hold_stream.argtypes = (ctypes.c_int, ctypes.c_int)
-        cdll.aio_fakehal_fail_next.argtypes = (ctypes.c_long, ctypes.c_uint32, ctypes.c_uint32)
+        cdll.aio_fakehal_fail_next.argtypes = (
+            ctypes.c_int,
+            ctypes.c_long,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+        )
         cdll.aio_fakehal_sqe_count.restype = ctypes.c_uint64
         cdll.aio_fakehal_device_bytes.restype = ctypes.c_size_t
         cdll.aio_fakehal_live_sqs.restype = ctypes.c_uint
@@ -108,15 +113,18 @@ class FakeHal:
         task on it), or release it. The runtime's own queues run on."""
         self._cdll.aio_fakehal_hold_stream(stream_id(stream), 1 if held else 0)
 
-    def fail_next(self, after: int = 0, error_type: int = 1, error_code: int = 1) -> None:
-        """The SQE ``after`` SQEs from now completes with an error CQE."""
-        self._cdll.aio_fakehal_fail_next(after, error_type, error_code)
+    def fail_next(
+        self, stream: int, after: int = 0, error_type: int = 1, error_code: int = 1
+    ) -> None:
+        """The SQE ``after`` SQEs from now of the runtime stream ``stream`` (an
+        ``aclrtStream``) completes with an error CQE (STARS error bits ``error_type``)."""
+        self._cdll.aio_fakehal_fail_next(stream_id(stream), after, error_type, error_code)
 
     def reset(self) -> None:
         """No delay, no held stream, no pending error."""
         self.set_delay_us(0)
         self._cdll.aio_fakehal_hold_stream(-1, 0)
-        self._cdll.aio_fakehal_fail_next(-1, 0, 0)
+        self._cdll.aio_fakehal_fail_next(-1, -1, 0, 0)
 
     def sqe_count(self) -> int:
         """SQEs the device has run."""

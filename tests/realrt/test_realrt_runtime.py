@@ -9,6 +9,7 @@ has built the fixture.
 from __future__ import annotations
 
 import ctypes
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -289,7 +290,7 @@ def test_an_error_completion_fails_the_synchronize_then_the_stream_runs_on(
     stream = rt.create_stream()
     ptr = upload(rt, stream, b"\x00" * 64)
     src = pinned(rt, b"\x11" * 64)
-    hal.fail_next(0, error_type=1, error_code=1)
+    hal.fail_next(stream, error_type=1, error_code=1)
     rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)
     with pytest.raises(RuntimeAPIError) as caught:
         rt.synchronize_stream(stream, SYNC_MS)
@@ -304,6 +305,25 @@ def test_an_error_completion_fails_the_synchronize_then_the_stream_runs_on(
 
 
 # --- close -----------------------------------------------------------------------------------
+
+
+def test_force_destroy_a_stream_whose_work_is_stuck(rt: Any, hal: FakeHal) -> None:
+    """aclrtDestroyStreamForce returns while the stream's SQE never runs, and frees its queue
+    (our driver stops the queue's worker in halSqCqFree)."""
+    before = hal.live_queues()
+    stream = rt.create_stream()
+    ptr = rt.malloc(64)
+    hal.hold(stream)
+    rt.memset_async(ptr, 64, 1, 64, stream)
+    with pytest.raises(StreamSyncTimeoutError):
+        rt.synchronize_stream(stream, 50)
+    rt.destroy_stream_force(stream)
+    # the runtime may free the queue after the call returns (seen once in ~6 runs)
+    deadline = time.monotonic() + 5.0
+    while hal.live_queues() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hal.live_queues() == before
+    rt.free(ptr)
 
 
 def test_reopen_after_close(hal: FakeHal) -> None:

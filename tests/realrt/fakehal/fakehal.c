@@ -200,6 +200,7 @@ struct fh_sq {
     uint8_t* ring;
     uint8_t* regs; /* the queue's register page (SQ_REG_BASE); only device-side tasks use it */
     int stop;
+    int halted; /* an error CQE of this queue waits to be read: the head stays put */
     pthread_t worker;
     pthread_cond_t more;
 };
@@ -235,6 +236,7 @@ static uint64_t g_sqe_count;
 static unsigned g_delay_us;
 static uint8_t g_stream_held[FH_MAX_ID];
 static long g_fail_after = -1;
+static int g_fail_stream = -1;
 static uint32_t g_fail_error_type = 1;
 static uint32_t g_fail_error_code = 0x1;
 
@@ -273,12 +275,15 @@ FH_EXPORT void aio_fakehal_set_delay_us(unsigned us) { g_delay_us = us; }
  * other queue runs on. Only a chosen stream is held because the runtime keeps queues of its
  * own (made at aclrtSetDevice) and waits on them without a timeout in its synchronize paths:
  * holding every queue hung the runtime's main thread inside the call, never returning.
- * hold_stream(-1, 0) releases every stream. */
+ * hold_stream(-1, 0) releases every stream, and every queue stopped at a failed SQE. */
 FH_EXPORT void aio_fakehal_hold_stream(int stream_id, int hold)
 {
     pthread_mutex_lock(&g_lock);
     if (stream_id < 0) {
         memset(g_stream_held, 0, sizeof(g_stream_held));
+        for (unsigned i = 0; i < FH_MAX_SQ; i++) {
+            g_sq[i].halted = 0; /* and queues stopped at a failed SQE go on */
+        }
     } else if ((unsigned)stream_id < FH_MAX_ID) {
         g_stream_held[stream_id] = (uint8_t)(hold != 0);
     }
@@ -286,12 +291,14 @@ FH_EXPORT void aio_fakehal_hold_stream(int stream_id, int hold)
     pthread_mutex_unlock(&g_lock);
 }
 
-/* The SQE `after` SQEs from now (0: the next one) completes with an error CQE:
- * error_type is the STARS error bits (bit0-5, rtCqReport_t::errorType), error_code the
- * accelerator's status (rtCqReport_t::errorCode). */
-FH_EXPORT void aio_fakehal_fail_next(long after, uint32_t error_type, uint32_t error_code)
+/* The SQE `after` SQEs from now (0: the next one) of the runtime stream `stream_id` (-1: of
+ * any queue) completes with an error CQE: error_type is the STARS error bits (bit0-5,
+ * rtCqReport_t::errorType), error_code the accelerator's status (rtCqReport_t::errorCode).
+ * A chosen stream, because the runtime's own queues run SQEs of their own at any time. */
+FH_EXPORT void aio_fakehal_fail_next(int stream_id, long after, uint32_t error_type, uint32_t error_code)
 {
     pthread_mutex_lock(&g_lock);
+    g_fail_stream = stream_id;
     g_fail_after = after;
     g_fail_error_type = error_type;
     g_fail_error_code = error_code;
@@ -644,6 +651,8 @@ static void fh_push_cqe_locked(uint32_t sq_id, const struct fh_sqe_header* h, ui
     e->error_bit = (error_type != 0) ? 1 : 0;
     e->timestamp = fh_now_ns();
     cq->count++;
+    FH_TRACE("CQE for stream %u task %u (sq %u, error %u) -> logic cq %u", h->rt_stream_id,
+             h->task_id, sq_id, error_type, target);
     pthread_cond_broadcast(&g_cq_cond);
 }
 
@@ -749,11 +758,12 @@ static void* fh_worker(void* arg)
         memcpy(sqe, sq->ring + (size_t)(sq->head % sq->depth) * FH_SQE_SIZE, FH_SQE_SIZE);
         uint32_t error_type = 0;
         uint32_t error_code = 0;
-        if (g_fail_after == 0) {
-            error_type = g_fail_error_type;
-            error_code = g_fail_error_code;
-        }
-        if (g_fail_after >= 0) {
+        const struct fh_sqe_header* head = (const struct fh_sqe_header*)sqe;
+        if (g_fail_after >= 0 && (g_fail_stream < 0 || head->rt_stream_id == g_fail_stream)) {
+            if (g_fail_after == 0) {
+                error_type = g_fail_error_type;
+                error_code = g_fail_error_code;
+            }
             g_fail_after--;
         }
         pthread_mutex_unlock(&g_lock);
@@ -764,11 +774,22 @@ static void* fh_worker(void* arg)
             error_type = fh_run_sqe(sq_id, sqe);
         }
         pthread_mutex_lock(&g_lock);
-        sq->head = (sq->head + 1) % sq->depth;
         const struct fh_sqe_header* h = (const struct fh_sqe_header*)sqe;
-        if (h->wr_cqe || error_type != 0) {
+        if (error_type != 0) {
+            /* STARS stops a queue at a failed SQE: its head stays there until the runtime has
+             * read the error CQE and resumed the queue past it (stars_engine.cc:1398-1470
+             * StarsResumeRtsq, "skip the error sqe"). Moving the head first let the runtime
+             * reclaim the failed task by the head alone, as a success, whenever it read the
+             * head before the CQE (seen: the error unreported in 1 of ~5 runs). */
+            fh_push_cqe_locked(sq_id, h, error_type, error_code);
+            sq->halted = 1;
+            while (sq->halted && !sq->stop) {
+                pthread_cond_wait(&g_hold_cond, &g_lock);
+            }
+        } else if (h->wr_cqe) {
             fh_push_cqe_locked(sq_id, h, error_type, error_code);
         }
+        sq->head = (sq->head + 1) % sq->depth;
         __atomic_add_fetch(&g_sqe_count, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_lock);
@@ -1013,11 +1034,18 @@ drvError_t halCqReportRecv(uint32_t devId, struct halReportRecvInfo* info)
     struct fh_cqe* outp = (struct fh_cqe*)info->cqe_addr;
     while (cq->valid && cq->count > 0 && n < info->cqe_num) {
         memcpy((void*)&outp[n], (const void*)&cq->ring[cq->head], sizeof(struct fh_cqe));
+        if (outp[n].error_bit && outp[n].sq_id < FH_MAX_SQ) {
+            g_sq[outp[n].sq_id].halted = 0; /* read: the queue resumes past the failed SQE */
+            pthread_cond_broadcast(&g_hold_cond);
+        }
         cq->head = (cq->head + 1) % cq->depth;
         cq->count--;
         n++;
     }
     pthread_mutex_unlock(&g_lock);
+    if (n > 0) {
+        FH_TRACE("halCqReportRecv logic cq %u: %u CQE(s)", info->cqId, n);
+    }
     info->report_cqe_num = n;
     if (n == 0 && info->timeout != 0) {
         return DRV_ERROR_WAIT_TIMEOUT;
