@@ -103,6 +103,7 @@ class FakeHal:
         cdll.aio_fakehal_sqe_count.restype = ctypes.c_uint64
         cdll.aio_fakehal_device_bytes.restype = ctypes.c_size_t
         cdll.aio_fakehal_live_sqs.restype = ctypes.c_uint
+        cdll.aio_fakehal_unread_cqes.restype = ctypes.c_uint
 
     def set_delay_us(self, microseconds: int) -> None:
         """Every SQE takes at least this long on the device (0: none)."""
@@ -133,6 +134,10 @@ class FakeHal:
     def device_bytes(self) -> int:
         """Bytes of device memory allocated now."""
         return int(self._cdll.aio_fakehal_device_bytes())
+
+    def unread_completions(self) -> int:
+        """CQEs the driver wrote that the runtime has not read yet."""
+        return int(self._cdll.aio_fakehal_unread_cqes())
 
     def live_queues(self) -> int:
         """Submission queues allocated now."""

@@ -307,6 +307,18 @@ FH_EXPORT void aio_fakehal_fail_next(int stream_id, long after, uint32_t error_t
 
 FH_EXPORT uint64_t aio_fakehal_sqe_count(void) { return __atomic_load_n(&g_sqe_count, __ATOMIC_ACQUIRE); }
 
+/* CQEs written and not read yet, over every logic CQ. */
+FH_EXPORT unsigned aio_fakehal_unread_cqes(void)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (unsigned i = 0; i < FH_MAX_CQ; i++) {
+        n += g_cq[i].valid ? g_cq[i].count : 0U;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 /* Bytes of device memory allocated now. */
 FH_EXPORT size_t aio_fakehal_device_bytes(void)
 {
