@@ -21,7 +21,7 @@ from aio_ascend._errors import TaskTimeoutError
 pytestmark = [pytest.mark.realrt, pytest.mark.anyio]
 
 
-def open_realrt(**kwargs: Any) -> aa.Device:
+def open_realrt(**kwargs: Any) -> Any:
     library = realrt_library()
     fakehal().reset()
     options = {"library_path": str(library), **kwargs.pop("runtime_options", {})}
