@@ -13,7 +13,7 @@
  *   head moves (what the runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a
  *   completion (CQE) is queued for the stream's logic CQ, read by halCqReportRecv;
  * - controls for tests, exported as C functions (ctypes): a delay per SQE, an error completion
- *   injected into the Nth next SQE, holding the workers, counters.
+ *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters.
  *
  * Every other symbol of the public headers comes from a stub generated from them
  * (cmake/stub/h2c.py of the runtime: `return 0`), linked in with weak symbols, so what is not
@@ -295,7 +295,8 @@ FH_EXPORT void aio_fakehal_hold_stream(int stream_id, int hold)
  * any queue) completes with an error CQE: error_type is the STARS error bits (bit0-5,
  * rtCqReport_t::errorType), error_code the accelerator's status (rtCqReport_t::errorCode).
  * A chosen stream, because the runtime's own queues run SQEs of their own at any time. */
-FH_EXPORT void aio_fakehal_fail_next(int stream_id, long after, uint32_t error_type, uint32_t error_code)
+FH_EXPORT void aio_fakehal_fail_next(int stream_id, long after, uint32_t error_type,
+                                     uint32_t error_code)
 {
     pthread_mutex_lock(&g_lock);
     g_fail_stream = stream_id;
