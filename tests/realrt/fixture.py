@@ -29,6 +29,7 @@ __all__ = [
     "open_realrt_runtime",
     "realrt_library",
     "require_library_dir",
+    "stream_id",
 ]
 
 HERE = Path(__file__).resolve().parent
@@ -92,29 +93,39 @@ class FakeHal:
     def __init__(self, cdll: ctypes.CDLL) -> None:
         self._cdll = cdll
         cdll.aio_fakehal_set_delay_us.argtypes = (ctypes.c_uint,)
-        cdll.aio_fakehal_hold.argtypes = (ctypes.c_int,)
-        cdll.aio_fakehal_fail_next.argtypes = (ctypes.c_long, ctypes.c_uint32, ctypes.c_uint32)
+        cdll.aio_fakehal_hold_stream.argtypes = (ctypes.c_int, ctypes.c_int)
+        cdll.aio_fakehal_fail_next.argtypes = (
+            ctypes.c_int,
+            ctypes.c_long,
+            ctypes.c_uint32,
+            ctypes.c_uint32,
+        )
         cdll.aio_fakehal_sqe_count.restype = ctypes.c_uint64
         cdll.aio_fakehal_device_bytes.restype = ctypes.c_size_t
         cdll.aio_fakehal_live_sqs.restype = ctypes.c_uint
+        cdll.aio_fakehal_unread_cqes.restype = ctypes.c_uint
 
     def set_delay_us(self, microseconds: int) -> None:
         """Every SQE takes at least this long on the device (0: none)."""
         self._cdll.aio_fakehal_set_delay_us(microseconds)
 
-    def hold(self, held: bool) -> None:
-        """Hold the device's queues before their next SQE (a busy device), or release them."""
-        self._cdll.aio_fakehal_hold(1 if held else 0)
+    def hold(self, stream: int, held: bool = True) -> None:
+        """Hold the runtime stream ``stream`` (an ``aclrtStream``) before its next SQE (a hung
+        task on it), or release it. The runtime's own queues run on."""
+        self._cdll.aio_fakehal_hold_stream(stream_id(stream), 1 if held else 0)
 
-    def fail_next(self, after: int = 0, error_type: int = 1, error_code: int = 1) -> None:
-        """The SQE ``after`` SQEs from now completes with an error CQE."""
-        self._cdll.aio_fakehal_fail_next(after, error_type, error_code)
+    def fail_next(
+        self, stream: int, after: int = 0, error_type: int = 1, error_code: int = 1
+    ) -> None:
+        """The SQE ``after`` SQEs from now of the runtime stream ``stream`` (an
+        ``aclrtStream``) completes with an error CQE (STARS error bits ``error_type``)."""
+        self._cdll.aio_fakehal_fail_next(stream_id(stream), after, error_type, error_code)
 
     def reset(self) -> None:
-        """No delay, no hold, no pending error."""
+        """No delay, no held stream, no pending error."""
         self.set_delay_us(0)
-        self.hold(False)
-        self._cdll.aio_fakehal_fail_next(-1, 0, 0)
+        self._cdll.aio_fakehal_hold_stream(-1, 0)
+        self._cdll.aio_fakehal_fail_next(-1, -1, 0, 0)
 
     def sqe_count(self) -> int:
         """SQEs the device has run."""
@@ -124,12 +135,27 @@ class FakeHal:
         """Bytes of device memory allocated now."""
         return int(self._cdll.aio_fakehal_device_bytes())
 
+    def unread_completions(self) -> int:
+        """CQEs the driver wrote that the runtime has not read yet."""
+        return int(self._cdll.aio_fakehal_unread_cqes())
+
     def live_queues(self) -> int:
         """Submission queues allocated now."""
         return int(self._cdll.aio_fakehal_live_sqs())
 
 
 _hals: dict[Path, FakeHal] = {}
+
+
+def stream_id(stream: int) -> int:
+    """The runtime's id of the ``aclrtStream`` ``stream`` (what its SQE headers carry)."""
+    library = ctypes.CDLL(str(realrt_library()))
+    library.aclrtStreamGetId.argtypes = (ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32))
+    out = ctypes.c_int32(-1)
+    rc = library.aclrtStreamGetId(stream, ctypes.byref(out))
+    if rc != 0:
+        raise RuntimeError(f"aclrtStreamGetId: {rc}")
+    return out.value
 
 
 def fakehal(lib_dir: Path | None = None) -> FakeHal:

@@ -13,7 +13,7 @@
  *   head moves (what the runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a
  *   completion (CQE) is queued for the stream's logic CQ, read by halCqReportRecv;
  * - controls for tests, exported as C functions (ctypes): a delay per SQE, an error completion
- *   injected into the Nth next SQE, holding the workers, counters.
+ *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters.
  *
  * Every other symbol of the public headers comes from a stub generated from them
  * (cmake/stub/h2c.py of the runtime: `return 0`), linked in with weak symbols, so what is not
@@ -200,7 +200,7 @@ struct fh_sq {
     uint8_t* ring;
     uint8_t* regs; /* the queue's register page (SQ_REG_BASE); only device-side tasks use it */
     int stop;
-    int held; /* aio_fakehal_hold: the queue's work is stuck (a hung task) */
+    int halted; /* an error CQE of this queue waits to be read: the head stays put */
     pthread_t worker;
     pthread_cond_t more;
 };
@@ -234,8 +234,9 @@ static uint64_t g_sqe_count;
 
 /* test controls */
 static unsigned g_delay_us;
-static int g_hold;
+static uint8_t g_stream_held[FH_MAX_ID];
 static long g_fail_after = -1;
+static int g_fail_stream = -1;
 static uint32_t g_fail_error_type = 1;
 static uint32_t g_fail_error_code = 0x1;
 
@@ -269,26 +270,36 @@ FH_EXPORT int aio_fakehal_unmodelled(const char* name)
 /* Every SQE takes at least this long on its worker (0: none). */
 FH_EXPORT void aio_fakehal_set_delay_us(unsigned us) { g_delay_us = us; }
 
-/* hold(1): the queues that exist now stop before their next SQE (their work is stuck, as
- * under a hung kernel); queues made later run, as a device's other queues do (the runtime
- * makes streams of its own, e.g. for a synchronize). hold(0) releases every queue. */
-FH_EXPORT void aio_fakehal_hold(int hold)
+/* hold_stream(id, 1): the SQEs of the runtime stream `id` (the header's rt_stream_id, what
+ * aclrtStreamGetId answers) stop at the head of their queue, as under a hung kernel; every
+ * other queue runs on. Only a chosen stream is held because the runtime keeps queues of its
+ * own (made at aclrtSetDevice) and waits on them without a timeout in its synchronize paths:
+ * holding every queue hung the runtime's main thread inside the call, never returning.
+ * hold_stream(-1, 0) releases every stream, and every queue stopped at a failed SQE. */
+FH_EXPORT void aio_fakehal_hold_stream(int stream_id, int hold)
 {
     pthread_mutex_lock(&g_lock);
-    g_hold = hold;
-    for (unsigned i = 0; i < FH_MAX_SQ; i++) {
-        g_sq[i].held = g_sq[i].valid && hold;
+    if (stream_id < 0) {
+        memset(g_stream_held, 0, sizeof(g_stream_held));
+        for (unsigned i = 0; i < FH_MAX_SQ; i++) {
+            g_sq[i].halted = 0; /* and queues stopped at a failed SQE go on */
+        }
+    } else if ((unsigned)stream_id < FH_MAX_ID) {
+        g_stream_held[stream_id] = (uint8_t)(hold != 0);
     }
     pthread_cond_broadcast(&g_hold_cond);
     pthread_mutex_unlock(&g_lock);
 }
 
-/* The SQE `after` SQEs from now (0: the next one) completes with an error CQE:
- * error_type is the STARS error bits (bit0-5, rtCqReport_t::errorType), error_code the
- * accelerator's status (rtCqReport_t::errorCode). */
-FH_EXPORT void aio_fakehal_fail_next(long after, uint32_t error_type, uint32_t error_code)
+/* The SQE `after` SQEs from now (0: the next one) of the runtime stream `stream_id` (-1: of
+ * any queue) completes with an error CQE: error_type is the STARS error bits (bit0-5,
+ * rtCqReport_t::errorType), error_code the accelerator's status (rtCqReport_t::errorCode).
+ * A chosen stream, because the runtime's own queues run SQEs of their own at any time. */
+FH_EXPORT void aio_fakehal_fail_next(int stream_id, long after, uint32_t error_type,
+                                     uint32_t error_code)
 {
     pthread_mutex_lock(&g_lock);
+    g_fail_stream = stream_id;
     g_fail_after = after;
     g_fail_error_type = error_type;
     g_fail_error_code = error_code;
@@ -296,6 +307,18 @@ FH_EXPORT void aio_fakehal_fail_next(long after, uint32_t error_type, uint32_t e
 }
 
 FH_EXPORT uint64_t aio_fakehal_sqe_count(void) { return __atomic_load_n(&g_sqe_count, __ATOMIC_ACQUIRE); }
+
+/* CQEs written and not read yet, over every logic CQ. */
+FH_EXPORT unsigned aio_fakehal_unread_cqes(void)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (unsigned i = 0; i < FH_MAX_CQ; i++) {
+        n += g_cq[i].valid ? g_cq[i].count : 0U;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
 
 /* Bytes of device memory allocated now. */
 FH_EXPORT size_t aio_fakehal_device_bytes(void)
@@ -641,6 +664,8 @@ static void fh_push_cqe_locked(uint32_t sq_id, const struct fh_sqe_header* h, ui
     e->error_bit = (error_type != 0) ? 1 : 0;
     e->timestamp = fh_now_ns();
     cq->count++;
+    FH_TRACE("CQE for stream %u task %u (sq %u, error %u) -> logic cq %u", h->rt_stream_id,
+             h->task_id, sq_id, error_type, target);
     pthread_cond_broadcast(&g_cq_cond);
 }
 
@@ -722,6 +747,14 @@ static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw)
     }
 }
 
+/* Whether the SQE at the head of `sq` belongs to a held stream (aio_fakehal_hold_stream). */
+static int fh_head_held_locked(const struct fh_sq* sq)
+{
+    const struct fh_sqe_header* h =
+        (const struct fh_sqe_header*)(sq->ring + (size_t)(sq->head % sq->depth) * FH_SQE_SIZE);
+    return g_stream_held[h->rt_stream_id];
+}
+
 static void* fh_worker(void* arg)
 {
     uint32_t sq_id = (uint32_t)(uintptr_t)arg;
@@ -729,8 +762,8 @@ static void* fh_worker(void* arg)
     uint8_t sqe[FH_SQE_SIZE];
     pthread_mutex_lock(&g_lock);
     for (;;) {
-        while (!sq->stop && (sq->head == sq->tail || sq->held)) {
-            pthread_cond_wait(sq->held ? &g_hold_cond : &sq->more, &g_lock);
+        while (!sq->stop && (sq->head == sq->tail || fh_head_held_locked(sq))) {
+            pthread_cond_wait((sq->head != sq->tail) ? &g_hold_cond : &sq->more, &g_lock);
         }
         if (sq->stop) {
             break;
@@ -738,11 +771,12 @@ static void* fh_worker(void* arg)
         memcpy(sqe, sq->ring + (size_t)(sq->head % sq->depth) * FH_SQE_SIZE, FH_SQE_SIZE);
         uint32_t error_type = 0;
         uint32_t error_code = 0;
-        if (g_fail_after == 0) {
-            error_type = g_fail_error_type;
-            error_code = g_fail_error_code;
-        }
-        if (g_fail_after >= 0) {
+        const struct fh_sqe_header* head = (const struct fh_sqe_header*)sqe;
+        if (g_fail_after >= 0 && (g_fail_stream < 0 || head->rt_stream_id == g_fail_stream)) {
+            if (g_fail_after == 0) {
+                error_type = g_fail_error_type;
+                error_code = g_fail_error_code;
+            }
             g_fail_after--;
         }
         pthread_mutex_unlock(&g_lock);
@@ -753,11 +787,22 @@ static void* fh_worker(void* arg)
             error_type = fh_run_sqe(sq_id, sqe);
         }
         pthread_mutex_lock(&g_lock);
-        sq->head = (sq->head + 1) % sq->depth;
         const struct fh_sqe_header* h = (const struct fh_sqe_header*)sqe;
-        if (h->wr_cqe || error_type != 0) {
+        if (error_type != 0) {
+            /* STARS stops a queue at a failed SQE: its head stays there until the runtime has
+             * read the error CQE and resumed the queue past it (stars_engine.cc:1398-1470
+             * StarsResumeRtsq, "skip the error sqe"). Moving the head first let the runtime
+             * reclaim the failed task by the head alone, as a success, whenever it read the
+             * head before the CQE (seen: the error unreported in 1 of ~5 runs). */
+            fh_push_cqe_locked(sq_id, h, error_type, error_code);
+            sq->halted = 1;
+            while (sq->halted && !sq->stop) {
+                pthread_cond_wait(&g_hold_cond, &g_lock);
+            }
+        } else if (h->wr_cqe) {
             fh_push_cqe_locked(sq_id, h, error_type, error_code);
         }
+        sq->head = (sq->head + 1) % sq->depth;
         __atomic_add_fetch(&g_sqe_count, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_lock);
@@ -877,6 +922,20 @@ drvError_t halSqCqFree(uint32_t devId, struct halSqCqFreeInfo* info)
     return DRV_ERROR_NONE;
 }
 
+/* 1 when a CQE that queue `sq_id` wrote has not been read yet. */
+static uint32_t fh_sq_has_cqe_locked(uint32_t sq_id)
+{
+    for (uint32_t i = 0; i < FH_MAX_CQ; i++) {
+        const struct fh_cq* cq = &g_cq[i];
+        for (uint32_t k = 0; cq->valid && k < cq->count; k++) {
+            if (cq->ring[(cq->head + k) % cq->depth].sq_id == sq_id) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
 drvError_t halSqCqQuery(uint32_t devId, struct halSqCqQueryInfo* info)
 {
     (void)devId;
@@ -910,6 +969,14 @@ drvError_t halSqCqQuery(uint32_t devId, struct halSqCqQueryInfo* info)
             break;
         case DRV_SQCQ_PROP_SQE_SIZE:
             info->value[0] = FH_SQE_SIZE;
+            break;
+        case DRV_SQCQ_PROP_SQ_CQE_STATUS:
+            /* whether a CQE of this queue waits in a logic CQ: the runtime reads the logic CQ
+             * (and so sees an error CQE) only when this says so or the stream expects one
+             * (npu_driver_res.cc:861-878 GetCqeStatus, stream.cc:4438 IsExistCqe,
+             * stars_engine.cc:731-745 SendingProcReport); 0 made it reclaim the failed task by
+             * the SQ head alone, as a success */
+            info->value[0] = fh_sq_has_cqe_locked(info->sqId);
             break;
         default:
             break;
@@ -980,11 +1047,18 @@ drvError_t halCqReportRecv(uint32_t devId, struct halReportRecvInfo* info)
     struct fh_cqe* outp = (struct fh_cqe*)info->cqe_addr;
     while (cq->valid && cq->count > 0 && n < info->cqe_num) {
         memcpy((void*)&outp[n], (const void*)&cq->ring[cq->head], sizeof(struct fh_cqe));
+        if (outp[n].error_bit && outp[n].sq_id < FH_MAX_SQ) {
+            g_sq[outp[n].sq_id].halted = 0; /* read: the queue resumes past the failed SQE */
+            pthread_cond_broadcast(&g_hold_cond);
+        }
         cq->head = (cq->head + 1) % cq->depth;
         cq->count--;
         n++;
     }
     pthread_mutex_unlock(&g_lock);
+    if (n > 0) {
+        FH_TRACE("halCqReportRecv logic cq %u: %u CQE(s)", info->cqId, n);
+    }
     info->report_cqe_num = n;
     if (n == 0 && info->timeout != 0) {
         return DRV_ERROR_WAIT_TIMEOUT;
