@@ -59,8 +59,8 @@ def probe() -> tuple[bool, str]:
     return True, f"cuda-bindings {_bindings_version()}, {count} device(s)"
 
 
-def device_count(*, driver: Any = None) -> int:
-    """``cuDeviceGetCount`` (after ``cuInit``); 0 when the driver loads but sees none.
+def initialized_driver(driver: Any = None) -> Any:
+    """cuda-bindings' driver module (``driver``, else imported) after ``cuInit``.
 
     :raises BackendUnavailableError: cuda-bindings or the NVIDIA driver is missing
     """
@@ -74,13 +74,25 @@ def device_count(*, driver: Any = None) -> int:
     try:
         with INIT_LOCK:
             (err,) = driver.cuInit(0)
-        if int(err):
-            raise BackendUnavailableError(
-                f"cuInit failed: {cuda_error_name(int(err), driver)}", code=int(err), func="cuInit"
-            )
+    except Exception as exc:
+        raise BackendUnavailableError(
+            f"the NVIDIA driver cannot be loaded: {type(exc).__name__}: {exc}", func="cuInit"
+        ) from exc
+    if int(err):
+        raise BackendUnavailableError(
+            f"cuInit failed: {cuda_error_name(int(err), driver)}", code=int(err), func="cuInit"
+        )
+    return driver
+
+
+def device_count(*, driver: Any = None) -> int:
+    """``cuDeviceGetCount`` (after ``cuInit``); 0 when the driver loads but sees none.
+
+    :raises BackendUnavailableError: cuda-bindings or the NVIDIA driver is missing
+    """
+    driver = initialized_driver(driver)
+    try:
         err, count = driver.cuDeviceGetCount()
-    except BackendUnavailableError:
-        raise
     except Exception as exc:
         raise BackendUnavailableError(
             f"the NVIDIA driver cannot be loaded: {type(exc).__name__}: {exc}", func="cuInit"

@@ -101,11 +101,10 @@ from .core import (
     StreamRingOps,
 )
 from .driver import (
-    INIT_LOCK,
     cuda_version_string,
     device_count,
     device_name_string,
-    import_driver,
+    initialized_driver,
     probe,
 )
 from .errors import (
@@ -116,7 +115,6 @@ from .errors import (
     CUDA_ERROR_NOT_READY,
     CUDA_SUCCESS,
     cuda_error,
-    cuda_error_name,
 )
 from .graphs import CudaGraphs
 from .kernels import BUILTIN_INFO, BUILTIN_NAMES, CONTROL_SYMBOL, KERNEL_SOURCE, PARAM_SIZES
@@ -731,24 +729,7 @@ def open_cuda_runtime(
         or staging_bytes < MAX_STAGING_ALIGN
     ):
         raise ValueError(f"staging_bytes={staging_bytes!r} must be an int >= {MAX_STAGING_ALIGN}")
-    if driver is None:
-        try:
-            driver = import_driver()
-        except ImportError as exc:
-            raise BackendUnavailableError(
-                f"the cuda backend needs cuda-bindings ({exc}); pip install 'aio_ascend[cuda]'"
-            ) from exc
-    try:
-        with INIT_LOCK:
-            (err,) = driver.cuInit(0)
-    except Exception as exc:
-        raise BackendUnavailableError(
-            f"the NVIDIA driver cannot be loaded: {type(exc).__name__}: {exc}", func="cuInit"
-        ) from exc
-    if int(err):
-        raise BackendUnavailableError(
-            f"cuInit failed: {cuda_error_name(int(err), driver)}", code=int(err), func="cuInit"
-        )
+    driver = initialized_driver(driver)
     err, count = driver.cuDeviceGetCount()
     if int(err) or count <= 0:
         raise BackendUnavailableError("no CUDA device is visible", func="cuDeviceGetCount")
