@@ -130,6 +130,8 @@ class LaunchPlan:
                 packed,
             )
         )
+        if stream._order is None:  # noqa: SLF001 - no torch handshake to wait for
+            return task
         return await stream._queued(task)  # noqa: SLF001
 
     async def run(self) -> None:

@@ -27,6 +27,7 @@ OTHER_THREAD = (
 #: none (only for loops that do not record their thread: see ``_AsyncioAdapter.is_current``)
 _running_loop = asyncio_events._get_running_loop  # noqa: SLF001 - stdlib's non-raising getter
 _get_ident = threading.get_ident
+_current_asyncio_task = asyncio.current_task  # (given the loop: no running-loop lookup)
 
 
 class LoopAdapter(ABC):
@@ -51,6 +52,10 @@ class LoopAdapter(ABC):
     @abstractmethod
     def is_current(self) -> bool:
         """Whether the caller runs in this loop (on its thread)."""
+
+    @abstractmethod
+    def current_task(self) -> object:
+        """The task (asyncio) or trio task running now: who is calling."""
 
     @abstractmethod
     def is_closed(self) -> bool:
@@ -102,6 +107,9 @@ class _AsyncioAdapter(LoopAdapter):
             return thread == _get_ident()
         return _running_loop() is self.loop
 
+    def current_task(self) -> object:
+        return _current_asyncio_task(self.loop)
+
     def is_closed(self) -> bool:
         return self.loop.is_closed()
 
@@ -148,6 +156,9 @@ class _TrioAdapter(LoopAdapter):
     def is_current(self) -> bool:
         # trio's token lookup reads a thread-local (no getpid): its own "which run is this"
         return self._current_token() is self.token
+
+    def current_task(self) -> object:
+        return self._trio.lowlevel.current_task()
 
     def is_closed(self) -> bool:
         try:

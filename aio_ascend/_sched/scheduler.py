@@ -300,8 +300,20 @@ class Scheduler:
         try:
             self.check_usable(lane)
         except BaseException:
-            self._release_slot(lane)
+            for waiter in admission.withdraw(ticket):  # (its slots, prepaid ones included)
+                adapter.wake(waiter)
             raise
+        if ticket.extra:  # slots for this coroutine's next calls, until it next suspends
+            current = adapter.current_task
+            for waiter in admission.adopt(ticket, current(), current):
+                adapter.wake(waiter)
+            adapter.call_soon(self._expire_prepaid, lane, admission.generation)
+
+    def _expire_prepaid(self, lane: Lane, generation: int) -> None:
+        # A loop turn after a waiter resumed with prepaid slots: it has suspended since, and
+        # what it did not use goes to the next in line.
+        for waiter in lane.admission.expire(generation):
+            self.adapter.wake(waiter)
 
     def unadmit(self, lane: Lane) -> None:
         """Take back an admission whose request could not be built."""

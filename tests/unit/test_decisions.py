@@ -19,7 +19,7 @@ from aio_ascend._errors import (
     InvalidParamError,
     TaskTimeoutError,
 )
-from aio_ascend._sched.admission import ENTRIES_PER_REQUEST, Admission
+from aio_ascend._sched.admission import ENTRIES_PER_REQUEST, GRANT_PER_WAKE, Admission
 from aio_ascend._sched.batching import Hop, form_batches
 from aio_ascend._sched.counters import Counters, total
 from aio_ascend._sched.delivery import MAX_WAKES_PER_TURN, DeliveryQueue
@@ -112,6 +112,45 @@ def test_refuse_all_on_close_turns_every_waiter_away_holding_nothing() -> None:
     assert admission.withdraw(tickets[0]) == []  # cancelled after being refused: no-op
     admission.reset()
     assert (admission.in_flight, admission.entries) == (0, 0)
+
+
+def test_prepaid_slots_serve_only_their_owner_and_go_back_when_it_suspends() -> None:
+    admission = Admission(GRANT_PER_WAKE, 100)
+    for _ in range(GRANT_PER_WAKE):
+        admission.try_enter()
+    first = admission.enqueue("owner")
+    assert admission.release(2 * GRANT_PER_WAKE, GRANT_PER_WAKE) == ["owner"]
+    assert first.extra == GRANT_PER_WAKE - 1 and admission.in_flight == GRANT_PER_WAKE
+    running = ["owner"]
+    assert admission.adopt(first, "owner", lambda: running[0]) == []
+    generation = admission.generation
+    admission.enqueue("late")
+    running[0] = "newcomer"  # another coroutine: it queues behind "late" (FIFO holds)
+    assert admission.try_enter() is False
+    running[0] = "owner"  # the owner's next calls need no wait
+    assert admission.try_enter() and admission.try_enter()
+    assert admission.prepaid == GRANT_PER_WAKE - 3 and admission.in_flight == GRANT_PER_WAKE
+    assert admission.expire(generation - 1) == []  # an earlier owner's expiry: not this one
+    assert admission.expire(generation) == ["late"]  # the owner suspended: the rest goes on
+    assert admission.prepaid == 0 and admission.owner is None
+    assert admission.in_flight == GRANT_PER_WAKE  # 3 used + the 5 the limit leaves for late
+
+
+def test_a_cancelled_or_refused_grant_gives_back_every_slot_it_held() -> None:
+    admission = Admission(100, 1000)
+    admission.in_flight, admission.entries = 100, 200
+    ticket = admission.enqueue("a")
+    admission.release(2 * GRANT_PER_WAKE, GRANT_PER_WAKE)
+    assert ticket.granted and ticket.extra == GRANT_PER_WAKE - 1
+    assert admission.withdraw(ticket) == []  # cancelled after the grant: all of it back
+    assert (admission.in_flight, admission.entries) == (100 - GRANT_PER_WAKE, 200 - 16)
+    again = admission.enqueue("b")
+    admission.release(2 * GRANT_PER_WAKE, GRANT_PER_WAKE)
+    admission.adopt(again, "b", lambda: "b")
+    assert admission.prepaid == GRANT_PER_WAKE - 1
+    assert admission.refuse_all() == []  # closing: prepaid slots are dropped too
+    assert admission.prepaid == 0
+    assert admission.in_flight == 100 - 2 * GRANT_PER_WAKE + 1
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -256,10 +295,24 @@ def test_outcomes(outcome: Outcome, resolved: bool, slot_freed: bool, settled: i
 def test_a_freed_slot_goes_to_the_oldest_admission_waiter() -> None:
     loop = _Loop()
     lane, deliveries = _deliveries(loop, 1, 0)
-    lane.admission.enqueue("admit-me")
+    ticket = lane.admission.enqueue("admit-me")
     DeliveryQueue(loop.wake, loop.call_soon, lambda count: None).deliver(deliveries)
-    assert loop.woken == ["admit-me"] and lane.admission.in_flight == 1
-    assert lane.admission.entries == ENTRIES_PER_REQUEST
+    # the stream is free: the waiter gets a whole grant (its call's slot and prepaid ones)
+    assert loop.woken == ["admit-me"] and lane.admission.in_flight == GRANT_PER_WAKE
+    assert ticket.granted and ticket.extra == GRANT_PER_WAKE - 1
+    assert lane.admission.entries == ENTRIES_PER_REQUEST * GRANT_PER_WAKE
+
+
+def test_a_run_of_completions_wakes_each_waiter_once_with_several_slots() -> None:
+    loop = _Loop()
+    lane, deliveries = _deliveries(loop, 20, 0)
+    lane.admission.limit = 20  # every slot taken by the 20 requests delivered
+    tickets = [lane.admission.enqueue(f"w{i}") for i in range(4)]
+    DeliveryQueue(loop.wake, loop.call_soon, lambda count: None).deliver(deliveries)
+    # 20 freed slots, oldest first, GRANT_PER_WAKE each: w0 and w1 a full grant, w2 the rest
+    assert loop.woken == ["w0", "w1", "w2"]
+    assert [t.extra for t in tickets[:3]] == [7, 7, 3] and not tickets[3].granted
+    assert lane.admission.in_flight == 20
 
 
 # --- watchdog -----------------------------------------------------------------------------
