@@ -79,7 +79,6 @@ class DeliveryQueue:
         self._drain_scheduled = False
         completed = self._queue
         popleft = completed.popleft
-        wake = self._wake
         limit = MAX_RESOLVED_PER_TURN if budget else len(completed)
         wake_limit = MAX_WAKES_PER_TURN if budget else len(completed) * 2 + 1
         wakes = settled = 0
