@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import InternalError
+from .._errors import InternalError, StreamSyncTimeoutError
 from .._runtime import Runtime
 from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
 from .._runtime.threads import GilTurns, LoopPulse, reduce_timer_slack
@@ -29,6 +29,7 @@ from .faults import FaultState, as_device_fault, fail_batches
 from .forcing import LaneForce, give_up
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
+from .stalls import STALL_PROBE_WAIT_MS, StallProbes
 from .watchdog import expire, log_expired
 from .work import STAGE_AT_HAND_BYTES, Batch, Delivery, Outcome, Request
 
@@ -102,6 +103,8 @@ class Poller:
         self._pending = 0  # batches in _outstanding
         self._interval = poll_min_interval
         self._next_deadline_check = 0.0
+        #: streams whose oldest batch does not complete are asked directly (see stalls.py)
+        self._stalls = StallProbes()
         self._unstager = CopyWorker(f"aio_ascend-unstage-{device_id}")
         #: finished batches handed to the staging thread, oldest first, and per stream handle
         #: how many (the stream's later batches follow them there, to stay in order)
@@ -220,6 +223,8 @@ class Poller:
             self.counters.timeouts += expired + never_started
             log_expired(self._device_id, deliveries + more, self._task_timeout)
             self._post(deliveries + more, self.counters)
+            if self._probe_stalled(now):
+                return True
         if self._watch is not None:
             self._watch_oldest()
         # Nothing finished: wait (GIL released) for the interval or for new work.
@@ -232,12 +237,26 @@ class Poller:
         self._interval = self._min_interval
         return self._file(item)
 
+    def _probe_stalled(self, now: float) -> bool:
+        # A failed task the event queries cannot see (see stalls.py): True if a probe found the
+        # device faulted (the fault is handled as a failing query's is).
+        for handle in self._stalls.due(self._outstanding, now):
+            try:
+                self._runtime.synchronize_stream(handle, STALL_PROBE_WAIT_MS)
+            except StreamSyncTimeoutError:
+                continue  # still running
+            except BaseException as exc:
+                self._fail_all(exc)
+                return True
+        return False
+
     def _destroy(self, force: LaneForce) -> None:
         # Every batch of the stream is here already (it came behind them): none is reported
         # complete from now on, the stream is destroyed, and what the batches hold waits for
         # the device's close (a kernel or copy of theirs may still be running).
         lane = force.lane
         batches = self._outstanding.pop(lane.handle, None) or deque()
+        self._stalls.forget((lane.handle,))
         self._pending -= len(batches)
         deliveries, held = give_up(batches)
         self.orphans.extend(held)
@@ -275,6 +294,8 @@ class Poller:
         # number of streams that ever had work (thousands of short-lived ones)
         for handle in idle:
             del self._outstanding[handle]
+        if idle:
+            self._stalls.forget(idle)
         return done
 
     def _complete(self, done: list[Batch]) -> None:
@@ -369,6 +390,7 @@ class Poller:
                 finished = finished and self._still_completes(batch)
                 (done if finished else batches).append(batch)
         self._outstanding.clear()
+        self._stalls.clear()
         self._pending = 0
         if done:
             self._complete(done)

@@ -122,54 +122,45 @@ async def test_task_timeout_on_a_held_device(anyio_backend: object, hal: FakeHal
 
 #: The real runtime reads a stream's CQEs (and so learns of a failed task) in
 #: aclrtSynchronizeStream, never for aclrtQueryEventStatus or aclrtSynchronizeEvent; STARS
-#: stops the queue at the failed SQE until the runtime has read that CQE and resumed it. The
-#: scheduler completes tasks and drains streams by events and never synchronizes a stream,
-#: so the event behind a failed copy never completes: the task (and the stream's
-#: synchronize) wait forever. Each test bounds its wait, then releases the driver's queue so
-#: that the device can close. test_realrt_runtime.py shows the runtime's own report.
-FAILED_COPY_HANGS = pytest.mark.xfail(
-    strict=True,
-    raises=TimeoutError,
-    reason="real runtime: a failed copy's CQE is read only by aclrtSynchronizeStream, which "
-    "the scheduler never calls; the event behind it never completes",
-)
+#: stops the queue at the failed SQE until the runtime has read that CQE. The event behind a
+#: failed copy never completes: the scheduler finds the failure by probing the stream
+#: (aio_ascend/_sched/stalls.py). In stop-on-failure mode the failure is the context's: the
+#: runtime fails even the device's synchronize afterwards (507001), so the device is faulted.
 
 
-@FAILED_COPY_HANGS
 async def test_an_error_completion_fails_the_task(dev: aa.Device, hal: FakeHal) -> None:
-    """An error CQE for a copy: the runtime's ACL_ERROR_RT_TS_ERROR should reach the task
-    that awaits the copy."""
+    """An error CQE for a copy: the runtime's ACL_ERROR_RT_TS_ERROR reaches the task that
+    awaits the copy, well within the task timeout (the stream is probed)."""
     s = dev.stream()
     buf = dev.malloc(64)
     await s.upload(buf, b"\x00" * 64)
     hal.fail_next(s.handle)
     try:
-        with pytest.raises(aa.RuntimeAPIError) as caught, anyio.fail_after(1):
+        with pytest.raises(aa.RuntimeAPIError) as caught, anyio.fail_after(5):
             await (await s.copy_to_device(buf, b"\x22" * 64))
         assert caught.value.code == 507001
     finally:
         hal.reset()
 
 
-@FAILED_COPY_HANGS
 async def test_an_error_completion_fails_the_stream_synchronize(
     dev: aa.Device, hal: FakeHal
 ) -> None:
-    """A copy's error CQE should fail the stream's synchronize (the runtime's
-    ACL_ERROR_RT_TS_ERROR), and the stream run on after it."""
+    """A copy's error CQE fails the stream's synchronize (the runtime's
+    ACL_ERROR_RT_TS_ERROR); the device is faulted from then on, as the runtime's context is."""
     s = dev.stream()
     buf = dev.malloc(64)
     await s.upload(buf, b"\x00" * 64)
     hal.fail_next(s.handle)
     try:
         await s.copy_to_device(buf, b"\x22" * 64)
-        with pytest.raises(aa.RuntimeAPIError) as caught, anyio.fail_after(1):
+        with pytest.raises(aa.RuntimeAPIError) as caught, anyio.fail_after(5):
             await s.synchronize()
         assert caught.value.code == 507001
+        with pytest.raises(aa.DeviceFaultError):
+            await s.upload(buf, b"\x33" * 64)
     finally:
         hal.reset()
-    await s.upload(buf, b"\x33" * 64)
-    assert (await s.download(buf)).tolist() == [0x33] * 64
 
 
 async def test_stream_forced_close_with_a_stuck_task(dev: aa.Device, hal: FakeHal) -> None:

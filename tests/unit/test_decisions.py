@@ -29,6 +29,7 @@ from aio_ascend._sched.faults import FaultState, as_device_fault, classify_refus
 from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.lifetimes import Allocation, Lifetimes
 from aio_ascend._sched.scheduler import flush_now
+from aio_ascend._sched.stalls import STALL_PROBE_MAX_S, STALL_PROBE_S, StallProbes
 from aio_ascend._sched.task import Task
 from aio_ascend._sched.waiter import FIRST_SLICE_MS, MAX_SLICE_MS, next_slice
 from aio_ascend._sched.watchdog import expire
@@ -566,3 +567,28 @@ def test_retiring_dropped_lanes_destroys_theirs_and_keeps_a_failed_one() -> None
         dropped.retire(lanes, destroy)
     assert destroyed == [1]  # an external stream is never destroyed here
     assert lanes == [refused]  # left for the device's close to destroy
+
+
+# --- stall probes -------------------------------------------------------------------------
+
+
+def test_a_stream_is_probed_once_its_oldest_batch_waited_then_less_and_less_often() -> None:
+    lane = Lane(7, 10, 100)
+    first, second = _batch(lane, 1e9), _batch(lane, 1e9)
+    outstanding = {7: deque([first, second])}
+    probes = StallProbes()
+    assert probes.due(outstanding, 0.0) == []  # first seen: its clock starts
+    assert probes.due(outstanding, STALL_PROBE_S / 2) == []
+    assert probes.due(outstanding, STALL_PROBE_S) == [7]
+    assert probes.due(outstanding, STALL_PROBE_S * 2) == []  # the next wait doubled
+    assert probes.due(outstanding, STALL_PROBE_S * 3) == [7]
+    at, probed = STALL_PROBE_S * 3, 0
+    for _ in range(200):  # the wait grows to STALL_PROBE_MAX_S and stays there
+        at += 0.01
+        probed += len(probes.due(outstanding, at))
+    assert probed <= 2 + 2.0 / STALL_PROBE_MAX_S
+    outstanding[7].popleft()  # the head finished: the next batch's clock starts afresh
+    assert probes.due(outstanding, at) == []
+    assert probes.due(outstanding, at + STALL_PROBE_S) == [7]
+    probes.forget([7])
+    assert probes.due(outstanding, at + STALL_PROBE_S) == []  # forgotten: seen anew

@@ -232,6 +232,14 @@ class DeviceExecutor:
 
     Subclassed by :class:`~.runtime.SimRuntime` (the API surface); this part never validates
     user input, it runs what the API queued.
+
+    ``unread_faults`` models the real runtime on STARS chips (A2/A3): a failed task stops its
+    stream's queue, but the runtime learns of it only when it reads the task's error
+    completion, which only a stream synchronize does (``aclrtSynchronizeStream*``:
+    stream.cc:4438, stars_engine.cc:1398-1470 of the pinned runtime; event queries read the
+    queue head alone: npu_driver_res.cc:861-878). Until then event queries say NOT_READY,
+    event synchronizes wait, and other calls succeed; the device runs nothing more. Off, a
+    fault is seen by every call at once (the sim's default, and the acl double's).
     """
 
     def __init__(
@@ -240,6 +248,7 @@ class DeviceExecutor:
         *,
         time_model: bool = False,
         max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
+        unread_faults: bool = False,
         memory_bytes: int = DEFAULT_MEMORY_BYTES,
     ) -> None:
         if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int):
@@ -277,6 +286,9 @@ class DeviceExecutor:
         self._pageable: set[PageableCopy] = set()
 
         self._fault: tuple[int, str] | None = None
+        self.unread_faults = bool(unread_faults)
+        #: a fault no stream synchronize has read yet (``unread_faults``)
+        self._unread: tuple[int, str] | None = None
         #: (stream, index of the task in submission order) that faulted the device
         self.faulted_task: tuple[int, int] | None = None
         self._closed = False
@@ -403,6 +415,9 @@ class DeviceExecutor:
             self._stream_waiters += 1
             try:
                 while True:
+                    if self._unread is not None:  # a stream synchronize reads the failure
+                        self._fault, self._unread = self._unread, None
+                        release_all(self._sync_locks)
                     if self._fault is not None:
                         raise self._fault_error(func)
                     if self._closed:
@@ -470,9 +485,11 @@ class DeviceExecutor:
         cond = self._cond
         while not self._closed:
             seq = self._work_seq
-            if self._paused or self._fault is not None:
+            if self._paused or self._fault is not None or self._unread is not None:
                 with cond:
-                    while (self._paused or self._fault is not None) and not self._closed:
+                    while (
+                        self._paused or self._fault is not None or self._unread is not None
+                    ) and not self._closed:
                         if self._paused and not self._pause_ack:
                             self._pause_ack = True
                             cond.notify_all()
@@ -547,7 +564,7 @@ class DeviceExecutor:
                 elif kind in (KERNEL, GRAPH):
                     queue.popleft()
                     if self._run_kernel(s, task) if kind == KERNEL else self._run_graph(s, task):
-                        if self._fault is not None:
+                        if self._fault is not None or self._unread is not None:
                             self._note_fault_site(s)
                             return True, records_done, None
                         progressed = True
@@ -571,13 +588,13 @@ class DeviceExecutor:
                 elif kind == MEMSET:
                     queue.popleft()
                     self._run_memset(task)
-                    if self._fault is not None:
+                    if self._fault is not None or self._unread is not None:
                         self._note_fault_site(s)
                         return True, records_done, None
                 else:
                     queue.popleft()
                     self._run_copy(task)
-                    if self._fault is not None:
+                    if self._fault is not None or self._unread is not None:
                         self._note_fault_site(s)
                         return True, records_done, None
                 s.completed += 1
@@ -718,10 +735,15 @@ class DeviceExecutor:
 
     def _set_fault(self, code: int, message: str) -> None:
         with self._cond:
-            if self._fault is None:
+            if self.unread_faults and self._fault is None:
+                # (a stream synchronize reads it; a pageable copy, which synchronizes, fails)
+                if self._unread is None:
+                    self._unread = (code, message)
+            elif self._fault is None:
                 self._fault = (code, message)
             self._cond.notify_all()
-            release_all(self._sync_locks)
+            if self._unread is None:
+                release_all(self._sync_locks)
             waiters = list(self._pageable)
         for waiter in waiters:
             waiter.fail(code, message)

@@ -768,16 +768,20 @@ def open_sim_runtime(
     time_model: bool = False,
     max_queue_depth: int = DEFAULT_MAX_QUEUE_DEPTH,
     memory_bytes: int = DEFAULT_MEMORY_BYTES,
+    unread_faults: bool = False,
 ) -> SimRuntime:
     """Open the simulator on ``device_id`` and bind its context to the calling thread.
 
     :param memory_bytes: device memory the sim offers (``malloc`` fails beyond it)
+    :param unread_faults: a failed task is reported only by a stream synchronize (see
+        ``DeviceExecutor``)
     """
     runtime = SimRuntime(
         device_id,
         time_model=time_model,
         max_queue_depth=max_queue_depth,
         memory_bytes=memory_bytes,
+        unread_faults=unread_faults,
     )
     runtime.context_before_open = runtime.get_current_context()
     runtime.set_current_context()
