@@ -578,9 +578,9 @@ def ratios(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
         v = r["poll"]["single_launch_p50_us"] / r["naive"]["single_launch_p50_us"]
         add("single-launch latency (c)/(b)", v, "<= 1", v <= 1)
     for key, name, limit in (
-        ("poll", "host CPU per launch (c)/(a)", 3),
+        ("poll", "host CPU per launch (c)/(a)", 2.5),
         ("plan", "plan launch / (a)", 1.6),
-        ("handler", "host CPU per launch, request-handler shape / (a)", 3),
+        ("handler", "host CPU per launch, request-handler shape / (a)", 3.5),
     ):
         if key in r and "raw" in r:
             v = r[key]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
