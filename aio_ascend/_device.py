@@ -296,7 +296,9 @@ class Device:
     def empty_cache(self) -> int:
         """Give the pool's cached blocks back to the runtime (e.g. for memory another library
         allocates); returns the bytes given back. Blocks of live buffers, and of freed ones
-        whose queued work has not completed yet, stay where they are."""
+        whose queued work has not completed yet, stay where they are. If the runtime refuses
+        a free, the other blocks are given back all the same, that block stays cached, and
+        the runtime's error is raised."""
         return int(self._owned().lifetimes.memory.empty_cache())
 
     def load_module(

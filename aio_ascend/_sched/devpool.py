@@ -176,10 +176,13 @@ class DevicePool:
             return
         if self._poison is not None:
             self._poison(ptr)
+        self._cache(ptr, size)
+
+    def _cache(self, ptr: int, size: int) -> None:
+        # An idle block joins the cache; after the close (which freed the rest) it is freed.
         with self._lock:
-            if self._closed:  # the close came meanwhile and freed the rest: this one too
-                pooled = False
-            else:
+            closed = self._closed
+            if not closed:
                 blocks = self._cached.get(size)
                 if blocks is None:
                     blocks = self._cached[size] = []
@@ -187,7 +190,7 @@ class DevicePool:
                 blocks.append(ptr)
                 self._cached_bytes += size
                 self._cached_blocks += 1
-        if not pooled:
+        if closed:
             self._release(ptr, size, closing=True)
 
     def _release(self, ptr: int, size: int, *, closing: bool = False) -> None:
@@ -202,16 +205,31 @@ class DevicePool:
             self._runtime_frees += 1
 
     def empty_cache(self) -> int:
-        """Give every cached block back to the runtime; the bytes given back."""
+        """Give every cached block back to the runtime; the bytes given back.
+
+        A block whose free raises stays cached (held and counted, tried again by the next
+        ``empty_cache`` or the close); the others are freed all the same, then the first
+        error is raised."""
         with self._lock:
             cached, self._cached = self._cached, {}
             self._sizes = []
             self._cached_bytes = self._cached_blocks = 0
         released = 0
+        kept: list[tuple[int, int]] = []
+        error: Exception | None = None
         for size, blocks in cached.items():
             for ptr in blocks:
-                self._release(ptr, size, closing=self._closed)
-                released += size
+                try:
+                    self._release(ptr, size, closing=self._closed)
+                except Exception as exc:
+                    kept.append((ptr, size))
+                    error = error or exc
+                else:
+                    released += size
+        if error is not None:
+            for ptr, size in kept:
+                self._cache(ptr, size)
+            raise error
         return released
 
     def close(self, live: list[tuple[int, int]]) -> None:

@@ -134,6 +134,36 @@ def test_close_frees_the_cache_and_the_live_blocks_and_nothing_after() -> None:
     assert stats["reserved_bytes"] == stats["allocated_bytes"] == stats["cached_bytes"] == 0
 
 
+def test_a_free_that_raises_in_empty_cache_strands_no_other_block() -> None:
+    """Every cached block is tried; the one whose free raised stays cached and counted (the
+    next ``empty_cache`` frees it), and the error still reaches the caller."""
+    runtime = FakeRuntime()
+    refused: set[int] = set()
+
+    def free(ptr: int) -> None:
+        if ptr in refused:
+            raise RuntimeError("free refused")
+        runtime.free(ptr)
+
+    pool = DevicePool(runtime.malloc, free)
+    blocks = [pool.allocate(n) for n in (600, 5000, 70_000)]
+    for (ptr, size), n in zip(blocks, (600, 5000, 70_000), strict=True):
+        pool.give_back(ptr, size, n, pooled=True)
+    bad, bad_size = blocks[0]
+    refused.add(bad)
+    with pytest.raises(RuntimeError, match="free refused"):
+        pool.empty_cache()
+    assert runtime.live == {bad: bad_size}  # the others were freed
+    stats = pool.stats()
+    assert stats["cached_blocks"] == 1 and stats["cached_bytes"] == bad_size
+    assert stats["reserved_bytes"] == bad_size and stats["runtime_frees"] == 2
+    assert pool.allocate(600) == blocks[0]  # still the pool's: it serves its class
+    pool.give_back(bad, bad_size, 600, pooled=True)
+    refused.clear()
+    assert pool.empty_cache() == bad_size
+    assert runtime.live == {} and pool.stats()["reserved_bytes"] == 0
+
+
 def _mixed_cycles(seed: int) -> int:
     """Runtime allocations of 10,000 malloc/free cycles of log-uniform sizes (1 B .. 4 MiB),
     five buffers alive at a time, one of them freed at random after each malloc."""
