@@ -72,6 +72,8 @@ class DevicePool:
     :param free: the runtime's free (binds the device context itself)
     :param poison: fills a block that comes back to the cache (the sim: a late reader through
         a stale address sees the pattern instead of the next owner's data); None: nothing
+    :param extent: ``(address, nbytes)``: a pooled block goes to a request of ``nbytes`` (the
+        sim faults on an access past them, as in an allocation of that size); None: nothing
     :param limit: the most bytes held from the runtime (in use and cached); None: no limit
     """
 
@@ -81,11 +83,13 @@ class DevicePool:
         free: Callable[[int], None],
         *,
         poison: Callable[[int], None] | None = None,
+        extent: Callable[[int, int], None] | None = None,
         limit: int | None = None,
     ) -> None:
         self._malloc = malloc
         self._free = free
         self._poison = poison
+        self._extent = extent
         self.limit = limit
         self._lock = threading.Lock()
         self._cached: dict[int, list[int]] = {}  # size class -> idle block addresses (LIFO)
@@ -114,13 +118,14 @@ class DevicePool:
         size = block_size(nbytes) if pooled else nbytes
         with self._lock:
             self._allocations += 1
+            hit: int | None = None
             if pooled:
                 sizes = self._sizes
                 index = bisect.bisect_left(sizes, size)
                 if index < len(sizes) and sizes[index] <= MAX_OVERSIZE * size:
                     size = sizes[index]
                     blocks = self._cached[size]
-                    ptr = blocks.pop()
+                    hit = blocks.pop()
                     if not blocks:
                         del self._cached[size]
                         del sizes[index]
@@ -128,8 +133,11 @@ class DevicePool:
                     self._cached_bytes -= size
                     self._cached_blocks -= 1
                     self._take(size, nbytes)
-                    return ptr, size
-            over = self.limit is not None and self._reserved + size > self.limit
+            over = hit is None and self.limit is not None and self._reserved + size > self.limit
+        if hit is not None:
+            if self._extent is not None:
+                self._extent(hit, nbytes)
+            return hit, size
         if over:
             self.empty_cache()
             with self._lock:
@@ -155,6 +163,8 @@ class DevicePool:
             self._reserved += size
             self._peak_reserved = max(self._peak_reserved, self._reserved)
             self._take(size, nbytes)
+        if pooled and self._extent is not None:
+            self._extent(ptr, nbytes)
         return ptr, size
 
     def _take(self, size: int, nbytes: int) -> None:
@@ -265,9 +275,15 @@ class DevicePool:
 def device_pool(binding: ContextBinding, limit: int | None) -> DevicePool:
     """The pool of the device behind ``binding``: runtime calls bind its context. A backend
     that can fill its device memory from the host (the sim's ``poison_device``) poisons the
-    blocks that come back."""
+    blocks that come back; one that can bound its kernels' accesses (the sim's
+    ``limit_device``) bounds each block to its request."""
     runtime = binding.runtime
     poison: Callable[[int], None] | None = getattr(runtime, "poison_device", None)
+    extent: Callable[[int, int], None] | None = getattr(runtime, "limit_device", None)
     return DevicePool(
-        binding.wrap(runtime.malloc), binding.wrap(runtime.free), poison=poison, limit=limit
+        binding.wrap(runtime.malloc),
+        binding.wrap(runtime.free),
+        poison=poison,
+        extent=extent,
+        limit=limit,
     )

@@ -120,6 +120,19 @@ def test_a_direct_block_goes_back_to_the_runtime_at_once() -> None:
     assert pool.stats()["reserved_bytes"] == 0
 
 
+def test_each_pooled_block_is_bounded_to_its_request() -> None:
+    """``extent`` (the sim's ``limit_device``) hears the request of every pooled block, new or
+    cached; a direct allocation is exactly its request already."""
+    runtime = FakeRuntime()
+    extents: list[tuple[int, int]] = []
+    pool = DevicePool(runtime.malloc, runtime.free, extent=lambda p, n: extents.append((p, n)))
+    ptr, size = pool.allocate(1000)
+    pool.give_back(ptr, size, 1000, pooled=True)
+    assert pool.allocate(600) == (ptr, size)
+    pool.allocate(700, pooled=False)
+    assert extents == [(ptr, 1000), (ptr, 600)]
+
+
 def test_close_frees_the_cache_and_the_live_blocks_and_nothing_after() -> None:
     runtime = FakeRuntime()
     pool = runtime.pool()
