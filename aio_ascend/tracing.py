@@ -17,7 +17,9 @@ process named with its backend (``device 0 (sim)``); each stream is one track ("
 after its operation (the kernel's name, or ``copy_to_device``, ``record_event``, ...), from
 when it could start (submitted, and the stream's previous task observed complete: a stream
 runs in order) to its observed completion (``Task.completed_at``), so the slices of a stream
-never overlap. The slice's arguments carry the task's phases in microseconds:
+never overlap. A host function (``Stream.launch_host_func``) is a ``host_func`` slice of its
+stream, from when it was handed to the host-function thread to when it returned. The
+slice's arguments carry the task's phases in microseconds:
 
 - ``queued_us``: admitted -> its batch handed to the runtime (``Task.submitted_at``);
 - ``on_device_us``: submitted -> observed complete on the device, the wait behind earlier
@@ -53,7 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from ._sched.hooks import HOOKS, ObserverContext, Source
+from ._sched.hooks import HOOKS, ObserverContext, Source, times
 from ._sched.task import Task
 from ._sched.work import Outcome
 
@@ -185,6 +187,13 @@ class TaskRecord(NamedTuple):
         return max(t for t in stamps if t is not None)
 
 
+#: a delivered task kept until the tracer stops: (task, device, stream handle, kind, kernel,
+#: error class name, (submitted, completed) of a host function or None: the task's)
+_Pending = tuple[
+    Task, Source, int, str, str | None, str | None, tuple[float | None, float | None] | None
+]
+
+
 class Tracer(ObserverContext):
     """Records the tasks of every device in this process while started.
 
@@ -207,7 +216,7 @@ class Tracer(ObserverContext):
         #: tasks that arrived after ``max_tasks`` were recorded
         self.dropped = 0
         self._lock = threading.Lock()
-        self._pending: list[tuple[Task, Source, int, str, str | None, str | None]] = []
+        self._pending: list[_Pending] = []
         self._records: list[TaskRecord] = []
         self._requests: list[RequestScope] = []
         self._names: dict[tuple[int, int], str] = {}
@@ -295,7 +304,10 @@ class Tracer(ObserverContext):
                 kind = request.kind
                 kernel = kernels.get(request.func) if kind == "launch" else None
                 failed = None if error is None else type(error).__name__
-                pending.append((request.task, source, request.lane.handle, kind, kernel, failed))
+                # a host function's times are its own (its task keeps none): read them now
+                stamps = times(request) if kind == "host_func" else None
+                task = request.task
+                pending.append((task, source, request.lane.handle, kind, kernel, failed, stamps))
 
     def resumed(self, task: Any) -> None:
         """(Nothing: the wake-up is read from the task when the tracer stops.)"""
@@ -306,14 +318,12 @@ class Tracer(ObserverContext):
 
     # --- internals -------------------------------------------------------------------------
 
-    def _finish(
-        self, pending: list[tuple[Task, Source, int, str, str | None, str | None]]
-    ) -> list[TaskRecord]:
+    def _finish(self, pending: list[_Pending]) -> list[TaskRecord]:
         records: list[TaskRecord] = []
         append = records.append
         tracks: dict[tuple[Source, int], tuple[str, str]] = {}  # (process, stream name)
         flow_of = self._flow_of
-        for task, source, handle, kind, kernel, failed in pending:
+        for task, source, handle, kind, kernel, failed, stamps in pending:
             track = tracks.get((source, handle))
             if track is None:
                 track = tracks[(source, handle)] = self._track(source, handle)
@@ -326,6 +336,9 @@ class Tracer(ObserverContext):
                 flow = flow_of.get(id(key))
                 if flow is None:
                     flow = self._flow(key)
+            submitted, completed = (
+                (task.submitted_at, task.completed_at) if stamps is None else stamps
+            )
             append(
                 TaskRecord(
                     source.device_id,
@@ -336,8 +349,8 @@ class Tracer(ObserverContext):
                     kind,
                     kernel,
                     task.admitted_at,
-                    task.submitted_at,
-                    task.completed_at,
+                    submitted,
+                    completed,
                     task.resumed_at,
                     failed,
                     request,
