@@ -222,6 +222,8 @@ class Tracer(ObserverContext):
         self._names: dict[tuple[int, int], str] = {}
         self._processes: dict[Source, str] = {}
         self._stream_numbers: dict[Source, dict[int, str]] = {}
+        # (device, track name) -> the stream handle whose track it is: one track per stream
+        self._track_owners: dict[tuple[Source, str], int] = {}
         self._flow_of: dict[int, int] = {}
         self._flow_counter = itertools.count(1)
         self._keep: list[object] = []  # what flows were keyed by (ids stay unique)
@@ -252,7 +254,9 @@ class Tracer(ObserverContext):
         self._records.extend(self._finish(pending))
 
     def name_stream(self, stream: Any, name: str) -> None:
-        """Show ``stream`` (an ``aio_ascend.Stream``) as the track ``name``."""
+        """Show ``stream`` (an ``aio_ascend.Stream``) as the track ``name`` (with the stream's
+        handle added, ``"name (0x...)"``, if another stream of its device shows as ``name``:
+        each stream has a track of its own)."""
         self._names[(stream.device.device_id, stream.handle)] = str(name)
 
     # --- what it recorded ------------------------------------------------------------------
@@ -371,7 +375,12 @@ class Tracer(ObserverContext):
         if name is None:
             per_device = self._stream_numbers.setdefault(source, {})
             name = per_device.setdefault(handle, f"stream {len(per_device) + 1}")
-        return process, name
+        # a name another stream of the device has already: this stream's handle tells it apart
+        track, again = name, 1
+        while self._track_owners.setdefault((source, track), handle) != handle:
+            again += 1
+            track = f"{name} ({handle:#x})" + (f" #{again - 1}" if again > 2 else "")
+        return process, track
 
     def _flow(self, key: object) -> int:
         number = self._flow_of.get(id(key))

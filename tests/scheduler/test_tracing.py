@@ -156,6 +156,30 @@ async def test_host_functions_are_slices_on_their_streams_track(sim_device: Any)
     assert "host_func" in summary["slices"]
 
 
+async def test_two_streams_given_one_name_get_a_track_each(sim_device: Any) -> None:
+    async with sim_device() as dev:
+        s, t, u = dev.stream(), dev.stream(), dev.stream()
+        noop = dev.function("noop")
+        with tracing.record() as tracer:
+            tracer.name_stream(s, "worker")
+            tracer.name_stream(t, "worker")
+            tracer.name_stream(u, "stream 1")  # the name an unnamed stream would get
+            v = dev.stream()  # unnamed: "stream 1" too
+            with testing.paused(dev):  # in flight at once on every stream
+                tasks = [await x.launch(noop, 1) for x in (s, t, t, u, v, v, v)]
+            for task in tasks:
+                await task
+    names = {r.stream: r.stream_name for r in tracer.records}  # (one name per stream)
+    # the first stream seen keeps the name, the other's handle tells it apart
+    for (a, b), name in (((s, t), "worker"), ((u, v), "stream 1")):
+        assert {names[a.handle], names[b.handle]} in (
+            {name, f"{name} ({b.handle:#x})"},
+            {name, f"{name} ({a.handle:#x})"},
+        )
+    tracks = check_trace(tracer.trace())["tracks"][f"device 0 ({dev.backend})"]
+    assert tracks == {names[x.handle]: n for x, n in ((s, 1), (t, 2), (u, 1), (v, 3))}
+
+
 async def test_max_tasks_bounds_the_memory_and_counts_the_rest(sim_device: Any) -> None:
     async with sim_device() as dev:
         s = dev.stream()
