@@ -23,6 +23,7 @@ from ._errors import BackendUnavailableError as BackendUnavailableError
 from ._errors import ClosedError as ClosedError
 from ._errors import DeviceFaultError as DeviceFaultError
 from ._errors import InternalError as InternalError
+from ._errors import MemoryAllocationError as MemoryAllocationError
 from ._errors import RuntimeAPIError as RuntimeAPIError
 from ._errors import TaskTimeoutError as TaskTimeoutError
 from ._event import Event as Event
@@ -59,6 +60,7 @@ __all__ = (
     "LaunchConfig",
     "LaunchConfigDict",
     "LaunchPlan",
+    "MemoryAllocationError",
     "Module",
     "RuntimeAPIError",
     "Stream",

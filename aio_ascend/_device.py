@@ -17,7 +17,7 @@ import numpy.typing as npt
 from ._buffer import DeviceBuffer
 from ._host.hostdata import dims_of, host_array
 from ._host.pool import DEFAULT_RETAINED_BYTES
-from ._hostfunc import close_host_funcs
+from ._hostfunc import close_host_funcs, observed_as
 from ._interop import ExternalEvent, TorchOrder, event_handle, stream_handle
 from ._module import Function, Module
 from ._runtime import Runtime, check_runtime_options, choose_backend, open_runtime
@@ -167,6 +167,7 @@ class Device:
             pool_limit_bytes=pool_limit_bytes,
         )
         self._builtin: Module | None = None
+        observed_as(self, scheduler.source)  # its host functions, as tracing and metrics see them
         # Collected without aclose(): stop the threads and close the runtime (never at exit:
         # daemon threads may be inside runtime calls then).
         self._finalizer = weakref.finalize(self, scheduler.abandon)
@@ -296,7 +297,9 @@ class Device:
     def empty_cache(self) -> int:
         """Give the pool's cached blocks back to the runtime (e.g. for memory another library
         allocates); returns the bytes given back. Blocks of live buffers, and of freed ones
-        whose queued work has not completed yet, stay where they are."""
+        whose queued work has not completed yet, stay where they are. If the runtime refuses
+        a free, the other blocks are given back all the same, that block stays cached, and
+        the runtime's error is raised."""
         return int(self._owned().lifetimes.memory.empty_cache())
 
     def load_module(

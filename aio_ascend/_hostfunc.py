@@ -18,6 +18,10 @@ has:
 
 The price of the hold is one round trip device -> poller -> loop -> host-function thread ->
 loop before the stream's next work is submitted (the same stall ``aclrtLaunchHostFunc`` has).
+
+Observers (tracing, metrics) are told of each finished host function as a delivery of its
+stream (a :class:`~aio_ascend._sched.hooks.HostCall`: handed to the thread -> returned), by
+the runner, not by the scheduler's delivery queue: plain launches pay nothing for it.
 """
 
 from __future__ import annotations
@@ -33,14 +37,16 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._errors import ClosedError, derived_error
+from ._sched.hooks import HOOKS, HostCall, Source
 from ._sched.loop import LoopAdapter
 from ._sched.shutdown import join
 from ._sched.task import Task, resolve_task
+from ._sched.work import Outcome
 
 if TYPE_CHECKING:
     from ._event import Event
 
-__all__ = ["HostFuncs", "host_funcs", "spawn"]
+__all__ = ["HostFuncs", "host_funcs", "observed_as", "spawn"]
 
 log = logging.getLogger("aio_ascend")
 
@@ -49,6 +55,7 @@ log = logging.getLogger("aio_ascend")
 STUCK_AFTER_S = 2.0
 
 _RUNNERS: weakref.WeakKeyDictionary[object, HostFuncs] = weakref.WeakKeyDictionary()
+_SOURCES: weakref.WeakKeyDictionary[object, Source] = weakref.WeakKeyDictionary()
 _BACKGROUND: set[Any] = set()  # asyncio tasks of spawn(), kept alive until they finish
 
 
@@ -71,26 +78,33 @@ def spawn(adapter: LoopAdapter, start: Callable[[], Coroutine[Any, Any, None]]) 
 
 
 class HostFuncs:
-    """One device's host functions: the thread that runs them, and those not finished yet."""
+    """One device's host functions: the thread that runs them, and those not finished yet.
 
-    def __init__(self, device_id: int, adapter: LoopAdapter) -> None:
+    :param source: the device as observers know it (None: observers are not told)
+    """
+
+    def __init__(self, device_id: int, adapter: LoopAdapter, source: Source | None = None) -> None:
         self._adapter = adapter
+        self._source = source
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._main, name=f"aio_ascend-hostfunc-{device_id}", daemon=True
         )
-        self.pending: set[Task] = set()  # host-function tasks not resolved yet (loop thread)
+        # host-function tasks not resolved yet -> their stream's handle (loop thread)
+        self.pending: dict[Task, int] = {}
         self._running: list[Any] = []  # waiters of functions handed to the thread
         self.closed = False
         self._idle: list[Any] = []
 
     def start(self, recorded: Event, task: Task, fn: Callable[[], object]) -> None:
         """Run ``fn`` once ``recorded`` has completed, then resolve ``task`` (loop thread)."""
-        self.pending.add(task)
+        stream: Any = recorded.stream
+        self.pending[task] = stream.handle
         spawn(self._adapter, lambda: self._run(recorded, task, fn))
 
     async def _run(self, recorded: Event, task: Task, fn: Callable[[], object]) -> None:
         error: BaseException | None = None
+        stamps: list[float] = []  # handed to the thread, returned
         try:
             try:
                 await recorded
@@ -102,12 +116,12 @@ class HostFuncs:
                 if self.closed:
                     error = ClosedError("the device closed before the host function ran")
                 else:
-                    error = await self._call(fn)
+                    error = await self._call(fn, stamps)
         except BaseException:  # the loop is ending (trio cancels its system tasks)
             error = ClosedError("the event loop ended before the host function finished")
-        self._finish(task, error)
+        self._finish(task, error, stamps)
 
-    async def _call(self, fn: Callable[[], object]) -> BaseException | None:
+    async def _call(self, fn: Callable[[], object], stamps: list[float]) -> BaseException | None:
         adapter = self._adapter
         waiter = adapter.new_waiter()
         outcome: list[BaseException | None] = []
@@ -118,10 +132,12 @@ class HostFuncs:
                 outcome.append(None)
             except BaseException as exc:  # fails the task, not the thread
                 outcome.append(exc)
+            stamps.append(time.perf_counter())
             adapter.call_soon_threadsafe(adapter.wake, waiter)
 
         if self._thread.ident is None:
             self._thread.start()
+        stamps.append(time.perf_counter())
         self._jobs.put(job)
         self._running.append(waiter)
         try:
@@ -133,8 +149,12 @@ class HostFuncs:
             return ClosedError("the device closed while the host function ran")
         return outcome[0]
 
-    def _finish(self, task: Task, error: BaseException | None) -> None:
-        self.pending.discard(task)
+    def _finish(self, task: Task, error: BaseException | None, stamps: list[float]) -> None:
+        handle = self.pending.pop(task, None)
+        if HOOKS.observers and handle is not None and self._source is not None:
+            ran = len(stamps) == 2  # (an abandoned one is still running: not yet returned)
+            call = HostCall(task, handle, *(stamps if ran else (None, None)))
+            HOOKS.delivered(self._source, [(call, error, Outcome.FINISHED)])
         resolve_task(task, error)
         if not self.pending:
             idle, self._idle = self._idle, []
@@ -165,7 +185,8 @@ class HostFuncs:
             for waiter in self._running:  # their coroutines end (a trio run can then end)
                 self._adapter.wake(waiter)
             for task in list(self.pending):
-                self._finish(task, ClosedError("the device closed while the host function ran"))
+                error = ClosedError("the device closed while the host function ran")
+                self._finish(task, error, [])
         self.stop()
         if self._thread.ident is not None:
             await join(self._thread, time.monotonic() + STUCK_AFTER_S)
@@ -181,9 +202,15 @@ def host_funcs(device: object, device_id: int, adapter: LoopAdapter) -> HostFunc
     when the device closes, or when the device is collected without a close."""
     runner = _RUNNERS.get(device)
     if runner is None:
-        runner = _RUNNERS[device] = HostFuncs(device_id, adapter)
+        runner = _RUNNERS[device] = HostFuncs(device_id, adapter, _SOURCES.get(device))
         weakref.finalize(device, runner.stop).atexit = False
     return runner
+
+
+def observed_as(device: object, source: Source) -> None:
+    """``device`` is ``source`` to observers (the device's open): its host functions'
+    deliveries name it."""
+    _SOURCES[device] = source
 
 
 async def close_host_funcs(device: object, timeout: float | None) -> None:  # noqa: ASYNC109

@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ._sched.devpool import COUNTER_KEYS as MEMORY_COUNTERS
-from ._sched.hooks import HOOKS, ObserverContext, Source
+from ._sched.hooks import HOOKS, ObserverContext, Source, times
 from ._sched.work import Outcome
 from ._version import __version__
 
@@ -197,11 +197,8 @@ class PrometheusMetrics(_Observing):
                 if error is not None:
                     key = (device, backend, kind, type(error).__name__)
                     self._failures[key] = self._failures.get(key, 0) + 1
-                admitted, submitted, completed = (
-                    task.admitted_at,
-                    task.submitted_at,
-                    task.completed_at,
-                )
+                admitted = task.admitted_at
+                submitted, completed = times(request)
                 for phase, value in (
                     ("queued", None if submitted is None else submitted - admitted),
                     (
@@ -345,7 +342,7 @@ class OtelSpans(_Observing):
             }
             if kernel is not None:
                 attributes["aio_ascend.kernel"] = kernel
-            submitted, completed = task.submitted_at, task.completed_at
+            submitted, completed = times(request)
             if submitted is not None:
                 attributes["aio_ascend.queued_s"] = submitted - task.admitted_at
                 if completed is not None:

@@ -17,7 +17,9 @@ process named with its backend (``device 0 (sim)``); each stream is one track ("
 after its operation (the kernel's name, or ``copy_to_device``, ``record_event``, ...), from
 when it could start (submitted, and the stream's previous task observed complete: a stream
 runs in order) to its observed completion (``Task.completed_at``), so the slices of a stream
-never overlap. The slice's arguments carry the task's phases in microseconds:
+never overlap. A host function (``Stream.launch_host_func``) is a ``host_func`` slice of its
+stream, from when it was handed to the host-function thread to when it returned. The
+slice's arguments carry the task's phases in microseconds:
 
 - ``queued_us``: admitted -> its batch handed to the runtime (``Task.submitted_at``);
 - ``on_device_us``: submitted -> observed complete on the device, the wait behind earlier
@@ -53,7 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from ._sched.hooks import HOOKS, ObserverContext, Source
+from ._sched.hooks import HOOKS, ObserverContext, Source, times
 from ._sched.task import Task
 from ._sched.work import Outcome
 
@@ -185,6 +187,13 @@ class TaskRecord(NamedTuple):
         return max(t for t in stamps if t is not None)
 
 
+#: a delivered task kept until the tracer stops: (task, device, stream handle, kind, kernel,
+#: error class name, (submitted, completed) of a host function or None: the task's)
+_Pending = tuple[
+    Task, Source, int, str, str | None, str | None, tuple[float | None, float | None] | None
+]
+
+
 class Tracer(ObserverContext):
     """Records the tasks of every device in this process while started.
 
@@ -207,12 +216,14 @@ class Tracer(ObserverContext):
         #: tasks that arrived after ``max_tasks`` were recorded
         self.dropped = 0
         self._lock = threading.Lock()
-        self._pending: list[tuple[Task, Source, int, str, str | None, str | None]] = []
+        self._pending: list[_Pending] = []
         self._records: list[TaskRecord] = []
         self._requests: list[RequestScope] = []
         self._names: dict[tuple[int, int], str] = {}
         self._processes: dict[Source, str] = {}
         self._stream_numbers: dict[Source, dict[int, str]] = {}
+        # (device, track name) -> the stream handle whose track it is: one track per stream
+        self._track_owners: dict[tuple[Source, str], int] = {}
         self._flow_of: dict[int, int] = {}
         self._flow_counter = itertools.count(1)
         self._keep: list[object] = []  # what flows were keyed by (ids stay unique)
@@ -243,7 +254,9 @@ class Tracer(ObserverContext):
         self._records.extend(self._finish(pending))
 
     def name_stream(self, stream: Any, name: str) -> None:
-        """Show ``stream`` (an ``aio_ascend.Stream``) as the track ``name``."""
+        """Show ``stream`` (an ``aio_ascend.Stream``) as the track ``name`` (with the stream's
+        handle added, ``"name (0x...)"``, if another stream of its device shows as ``name``:
+        each stream has a track of its own)."""
         self._names[(stream.device.device_id, stream.handle)] = str(name)
 
     # --- what it recorded ------------------------------------------------------------------
@@ -295,7 +308,10 @@ class Tracer(ObserverContext):
                 kind = request.kind
                 kernel = kernels.get(request.func) if kind == "launch" else None
                 failed = None if error is None else type(error).__name__
-                pending.append((request.task, source, request.lane.handle, kind, kernel, failed))
+                # a host function's times are its own (its task keeps none): read them now
+                stamps = times(request) if kind == "host_func" else None
+                task = request.task
+                pending.append((task, source, request.lane.handle, kind, kernel, failed, stamps))
 
     def resumed(self, task: Any) -> None:
         """(Nothing: the wake-up is read from the task when the tracer stops.)"""
@@ -306,14 +322,12 @@ class Tracer(ObserverContext):
 
     # --- internals -------------------------------------------------------------------------
 
-    def _finish(
-        self, pending: list[tuple[Task, Source, int, str, str | None, str | None]]
-    ) -> list[TaskRecord]:
+    def _finish(self, pending: list[_Pending]) -> list[TaskRecord]:
         records: list[TaskRecord] = []
         append = records.append
         tracks: dict[tuple[Source, int], tuple[str, str]] = {}  # (process, stream name)
         flow_of = self._flow_of
-        for task, source, handle, kind, kernel, failed in pending:
+        for task, source, handle, kind, kernel, failed, stamps in pending:
             track = tracks.get((source, handle))
             if track is None:
                 track = tracks[(source, handle)] = self._track(source, handle)
@@ -326,6 +340,9 @@ class Tracer(ObserverContext):
                 flow = flow_of.get(id(key))
                 if flow is None:
                     flow = self._flow(key)
+            submitted, completed = (
+                (task.submitted_at, task.completed_at) if stamps is None else stamps
+            )
             append(
                 TaskRecord(
                     source.device_id,
@@ -336,8 +353,8 @@ class Tracer(ObserverContext):
                     kind,
                     kernel,
                     task.admitted_at,
-                    task.submitted_at,
-                    task.completed_at,
+                    submitted,
+                    completed,
                     task.resumed_at,
                     failed,
                     request,
@@ -358,7 +375,12 @@ class Tracer(ObserverContext):
         if name is None:
             per_device = self._stream_numbers.setdefault(source, {})
             name = per_device.setdefault(handle, f"stream {len(per_device) + 1}")
-        return process, name
+        # a name another stream of the device has already: this stream's handle tells it apart
+        track, again = name, 1
+        while self._track_owners.setdefault((source, track), handle) != handle:
+            again += 1
+            track = f"{name} ({handle:#x})" + (f" #{again - 1}" if again > 2 else "")
+        return process, track
 
     def _flow(self, key: object) -> int:
         number = self._flow_of.get(id(key))

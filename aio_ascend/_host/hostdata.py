@@ -8,7 +8,9 @@ What is accepted, in this order (the first that applies):
    ``mmap``, ctypes arrays, ...): always host memory;
 3. an object with ``__dlpack__`` whose ``__dlpack_device__()`` is the CPU (a torch CPU
    tensor); one on any other device is refused with a ``TypeError`` (device memory is not a
-   host buffer);
+   host buffer). numpy marks arrays from a legacy (unversioned, pre-1.0) export read-only,
+   as it cannot tell; legacy exports carry no read-only flag and a CPU tensor is writable,
+   so a destination exported that way is read from the capsule itself (:func:`_legacy_view`);
 4. an object with numpy's ``__array_interface__`` or ``__array_struct__`` (host memory by
    definition);
 5. only for a copy's source: an object with ``__array__`` (``np.asarray`` may make a copy,
@@ -18,6 +20,7 @@ What is accepted, in this order (the first that applies):
 
 from __future__ import annotations
 
+import ctypes
 import operator
 from typing import Any
 
@@ -29,6 +32,46 @@ __all__ = ["DLPACK_CPU", "destination_bytes", "dims_of", "host_array", "source_b
 DLPACK_CPU = 1
 
 U8 = np.ndarray[Any, np.dtype[np.uint8]]
+
+#: the name of a legacy (unversioned) DLPack capsule not consumed yet
+_LEGACY = b"dltensor"
+#: DLPack type codes numpy has kinds for: int, uint, float, complex, bool
+_KINDS = {0: "i", 1: "u", 2: "f", 5: "c", 6: "b"}
+_capsule_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi)
+)
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi)
+)
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    """``DLTensor``, the head of a legacy ``DLManagedTensor`` (DLPack 0.x)."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device_type", ctypes.c_int32),
+        ("device_id", ctypes.c_int32),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _LegacyExport:
+    """Numpy's view of a legacy DLPack export: its ``__array_interface__`` (writable), and the
+    capsule, left unconsumed, whose destructor (the producer's) releases the tensor once the
+    arrays over it are gone."""
+
+    def __init__(self, capsule: object, interface: dict[str, object]) -> None:
+        self.capsule = capsule
+        self.__array_interface__ = interface
 
 
 def dims_of(shape: object, what: str) -> tuple[int, ...]:
@@ -66,8 +109,40 @@ def _from_buffer(obj: object, *, typed: bool) -> np.ndarray[Any, Any] | None:
         return np.frombuffer(view, np.uint8)
 
 
-def _from_dlpack(obj: object, what: str) -> np.ndarray[Any, Any] | None:
-    """``obj`` through DLPack when it has ``__dlpack__`` (CPU only), else None."""
+def _legacy_view(obj: object) -> np.ndarray[Any, Any] | None:
+    """A writable array over ``obj``'s CPU memory when its ``__dlpack__`` export is a legacy
+    one (no read-only flag in the format: a CPU tensor's memory is writable), else None (a
+    versioned export: its read-only flag, which numpy honoured, stands)."""
+    exporter: Any = obj
+    try:
+        capsule = exporter.__dlpack__(max_version=(1, 0))
+    except TypeError:  # a producer without DLPack 1.0
+        capsule = exporter.__dlpack__()
+    if not _capsule_is_valid(capsule, _LEGACY):
+        return None
+    tensor = _DLTensor.from_address(_capsule_pointer(capsule, _LEGACY))
+    dtype = tensor.dtype
+    kind = _KINDS.get(dtype.code)
+    if tensor.device_type != DLPACK_CPU or kind is None or dtype.lanes != 1 or dtype.bits % 8:
+        return None
+    itemsize = dtype.bits // 8
+    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    strides = None
+    if tensor.strides:
+        strides = tuple(tensor.strides[i] * itemsize for i in range(tensor.ndim))
+    interface: dict[str, object] = {
+        "data": ((tensor.data or 0) + tensor.byte_offset, False),
+        "shape": shape,
+        "strides": strides,
+        "typestr": np.dtype(f"{kind}{itemsize}").str,
+        "version": 3,
+    }
+    return np.asarray(_LegacyExport(capsule, interface))
+
+
+def _from_dlpack(obj: object, what: str, *, writable: bool) -> np.ndarray[Any, Any] | None:
+    """``obj`` through DLPack when it has ``__dlpack__`` (CPU only), else None; a legacy
+    export made writable when ``writable`` (see :func:`_legacy_view`)."""
     if getattr(type(obj), "__dlpack__", None) is None:
         return None
     name = type(obj).__name__
@@ -84,11 +159,16 @@ def _from_dlpack(obj: object, what: str) -> np.ndarray[Any, Any] | None:
         )
     try:
         try:
-            return np.from_dlpack(obj, copy=False)  # type: ignore[arg-type]
+            array = np.from_dlpack(obj, copy=False)  # type: ignore[arg-type]
         except TypeError:  # numpy < 2.1 has no copy= (and never copies)
-            return np.from_dlpack(obj)  # type: ignore[arg-type]
+            array = np.from_dlpack(obj)  # type: ignore[arg-type]
+        if writable and not array.flags.writeable:
+            legacy = _legacy_view(obj)
+            if legacy is not None:
+                array = legacy
     except Exception as exc:  # BufferError, or the exporter's own (torch: RuntimeError)
         raise TypeError(f"{what}: this {name} cannot be read through __dlpack__: {exc}") from None
+    return array
 
 
 def host_array(
@@ -100,7 +180,7 @@ def host_array(
         return obj
     array = _from_buffer(obj, typed=typed)
     if array is None:
-        array = _from_dlpack(obj, what)
+        array = _from_dlpack(obj, what, writable=writable)
     if array is None and (
         hasattr(obj, "__array_interface__") or hasattr(obj, "__array_struct__")
     ):  # a description of host memory: numpy's array over it is the same memory

@@ -13,7 +13,11 @@ executes. So its memory must stay valid until then, and until every view of the 
   closing the runtime frees every pinned allocation it made (the sim's buffers, ``acl``'s
   ``aclrtFreeHost`` at close, a CUDA context's), which would leave the array pointing at freed
   memory. The device's close therefore hands the runtime's own close to :meth:`close`, which
-  runs it once the last array has been collected.
+  runs it once the last array has been collected. Past the close the finalizer frees on the
+  thread that collected the array (the device's loop may be gone): each runtime call binds
+  the device's context and gives the thread its own back, the runtime's close binds its own,
+  and the close runs after the last free has returned, never inside one (a collection can
+  start inside a free).
 """
 
 from __future__ import annotations
@@ -137,11 +141,15 @@ class PinnedArrays:
         with self._lock:
             while self._garbage:
                 addr = self._garbage.popleft()
-                self._live.pop(addr, None)
                 try:
                     self._free_host(addr)
                 except Exception:  # nothing to raise it to (a loop callback, a finalizer)
                     log.exception("could not free pinned host memory at %#x", addr)
+                finally:
+                    # Only now: a collection inside the free (same thread, the lock reentered)
+                    # frees its array in the same pass, but must not find none alive and
+                    # close the runtime under this free.
+                    self._live.pop(addr, None)
             if self._closed and not self._live:
                 then, self._then = self._then, None
         if then is not None:  # outside the lock: the sim's close joins its device thread

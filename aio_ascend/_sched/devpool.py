@@ -72,6 +72,8 @@ class DevicePool:
     :param free: the runtime's free (binds the device context itself)
     :param poison: fills a block that comes back to the cache (the sim: a late reader through
         a stale address sees the pattern instead of the next owner's data); None: nothing
+    :param extent: ``(address, nbytes)``: a pooled block goes to a request of ``nbytes`` (the
+        sim faults on an access past them, as in an allocation of that size); None: nothing
     :param limit: the most bytes held from the runtime (in use and cached); None: no limit
     """
 
@@ -81,11 +83,13 @@ class DevicePool:
         free: Callable[[int], None],
         *,
         poison: Callable[[int], None] | None = None,
+        extent: Callable[[int, int], None] | None = None,
         limit: int | None = None,
     ) -> None:
         self._malloc = malloc
         self._free = free
         self._poison = poison
+        self._extent = extent
         self.limit = limit
         self._lock = threading.Lock()
         self._cached: dict[int, list[int]] = {}  # size class -> idle block addresses (LIFO)
@@ -114,13 +118,14 @@ class DevicePool:
         size = block_size(nbytes) if pooled else nbytes
         with self._lock:
             self._allocations += 1
+            hit: int | None = None
             if pooled:
                 sizes = self._sizes
                 index = bisect.bisect_left(sizes, size)
                 if index < len(sizes) and sizes[index] <= MAX_OVERSIZE * size:
                     size = sizes[index]
                     blocks = self._cached[size]
-                    ptr = blocks.pop()
+                    hit = blocks.pop()
                     if not blocks:
                         del self._cached[size]
                         del sizes[index]
@@ -128,8 +133,11 @@ class DevicePool:
                     self._cached_bytes -= size
                     self._cached_blocks -= 1
                     self._take(size, nbytes)
-                    return ptr, size
-            over = self.limit is not None and self._reserved + size > self.limit
+            over = hit is None and self.limit is not None and self._reserved + size > self.limit
+        if hit is not None:
+            if self._extent is not None:
+                self._extent(hit, nbytes)
+            return hit, size
         if over:
             self.empty_cache()
             with self._lock:
@@ -155,6 +163,8 @@ class DevicePool:
             self._reserved += size
             self._peak_reserved = max(self._peak_reserved, self._reserved)
             self._take(size, nbytes)
+        if pooled and self._extent is not None:
+            self._extent(ptr, nbytes)
         return ptr, size
 
     def _take(self, size: int, nbytes: int) -> None:
@@ -176,10 +186,13 @@ class DevicePool:
             return
         if self._poison is not None:
             self._poison(ptr)
+        self._cache(ptr, size)
+
+    def _cache(self, ptr: int, size: int) -> None:
+        # An idle block joins the cache; after the close (which freed the rest) it is freed.
         with self._lock:
-            if self._closed:  # the close came meanwhile and freed the rest: this one too
-                pooled = False
-            else:
+            closed = self._closed
+            if not closed:
                 blocks = self._cached.get(size)
                 if blocks is None:
                     blocks = self._cached[size] = []
@@ -187,7 +200,7 @@ class DevicePool:
                 blocks.append(ptr)
                 self._cached_bytes += size
                 self._cached_blocks += 1
-        if not pooled:
+        if closed:
             self._release(ptr, size, closing=True)
 
     def _release(self, ptr: int, size: int, *, closing: bool = False) -> None:
@@ -202,16 +215,31 @@ class DevicePool:
             self._runtime_frees += 1
 
     def empty_cache(self) -> int:
-        """Give every cached block back to the runtime; the bytes given back."""
+        """Give every cached block back to the runtime; the bytes given back.
+
+        A block whose free raises stays cached (held and counted, tried again by the next
+        ``empty_cache`` or the close); the others are freed all the same, then the first
+        error is raised."""
         with self._lock:
             cached, self._cached = self._cached, {}
             self._sizes = []
             self._cached_bytes = self._cached_blocks = 0
         released = 0
+        kept: list[tuple[int, int]] = []
+        error: Exception | None = None
         for size, blocks in cached.items():
             for ptr in blocks:
-                self._release(ptr, size, closing=self._closed)
-                released += size
+                try:
+                    self._release(ptr, size, closing=self._closed)
+                except Exception as exc:
+                    kept.append((ptr, size))
+                    error = error or exc
+                else:
+                    released += size
+        if error is not None:
+            for ptr, size in kept:
+                self._cache(ptr, size)
+            raise error
         return released
 
     def close(self, live: list[tuple[int, int]]) -> None:
@@ -247,9 +275,15 @@ class DevicePool:
 def device_pool(binding: ContextBinding, limit: int | None) -> DevicePool:
     """The pool of the device behind ``binding``: runtime calls bind its context. A backend
     that can fill its device memory from the host (the sim's ``poison_device``) poisons the
-    blocks that come back."""
+    blocks that come back; one that can bound its kernels' accesses (the sim's
+    ``limit_device``) bounds each block to its request."""
     runtime = binding.runtime
     poison: Callable[[int], None] | None = getattr(runtime, "poison_device", None)
+    extent: Callable[[int, int], None] | None = getattr(runtime, "limit_device", None)
     return DevicePool(
-        binding.wrap(runtime.malloc), binding.wrap(runtime.free), poison=poison, limit=limit
+        binding.wrap(runtime.malloc),
+        binding.wrap(runtime.free),
+        poison=poison,
+        extent=extent,
+        limit=limit,
     )

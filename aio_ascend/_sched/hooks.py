@@ -9,6 +9,10 @@ process-wide :data:`HOOKS`:
   round, not per task): ``HOOKS.observers``;
 - a coroutine that waited for a task resumes (``Task.wait_finished``): ``HOOKS.observers``.
 
+A host function (``Stream.launch_host_func``) never goes through the scheduler's deliveries:
+its runner tells the observers itself when it finishes (one check of ``HOOKS.observers`` per
+host function), as a delivery whose request is a :class:`HostCall`.
+
 Observers are added and removed from any thread; the tuple is replaced, never mutated, so a
 reader sees either the old or the new set. An observer that raises is logged and dropped:
 observation must never break the scheduler.
@@ -23,7 +27,7 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-__all__ = ["HOOKS", "Hooks", "Observer", "ObserverContext", "Source"]
+__all__ = ["HOOKS", "HostCall", "Hooks", "Observer", "ObserverContext", "Source", "times"]
 
 log = logging.getLogger("aio_ascend")
 
@@ -45,6 +49,44 @@ class Source:
 
     def __repr__(self) -> str:
         return f"<Source device {self.device_id} ({self.backend})>"
+
+
+class HostCall:
+    """A finished host function as a delivery's request: what observers read of a request
+    (``kind``, ``task``, ``lane.handle``, ``func``), plus its own times, as its ``Task`` has
+    no batch and keeps ``submitted_at``/``completed_at`` at None (read both through
+    :func:`times`).
+
+    :ivar submitted: the function was handed to the host-function thread (the work before it
+        was done), or None if it never ran
+    :ivar completed: the function returned, or None if it never ran
+    """
+
+    __slots__ = ("completed", "handle", "submitted", "task")
+
+    kind = "host_func"
+    func = None
+
+    def __init__(
+        self, task: Any, handle: int, submitted: float | None, completed: float | None
+    ) -> None:
+        self.task = task
+        self.handle = handle
+        self.submitted = submitted
+        self.completed = completed
+
+    @property
+    def lane(self) -> HostCall:
+        """Its stream as requests have it (``lane.handle``: the runtime stream handle)."""
+        return self
+
+
+def times(request: Any) -> tuple[float | None, float | None]:
+    """``(submitted, completed)`` of a delivered request: its task's, or a host call's own."""
+    if type(request) is HostCall:
+        return request.submitted, request.completed
+    task = request.task
+    return task.submitted_at, task.completed_at
 
 
 class Observer(Protocol):

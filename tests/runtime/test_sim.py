@@ -261,6 +261,29 @@ def test_poison_device_fills_a_live_allocation_only(rt: SimRuntime) -> None:
         rt.poison_device(x)
 
 
+def test_limit_device_bounds_accesses_to_the_request_in_a_larger_block(
+    rt: SimRuntime,
+) -> None:
+    """The pool's limit of a block to its request: copies and kernels reach the request
+    only (past it: a fault); the poison and the free still cover the whole block."""
+    h = Harness(rt)
+    free_before = rt.info()["memory_free"]
+    x = h.upload(np.arange(256, dtype=np.uint8))
+    rt.limit_device(x, 100)
+    assert h.download(x, 100, np.uint8).tolist() == list(range(100))
+    rt.poison_device(x)
+    rt.limit_device(x, 256)
+    assert h.download(x, 256, np.uint8).tobytes() == bytes([POISON_BYTE]) * 256
+    rt.limit_device(x, 100)
+    with pytest.raises(InvalidParamError, match="not a live allocation"):
+        rt.limit_device(x + 64, 10)
+    h.launch("vector_add", HostArgs().ptr(x).ptr(x).ptr(x).u32(26))  # 104 bytes
+    with pytest.raises(DeviceFaultError, match=r"runs past the end .*\(100 bytes\)"):
+        rt.synchronize_stream(h.stream, SYNC_MS)
+    rt.free(x)
+    assert rt.info()["memory_free"] == free_before
+
+
 def test_internal_args_regions_are_not_user_allocations(rt: SimRuntime) -> None:
     h = Harness(rt)
     n = 4

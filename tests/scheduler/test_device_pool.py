@@ -163,6 +163,32 @@ async def test_a_late_reader_of_a_pooled_block_sees_the_poison_on_the_sim(
         out.free()
 
 
+async def test_the_sim_faults_past_the_request_not_past_the_block(
+    anyio_backend: object,
+) -> None:
+    """A pooled block is larger than its request (1000 bytes: a 1024-byte block); a kernel
+    running past the request faults on the sim as in an allocation of exactly that size, on a
+    new block and on a cached one serving a smaller request."""
+    fn = "vector_add"
+    for reused in (False, True):
+        async with open_backend("sim") as dev:
+            s = dev.stream()
+            a = dev.malloc(1000)
+            if reused:  # a block of 1024 cached, then serving a request of 600
+                a.free()
+                a = dev.malloc(600)
+                assert dev.memory_stats()["pool_hits"] == 1
+            n = a.nbytes // 4
+            ok = await s.launch(dev.function(fn), 1, aa.HostArgs().ptr(a).ptr(a).ptr(a).u32(n))
+            await ok
+            args = aa.HostArgs().ptr(a).ptr(a).ptr(a).u32(n + 1)
+            bad = await s.launch(dev.function(fn), 1, args)
+            with pytest.raises(aa.DeviceFaultError, match="runs past the end") as info:
+                await bad
+            assert info.value.code == 507015
+            assert f"({a.nbytes} bytes)" in str(info.value)
+
+
 async def test_out_of_memory_empties_the_cache_and_retries_once(
     open_any: Callable[..., Any],
 ) -> None:

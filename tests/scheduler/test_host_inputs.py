@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import array
 import ctypes
+import gc
 import importlib.util
 import mmap
-from typing import Any
+import weakref
+from typing import Any, cast
 
 import numpy as np
 import pytest
 from helpers import OpenDevice, assert_runtime_clean
 
-from aio_ascend._host.hostdata import DLPACK_CPU
+from aio_ascend._host.hostdata import DLPACK_CPU, destination_bytes
 
 pytestmark = pytest.mark.anyio
 
@@ -49,6 +51,21 @@ class DLPackOnly:
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.device
+
+
+class LegacyDLPack(DLPackOnly):
+    """A producer without DLPack 1.0 (a torch release before it): ``__dlpack__`` takes only
+    ``stream`` and exports a legacy (unversioned) capsule, which numpy reads as read-only."""
+
+    def __dlpack__(self, stream: Any = None) -> Any:  # type: ignore[override]
+        return self.data.__dlpack__(stream=stream)
+
+
+class LegacyAnyway(DLPackOnly):
+    """A producer that takes ``max_version`` but exports a legacy capsule all the same."""
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self.data.__dlpack__()
 
 
 class Interface:
@@ -115,6 +132,8 @@ async def test_downloads_write_host_objects_in_place(open_dev: OpenDevice) -> No
             (ctypes.c_float * 16)(),
             scratch,
             DLPackOnly(np.zeros(16, np.float32)),
+            LegacyDLPack(np.zeros(16, np.float32)),
+            LegacyAnyway(np.zeros((4, 4), np.float32)),
             Interface(np.zeros(16, np.float32)),
             (Pair * 8)(),
         ]
@@ -126,6 +145,9 @@ async def test_downloads_write_host_objects_in_place(open_dev: OpenDevice) -> No
         task = await s.copy_to_host(partial, buf)
         await task
         assert bytes(partial) == expected[:8]
+        legacy = LegacyDLPack(np.zeros(16, np.float32))
+        await (await s.copy_to_host(legacy, buf))
+        assert legacy.data.tobytes() == expected
         scratch.close()
     assert_runtime_clean(dev)
 
@@ -141,7 +163,8 @@ async def test_host_objects_that_cannot_be_copied_are_refused_in_the_call(
         refused: list[tuple[Any, type[Exception], str]] = [
             (b"\0" * 64, ValueError, "read-only"),
             (memoryview(bytearray(128))[::2], ValueError, "C-contiguous"),
-            (DLPackOnly(readonly), ValueError, "read-only"),
+            (DLPackOnly(readonly), ValueError, "read-only"),  # a versioned export's flag
+            (LegacyDLPack(np.zeros((4, 8), np.float32)[:, :4]), ValueError, "C-contiguous"),
             (DLPackOnly(np.zeros(16, np.float32), device=(2, 0)), TypeError, "not the host"),
             (BrokenDLPack(np.zeros(16, np.float32)), TypeError, "this exporter refuses"),
             (ArrayOnly(np.zeros(16, np.float32)), TypeError, "writable buffer"),
@@ -190,6 +213,22 @@ async def test_torch_cpu_tensors(open_dev: OpenDevice) -> None:
         assert dev.stats()["host_buffers_in_use"] == 0
         del pinned
     assert_runtime_clean(dev)
+
+
+def test_a_legacy_dlpack_destination_keeps_its_export_alive_then_releases_it() -> None:
+    """The writable view over a legacy export holds the capsule (so the producer's memory)
+    while it lives; once it is gone the producer's deleter lets the memory go."""
+    data = np.zeros((2, 3), np.float32)
+    alive = weakref.ref(data)
+    view = destination_bytes(LegacyDLPack(data), "dst")
+    del data
+    gc.collect()
+    assert alive() is not None and view.nbytes == 24 and view.flags.writeable
+    view[:] = 7
+    assert cast(np.ndarray[Any, Any], alive()).tobytes() == bytes([7]) * 24
+    del view
+    gc.collect()
+    assert alive() is None
 
 
 def test_the_dlpack_device_type_of_host_memory() -> None:

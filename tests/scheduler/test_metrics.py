@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -120,6 +121,41 @@ async def test_otel_spans_per_task_are_children_of_the_callers_span(sim_device: 
     failed = finished["aio_ascend launch fault"]
     assert failed.status.status_code is StatusCode.ERROR
     assert any(event.name == "exception" for event in failed.events)
+
+
+async def test_host_functions_are_measured_and_spanned(sim_device: Any) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    registry = prometheus_client.CollectorRegistry()
+    collector = metrics.PrometheusMetrics(registry=registry)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+
+    def boom() -> None:
+        raise KeyError("in the host function")
+
+    async with sim_device() as dev:
+        s = dev.stream()
+        with collector, metrics.OtelSpans(tracer_provider=provider):
+            await (await s.launch_host_func(lambda: time.sleep(0.002)))
+            with pytest.raises(KeyError):
+                await (await s.launch_host_func(boom))
+    text = prometheus_client.generate_latest(registry).decode()
+    labels = {"device": "0", "backend": "sim", "kind": "host_func"}
+    for name in ("task_queued_seconds", "task_device_seconds", "task_seconds"):
+        assert _sample(text, f"aio_ascend_{name}_count", **labels) == 2
+    assert _sample(text, "aio_ascend_task_device_seconds_sum", **labels) >= 0.002
+    assert _sample(text, "aio_ascend_task_failures_total", **labels, error="KeyError") == 1
+    spans = [span for span in exporter.get_finished_spans() if span.name.endswith("host_func")]
+    assert [span.name for span in spans] == ["aio_ascend host_func"] * 2
+    assert spans[0].attributes is not None
+    assert spans[0].attributes["aio_ascend.on_device_s"] >= 0.002
+    collector.close()
 
 
 def test_a_missing_extra_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

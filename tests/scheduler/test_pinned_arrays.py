@@ -9,6 +9,7 @@ copy *executes*, and the double faults on a freed one), on asyncio, uvloop and t
 from __future__ import annotations
 
 import gc
+import threading
 import warnings
 
 import anyio
@@ -235,6 +236,32 @@ async def test_a_pinned_array_outlives_its_device(open_dev: OpenDevice) -> None:
     gc.collect()
     assert dev.stats()["pinned_arrays"] == 0
     assert_runtime_clean(dev)
+
+
+async def test_the_last_pinned_array_collected_on_another_thread_after_the_close(
+    open_dev: OpenDevice,
+) -> None:
+    """Past the close, the array's free and the deferred runtime close run in the finalizer,
+    on whatever thread collects it: each binds the closed device's context for its calls and
+    gives the thread its own back (here another open device's), and nothing is left."""
+    async with open_dev() as other:
+        async with open_dev() as dev:
+            kept = [dev.pinned_empty(256, np.float32)]
+        assert live_resources(dev)["host_allocations"] == 1
+        contexts: list[object] = []
+
+        def collect() -> None:
+            other.runtime.set_current_context()  # the thread works with the other device
+            kept.clear()
+            gc.collect()
+            contexts.append(other.runtime.get_current_context())
+
+        thread = threading.Thread(target=collect)
+        thread.start()
+        await anyio.to_thread.run_sync(thread.join, 10.0)
+        assert not thread.is_alive() and contexts == [other.runtime.context]
+        assert dev.stats()["pinned_arrays"] == 0
+        assert_runtime_clean(dev)
 
 
 @pytest.mark.sim_only("the device is collected without aclose(): the sim's leak counts")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +121,63 @@ async def test_failures_and_tasks_nobody_awaited(sim_device: Any) -> None:
     check_trace(trace)
     instants = [e for e in trace["traceEvents"] if e["ph"] == "i"]
     assert [e["name"] for e in instants] == [f"failed: {type(error).__name__}"]
+
+
+async def test_host_functions_are_slices_on_their_streams_track(sim_device: Any) -> None:
+    """A host function is a slice of its stream (handed to its thread -> returned), between
+    the work before it and the work after it; one that raised is marked failed."""
+    async with sim_device() as dev:
+        s = dev.stream()
+        noop = dev.function("noop")
+
+        def boom() -> None:
+            raise KeyError("in the host function")
+
+        with tracing.record() as tracer:
+            tracer.name_stream(s, "main")
+            await s.run(noop, 1)
+            host = await s.launch_host_func(lambda: time.sleep(0.002))
+            await host
+            await s.run(noop, 1)
+            failed = await s.launch_host_func(boom)
+            with pytest.raises(KeyError):
+                await failed
+    records = [r for r in tracer.records if r.kind != "record_event"]  # (the host fences)
+    assert [r.kind for r in records] == ["launch", "host_func", "launch", "host_func"]
+    first, ran, after, raised = records
+    assert ran.stream == first.stream and ran.stream_name == "main"
+    assert ran.submitted is not None and ran.completed is not None and ran.error is None
+    assert ran.completed - ran.submitted >= 0.002 and ran.wake is not None
+    assert first.completed is not None and after.submitted is not None
+    assert first.completed <= ran.submitted and ran.completed <= after.submitted
+    assert raised.error == "KeyError"
+    summary = check_trace(tracer.trace())  # (the stream's slices never overlap)
+    assert summary["tracks"][f"device 0 ({dev.backend})"]["main"] == 6
+    assert "host_func" in summary["slices"]
+
+
+async def test_two_streams_given_one_name_get_a_track_each(sim_device: Any) -> None:
+    async with sim_device() as dev:
+        s, t, u = dev.stream(), dev.stream(), dev.stream()
+        noop = dev.function("noop")
+        with tracing.record() as tracer:
+            tracer.name_stream(s, "worker")
+            tracer.name_stream(t, "worker")
+            tracer.name_stream(u, "stream 1")  # the name an unnamed stream would get
+            v = dev.stream()  # unnamed: "stream 1" too
+            with testing.paused(dev):  # in flight at once on every stream
+                tasks = [await x.launch(noop, 1) for x in (s, t, t, u, v, v, v)]
+            for task in tasks:
+                await task
+    names = {r.stream: r.stream_name for r in tracer.records}  # (one name per stream)
+    # the first stream seen keeps the name, the other's handle tells it apart
+    for (a, b), name in (((s, t), "worker"), ((u, v), "stream 1")):
+        assert {names[a.handle], names[b.handle]} in (
+            {name, f"{name} ({b.handle:#x})"},
+            {name, f"{name} ({a.handle:#x})"},
+        )
+    tracks = check_trace(tracer.trace())["tracks"][f"device 0 ({dev.backend})"]
+    assert tracks == {names[x.handle]: n for x, n in ((s, 1), (t, 2), (u, 1), (v, 3))}
 
 
 async def test_max_tasks_bounds_the_memory_and_counts_the_rest(sim_device: Any) -> None:

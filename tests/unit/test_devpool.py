@@ -120,6 +120,19 @@ def test_a_direct_block_goes_back_to_the_runtime_at_once() -> None:
     assert pool.stats()["reserved_bytes"] == 0
 
 
+def test_each_pooled_block_is_bounded_to_its_request() -> None:
+    """``extent`` (the sim's ``limit_device``) hears the request of every pooled block, new or
+    cached; a direct allocation is exactly its request already."""
+    runtime = FakeRuntime()
+    extents: list[tuple[int, int]] = []
+    pool = DevicePool(runtime.malloc, runtime.free, extent=lambda p, n: extents.append((p, n)))
+    ptr, size = pool.allocate(1000)
+    pool.give_back(ptr, size, 1000, pooled=True)
+    assert pool.allocate(600) == (ptr, size)
+    pool.allocate(700, pooled=False)
+    assert extents == [(ptr, 1000), (ptr, 600)]
+
+
 def test_close_frees_the_cache_and_the_live_blocks_and_nothing_after() -> None:
     runtime = FakeRuntime()
     pool = runtime.pool()
@@ -132,6 +145,36 @@ def test_close_frees_the_cache_and_the_live_blocks_and_nothing_after() -> None:
     stats = pool.stats()
     assert stats["runtime_frees"] == stats["runtime_allocations"] == 2
     assert stats["reserved_bytes"] == stats["allocated_bytes"] == stats["cached_bytes"] == 0
+
+
+def test_a_free_that_raises_in_empty_cache_strands_no_other_block() -> None:
+    """Every cached block is tried; the one whose free raised stays cached and counted (the
+    next ``empty_cache`` frees it), and the error still reaches the caller."""
+    runtime = FakeRuntime()
+    refused: set[int] = set()
+
+    def free(ptr: int) -> None:
+        if ptr in refused:
+            raise RuntimeError("free refused")
+        runtime.free(ptr)
+
+    pool = DevicePool(runtime.malloc, free)
+    blocks = [pool.allocate(n) for n in (600, 5000, 70_000)]
+    for (ptr, size), n in zip(blocks, (600, 5000, 70_000), strict=True):
+        pool.give_back(ptr, size, n, pooled=True)
+    bad, bad_size = blocks[0]
+    refused.add(bad)
+    with pytest.raises(RuntimeError, match="free refused"):
+        pool.empty_cache()
+    assert runtime.live == {bad: bad_size}  # the others were freed
+    stats = pool.stats()
+    assert stats["cached_blocks"] == 1 and stats["cached_bytes"] == bad_size
+    assert stats["reserved_bytes"] == bad_size and stats["runtime_frees"] == 2
+    assert pool.allocate(600) == blocks[0]  # still the pool's: it serves its class
+    pool.give_back(bad, bad_size, 600, pooled=True)
+    refused.clear()
+    assert pool.empty_cache() == bad_size
+    assert runtime.live == {} and pool.stats()["reserved_bytes"] == 0
 
 
 def _mixed_cycles(seed: int) -> int:

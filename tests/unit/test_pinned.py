@@ -4,6 +4,7 @@ past the last array (pure code over a fake ``malloc_host``)."""
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,39 @@ def test_the_close_waits_for_the_last_array_before_closing_the_runtime() -> None
     assert len(host.freed) == 2 and host.closed == 1  # in the collection, once closed
     pinned.reap()  # (the loop's late call finds nothing to do)
     assert host.closed == 1 and posted == [pinned.reap]
+
+
+def test_a_collection_inside_a_free_after_the_close_frees_in_the_same_pass() -> None:
+    """A collection may run inside the runtime's free (any allocation can start it): past the
+    close, its finalizer re-enters the registry on the same thread (a reentrant lock) and is
+    freed in the same pass; the runtime closes once, after the last free."""
+    host = FakeHost()
+    free_host = host.free_host
+    arrays: list[list[np.ndarray[Any, Any]]] = []
+
+    closed_in_a_free: list[int] = []
+
+    def free_collecting(addr: int) -> None:
+        arrays[1].clear()  # the other array's last reference, dropped inside this free
+        gc.collect()
+        free_host(addr)
+        closed_in_a_free.append(host.closed)  # the runtime must not close under a free
+
+    host.free_host = free_collecting  # type: ignore[method-assign]
+    pinned = PinnedArrays(host, lambda fn: None)  # type: ignore[arg-type]
+    arrays += [[pinned.empty((8,), np.dtype(np.uint8))] for _ in range(2)]
+    assert pinned.close(host.close) == 2
+    done = threading.Event()
+
+    def drop() -> None:  # on another thread, so that a deadlock fails the test
+        arrays[0].clear()
+        gc.collect()
+        done.set()
+
+    threading.Thread(target=drop, daemon=True).start()
+    assert done.wait(10), "deadlocked"
+    assert len(host.freed) == 2 and host.closed == 1 and closed_in_a_free == [0, 0]
+    assert pinned.stats()["pinned_arrays"] == 0
 
 
 def test_a_close_with_no_array_alive_closes_the_runtime_at_once() -> None:

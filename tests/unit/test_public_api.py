@@ -20,6 +20,7 @@ EXPORTED = {
     "LaunchConfig",
     "LaunchConfigDict",
     "LaunchPlan",
+    "MemoryAllocationError",
     "Module",
     "RuntimeAPIError",
     "Stream",
@@ -50,6 +51,8 @@ def test_error_tree() -> None:
     assert issubclass(aa.DeviceFaultError, aa.RuntimeAPIError)
     assert issubclass(aa.TaskTimeoutError, aa.AscendError)
     assert issubclass(aa.TaskTimeoutError, TimeoutError)
+    assert issubclass(aa.MemoryAllocationError, aa.RuntimeAPIError)
+    assert issubclass(aa.MemoryAllocationError, MemoryError)
     for name in ("BackendUnavailableError", "ClosedError", "InternalError"):
         assert issubclass(getattr(aa, name), aa.AscendError)
 

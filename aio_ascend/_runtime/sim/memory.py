@@ -3,9 +3,11 @@
 Device memory lives at fake 64-bit addresses starting at :data:`DEVICE_BASE`; each allocation is
 its own ``uint8`` array. Addresses are never reused, so a use after free always faults instead
 of silently reading another buffer; a block the library's pool keeps for reuse is poisoned
-instead (:meth:`DeviceMemory.poison`), so a late reader sees the pattern. Pinned host memory is
-real process memory (64-byte aligned numpy buffers) so Python code can reach it through its
-address, as with ``aclrtMallocHost``.
+instead (:meth:`DeviceMemory.poison`), so a late reader sees the pattern. A pooled block is
+larger than its request: the pool limits it to the request (:meth:`DeviceMemory.limit`), so an
+access past the request faults as it would in an allocation of exactly that size. Pinned host
+memory is real process memory (64-byte aligned numpy buffers) so Python code can reach it
+through its address, as with ``aclrtMallocHost``.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class DeviceMemory:
         self.used = 0
         self._next = DEVICE_BASE
         self._starts: list[int] = []  # sorted allocation bases
-        self._arrays: dict[int, U8Array] = {}  # base -> backing array (exact size)
+        self._arrays: dict[int, U8Array] = {}  # base -> backing array (or its limited view)
+        self._blocks: dict[int, U8Array] = {}  # base -> the whole array of a limited one
         self._region_seq = itertools.count()
         self._regions: dict[int, U8Array] = {}  # slot base -> args bytes while the kernel runs
 
@@ -129,7 +132,7 @@ class DeviceMemory:
             data = self._arrays.pop(addr, None)
             if data is None:
                 return False
-            self.used -= data.nbytes
+            self.used -= self._blocks.pop(addr, data).nbytes
             index = bisect.bisect_left(self._starts, addr)
             del self._starts[index]
         return True
@@ -140,7 +143,21 @@ class DeviceMemory:
         data = self._arrays.get(addr)
         if data is None:
             return False
-        data.fill(POISON_BYTE)
+        self._blocks.get(addr, data).fill(POISON_BYTE)
+        return True
+
+    def limit(self, addr: int, nbytes: int) -> bool:
+        """Limit the allocation at base ``addr`` to its first ``nbytes`` bytes (its whole size
+        at most): accesses past them fault from now on; False if it is not a live allocation.
+        """
+        with self._lock:
+            data = self._arrays.get(addr)
+            if data is None:
+                return False
+            block = self._blocks.setdefault(addr, data)
+            if not 0 <= nbytes <= block.shape[0]:
+                raise ValueError(f"{nbytes} bytes: not within the {block.shape[0]}-byte block")
+            self._arrays[addr] = block[:nbytes]
         return True
 
     def reserve_region(self) -> int:
@@ -164,6 +181,7 @@ class DeviceMemory:
     def clear(self) -> None:
         with self._lock:
             self._arrays.clear()
+            self._blocks.clear()
             self.used = 0
             self._starts.clear()
             self._regions.clear()

@@ -485,6 +485,12 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         if not self._memory.poison(ptr):
             raise self._param("poison_device", f"devPtr={_hex(ptr)} is not a live allocation")
 
+    def limit_device(self, ptr: int, nbytes: int) -> None:
+        """Let kernels and copies reach only the first ``nbytes`` of the allocation at ``ptr``
+        (a sim control): the library's pool limits its larger blocks to the request."""
+        if not self._memory.limit(ptr, nbytes):
+            raise self._param("limit_device", f"devPtr={_hex(ptr)} is not a live allocation")
+
     def malloc_host(self, size: int) -> int:
         """``aclrtMallocHost``: zero-filled, 64-byte aligned pinned host memory."""
         return self._allocate("aclrtMallocHost", size, self._pinned.malloc)
