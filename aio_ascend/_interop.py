@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from ._errors import ClosedError
+from ._errors import ClosedError, DeviceFaultError
 from ._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
 from ._sched.events import EventRecord
 from ._sched.loop import LoopAdapter
@@ -133,8 +133,10 @@ class TorchOrder:
         with anyio.CancelScope(shield=True):
             try:
                 fence = await record()
-            except ClosedError:
-                return  # closed meanwhile: nothing of it will be submitted
+            except (ClosedError, DeviceFaultError):
+                # closed or faulted while the fence waited for its slot: the operation, queued
+                # already, is refused (its Task carries why); there is nothing to wait for
+                return
             waiter = adapter.new_waiter()
 
             def submitted() -> None:  # the submitter thread

@@ -221,3 +221,21 @@ async def test_a_host_function_on_a_torch_stream_holds_work_issued_while_its_cal
         await later[0]
         assert host[0].done()
         await ours.aclose()
+
+
+async def test_a_fault_during_the_handshake_still_returns_the_queued_operations_task(
+    anyio_backend: object,
+) -> None:
+    """The handshake's fence waits for a slot behind the operation just queued; if that
+    operation faults the device meanwhile, the caller still gets the operation's Task (which
+    carries the fault), not an error for an operation that was queued anyway."""
+    async with open_backend("sim") as dev:
+        runtime = dev.runtime
+        torch = FakeTorchStream(runtime, runtime.create_stream(), lag_s=0.05)
+        try:
+            ours = dev.external_stream(torch, max_in_flight=1)
+            task = await ours.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015))
+            with pytest.raises(aa.DeviceFaultError):
+                await task
+        finally:
+            torch.close()  # (the device faulted: its stream goes with the context)
