@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +93,9 @@ class LaunchPlan:
         host = shared_image(scheduler.pool, packed) if shareable(packed, fn.info) else None
         self._record = PlanRecord(scheduler.lifetimes, scheduler.pool, host, buffers)
         self._holds = (self._record,)  # what each launch holds (one tuple for all of them)
+        # Dropped without close(): released as close() would, on the loop (collection may
+        # happen on any thread; frees belong to the loop's)
+        weakref.finalize(self, scheduler.drop_plan, self._record).atexit = False
 
     async def launch(self) -> Task:
         """Queue the launch on the plan's stream; return its :class:`Task`.

@@ -35,7 +35,7 @@ from .forcing import LaneForce, gave_up
 from .graphs import GraphBook
 from .hooks import Source
 from .lane import Lane
-from .lifetimes import Lifetimes
+from .lifetimes import Allocation, Lifetimes
 from .loop import OTHER_THREAD, LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
@@ -383,6 +383,11 @@ class Scheduler:
             self.lifetimes.reap()
         if self.dropped_lanes.collected:
             self.retire_dropped()
+
+    def drop_plan(self, record: Allocation) -> None:
+        """A ``LaunchPlan`` was collected (any thread): the loop releases its holdings as its
+        ``close()`` does (after its queued launches; idempotent)."""
+        self.adapter.call_soon_threadsafe(record.registry.free, record)
 
     def drop_lane(self, lane: Lane) -> None:
         """A ``Stream`` was collected (any thread): the loop retires it soon, work or not."""

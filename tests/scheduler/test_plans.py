@@ -7,9 +7,11 @@ differently), on asyncio, uvloop and trio.
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 from helpers import OpenDevice, assert_runtime_clean, download, tiling, upload
@@ -81,6 +83,30 @@ async def test_a_plan_keeps_its_buffers_until_closed_and_its_launches_are_done(
         assert dev.stats()["device_buffers"] == buffers
         await task
         assert dev.stats()["device_buffers"] == buffers - 1  # now the free went through
+        np.testing.assert_array_equal(await download(s, y, n), np.ones(n, F32))
+        assert dev.stats()["host_buffers_in_use"] == 0
+    assert_runtime_clean(dev)
+
+
+async def test_a_plan_dropped_without_close_lets_its_buffers_go_after_its_launches(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        n = 64
+        x = await upload(dev, s, np.ones(n, F32))
+        y = await upload(dev, s, np.zeros(n, F32))
+        buffers = dev.stats()["device_buffers"]
+        plan = s.plan(dev.function("axpy"), 1, aa.HostArgs().ptr(x).ptr(y).f32(1.0).u32(n))
+        x.free()  # deferred: the plan holds it
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(30_000))
+        task = await plan.launch()
+        del plan
+        gc.collect()
+        await anyio.lowlevel.checkpoint()  # (the release is handed to the loop)
+        assert dev.stats()["device_buffers"] == buffers  # its launch is still queued
+        await task
+        assert dev.stats()["device_buffers"] == buffers - 1  # now x's free went through
         np.testing.assert_array_equal(await download(s, y, n), np.ones(n, F32))
         assert dev.stats()["host_buffers_in_use"] == 0
     assert_runtime_clean(dev)
