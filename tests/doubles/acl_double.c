@@ -413,6 +413,8 @@ typedef struct ctx {
     uint64_t overflow_addr; /* aclrtCtxGetFloatOverflowAddr */
     int fault_code;
     char fault_msg[256];
+    int unread_code; /* a failed task no stream synchronize has read yet (g_unread_faults) */
+    char unread_msg[256];
     struct ctx *next;
 } ctx_t;
 
@@ -528,6 +530,14 @@ static ctx_t *g_default_ctx[MAX_DEVICES];
 static ctx_t *g_contexts;
 static stream_t *g_streams;
 static size_t g_max_depth = 2013;
+/* The real runtime on STARS chips: a failed task stops its stream's queue, and the runtime
+   learns of it only when it reads the task's error completion, which only a stream (or device)
+   synchronize does (hicann/runtime@681ef76: stream.cc:4438, stars_engine.cc:1398-1470; an event
+   query reads the queue head alone: npu_driver_res.cc:861-878). With this set, a fault in
+   stop-on-failure mode stays unread until then: event queries say NOT_READY, event synchronizes
+   wait, other calls succeed, and nothing more runs. Off (the default), every call sees it at
+   once. double_set_unread_faults() sets it. */
+static int g_unread_faults;
 static int32_t g_next_stream_id = 1;
 static __thread ctx_t *t_ctx;
 
@@ -685,6 +695,16 @@ static void ensure_device_thread(void) {
 }
 
 /* A faulted context answers every later call with the fault's code and the same text. */
+/* A stream or device synchronize reads an unread fault: from then on it is the context's. */
+static void read_unread_fault(ctx_t *c) {
+    if (c && c->unread_code && !c->fault_code) {
+        c->fault_code = c->unread_code;
+        snprintf(c->fault_msg, sizeof c->fault_msg, "%s", c->unread_msg);
+        c->unread_code = 0;
+        pthread_cond_broadcast(&g_done_cv);
+    }
+}
+
 static aclError ctx_fault(ctx_t *c) {
     if (c && c->fault_code) {
         snprintf(t_msg, sizeof t_msg, "%s", c->fault_msg);
@@ -1215,7 +1235,7 @@ static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
             if (!step(s, t->cur, now, next_deadline)) return 0;
             task_free(t->cur);
             t->cur = NULL;
-            if (s->ctx->fault_code) return 0; /* stop-on-failure: the rest never runs */
+            if (s->ctx->fault_code || s->ctx->unread_code) return 0; /* stop-on-failure */
         }
     case T_KERNEL:
         if (t->started) {
@@ -1255,6 +1275,14 @@ static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
     }
     if (r.state == KS_FAULT) {
         note_exception(s, t, r.code);
+        if (s->mode == ACL_STOP_ON_FAILURE && g_unread_faults) {
+            if (!s->ctx->fault_code && !s->ctx->unread_code) {
+                s->ctx->unread_code = r.code;
+                snprintf(s->ctx->unread_msg, sizeof s->ctx->unread_msg,
+                         "[acl double] device fault %d: %s", r.code, r.msg);
+            }
+            return 0; /* the queue stops at the failed task until a synchronize reads it */
+        }
         if (s->mode == ACL_STOP_ON_FAILURE) {
             if (!s->ctx->fault_code) {
                 s->ctx->fault_code = r.code;
@@ -1275,7 +1303,7 @@ static void *device_main(void *arg) {
         uint64_t now = now_ns(), next_deadline = UINT64_MAX;
         int progress = 0;
         for (stream_t *s = g_streams; s; s = s->next_all) {
-            while (s->head && !s->ctx->fault_code) {
+            while (s->head && !s->ctx->fault_code && !s->ctx->unread_code) {
                 task_t *t = s->head;
                 if (!step(s, t, now, &next_deadline)) break;
                 s->head = t->next;
@@ -1520,6 +1548,7 @@ EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t ti
     uint64_t deadline = deadline_after_ms(timeout);
     s->refs++;
     for (;;) {
+        read_unread_fault(c);
         if ((rc = ctx_fault(c))) break;
         if (s->completed >= s->submitted) {
             if (s->pending_err) {
@@ -2445,6 +2474,12 @@ EXPORT void double_clear_injections(void) {
 }
 
 /* Make `ctx` (NULL: every live context) faulted with `code`, as if a kernel had failed. */
+EXPORT void double_set_unread_faults(int on) {
+    pthread_mutex_lock(&g_mu);
+    g_unread_faults = on;
+    pthread_mutex_unlock(&g_mu);
+}
+
 EXPORT int double_set_fault(void *ctx, int code, const char *msg) {
     int n = 0;
     pthread_mutex_lock(&g_mu);

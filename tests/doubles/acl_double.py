@@ -227,6 +227,7 @@ class DoubleControl:
             "double_inject_error": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]),
             "double_clear_injections": (None, []),
             "double_set_fault": (ctypes.c_int, [vp, ctypes.c_int, ctypes.c_char_p]),
+            "double_set_unread_faults": (None, [ctypes.c_int]),
             "double_last_launch": (ctypes.c_int, [vp]),
             "double_last_cfg": (i64, [vp, sz]),
             "double_last_placeholders": (i64, [vp, sz]),
@@ -291,6 +292,10 @@ class DoubleControl:
     def set_fault(self, context: int | None, code: int, message: str = "") -> int:
         """Fault ``context`` (None: every live one) as if a kernel had failed with ``code``."""
         return int(self.lib.double_set_fault(context, code, message.encode() or None))
+
+    def set_unread_faults(self, on: bool) -> None:
+        """Model the real runtime's unread faults (see ``g_unread_faults`` in the source)."""
+        self.lib.double_set_unread_faults(int(on))
 
     def context_fault(self, context: int) -> int:
         return int(self.lib.double_context_fault(context))

@@ -172,6 +172,7 @@ EXPORT aclError aclrtSynchronizeDeviceWithTimeout(int32_t timeout) {
         LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "timeout %d ms: must be -1 or > 0", timeout));
     uint64_t deadline = deadline_after_ms(timeout);
     for (;;) {
+        read_unread_fault(c);
         if ((rc = ctx_fault(c))) break;
         if (!device_busy(c)) break;
         if (now_ns() >= deadline) {

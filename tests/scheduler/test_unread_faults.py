@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
+from backends import backend_params
+from helpers import open_backend
 
 import aio_ascend as aa
 from aio_ascend._errors import EventSyncTimeoutError
@@ -27,14 +31,31 @@ TASK_TIMEOUT_S = 120.0  # what the tests would wait for without the probe
 BOUND_S = 20.0  # liveness bound: hundreds of times the probe's first wait
 
 
-def _open(**kwargs: object) -> aa.Device:
-    return aa.open_device(  # type: ignore[return-value]
-        0,
-        backend="sim",
-        runtime_options={"unread_faults": True},
-        task_timeout=TASK_TIMEOUT_S,
-        **kwargs,
-    )
+@asynccontextmanager
+async def _open(backend: str) -> AsyncIterator[aa.Device]:
+    """The device on ``backend`` with unread faults: the sim's runtime option, the acl C
+    double's control (``g_unread_faults`` in its source)."""
+    if backend == "sim":
+        async with aa.open_device(
+            0, backend="sim", runtime_options={"unread_faults": True}, task_timeout=TASK_TIMEOUT_S
+        ) as dev:
+            yield dev
+        return
+    from doubles.acl_double import double_control
+
+    control = double_control()
+    control.set_unread_faults(True)
+    try:
+        async with open_backend("acl", task_timeout=TASK_TIMEOUT_S) as dev:
+            yield dev
+    finally:
+        control.set_unread_faults(False)
+
+
+@pytest.fixture(params=backend_params(["sim", "acl"]))
+def backend(request: pytest.FixtureRequest, anyio_backend: object) -> str:
+    name: str = request.param
+    return name
 
 
 def test_the_sim_hides_an_unread_fault_from_event_queries() -> None:
@@ -64,15 +85,15 @@ def test_the_sim_hides_an_unread_fault_from_event_queries() -> None:
 
 @pytest.mark.anyio
 async def test_a_failed_launch_fails_its_task_without_waiting_for_the_timeout(
-    anyio_backend: object,
+    backend: str,
 ) -> None:
-    async with _open() as dev:
+    async with _open(backend) as dev:
         s = dev.stream()
-        ok = await s.launch(dev.function("noop"), 1)
+        with anyio.fail_after(BOUND_S):
+            await s.run(dev.function("noop"), 1)  # the stream worked before
         bad = await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015))
         after = await s.launch(dev.function("noop"), 1)
         with anyio.fail_after(BOUND_S):
-            await ok
             with pytest.raises(aa.DeviceFaultError) as caught:
                 await bad
             assert caught.value.code == 507015
@@ -84,8 +105,8 @@ async def test_a_failed_launch_fails_its_task_without_waiting_for_the_timeout(
 
 
 @pytest.mark.anyio
-async def test_a_stream_synchronize_behind_a_failed_task_ends(anyio_backend: object) -> None:
-    async with _open() as dev:
+async def test_a_stream_synchronize_behind_a_failed_task_ends(backend: str) -> None:
+    async with _open(backend) as dev:
         s, other = dev.stream(), dev.stream()
         await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015))
         with anyio.fail_after(BOUND_S), pytest.raises(aa.DeviceFaultError):
@@ -96,8 +117,8 @@ async def test_a_stream_synchronize_behind_a_failed_task_ends(anyio_backend: obj
 
 
 @pytest.mark.anyio
-async def test_a_long_kernel_is_probed_but_not_failed(anyio_backend: object) -> None:
-    async with _open() as dev:
+async def test_a_long_kernel_is_probed_but_not_failed(backend: str) -> None:
+    async with _open(backend) as dev:
         s = dev.stream()
         with anyio.fail_after(BOUND_S):
             # 0.4 s: several probes (0.05 s, then 0.1, 0.2 ...), each answered "still running"
