@@ -397,7 +397,22 @@ class Submitter:
         the request after a refused launch (its stream's later requests are refused from it
         on), or a launch that the per-launch method must submit."""
         assert launch_batch is not None
-        submitted, refusal = launch_batch(run)
+        try:
+            submitted, refusal = launch_batch(run)
+        except Exception as exc:
+            # The native loop may have launched any part of the run (a bug of ours, or no
+            # memory left for its result): submitted work we cannot track, as in _close_batch.
+            # Its tasks fail, what they hold stays until the device closes, and their streams'
+            # later requests in this hop are refused; nothing already placed is touched.
+            self._caught.append(exc)
+            error = InternalError(f"submitting a run of launches failed: {exc!r}")
+            error.__cause__ = exc
+            self.orphans.extend(run)
+            for req in run:
+                broken[req.lane] = error
+                failures.append((req, error, Outcome.FINISHED))
+            run.clear()
+            return index, slow
         self.counters.launches += submitted
         self._place(run[:submitted], None, open_batches, deadline, failures)
         rest = len(run) - submitted

@@ -350,6 +350,53 @@ async def test_a_refused_launch_fails_its_streams_rest_and_no_other_stream(
         assert submit_path == []
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_run_that_raises_after_launching_fails_only_its_own_tasks_once(
+    monkeypatch: pytest.MonkeyPatch, anyio_backend: str
+) -> None:
+    """If the batch call raises after its native loop ran (out of memory for its result), its
+    launches may be on the device: they fail (InternalError) and are held until the close;
+    the hop's earlier requests complete once, with no second delivery."""
+    monkeypatch.setattr(_batch, "_NATIVE", native_extension())
+    real = _batch.NativeBatch.__call__
+    raised: list[int] = []
+
+    def raises_after(self: Any, launches: list[Any]) -> tuple[int, aa.AscendError | None]:
+        result = real(self, launches)
+        if not raised:
+            raised.append(len(launches))
+            raise MemoryError("no memory for the result")
+        return result
+
+    monkeypatch.setattr(_batch.NativeBatch, "__call__", raises_after)
+    async with open_backend("acl", batch_cap=4) as dev:
+        s, other = dev.stream(), dev.stream()
+        noop = dev.function("noop")
+        buf = dev.malloc(64)
+        first = await other.memset(buf, 1)  # placed and handed on before the run
+        tasks = [await s.launch(noop, 1) for _ in range(4)]  # one hop: one run of 4
+        await first
+        outcomes = []
+        for task in tasks:
+            try:
+                await task
+                outcomes.append("ok")
+            except aa.InternalError as exc:
+                outcomes.append(f"failed: {exc}")
+        assert len(raised) == 1 and raised[0] >= 1
+        # the run's launches failed, in order; a launch after the run (another hop) ran
+        failed = (
+            "failed: submitting a run of launches failed: MemoryError('no memory for the result')"
+        )
+        assert outcomes == [failed] * raised[0] + ["ok"] * (len(tasks) - raised[0])
+        lanes = [x._lane for x in (s, other)]
+        await (await s.launch(noop, 1))  # a later hop: the stream takes work again
+        await other.synchronize()
+        assert all(lane.admission.in_flight == 0 for lane in lanes)  # each given back once
+    assert dev.closed
+
+
 def test_the_acl_tests_pass_without_the_native_submit() -> None:
     # AIO_ASCEND_NATIVE=0 is a pure-Python install's path (no compiler at install): the acl
     # fault tests, which launch through the scheduler, in a process of their own
