@@ -405,12 +405,12 @@ class Submitter:
             # Its tasks fail, what they hold stays until the device closes, and their streams'
             # later requests in this hop are refused; nothing already placed is touched.
             self._caught.append(exc)
-            error = InternalError(f"submitting a run of launches failed: {exc!r}")
-            error.__cause__ = exc
+            lost = InternalError(f"submitting a run of launches failed: {exc!r}")
+            lost.__cause__ = exc
             self.orphans.extend(run)
             for req in run:
-                broken[req.lane] = error
-                failures.append((req, error, Outcome.FINISHED))
+                broken[req.lane] = lost
+                failures.append((req, lost, Outcome.FINISHED))
             run.clear()
             return index, slow
         self.counters.launches += submitted
