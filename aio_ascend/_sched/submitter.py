@@ -287,7 +287,6 @@ class Submitter:
         failures: list[Delivery],
     ) -> None:
         runtime = self._runtime
-        launch = runtime.launch_kernel_with_host_args
         task_id = runtime.last_task_id  # the runtime's id of what this thread just submitted
         #: the runtime's one call for a run of plain launches; None: launches go one by one
         launch_batch: LaunchBatch | None = getattr(runtime, "launch_batch", None)
@@ -346,20 +345,7 @@ class Submitter:
             if error is None:
                 try:
                     if type(req) is Launch:
-                        # Launch.submit, inlined: the hottest call of the submitter (the
-                        # bench's "(c) scheduler" row pays ~0.3 us more per launch without)
-                        addr = req.host.addr  # type: ignore[union-attr]
-                        count = req.placeholder_count
-                        launch(
-                            req.func,
-                            req.blocks,
-                            lane.handle,
-                            req.cfg,
-                            addr,
-                            req.nbytes,
-                            addr + req.table_offset if count else 0,
-                            count,
-                        )
+                        req.submit(runtime, lane.handle)
                         counters.launches += 1
                     else:
                         if req.host is None and req.staged:  # a big copy: staged aside
