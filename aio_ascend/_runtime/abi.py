@@ -84,6 +84,7 @@ __all__ = [
     "check_load_options",
     "check_memcpy",
     "check_num_blocks",
+    "launch_fields_fit",
     "check_placeholder_count",
     "check_placeholder_entries",
     "check_placeholder_table",
@@ -322,6 +323,38 @@ def check_timeout(func: str, timeout_ms: object) -> int:
     if timeout_ms > INT32_MAX:
         raise param_error(func, f"timeout_ms={timeout_ms} does not fit int32 (max {INT32_MAX})")
     return timeout_ms
+
+
+def launch_fields_fit(
+    func: object,
+    num_blocks: object,
+    stream: object,
+    args_addr: object,
+    args_size: object,
+    placeholders_addr: object,
+    placeholder_count: object,
+) -> bool:
+    """Whether every field of a host-args launch is a plain int in its range: the hot paths'
+    one question (the sim, the acl backend), answered by the same ranges that
+    :func:`check_num_blocks`, :func:`check_args` and :func:`check_placeholder_count` word one
+    by one; a caller calls those (or its own slow path) only when this says no. Handles are
+    only range-checked here: a backend looks them up."""
+    return (
+        type(func) is int
+        and type(num_blocks) is int
+        and type(stream) is int
+        and type(args_addr) is int
+        and type(args_size) is int
+        and type(placeholders_addr) is int
+        and type(placeholder_count) is int
+        and 0 <= func <= PTR_MAX
+        and 0 <= stream <= PTR_MAX
+        and 0 < args_addr <= PTR_MAX
+        and 0 <= placeholders_addr <= PTR_MAX
+        and 1 <= num_blocks <= MAX_NUM_BLOCKS
+        and 1 <= args_size <= UINT32_MAX
+        and 0 <= placeholder_count <= MAX_PLACEHOLDERS
+    )
 
 
 def check_num_blocks(func: str, num_blocks: object) -> int:

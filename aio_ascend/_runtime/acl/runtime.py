@@ -34,8 +34,6 @@ from ..abi import (
     ACL_RT_THREAD_LEVEL,
     ACL_STREAM_CAPACITY,
     INT32_MAX,
-    MAX_NUM_BLOCKS,
-    MAX_PLACEHOLDERS,
     PTR_MAX,
     SIZE_MAX,
     UINT32_MAX,
@@ -46,6 +44,7 @@ from ..abi import (
     check_load_options,
     check_memcpy,
     check_placeholder_table,
+    launch_fields_fit,
     param_error,
 )
 from ..base import FunctionInfo, LaunchBatch
@@ -666,24 +665,9 @@ class AclRuntime(AclGraphs):
         placeholders_addr: int,
         placeholder_count: int,
     ) -> None:
-        # inline of the abi checks' conditions (the launch path is the hot path: it runs once
-        # per kernel); anything outside them takes the slow path, which raises the shared errors
-        if not (
-            type(func) is int
-            and type(num_blocks) is int
-            and type(stream) is int
-            and type(args_addr) is int
-            and type(args_size) is int
-            and type(placeholders_addr) is int
-            and type(placeholder_count) is int
-            and 0 <= func <= PTR_MAX
-            and 0 <= stream <= PTR_MAX
-            and 0 < args_addr <= PTR_MAX
-            and 0 <= placeholders_addr <= PTR_MAX
-            and 1 <= num_blocks <= MAX_NUM_BLOCKS
-            and 1 <= args_size <= UINT32_MAX
-            and 0 <= placeholder_count <= MAX_PLACEHOLDERS
-        ):
+        if not launch_fields_fit(
+            func, num_blocks, stream, args_addr, args_size, placeholders_addr, placeholder_count
+        ):  # the slow path words the refusal (or converts numpy ints)
             func, num_blocks, stream, args_addr, args_size, placeholders_addr = _check_launch(
                 func,
                 num_blocks,

@@ -42,10 +42,6 @@ from ..abi import (
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
-    MAX_NUM_BLOCKS,
-    MAX_PLACEHOLDERS,
-    PTR_MAX,
-    UINT32_MAX,
     check_alloc_size,
     check_args,
     check_event_flags,
@@ -56,6 +52,7 @@ from ..abi import (
     check_placeholder_entries,
     check_table_addr,
     check_timeout,
+    launch_fields_fit,
     param_error,
 )
 from ..abi import hex_or_repr as _hex
@@ -627,20 +624,10 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         s = self._streams.get(stream)
         if s is None:
             raise self._bad_handle(name, f"stream {stream!r} is not a live stream")
-        if (
-            type(num_blocks) is not int
-            or not 0 < num_blocks <= MAX_NUM_BLOCKS
-            or type(args_addr) is not int
-            or not 0 < args_addr <= PTR_MAX
-            or type(args_size) is not int
-            or not 0 < args_size <= UINT32_MAX
-            or type(placeholder_count) is not int
-            or not 0 <= placeholder_count <= MAX_PLACEHOLDERS
-            or (cfg is not None and type(cfg) is not LaunchConfig)
-        ):
-            # The fast test above inlines abi's checks (the bench's "(a) raw runtime loop"
-            # pays ~0.5 us more per launch for the calls); they decide and word the refusal.
-            try:
+        if not launch_fields_fit(
+            func, num_blocks, stream, args_addr, args_size, placeholders_addr, placeholder_count
+        ) or (cfg is not None and type(cfg) is not LaunchConfig):
+            try:  # the checks that word the refusal
                 check_num_blocks(name, num_blocks)
                 if cfg is not None and not isinstance(cfg, LaunchConfig):
                     raise param_error(
