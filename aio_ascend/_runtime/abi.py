@@ -84,6 +84,7 @@ __all__ = [
     "check_load_options",
     "check_memcpy",
     "check_num_blocks",
+    "copy_fields_fit",
     "launch_fields_fit",
     "check_placeholder_count",
     "check_placeholder_entries",
@@ -484,6 +485,27 @@ def check_alloc_size(func: str, size: object) -> int:
         raise param_error(func, f"size={size!r}: expected an int in 1..{SIZE_MAX}")
     assert isinstance(size, int)
     return size
+
+
+def copy_fields_fit(
+    dst: object, dst_max: object, src: object, count: object, kind: object, stream: object
+) -> bool:
+    """Whether every field of an ``aclrtMemcpyAsync`` is a plain int in its range: the fast
+    question, answered by the ranges :func:`check_memcpy` words (the stream handle is only
+    range-checked)."""
+    return (
+        type(dst) is int
+        and type(dst_max) is int
+        and type(src) is int
+        and type(count) is int
+        and type(kind) is int
+        and type(stream) is int
+        and 0 < dst <= PTR_MAX
+        and 0 < src <= PTR_MAX
+        and 0 <= stream <= PTR_MAX
+        and 0 <= count <= dst_max <= SIZE_MAX
+        and ACL_MEMCPY_HOST_TO_DEVICE <= kind <= ACL_MEMCPY_DEVICE_TO_DEVICE
+    )
 
 
 def check_memcpy(

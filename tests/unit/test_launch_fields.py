@@ -13,10 +13,13 @@ from aio_ascend._runtime.abi import (
     MAX_NUM_BLOCKS,
     MAX_PLACEHOLDERS,
     PTR_MAX,
+    SIZE_MAX,
     UINT32_MAX,
     check_args,
+    check_memcpy,
     check_num_blocks,
     check_placeholder_count,
+    copy_fields_fit,
     launch_fields_fit,
 )
 
@@ -63,3 +66,29 @@ def test_handles_are_only_range_checked(func: int, stream: int, placeholders_add
     fits = launch_fields_fit(func, 1, stream, 0x1000, 64, placeholders_addr, 0)
     in_range = 0 <= func <= PTR_MAX and 0 <= stream <= PTR_MAX and placeholders_addr >= 0
     assert fits == in_range
+
+
+COPY_GOOD = {"dst": 0x1000, "dst_max": 64, "src": 0x2000, "count": 64, "kind": 1}
+COPY_EDGES = {
+    "dst": [0, 1, PTR_MAX, PTR_MAX + 1, None],
+    "dst_max": [63, 64, SIZE_MAX, SIZE_MAX + 1, -1],
+    "src": [0, PTR_MAX + 1, 2.0],
+    "count": [0, 64, 65, -1, True],
+    "kind": [0, 1, 2, 3, 4, np.int8(1)],
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"), [(n, v) for n, values in COPY_EDGES.items() for v in values]
+)
+def test_the_copy_question_and_its_worded_check_agree(name: str, value: object) -> None:
+    f = {**COPY_GOOD, name: value}
+    fits = copy_fields_fit(f["dst"], f["dst_max"], f["src"], f["count"], f["kind"], 0x30)
+    try:
+        check_memcpy("f", f["dst"], f["dst_max"], f["src"], f["count"], f["kind"])
+        worded = True
+    except InvalidParamError:
+        worded = False
+    except TypeError:  # a comparison the worded check cannot make (None > int)
+        worded = False
+    assert fits == (worded and not isinstance(value, np.integer))

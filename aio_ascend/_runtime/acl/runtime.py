@@ -29,8 +29,6 @@ from ..abi import (
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_MEM_MALLOC_HUGE_FIRST,
-    ACL_MEMCPY_DEVICE_TO_DEVICE,
-    ACL_MEMCPY_HOST_TO_DEVICE,
     ACL_RT_THREAD_LEVEL,
     ACL_STREAM_CAPACITY,
     INT32_MAX,
@@ -44,6 +42,7 @@ from ..abi import (
     check_load_options,
     check_memcpy,
     check_placeholder_table,
+    copy_fields_fit,
     launch_fields_fit,
     param_error,
 )
@@ -520,21 +519,8 @@ class AclRuntime(AclGraphs):
     def memcpy_async(
         self, dst: int, dst_max: int, src: int, count: int, kind: int, stream: int
     ) -> None:
-        # inline of abi.check_memcpy's conditions (the copy path is hot); the slow path below
-        # raises the shared errors
-        if not (
-            type(dst) is int
-            and type(dst_max) is int
-            and type(src) is int
-            and type(count) is int
-            and type(kind) is int
-            and type(stream) is int
-            and 0 < dst <= PTR_MAX
-            and 0 < src <= PTR_MAX
-            and 0 <= stream <= PTR_MAX
-            and 0 <= count <= dst_max <= SIZE_MAX
-            and ACL_MEMCPY_HOST_TO_DEVICE <= kind <= ACL_MEMCPY_DEVICE_TO_DEVICE
-        ):
+        if not copy_fields_fit(dst, dst_max, src, count, kind, stream):
+            # the slow path words the refusal (or converts numpy ints)
             dst, src, stream = _ptr("dst", dst), _ptr("src", src), _ptr("stream", stream)
             dst_max = _in_range("dst_max", dst_max, 0, SIZE_MAX)
             count = _in_range("count", count, 0, SIZE_MAX)
