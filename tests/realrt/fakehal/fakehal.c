@@ -722,6 +722,26 @@ DVresult drvMemDestroyAddr(struct DMA_ADDR* ptr)
     return DRV_ERROR_NONE;
 }
 
+/* The runtime's asynchronous copy of a launch's args to the device (npu_driver_mem.cc:2267-2278
+ * MemCopyAsyncEx over a drvMemConvertAddr descriptor, then halMemcpyWait): done at submit. */
+DVresult halMemcpySumbit(struct DMA_ADDR* dma_addr, int flag)
+{
+    (void)flag;
+    const struct fh_dma_desc* d = (dma_addr != NULL) ? dma_addr->phyAddr.src : NULL;
+    if (d == NULL || d->magic != FH_DMA_MAGIC) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    memmove((void*)d->dst, (const void*)d->src, d->len);
+    FH_TRACE("halMemcpySumbit %#lx -> %#lx (%zu bytes)", (unsigned long)d->src, (unsigned long)d->dst, d->len);
+    return DRV_ERROR_NONE;
+}
+
+DVresult halMemcpyWait(struct DMA_ADDR* dma_addr)
+{
+    (void)dma_addr;
+    return DRV_ERROR_NONE;
+}
+
 /* ---- ids ---------------------------------------------------------------------------- */
 
 drvError_t halResourceIdAlloc(uint32_t devId, struct halResourceIdInputInfo* in, struct halResourceIdOutputInfo* out)
