@@ -153,6 +153,8 @@ class FakeHal:
         cdll.aio_fakehal_device_bytes.restype = ctypes.c_size_t
         cdll.aio_fakehal_live_sqs.restype = ctypes.c_uint
         cdll.aio_fakehal_unread_cqes.restype = ctypes.c_uint
+        cdll.aio_fakehal_unread_cqes_of.restype = ctypes.c_uint
+        cdll.aio_fakehal_unread_cqes_of.argtypes = (ctypes.c_int,)
         cdll.aio_fakehal_launch_count.restype = ctypes.c_uint64
         cdll.aio_fakehal_last_launch.restype = ctypes.c_uint32
         cdll.aio_fakehal_last_launch.argtypes = (
@@ -193,8 +195,11 @@ class FakeHal:
         """Bytes of device memory allocated now."""
         return int(self._cdll.aio_fakehal_device_bytes())
 
-    def unread_completions(self) -> int:
-        """CQEs the driver wrote that the runtime has not read yet."""
+    def unread_completions(self, stream: int | None = None) -> int:
+        """CQEs the driver wrote that the runtime has not read yet (of the runtime stream
+        ``stream``, an ``aclrtStream``, when given)."""
+        if stream is not None:
+            return int(self._cdll.aio_fakehal_unread_cqes_of(stream_id(stream)))
         return int(self._cdll.aio_fakehal_unread_cqes())
 
     def launch_count(self) -> int:

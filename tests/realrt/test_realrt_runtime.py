@@ -294,7 +294,7 @@ def test_an_error_completion_fails_the_synchronize_then_the_stream_runs_on(
     # together with the error CQE, it hid the error in ~1 of 10 runs of this file (not yet
     # understood). A second synchronize reads it (our driver says a CQE waits).
     rt.synchronize_stream(stream, SYNC_MS)
-    assert hal.unread_completions() == 0
+    assert hal.unread_completions(stream) == 0
     hal.fail_next(stream, error_type=1, error_code=1)
     rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)
     with pytest.raises(RuntimeAPIError) as caught:

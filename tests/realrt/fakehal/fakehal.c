@@ -397,6 +397,22 @@ FH_EXPORT unsigned aio_fakehal_unread_cqes(void)
     return n;
 }
 
+/* CQEs written for the runtime stream `stream_id` (what its SQE headers carry) and not read
+ * yet: a stream's own count, which CQEs of earlier runtimes' streams do not disturb. */
+FH_EXPORT unsigned aio_fakehal_unread_cqes_of(int stream_id)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (unsigned i = 0; i < FH_MAX_CQ; i++) {
+        const struct fh_cq* cq = &g_cq[i];
+        for (uint32_t k = 0; cq->valid && k < cq->count; k++) {
+            n += (cq->ring[(cq->head + k) % cq->depth].stream_id == (uint16_t)stream_id) ? 1U : 0U;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 /* Bytes of device memory allocated now. */
 FH_EXPORT size_t aio_fakehal_device_bytes(void)
 {
