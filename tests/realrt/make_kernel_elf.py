@@ -59,7 +59,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["KERNELS", "MARKER", "Kernel", "kernel_elf", "write_kernel_elf"]
+__all__ = ["KERNELS", "MARKER", "SAMPLE_KERNELS", "Kernel", "kernel_elf", "write_kernel_elf"]
 
 #: the first 8 bytes of every kernel's code: the fake driver's way back to the name
 MARKER = b"AIOKERN1"
@@ -85,11 +85,17 @@ EM_NONE = 0  # anything but 183 (program.cc:950)
 @dataclass(frozen=True)
 class Kernel:
     """One kernel: its name, its parameters' sizes in order, whether it is a MIX kernel (a
-    cube and a vector half, ``<name>_mix_aic`` + ``<name>_mix_aiv``)."""
+    cube and a vector half, ``<name>_mix_aic`` + ``<name>_mix_aiv``), and the host function
+    the fake driver runs for it (its marker; the kernel's name by default)."""
 
     name: str
     params: tuple[int, ...]
     mix: bool = False
+    host: str = ""
+
+    @property
+    def marker_name(self) -> str:
+        return self.host or self.name
 
 
 #: the sim's built-in kernels (``aio_ascend/_runtime/sim/kernels.py``) with their parameters,
@@ -105,6 +111,16 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("noop", ()),
     Kernel("mix_vector_add", (8, 8, 8, 4), mix=True),
 )
+
+#: the kernels of the two hicann/runtime samples rewritten in ``examples/``: ``add_custom``
+#: (``acl_launch_kernel.py``: float16 z = x + y; placeholder mode takes the tiling values
+#: behind two more pointers, simple mode only the three pointers) and ``LongOPf``/``ShortOPf``
+#: (``acl_multi_stream.py``)
+SAMPLE_KERNELS: dict[str, tuple[Kernel, ...]] = {
+    "add_custom_placeholder": (Kernel("add_custom", (8, 8, 8, 8, 8)),),
+    "add_custom_simple": (Kernel("add_custom", (8, 8, 8), host="add_custom_simple"),),
+    "multi_stream": (Kernel("LongOPf", (8,)), Kernel("ShortOPf", (8,))),
+}
 
 
 def _tlv(kind: int, value: bytes) -> bytes:
@@ -149,7 +165,8 @@ def kernel_elf(kernels: tuple[Kernel, ...] = KERNELS) -> bytes:
     """The object's bytes."""
     symbols = _symbols(kernels)
     text = b"".join(
-        (MARKER + kernel.name.encode()).ljust(CODE_SIZE, b"\0") for _, kernel, _ in symbols
+        (MARKER + kernel.marker_name.encode()).ljust(CODE_SIZE, b"\0")
+        for _, kernel, _ in symbols
     )
     entries = {kernel.name: index + 1 for index, kernel in enumerate(kernels)}
     # sections: (name, type, flags, data, link, info, align, entsize)

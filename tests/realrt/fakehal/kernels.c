@@ -158,10 +158,122 @@ static void k_matmul(struct fk_args* a)
     }
 }
 
+/* IEEE half <-> float, as numpy's float16 arithmetic does it (compute in float, round to
+ * nearest even) */
+static float fk_half_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000U) << 16;
+    uint32_t exp = (h >> 10) & 0x1FU;
+    uint32_t man = h & 0x3FFU;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while ((man & 0x400U) == 0) {
+                man <<= 1;
+                exp--;
+            }
+            man &= 0x3FFU;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 0x1FU) {
+        bits = sign | 0x7F800000U | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static uint16_t fk_float_to_half(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000U);
+    uint32_t absx = x & 0x7FFFFFFFU;
+    if (absx >= 0x7F800000U) { /* inf or nan */
+        return (uint16_t)(sign | 0x7C00U | ((absx > 0x7F800000U) ? 0x200U : 0U));
+    }
+    if (absx >= 0x477FF000U) { /* rounds past the largest half */
+        return (uint16_t)(sign | 0x7C00U);
+    }
+    if (absx < 0x38800000U) { /* subnormal half (or zero) */
+        float af;
+        memcpy(&af, &absx, 4);
+        float scaled = af * 16777216.0f; /* 2^24: one unit of the smallest subnormal */
+        uint32_t m = (uint32_t)scaled;
+        float rest = scaled - (float)m;
+        if (rest > 0.5f || (rest == 0.5f && (m & 1U))) {
+            m++;
+        }
+        return (uint16_t)(sign | m);
+    }
+    uint32_t exp = ((absx >> 23) - 127 + 15);
+    uint32_t man = absx & 0x7FFFFFU;
+    uint32_t half = (exp << 10) | (man >> 13);
+    uint32_t rest = man & 0x1FFFU;
+    if (rest > 0x1000U || (rest == 0x1000U && (half & 1U))) {
+        half++; /* may carry into the exponent, which is still right */
+    }
+    return (uint16_t)(sign | half);
+}
+
+/* add_custom (examples/acl_launch_kernel.py): z = x + y on `total` float16 values, when tiles */
+static void k_add_custom(struct fk_args* a, int placeholder)
+{
+    uint64_t x = fk_u64(a, 0), y = fk_u64(a, 8), z = fk_u64(a, 16);
+    int32_t total = 8 * 2048, tiles = 8; /* simple mode: the kernel's constants */
+    if (placeholder) {
+        uint64_t pt = fk_u64(a, 24), pn = fk_u64(a, 32);
+        if (a->bad || !fh_valid_range((uintptr_t)pt, 4) || !fh_valid_range((uintptr_t)pn, 4)) {
+            a->bad = 1;
+            return;
+        }
+        memcpy(&total, (const void*)(uintptr_t)pt, 4);
+        memcpy(&tiles, (const void*)(uintptr_t)pn, 4);
+    }
+    if (a->bad || total <= 0 || tiles == 0) {
+        return;
+    }
+    size_t bytes = (size_t)total * 2;
+    if (!fh_valid_range((uintptr_t)x, bytes) || !fh_valid_range((uintptr_t)y, bytes) ||
+        !fh_valid_range((uintptr_t)z, bytes)) {
+        a->bad = 1;
+        return;
+    }
+    const uint16_t* xs = (const uint16_t*)(uintptr_t)x;
+    const uint16_t* ys = (const uint16_t*)(uintptr_t)y;
+    uint16_t* zs = (uint16_t*)(uintptr_t)z;
+    for (int32_t i = 0; i < total; i++) {
+        zs[i] = fk_float_to_half(fk_half_to_float(xs[i]) + fk_half_to_float(ys[i]));
+    }
+}
+
+/* LongOPf / ShortOPf (examples/acl_multi_stream.py): x[block] += 1 after a long computation
+ * (FK_LONG_OP_US here), x[block] *= 2 */
+#define FK_LONG_OP_US 300000U
+static void k_long_short(struct fk_args* a, uint32_t block_dim, int is_long)
+{
+    uint64_t x = fk_u64(a, 0);
+    if (a->bad || block_dim == 0 || !fh_valid_range((uintptr_t)x, (size_t)block_dim * 4)) {
+        a->bad = 1;
+        return;
+    }
+    uint32_t* xs = (uint32_t*)(uintptr_t)x;
+    if (is_long) {
+        usleep(FK_LONG_OP_US);
+    }
+    for (uint32_t b = 0; b < block_dim; b++) {
+        xs[b] = is_long ? xs[b] + 1U : xs[b] * 2U;
+    }
+}
+
 struct fh_kernel_result fh_run_kernel(uint32_t sq_id, const char* name, const uint8_t* args, size_t args_len,
                                       uint32_t block_dim, int mix)
 {
-    (void)block_dim;
     struct fh_kernel_result r = {0, 0};
     struct fk_args a = {args, args_len, 0};
     if (strcmp(name, "vector_add") == 0) {
@@ -188,6 +300,14 @@ struct fh_kernel_result fh_run_kernel(uint32_t sq_id, const char* name, const ui
         fh_hang_until_stopped(sq_id);
     } else if (strcmp(name, "noop") == 0) {
         /* nothing */
+    } else if (strcmp(name, "add_custom") == 0) {
+        k_add_custom(&a, 1);
+    } else if (strcmp(name, "add_custom_simple") == 0) {
+        k_add_custom(&a, 0);
+    } else if (strcmp(name, "LongOPf") == 0) {
+        k_long_short(&a, block_dim, 1);
+    } else if (strcmp(name, "ShortOPf") == 0) {
+        k_long_short(&a, block_dim, 0);
     } else {
         a.bad = 1; /* no host function for this kernel */
     }
