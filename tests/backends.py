@@ -112,8 +112,8 @@ REALRT_DIVERGENCES = {
     "test_a_thread_needs_set_current_context": "aclGetRecentErrMsg is empty in another thread",
     "test_a_captured_copy_reads_its_pinned_source_at_each_replay": "stale source on replay",
     "test_unknown_kernel_name_is_symbol_not_found": (
-        "aclrtBinaryGetFunction answers 107000 for an unknown name, not 107042 (api_impl.cc:992-996 "
-        "turns every lookup failure into RT_ERROR_INVALID_VALUE)"
+        "aclrtBinaryGetFunction answers 107000 for an unknown name, not 107042 "
+        "(api_impl.cc:992-996 turns every lookup failure into RT_ERROR_INVALID_VALUE)"
     ),
     "test_captured_work_runs_only_when_replayed": (
         "fake driver: a captured task runs when the runtime puts it on the model stream's queue "

@@ -165,8 +165,7 @@ def kernel_elf(kernels: tuple[Kernel, ...] = KERNELS) -> bytes:
     """The object's bytes."""
     symbols = _symbols(kernels)
     text = b"".join(
-        (MARKER + kernel.marker_name.encode()).ljust(CODE_SIZE, b"\0")
-        for _, kernel, _ in symbols
+        (MARKER + kernel.marker_name.encode()).ljust(CODE_SIZE, b"\0") for _, kernel, _ in symbols
     )
     entries = {kernel.name: index + 1 for index, kernel in enumerate(kernels)}
     # sections: (name, type, flags, data, link, info, align, entsize)
@@ -218,7 +217,20 @@ def kernel_elf(kernels: tuple[Kernel, ...] = KERNELS) -> bytes:
     # e_type ET_REL, e_machine, e_version, e_entry, e_phoff, e_shoff, e_flags, e_ehsize,
     # e_phentsize, e_phnum, e_shentsize, e_shnum, e_shstrndx
     blob[0:64] = ident + struct.pack(
-        "<HHIQQQIHHHHHH", 1, EM_NONE, 1, 0, 0, shoff, 0, 64, 0, 0, 64, len(headers), len(headers) - 1
+        "<HHIQQQIHHHHHH",
+        1,
+        EM_NONE,
+        1,
+        0,
+        0,
+        shoff,
+        0,
+        64,
+        0,
+        0,
+        64,
+        len(headers),
+        len(headers) - 1,
     )
     return bytes(blob)
 

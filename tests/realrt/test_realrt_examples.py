@@ -32,7 +32,9 @@ def test_acl_launch_kernel_sample(
 ) -> None:
     library = realrt_library()
     fakehal().reset()
-    kernel = write_kernel_elf(tmp_path / f"add_custom_{mode}.o", SAMPLE_KERNELS[f"add_custom_{mode}"])
+    kernel = write_kernel_elf(
+        tmp_path / f"add_custom_{mode}.o", SAMPLE_KERNELS[f"add_custom_{mode}"]
+    )
     argv = ["--mode", mode, "--backend", "acl", "--library", str(library), "--kernel", str(kernel)]
     assert _load("acl_launch_kernel").main(argv) == 0
     out = capsys.readouterr().out
