@@ -186,8 +186,11 @@ def test_the_probe_finds_the_hidden_arguments(rt: Any) -> None:
     plain = rt.function_info(rt.get_function(binary, "vector_add"))
     assert plain.prefix == ()
     assert plain.suffix == (overflow.value,)
+    sync = ctypes.c_void_p()
+    rt._fn["aclrtGetHardwareSyncAddr"](ctypes.byref(sync))
+    assert sync.value  # our driver maps the C2C control register (halMemCtl ADDR_MAP)
     mix = rt.function_info(rt.get_function(binary, "mix_vector_add"))
-    assert len(mix.prefix) == 1
+    assert mix.prefix == (sync.value,)
     assert mix.suffix == (overflow.value,)
 
 
@@ -276,7 +279,9 @@ def test_a_mix_kernel_goes_as_an_ffts_plus_task(kit: Kit, hal: FakeHal) -> None:
     launch = hal.last_launch()
     assert (launch.name, launch.mix, launch.block_dim) == ("mix_vector_add", True, 2)
     assert launch.args == image
-    assert u64(launch.args, 8) == x
+    sync = ctypes.c_void_p()
+    kit.rt._fn["aclrtGetHardwareSyncAddr"](ctypes.byref(sync))
+    assert (u64(launch.args, 0), u64(launch.args, 8)) == (sync.value, x)
 
 
 def test_the_args_handle_path_runs_on_the_real_runtime(kit: Kit, hal: FakeHal) -> None:
