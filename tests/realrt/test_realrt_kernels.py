@@ -261,6 +261,7 @@ def test_the_device_sees_the_library_image(kit: Kit, hal: FakeHal) -> None:
     n = 4
     x, y, z = (kit.upload(np.ones(n, F32)) for _ in range(3))
     image = kit.launch("vector_add", HostArgs().ptr(x).ptr(y).ptr(z).u32(n))
+    kit.rt.synchronize_stream(kit.stream, SYNC_MS)
     args = hal.last_launch().args
     assert args[: len(image)] == image
     suffix = kit.rt.function_info(kit.fn("vector_add")).suffix
