@@ -104,7 +104,7 @@ _LATE_KERNEL_FAULT = (
     "ringbuffer (~5 s: device_error_proc.cc:640-683); the synchronize right after succeeds"
 )
 
-#: contract tests the real runtime answers differently (findings, docs/cann-support.md §13.2):
+#: contract tests the real runtime answers differently (findings, docs/cann-support.md §13.3):
 #: test name -> what the real runtime does
 REALRT_DIVERGENCES = {
     "test_never_recorded_ex_event_is_complete": "CreateEventExWithFlag: 107000",
@@ -125,7 +125,7 @@ REALRT_DIVERGENCES = {
 
 
 #: contract cases the real runtime cannot run at all, because the call would crash the process
-#: (docs/cann-support.md §13.2): test id -> why. Skipped, not xfailed.
+#: (docs/cann-support.md §13.3): test id -> why. Skipped, not xfailed.
 REALRT_CRASHES = {
     f"test_bad_launch_inputs_are_rejected[realrt-{case}]": (
         f"{what} handle that was never created: the runtime reads the object behind it to "
