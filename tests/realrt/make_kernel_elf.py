@@ -33,9 +33,13 @@ paths below relative to ``src/runtime/core``). What it requires, and what this w
   - ``RT_FUNCTION_TYPE_DFX_TYPE`` (4): its nested TLVs are **big endian** with lengths in
     8-byte units (``elf.cc:529-566``); the kernel's user parameter count, the most
     ``aclrtKernelArgsAppend`` accepts (``api_impl.cc:8515-8526``), is 1 (reserved for the
-    overflow slot, ``elf.cc:542``) plus one per ``RT_FUNCTION_TYPE_DFX_ARG_INFO`` (5) entry.
-    Without it a kernel that has a meta section gets 0 (its ``ElfKernelInfo`` is
-    value-initialised and ``elf.cc:1158`` copies it), and every ``Append`` is refused;
+    overflow slot, ``elf.cc:542``) plus one per ``RT_FUNCTION_TYPE_DFX_ARG_INFO`` (5) entry
+    that fits in the TLV's length less 4 bytes (``elf.cc:539``: there the length is taken to
+    include the head, unlike ``elf.cc:748``, so the last entry never counts). With one entry
+    per parameter, as here, the count is the parameter count; an empty DFX TLV leaves it 0
+    (``elf.cc:534-536``), and so does no DFX TLV for a kernel that has a meta section (its
+    ``ElfKernelInfo`` is value-initialised and ``elf.cc:1158`` copies it): every ``Append``
+    is then refused, which the library's probe reads as "no parameters";
   - ``RT_FUNCTION_TYPE_FUNCTION_ENTRY_INFO`` (14): flag 0 and a distinct ``uint64`` entry
     (``elf.cc:703-714``, ``elf.cc:1056-1075``), the key the kernel is filed under in the
     program's kernel table (``program.cc:1130-1160``, ``program.cc:1693-1712``); without it the
