@@ -419,4 +419,3 @@ def test_a_kernel_reading_unallocated_memory_faults(kit: Kit) -> None:
 def test_the_kernel_object_is_written_once(tmp_path: Path) -> None:
     assert kernel_binary() == kernel_binary()
     assert kernel_binary().read_bytes() == kernel_elf()
-
