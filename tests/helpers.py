@@ -51,14 +51,10 @@ def open_backend(backend: str, device_id: int = 0, **kwargs: Any) -> Any:
         options = {"library_path": str(library), **kwargs.pop("runtime_options", {})}
         return aa.open_device(device_id, backend="acl", runtime_options=options, **kwargs)
     if backend == "acl" or backend.startswith("acl-"):
-        import os
-
-        from doubles.acl_double import DEFAULT_PERSONA, build_double
-
-        from aio_ascend._runtime.acl.runtime import ENV_BUILTINS
+        from doubles.acl_double import DEFAULT_PERSONA, build_double, use_double_builtins
 
         built = build_double(backend.partition("-")[2] or DEFAULT_PERSONA)
-        os.environ.setdefault(ENV_BUILTINS, str(built.builtins))
+        use_double_builtins(built)
         options = {"library_path": str(built.library), **kwargs.pop("runtime_options", {})}
         return aa.open_device(device_id, backend="acl", runtime_options=options, **kwargs)
     return aa.open_device(device_id, backend=backend, **kwargs)
