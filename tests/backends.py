@@ -151,7 +151,7 @@ def skip_without_kernels(runtime: Runtime) -> None:
     """Skip the running test when ``runtime``'s backend cannot load kernels yet."""
     real = str(getattr(runtime, "library_path", "")).endswith("libacl_rt.so")
     if real and REAL_RUNTIME & NO_KERNELS:
-        pytest.skip("needs a kernel: the real runtime's loader needs a device ELF (realrt part 2)")
+        pytest.skip("needs a kernel: the real runtime has no kernel object here")
 
 
 def _open_cuda() -> Runtime:
