@@ -179,7 +179,7 @@ def test_parameters_are_the_objects(rt: Any, kernel: Any) -> None:
 
 def test_the_probe_finds_the_hidden_arguments(rt: Any) -> None:
     """A plain AIV kernel: no slot in front, the overflow slot after its parameters; a MIX
-    kernel: the inter-core sync slot in front too (program.cc:1094-1111 SetKernelAttribute)."""
+    kernel: the inter-core sync slot in front too (program.cc:1105-1120 SetKernelAttribute)."""
     binary = rt.load_binary(None)
     overflow = ctypes.c_void_p()
     rt._fn["aclrtCtxGetFloatOverflowAddr"](ctypes.byref(overflow))

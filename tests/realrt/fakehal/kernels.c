@@ -6,7 +6,7 @@
  * A kernel reads its arguments where the device would: at the args address of the SQE, which
  * is the buffer the runtime built (its system slots included). A plain AIV kernel's parameters
  * start at offset 0 (the runtime puts no slot in front of them:
- * src/runtime/core/src/kernel/program.cc:1094-1111 adds the inter-core sync slot only for a
+ * src/runtime/core/src/kernel/program.cc:1105-1120 adds the inter-core sync slot only for a
  * kernel with cross-core sync or a MIX kernel); a MIX kernel's first slot is that sync address
  * (api_impl.cc KernelArgsFinalize writes it at offset 0), its parameters follow.
  *
