@@ -13,15 +13,18 @@
  *   context): the PC address of a launch points at the kernel's code the runtime copied to
  *   device memory at load, where tests/realrt/make_kernel_elf.py put a marker with the kernel's
  *   name; the host function of that name (kernels.c) runs over the args the runtime built.
- *   Anything else completes without effect. After each SQE the SQ
- *   head moves (what the runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a
- *   completion (CQE) is queued for the stream's logic CQ, read by halCqReportRecv;
+ *   Anything else completes without effect. After each SQE the SQ head moves (what the
+ *   runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a completion (CQE) is
+ *   queued for the stream's logic CQ, read by halCqReportRecv;
  * - controls for tests, exported as C functions (ctypes): a delay per SQE, an error completion
- *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters.
+ *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters, and the
+ *   last kernel launch as the device saw it (name, blocks, args buffer).
  *
  * Every other symbol of the public headers comes from a stub generated from them
  * (cmake/stub/h2c.py of the runtime: `return 0`), linked in with weak symbols, so what is not
- * modelled answers "success, nothing to report" as the runtime's own unit-test stub does.
+ * modelled answers "success, nothing to report" as the runtime's own unit-test stub does. A
+ * function the headers declare ASCEND_HAL_WEAK stays weak when defined here, and the stub's
+ * wins: such functions are defined in files without the driver headers (memctl.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
