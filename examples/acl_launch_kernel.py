@@ -80,7 +80,7 @@ def kernel_args(
     return args
 
 
-async def run(mode: str, backend: str, kernel: str | None) -> bool:
+async def run(mode: str, backend: str, kernel: str | None, library: str | None = None) -> bool:
     rng = np.random.default_rng(0)
     # gen_data.py: uniform(1, 100), float16, shape [8, 2048]; golden = x + y in float16
     x = rng.uniform(1, 100, [8, 2048]).astype(np.float16)
@@ -89,7 +89,8 @@ async def run(mode: str, backend: str, kernel: str | None) -> bool:
     nbytes = x.nbytes
 
     # aclInit, aclrtSetDevice, aclrtCreateStream (and everything released on the way out)
-    async with aa.open_device(0, backend=backend) as dev, dev.stream() as s:
+    options = {"runtime_options": {"library_path": library}} if library else {}
+    async with aa.open_device(0, backend=backend, **options) as dev, dev.stream() as s:
         # aclrtMalloc x3 (no aclrtMallocHost: copies stage through the library's pinned pool)
         x_dev, y_dev, z_dev = dev.malloc(nbytes), dev.malloc(nbytes), dev.malloc(nbytes)
         # ReadFile + aclrtMemcpy host to device
@@ -127,8 +128,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--kernel", help="an add_custom kernel binary (.o) to load instead of the sim's kernel"
     )
+    parser.add_argument(
+        "--library", help="the ACL library to load (--backend acl), e.g. a CANN runtime's .so"
+    )
     args = parser.parse_args(argv)
-    return 0 if anyio.run(run, args.mode, args.backend, args.kernel) else 1
+    return 0 if anyio.run(run, args.mode, args.backend, args.kernel, args.library) else 1
 
 
 if __name__ == "__main__":

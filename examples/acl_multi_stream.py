@@ -107,15 +107,18 @@ async def event_synchronization(dev: aa.Device, module: aa.Module, wait_s: float
     return int(answer)
 
 
-async def run(backend: str, kernels: str | None, long_s: float, wait_s: float) -> bool:
+async def run(
+    backend: str, kernels: str | None, long_s: float, wait_s: float, library: str | None = None
+) -> bool:
     LONG_SECONDS[0] = long_s
+    options = {"runtime_options": {"library_path": library}} if library else {}
     answers = []
     # aclInit + aclrtSetDevice + aclrtCreateContext (the device's own context, bound only
     # around each short call on this thread)
-    async with aa.open_device(0, backend=backend) as dev:
+    async with aa.open_device(0, backend=backend, **options) as dev:
         module = dev.load_module(kernels if kernels else KERNELS)
         answers.append(await stream_synchronization(dev, module))
-    async with aa.open_device(0, backend=backend) as dev:
+    async with aa.open_device(0, backend=backend, **options) as dev:
         module = dev.load_module(kernels if kernels else KERNELS)
         answers.append(await event_synchronization(dev, module, wait_s))
     # leaving the block: aclrtDestroyEvent/Stream, aclrtFree, aclrtDestroyContext,
@@ -133,8 +136,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kernels", help="a kernel binary with LongOPf and ShortOPf (.o)")
     parser.add_argument("--long-ms", type=float, default=2000.0, help="LongOP on the sim (ms)")
     parser.add_argument("--wait-ms", type=float, default=1000.0, help="the bounded wait (ms)")
+    parser.add_argument(
+        "--library", help="the ACL library to load (--backend acl), e.g. a CANN runtime's .so"
+    )
     args = parser.parse_args(argv)
-    ok = anyio.run(run, args.backend, args.kernels, args.long_ms / 1e3, args.wait_ms / 1e3)
+    ok = anyio.run(
+        run, args.backend, args.kernels, args.long_ms / 1e3, args.wait_ms / 1e3, args.library
+    )
     return 0 if ok else 1
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "DEFAULT_PERSONA",
     "PERSONAS",
     "PERSONA_SYMBOLS",
+    "REALRT_KERNELS_MARK",
     "USABLE_PERSONAS",
     "Call",
     "DoubleControl",
@@ -58,6 +59,7 @@ __all__ = [
     "double_control",
     "native_extension",
     "open_double_runtime",
+    "use_double_builtins",
 ]
 
 SOURCE = Path(__file__).resolve().parent / "acl_double.c"
@@ -189,10 +191,23 @@ def _build(define: str) -> Built:
         return built
 
 
+#: what names the kernel object of the real-runtime fixture (tests/realrt/fixture.py), which
+#: its opens point ``$AIO_ASCEND_ACL_BUILTINS`` at: the double's built-ins replace it
+REALRT_KERNELS_MARK = "aio_ascend_realrt_kernels_"
+
+
+def use_double_builtins(built: Built) -> None:
+    """Point ``$AIO_ASCEND_ACL_BUILTINS`` at the double's built-ins unless a test set it (the
+    real-runtime fixture's kernel object, left by an earlier test, is replaced)."""
+    current = os.environ.get(ENV_BUILTINS, "")
+    if not current or REALRT_KERNELS_MARK in current:
+        os.environ[ENV_BUILTINS] = str(built.builtins)
+
+
 def open_double_runtime(device_id: int = 0, persona: str = DEFAULT_PERSONA) -> AclRuntime:
     """The real ``acl`` backend opened on the test double (the contract-suite factory)."""
     built = build_double(persona)
-    os.environ.setdefault(ENV_BUILTINS, str(built.builtins))
+    use_double_builtins(built)
     return open_acl_runtime(device_id, library_path=built.library)
 
 

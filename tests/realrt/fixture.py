@@ -8,13 +8,22 @@ else as the newest complete build in ``$AIO_ASCEND_REALRT_CACHE`` (default
 here starts the build: without one, every user skips with :data:`NOT_BUILT`.
 
 ``FakeHal`` wraps the driver's test controls (C functions, ``aio_fakehal_*``).
+
+Kernels: :func:`kernel_binary` writes the object of ``make_kernel_elf.py`` (the sim's built-in
+kernels and one MIX kernel, whose launches the fake driver runs on the host) once per session;
+every open points ``$AIO_ASCEND_ACL_BUILTINS`` at it, so that ``load_binary(None)`` (and the
+scheduler's built-in kernels) load it through the real loader.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import os
+import shutil
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +33,11 @@ __all__ = [
     "ENV_LIB",
     "NOT_BUILT",
     "FakeHal",
+    "Launch",
     "fakehal",
     "find_library_dir",
+    "kernel_binary",
+    "use_kernel_binary",
     "open_realrt_runtime",
     "realrt_library",
     "require_library_dir",
@@ -87,6 +99,43 @@ def realrt_library() -> Path:
     return lib_dir / "libacl_rt.so"
 
 
+_kernels: list[Path] = []
+
+
+def kernel_binary() -> Path:
+    """The kernel object of ``make_kernel_elf.py``, written once per session (a temp folder)."""
+    if not _kernels:
+        from realrt.make_kernel_elf import write_kernel_elf
+
+        home = Path(tempfile.mkdtemp(prefix="aio_ascend_realrt_kernels_"))
+        atexit.register(shutil.rmtree, home, True)
+        _kernels.append(write_kernel_elf(home / "kernels.o"))
+    return _kernels[0]
+
+
+def use_kernel_binary() -> Path:
+    """Point ``$AIO_ASCEND_ACL_BUILTINS`` (``load_binary(None)``) at :func:`kernel_binary`."""
+    from aio_ascend._runtime.acl.runtime import ENV_BUILTINS
+
+    path = kernel_binary()
+    os.environ[ENV_BUILTINS] = str(path)
+    return path
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A kernel launch as the fake device ran it (``aio_fakehal_last_launch``)."""
+
+    name: str
+    block_dim: int
+    stream_id: int
+    task_id: int
+    mix: bool
+    pc: int
+    args_addr: int
+    args: bytes  # the first bytes of the args buffer the runtime built (all of it for MIX)
+
+
 class FakeHal:
     """The fake driver's test controls (``tests/realrt/fakehal/fakehal.c``)."""
 
@@ -104,6 +153,17 @@ class FakeHal:
         cdll.aio_fakehal_device_bytes.restype = ctypes.c_size_t
         cdll.aio_fakehal_live_sqs.restype = ctypes.c_uint
         cdll.aio_fakehal_unread_cqes.restype = ctypes.c_uint
+        cdll.aio_fakehal_unread_cqes_of.restype = ctypes.c_uint
+        cdll.aio_fakehal_unread_cqes_of.argtypes = (ctypes.c_int,)
+        cdll.aio_fakehal_launch_count.restype = ctypes.c_uint64
+        cdll.aio_fakehal_last_launch.restype = ctypes.c_uint32
+        cdll.aio_fakehal_last_launch.argtypes = (
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.POINTER(ctypes.c_uint64),
+        )
 
     def set_delay_us(self, microseconds: int) -> None:
         """Every SQE takes at least this long on the device (0: none)."""
@@ -135,9 +195,33 @@ class FakeHal:
         """Bytes of device memory allocated now."""
         return int(self._cdll.aio_fakehal_device_bytes())
 
-    def unread_completions(self) -> int:
-        """CQEs the driver wrote that the runtime has not read yet."""
+    def unread_completions(self, stream: int | None = None) -> int:
+        """CQEs the driver wrote that the runtime has not read yet (of the runtime stream
+        ``stream``, an ``aclrtStream``, when given)."""
+        if stream is not None:
+            return int(self._cdll.aio_fakehal_unread_cqes_of(stream_id(stream)))
         return int(self._cdll.aio_fakehal_unread_cqes())
+
+    def launch_count(self) -> int:
+        """Kernel launches the device has run (those of our kernel object)."""
+        return int(self._cdll.aio_fakehal_launch_count())
+
+    def last_launch(self) -> Launch:
+        """The last kernel launch the device ran."""
+        name = ctypes.create_string_buffer(64)
+        args = ctypes.create_string_buffer(512)
+        info = (ctypes.c_uint64 * 6)()
+        n = self._cdll.aio_fakehal_last_launch(name, 64, args, 512, info)
+        return Launch(
+            name.value.decode(),
+            int(info[0]),
+            int(info[1]),
+            int(info[2]),
+            bool(info[3]),
+            int(info[4]),
+            int(info[5]),
+            args.raw[:n],
+        )
 
     def live_queues(self) -> int:
         """Submission queues allocated now."""
@@ -174,4 +258,5 @@ def open_realrt_runtime(**options: Any) -> Any:
 
     library = realrt_library()
     fakehal().reset()
+    use_kernel_binary()
     return open_acl_runtime(0, library_path=library, **options)

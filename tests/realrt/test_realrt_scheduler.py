@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from realrt.fixture import FakeHal, fakehal, realrt_library
+from realrt.fixture import FakeHal, fakehal, realrt_library, use_kernel_binary
 
 import aio_ascend as aa
 from aio_ascend._errors import TaskTimeoutError
@@ -24,6 +24,7 @@ pytestmark = [pytest.mark.realrt, pytest.mark.anyio]
 def open_realrt(**kwargs: Any) -> Any:
     library = realrt_library()
     fakehal().reset()
+    use_kernel_binary()
     options = {"library_path": str(library), **kwargs.pop("runtime_options", {})}
     return aa.open_device(0, backend="acl", runtime_options=options, **kwargs)
 
@@ -193,3 +194,25 @@ async def test_device_close_with_a_timeout_over_a_stuck_stream(
         await task
     hal.reset()
     assert hal.live_queues() <= before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=TaskTimeoutError,
+    reason="real runtime: a kernel's error CQE is handled on the runtime's monitor thread "
+    "(~5 s here, docs/cann-support.md §13.1) and never reaches an event query; the tasks "
+    "completed by the event after it, the faulting one included, end in the watchdog's "
+    "TaskTimeoutError instead of the fault",
+)
+async def test_a_faulting_kernel_fails_its_task(anyio_backend: object, hal: FakeHal) -> None:
+    """The ``fault`` kernel's error completion should fail the task that launched it with the
+    runtime's fault (507035), and the task launched before it should complete."""
+    async with open_realrt(task_timeout=8.0) as dev:
+        s = dev.stream()
+        before = await s.launch(dev.function("noop"), 1, aa.HostArgs())
+        faulting = await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(0))
+        with anyio.fail_after(30):
+            await before
+            with pytest.raises(aa.DeviceFaultError) as caught:
+                await faulting
+        assert caught.value.code == 507035

@@ -25,7 +25,7 @@ import aio_ascend as aa
 pytestmark = pytest.mark.anyio
 
 F32 = np.float32
-API_BACKENDS = ("sim", "acl", "cuda-fake", "cuda")
+API_BACKENDS = ("sim", "acl", "cuda-fake", "cuda", "realrt")
 
 
 @pytest.fixture(params=backend_params(list(API_BACKENDS)))

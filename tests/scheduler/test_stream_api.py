@@ -26,7 +26,7 @@ pytestmark = pytest.mark.anyio
 SLOW_US = 30_000  # a kernel long enough for the host to act while it runs
 
 
-@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake"]))
+@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake", "realrt"]))
 def api_backend(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     if name != "sim" and request.node.get_closest_marker("sim_only") is not None:

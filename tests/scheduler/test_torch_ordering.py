@@ -27,7 +27,7 @@ pytestmark = pytest.mark.anyio
 N = 64
 
 
-@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake"]))
+@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake", "realrt"]))
 def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
     return functools.partial(open_backend, request.param)
 

@@ -23,7 +23,7 @@ from aio_ascend.sim import KernelContext, KernelLibrary
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake"]))
+@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake", "realrt"]))
 def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
     """``open_device`` on this test's backend (sim, acl double, cuda fake) and loop."""
     return functools.partial(open_backend, request.param)

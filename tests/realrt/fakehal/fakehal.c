@@ -9,15 +9,22 @@
  *   device's), so a copy or a memset moves real bytes;
  * - each normal submission queue (one per stream) has its own worker thread that runs the
  *   queue's SQEs in order: copies (SDMA, PCIe DMA), event record / wait / reset, write value,
- *   place holders; anything else (a kernel) completes without effect. After each SQE the SQ
- *   head moves (what the runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a
- *   completion (CQE) is queued for the stream's logic CQ, read by halCqReportRecv;
+ *   place holders, kernel launches (a plain kernel's FFTS SQE, a MIX kernel's FFTS+ SQE and its
+ *   context): the PC address of a launch points at the kernel's code the runtime copied to
+ *   device memory at load, where tests/realrt/make_kernel_elf.py put a marker with the kernel's
+ *   name; the host function of that name (kernels.c) runs over the args the runtime built.
+ *   Anything else completes without effect. After each SQE the SQ head moves (what the
+ *   runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a completion (CQE) is
+ *   queued for the stream's logic CQ, read by halCqReportRecv;
  * - controls for tests, exported as C functions (ctypes): a delay per SQE, an error completion
- *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters.
+ *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters, and the
+ *   last kernel launch as the device saw it (name, blocks, args buffer).
  *
  * Every other symbol of the public headers comes from a stub generated from them
  * (cmake/stub/h2c.py of the runtime: `return 0`), linked in with weak symbols, so what is not
- * modelled answers "success, nothing to report" as the runtime's own unit-test stub does.
+ * modelled answers "success, nothing to report" as the runtime's own unit-test stub does. A
+ * function the headers declare ASCEND_HAL_WEAK stays weak when defined here, and the stub's
+ * wins: such functions are defined in files without the driver headers (memctl.c).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +37,8 @@
 #include <unistd.h>
 
 #include "ascend_hal.h"
+#include "fakehal.h"
+#include "runtime/rt_external_ffts_define.h"
 
 #define FH_EXPORT __attribute__((visibility("default")))
 
@@ -132,6 +141,55 @@ struct fh_write_value_sqe {
     uint32_t sub_type;
     uint32_t write_value[8];
 };
+/* src/runtime/core/inc/sqe/v100/stars_kernel.hpp:164 RtFftsPlusKernelSqe: a plain (not MIX)
+ * kernel's launch, built by davinci_kernel_task_v100.cc:816-948 ConstructAICoreSqeForDavinciTask */
+struct fh_kernel_sqe {
+    struct fh_sqe_header header;
+    uint16_t ffts_type : 3;
+    uint16_t res1 : 9;
+    uint16_t wrr_ratio : 4;
+    uint16_t res2;
+    uint16_t sqe_index;
+    uint16_t kernel_credit : 8;
+    uint16_t schem : 2;
+    uint16_t res3 : 1;
+    uint16_t icache_prefetch_cnt : 5;
+    uint32_t stack_phy_base_low;
+    uint32_t stack_phy_base_high;
+    uint32_t res4;
+    uint32_t pmg_ns_part_qos;
+    uint32_t pc_addr_low;
+    uint32_t pc_addr_high : 16;
+    uint32_t res7 : 16;
+    uint32_t param_addr_low;
+    uint32_t param_addr_high; /* bits 20-31 carry a stack level when minStackSize > 0 (:925-932) */
+    uint32_t res8[4];
+};
+
+/* pkg_inc/runtime/rt_external_stars_define.h:98-146 rtFftsPlusSqe_t: a MIX kernel's launch, its
+ * context (rtFftsPlusMixAicAivCtx_t) in device memory at contextAddressBase
+ * (davinci_kernel_task_v100.cc:282-390 FillFftsMixSqeForDavinciTask) */
+struct fh_ffts_plus_sqe {
+    struct fh_sqe_header header;
+    uint16_t ffts_type : 3;
+    uint16_t res1 : 13;
+    uint16_t res2;
+    uint16_t sqe_index;
+    uint8_t kernel_credit;
+    uint8_t sub_type;
+    uint32_t stack_phy_base_low;
+    uint32_t stack_phy_base_high;
+    uint16_t total_context_num;
+    uint16_t ready_context_num;
+    uint16_t preload_context_num;
+    uint16_t timeout;
+    uint32_t res3;
+    uint32_t res4;
+    uint32_t context_address_base_low;
+    uint32_t context_address_base_high : 17;
+    uint32_t res5 : 15;
+    uint32_t res6[4];
+};
 #pragma pack(pop)
 
 /* src/runtime/core/inc/task/task_info_base.hpp:354 rtCqReport_t (not packed: 32 bytes) */
@@ -159,6 +217,8 @@ _Static_assert(sizeof(struct fh_sdma_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_pcie_dma_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_event_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_write_value_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_kernel_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_ffts_plus_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_cqe) == 32, "rtCqReport_t is 32 bytes");
 
 /* src/runtime/core/inc/sqe/v100/stars_sqe.hpp:25-45 */
@@ -240,6 +300,26 @@ static int g_fail_stream = -1;
 static uint32_t g_fail_error_type = 1;
 static uint32_t g_fail_error_code = 0x1;
 
+/* kernel launches (fh_run_launch): how many ran, and the last one as the device saw it */
+#define FH_MARKER "AIOKERN1" /* tests/realrt/make_kernel_elf.py MARKER */
+#define FH_MARKER_LEN 8U
+#define FH_CODE_SIZE 64U
+#define FH_ARGS_KEEP 512U
+#define FH_FFTS_PLUS_TYPE 4U /* rtFftsPlusType_t RT_FFTS_PLUS_TYPE, rt_external_stars_define.h:80 */
+struct fh_launch {
+    char name[FH_CODE_SIZE];
+    uint32_t block_dim;
+    uint32_t stream_id;
+    uint32_t task_id;
+    int mix;
+    uint64_t pc;
+    uint64_t args_addr;
+    uint32_t args_len; /* what was kept of the args (the whole buffer for a MIX launch) */
+    uint8_t args[FH_ARGS_KEEP];
+};
+static struct fh_launch g_last_launch;
+static uint64_t g_launch_count;
+
 static int fh_trace_on(void)
 {
     static int on = -1;
@@ -320,6 +400,22 @@ FH_EXPORT unsigned aio_fakehal_unread_cqes(void)
     return n;
 }
 
+/* CQEs written for the runtime stream `stream_id` (what its SQE headers carry) and not read
+ * yet: a stream's own count, which CQEs of earlier runtimes' streams do not disturb. */
+FH_EXPORT unsigned aio_fakehal_unread_cqes_of(int stream_id)
+{
+    unsigned n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (unsigned i = 0; i < FH_MAX_CQ; i++) {
+        const struct fh_cq* cq = &g_cq[i];
+        for (uint32_t k = 0; cq->valid && k < cq->count; k++) {
+            n += (cq->ring[(cq->head + k) % cq->depth].stream_id == (uint16_t)stream_id) ? 1U : 0U;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 /* Bytes of device memory allocated now. */
 FH_EXPORT size_t aio_fakehal_device_bytes(void)
 {
@@ -337,6 +433,38 @@ FH_EXPORT unsigned aio_fakehal_live_sqs(void)
     for (unsigned i = 0; i < FH_MAX_SQ; i++) {
         n += g_sq[i].valid ? 1U : 0U;
     }
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Kernel launches run so far (SQEs whose PC held one of our kernels' markers). */
+FH_EXPORT uint64_t aio_fakehal_launch_count(void)
+{
+    pthread_mutex_lock(&g_lock);
+    uint64_t n = g_launch_count;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* The last kernel launch as the device saw it: the kernel's name, its block count, stream and
+ * task id, whether it came as a MIX launch (FFTS+ SQE and context), its args address and the
+ * first bytes of the args buffer the runtime built. Returns the bytes copied into `args`. */
+FH_EXPORT uint32_t aio_fakehal_last_launch(char* name, size_t name_cap, uint8_t* args, size_t args_cap,
+                                           uint64_t* info /* [block_dim, stream, task, mix, pc, args_addr] */)
+{
+    pthread_mutex_lock(&g_lock);
+    const struct fh_launch* l = &g_last_launch;
+    if (name_cap > 0) {
+        snprintf(name, name_cap, "%s", l->name);
+    }
+    uint32_t n = (l->args_len < args_cap) ? l->args_len : (uint32_t)args_cap;
+    memcpy(args, l->args, n);
+    info[0] = l->block_dim;
+    info[1] = l->stream_id;
+    info[2] = l->task_id;
+    info[3] = (uint64_t)l->mix;
+    info[4] = l->pc;
+    info[5] = l->args_addr;
     pthread_mutex_unlock(&g_lock);
     return n;
 }
@@ -473,6 +601,25 @@ static struct fh_alloc* fh_find_locked(uintptr_t p)
     return NULL;
 }
 
+int fh_valid_range(uintptr_t p, size_t n)
+{
+    pthread_mutex_lock(&g_lock);
+    const struct fh_alloc* a = fh_find_locked(p);
+    int ok = (a != NULL) && (n <= a->size) && (p - a->base <= a->size - n);
+    pthread_mutex_unlock(&g_lock);
+    return ok;
+}
+
+/* Bytes from `p` to the end of its allocation (0: not in one). */
+static size_t fh_bytes_left(uintptr_t p)
+{
+    pthread_mutex_lock(&g_lock);
+    const struct fh_alloc* a = fh_find_locked(p);
+    size_t n = (a != NULL) ? (size_t)(a->base + a->size - p) : 0U;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 drvError_t halMemAlloc(void** pp, unsigned long long size, unsigned long long flag)
 {
     /* the virtual memory type sits in bits 10-13 of the flag (ascend_hal_define.h:704-718) */
@@ -528,6 +675,20 @@ DVresult drvMemcpy(DVdeviceptr dst, size_t dest_max, DVdeviceptr src, size_t byt
     return DRV_ERROR_NONE;
 }
 
+/* The runtime's synchronous copies (npu_driver_mem.cc:2150-2164 MemCopySyncAdapter prefers it to
+ * drvMemcpy): the kernel code at load (runtime.cc:4929-4933 BinaryMemCopySync), a MIX launch's
+ * context (davinci_kernel_task_v100.cc:144-160). Every kind is a plain copy here. */
+drvError_t halMemcpy(void* dst, size_t dst_size, void* src, size_t count, struct memcpy_info* info)
+{
+    (void)info;
+    if (count > dst_size) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    memmove(dst, src, count);
+    FH_TRACE("halMemcpy %p -> %p (%zu bytes)", src, dst, count);
+    return DRV_ERROR_NONE;
+}
+
 DVresult drvMemsetD8(DVdeviceptr dst, size_t destMax, UINT8 value, size_t num)
 {
     if (num > destMax) {
@@ -577,6 +738,26 @@ DVresult drvMemDestroyAddr(struct DMA_ADDR* ptr)
         free(d);
     }
     ptr->phyAddr.src = NULL;
+    return DRV_ERROR_NONE;
+}
+
+/* The runtime's asynchronous copy of a launch's args to the device (npu_driver_mem.cc:2267-2278
+ * MemCopyAsyncEx over a drvMemConvertAddr descriptor, then halMemcpyWait): done at submit. */
+DVresult halMemcpySumbit(struct DMA_ADDR* dma_addr, int flag)
+{
+    (void)flag;
+    const struct fh_dma_desc* d = (dma_addr != NULL) ? dma_addr->phyAddr.src : NULL;
+    if (d == NULL || d->magic != FH_DMA_MAGIC) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    memmove((void*)d->dst, (const void*)d->src, d->len);
+    FH_TRACE("halMemcpySumbit %#lx -> %#lx (%zu bytes)", (unsigned long)d->src, (unsigned long)d->dst, d->len);
+    return DRV_ERROR_NONE;
+}
+
+DVresult halMemcpyWait(struct DMA_ADDR* dma_addr)
+{
+    (void)dma_addr;
     return DRV_ERROR_NONE;
 }
 
@@ -669,11 +850,90 @@ static void fh_push_cqe_locked(uint32_t sq_id, const struct fh_sqe_header* h, ui
     pthread_cond_broadcast(&g_cq_cond);
 }
 
-/* Runs one SQE; g_lock is NOT held. Returns the STARS error bits (0: success). */
-static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw)
+void fh_hang_until_stopped(uint32_t sq_id)
+{
+    pthread_mutex_lock(&g_lock);
+    while (!g_sq[sq_id].stop) {
+        pthread_cond_wait(&g_hold_cond, &g_lock);
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* A kernel launch (SQE type FFTS): find the kernel by the marker at its PC address, run its host
+ * function over the args at the SQE's (or MIX context's) args address. g_lock is NOT held. */
+static uint32_t fh_run_launch(uint32_t sq_id, const uint8_t* raw, uint32_t* error_code)
+{
+    const struct fh_sqe_header* h = (const struct fh_sqe_header*)raw;
+    const struct fh_kernel_sqe* k = (const struct fh_kernel_sqe*)raw;
+    uintptr_t pc;
+    uintptr_t args;
+    size_t args_len;
+    uint32_t block_dim = h->block_dim;
+    int mix = 0;
+    if (k->ffts_type == FH_FFTS_PLUS_TYPE) {
+        /* davinci_kernel_task_v100.cc:649-769 FillFftsAicAivCtxForDavinciTask: the PCs, the args
+         * address and size (TaskParamPtrOffset), the block count */
+        const struct fh_ffts_plus_sqe* f = (const struct fh_ffts_plus_sqe*)raw;
+        uintptr_t ctx_addr = ((uintptr_t)f->context_address_base_high << 32) | f->context_address_base_low;
+        if (!fh_valid_range(ctx_addr, sizeof(rtFftsPlusMixAicAivCtx_t))) {
+            FH_TRACE("sq %u: FFTS+ SQE with no context at %#lx", sq_id, (unsigned long)ctx_addr);
+            *error_code = 0x800U;
+            return 1U;
+        }
+        rtFftsPlusMixAicAivCtx_t ctx;
+        memcpy(&ctx, (const void*)ctx_addr, sizeof(ctx));
+        pc = ((uintptr_t)ctx.nonTailAicTaskStartPcH << 32) | ctx.nonTailAicTaskStartPcL;
+        if (pc == 0) {
+            pc = ((uintptr_t)ctx.nonTailAivTaskStartPcH << 32) | ctx.nonTailAivTaskStartPcL;
+        }
+        args = ((uintptr_t)ctx.aicTaskParamPtrH << 32) | ctx.aicTaskParamPtrL;
+        args_len = ctx.aicTaskParamPtrOffset;
+        block_dim = ctx.nonTailBlockdim;
+        mix = 1;
+    } else {
+        pc = ((uintptr_t)k->pc_addr_high << 32) | k->pc_addr_low;
+        args = ((uintptr_t)(k->param_addr_high & 0xFFFFFU) << 32) | k->param_addr_low;
+        args_len = fh_bytes_left(args); /* the SQE does not carry the size */
+    }
+    if (!fh_valid_range(pc, FH_CODE_SIZE) || memcmp((const void*)pc, FH_MARKER, FH_MARKER_LEN) != 0) {
+        FH_TRACE("sq %u: kernel SQE with PC %#lx: not one of ours, completes without effect", sq_id,
+                 (unsigned long)pc);
+        return 0;
+    }
+    char name[FH_CODE_SIZE];
+    memcpy(name, (const char*)pc + FH_MARKER_LEN, FH_CODE_SIZE - FH_MARKER_LEN);
+    name[FH_CODE_SIZE - FH_MARKER_LEN - 1] = '\0';
+    pthread_mutex_lock(&g_lock);
+    struct fh_launch* l = &g_last_launch;
+    snprintf(l->name, sizeof(l->name), "%s", name);
+    l->block_dim = block_dim;
+    l->stream_id = h->rt_stream_id;
+    l->task_id = h->task_id;
+    l->mix = mix;
+    l->pc = pc;
+    l->args_addr = args;
+    l->args_len = (uint32_t)((args_len < FH_ARGS_KEEP) ? args_len : FH_ARGS_KEEP);
+    if (l->args_len > 0 && args != 0) {
+        memcpy(l->args, (const void*)args, l->args_len);
+    }
+    g_launch_count++;
+    pthread_mutex_unlock(&g_lock);
+    FH_TRACE("sq %u: launch %s%s blocks %u args %#lx (%zu bytes)", sq_id, name, mix ? " (MIX)" : "", block_dim,
+             (unsigned long)args, args_len);
+    const struct fh_kernel_result r =
+        fh_run_kernel(sq_id, name, (const uint8_t*)args, (args != 0) ? args_len : 0U, block_dim, mix);
+    *error_code = r.error_code;
+    return r.error_type;
+}
+
+/* Runs one SQE; g_lock is NOT held. Returns the STARS error bits (0: success) and sets
+ * *error_code (the accelerator's status) with them. */
+static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw, uint32_t* error_code)
 {
     const struct fh_sqe_header* h = (const struct fh_sqe_header*)raw;
     switch (h->type) {
+        case FH_SQE_FFTS:
+            return fh_run_launch(sq_id, raw, error_code);
         case FH_SQE_SDMA: {
             /* memory_task_v100.cc:233-266 ConstructMemcpySqe: src/dst/length, opcode 0 a copy */
             const struct fh_sdma_sqe* s = (const struct fh_sdma_sqe*)raw;
@@ -784,7 +1044,7 @@ static void* fh_worker(void* arg)
             usleep(g_delay_us);
         }
         if (error_type == 0) {
-            error_type = fh_run_sqe(sq_id, sqe);
+            error_type = fh_run_sqe(sq_id, sqe, &error_code);
         }
         pthread_mutex_lock(&g_lock);
         const struct fh_sqe_header* h = (const struct fh_sqe_header*)sqe;

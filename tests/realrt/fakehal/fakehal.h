@@ -1,0 +1,25 @@
+/* Shared between the fake driver's files (tests/realrt/fakehal). */
+#ifndef AIO_FAKEHAL_H
+#define AIO_FAKEHAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 when [p, p + n) lies inside one live allocation of the fake device (device or pinned). */
+int fh_valid_range(uintptr_t p, size_t n);
+
+/* Blocks the calling SQ worker until its queue `sq_id` is stopped (a hung kernel). */
+void fh_hang_until_stopped(uint32_t sq_id);
+
+/* What a kernel's run reports: 0, or STARS error bits and the accelerator's status code. */
+struct fh_kernel_result {
+    uint32_t error_type;
+    uint32_t error_code;
+};
+
+/* Runs the host function registered for the kernel `name` over its args (the device's view:
+ * the runtime's args buffer, system slots included). kernels.c. */
+struct fh_kernel_result fh_run_kernel(uint32_t sq_id, const char* name, const uint8_t* args, size_t args_len,
+                                      uint32_t block_dim, int mix);
+
+#endif
