@@ -6,14 +6,21 @@ measurements on it: (a) the raw runtime loop (each launch a ctypes call) and (c)
 with the native batch submit where it is built (``aio_ascend/_runtime/acl/batch.py``), and
 without it for comparison. The double is a CPU model: its own work (a call log, a device thread)
 is in both rows. Without the source or a compiler, the rows say why they were skipped.
+
+With ``AIO_ASCEND_REALRT_LIB`` set to the library folder ``tests/realrt/build.sh`` prints (the
+real CANN runtime built from its source, over our fake driver), the same (a) and (c) run on it
+too (``realrt_raw``, ``realrt_poll``), beside the double's: the runtime's own per-launch work
+(task objects, queues, the driver's SQE copies) is in both of those rows.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -26,6 +33,7 @@ from .._runtime.acl.runtime import ENV_BUILTINS
 
 __all__ = [
     "ACL_STEPS",
+    "REALRT_ENV",
     "BUILTINS_MAGIC",
     "DOUBLE_CFLAGS",
     "DOUBLE_KERNELS",
@@ -43,8 +51,12 @@ DOUBLE_CFLAGS: Final = ["-shared", "-fPIC", "-O2", "-pthread", "-std=gnu11", "-W
 #: the first bytes of the file the double loads as its built-in kernels, then their names
 BUILTINS_MAGIC: Final = b"AIO_ASCEND_ACL_DOUBLE_BUILTINS"
 DOUBLE_KERNELS: Final = b"vector_add axpy scale matmul sleep fault hang noop"
-#: the steps' keys: (a), (c) with the native submit where built, (c) launching one by one
-ACL_STEPS: Final = ("acl_raw", "acl_poll", "acl_poll_ctypes")
+#: the steps' keys: (a), (c) with the native submit where built, (c) launching one by one;
+#: (a) and (c) on the real runtime over our driver
+ACL_STEPS: Final = ("acl_raw", "acl_poll", "acl_poll_ctypes", "realrt_raw", "realrt_poll")
+#: the library folder of the real runtime built by tests/realrt/build.sh (its last line)
+REALRT_ENV: Final = "AIO_ASCEND_REALRT_LIB"
+_KERNEL_MAKER: Final = DOUBLE_SOURCE.parents[1] / "realrt" / "make_kernel_elf.py"
 
 _built: list[tuple[Path, Path] | str] = []  # once per process: (home, builtins) or why not
 
@@ -83,6 +95,39 @@ def _build() -> tuple[Path, Path] | str:
     return why
 
 
+def _realrt() -> tuple[Path, Path] | str:
+    # An install folder whose lib64/libascendcl.so is the real runtime's libacl_rt.so (every
+    # file of the build linked beside it: its rpath is $ORIGIN), and the kernel object; once
+    # per process.
+    if not _realrt_built:
+        _realrt_built.append(_realrt_install())
+    return _realrt_built[0]
+
+
+_realrt_built: list[tuple[Path, Path] | str] = []
+
+
+def _realrt_install() -> tuple[Path, Path] | str:
+    folder = os.environ.get(REALRT_ENV)
+    if not folder:
+        return f"{REALRT_ENV} is not set (bash tests/realrt/build.sh prints the folder)"
+    lib = Path(folder)
+    if not (lib / "libacl_rt.so").exists() or not _KERNEL_MAKER.exists():
+        return f"no real runtime build in {lib}, or not a checkout"
+    home = Path(tempfile.mkdtemp(prefix="aio_ascend_bench_realrt_"))
+    (home / "lib64").mkdir()
+    for item in lib.iterdir():
+        (home / "lib64" / item.name).symlink_to(item)
+    (home / "lib64" / "libascendcl.so").symlink_to(lib / "libacl_rt.so")
+    spec = importlib.util.spec_from_file_location("aio_ascend_realrt_kernels", _KERNEL_MAKER)
+    assert spec is not None and spec.loader is not None
+    maker = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = maker  # (its dataclasses look their module up)
+    spec.loader.exec_module(maker)
+    builtins: Path = maker.write_kernel_elf(home / "kernels.o")
+    return home, builtins
+
+
 @contextmanager
 def _environment(values: dict[str, str]) -> Iterator[None]:
     saved = {name: os.environ.get(name) for name in values}
@@ -98,14 +143,18 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 
 def on_acl_double(
-    measure: Callable[[Any], dict[str, Any]], *, native: bool | None = None
+    measure: Callable[[Any], dict[str, Any]],
+    *,
+    native: bool | None = None,
+    install: Callable[[], tuple[Path, Path] | str] = _build,
 ) -> Callable[[Any], dict[str, Any]]:
-    """``measure`` (a bench step) run on the acl backend over the double: the install found
-    through ``ASCEND_HOME_PATH`` meanwhile. For a step through the scheduler, ``native``:
-    with the native batch submit where built (``True``), or launching one by one."""
+    """``measure`` (a bench step) run on the acl backend over the double (or ``install``'s
+    library): the install found through ``ASCEND_HOME_PATH`` meanwhile. For a step through
+    the scheduler, ``native``: with the native batch submit where built (``True``), or
+    launching one by one."""
 
     def step(cfg: Any) -> dict[str, Any]:
-        built = _build()
+        built = install()
         if isinstance(built, str):
             return {"skipped": built}
         if native is False and not native_submit():
@@ -137,6 +186,12 @@ def acl_steps(
             "(c) scheduler, acl double, one by one",
             on_acl_double(scheduler, native=False),
         ),
+        ("realrt_raw", "(a) raw runtime loop, real runtime", on_acl_double(raw, install=_realrt)),
+        (
+            "realrt_poll",
+            "(c) scheduler, real runtime",
+            on_acl_double(scheduler, native=True, install=_realrt),
+        ),
     ]
 
 
@@ -159,6 +214,8 @@ def acl_rows(r: dict[str, Any], row: Callable[[str, str], None]) -> None:
         "acl_raw": "(a) raw runtime loop (a ctypes call each)",
         "acl_poll": "(c) scheduler",
         "acl_poll_ctypes": "(c) scheduler, launching one by one (ctypes)",
+        "realrt_raw": "real runtime: (a) raw runtime loop",
+        "realrt_poll": "real runtime: (c) scheduler",
     }
     for key, label in labels.items():
         x = r.get(key)
@@ -168,6 +225,10 @@ def acl_rows(r: dict[str, Any], row: Callable[[str, str], None]) -> None:
             row(label, f"skipped: {x['skipped']}")
             continue
         rate, cpu = x["launches_per_s"], x["cpu_us_per_launch"]
-        if key == "acl_poll":
+        if key in ("acl_poll", "realrt_poll"):
             label += ", native batch submit" if x.get("native_submit") else ", one by one"
         row(label, f"{rate:>10,.0f} launches/s  {cpu:6.1f} us CPU/launch")
+    raw, poll = _measured(r, "realrt_raw"), _measured(r, "realrt_poll")
+    if raw is not None and poll is not None:  # (no target: the runtime's own cost is in both)
+        v = poll["cpu_us_per_launch"] / raw["cpu_us_per_launch"]
+        row("real runtime: host CPU per launch (c)/(a)", f"{v:.2f}")

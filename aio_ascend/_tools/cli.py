@@ -700,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
         "roundtrip, fanout, block, traced, bare_wakes, wake_poll, wake_block, wake_churn, "
         "loop_lag, producer_lag, graph, copy_isolation, idle_poll, idle_block, and on the "
         "acl backend over its C test double (built from tests/doubles/ in a checkout): "
-        "acl_raw, acl_poll, acl_poll_ctypes (default: all; with --backend "
+        "acl_raw, acl_poll, acl_poll_ctypes, and with AIO_ASCEND_REALRT_LIB set on the "
+        "real runtime: realrt_raw, realrt_poll (default: all; with --backend "
         "cuda: raw, naive, unbatched, poll, block, traced)",
     )
     bench.add_argument(

@@ -70,3 +70,19 @@ def test_info_says_how_acl_launches_are_submitted(capsys: pytest.CaptureFixture[
     line = next(x for x in capsys.readouterr().out.splitlines() if "acl submit" in x)
     assert ("native batch submit" in line) is native_submit()
     assert ("AIO_ASCEND_NATIVE=0" in line) is not native_submit()
+
+
+def test_the_real_runtime_rows_say_why_without_its_build(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv(bench_acl.REALRT_ENV, raising=False)
+    monkeypatch.setattr(bench_acl, "_realrt_built", [])
+    path = tmp_path / "bench.json"
+    only = "realrt_raw,realrt_poll"
+    code = main(["bench", "--scale", "0.01", "--only", only, "-q", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    data = json.loads(path.read_text())
+    for key in ("realrt_raw", "realrt_poll"):
+        assert "AIO_ASCEND_REALRT_LIB is not set" in data[key]["skipped"]
+    assert "real runtime: (a) raw runtime loop" in out and "skipped:" in out
