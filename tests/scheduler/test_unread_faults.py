@@ -10,7 +10,9 @@ probe's first wait (0.05 s).
 
 from __future__ import annotations
 
+import contextlib
 import struct
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,7 +23,7 @@ from backends import backend_params
 from helpers import open_backend
 
 import aio_ascend as aa
-from aio_ascend._errors import EventSyncTimeoutError
+from aio_ascend._errors import EventSyncTimeoutError, StreamSyncTimeoutError
 from aio_ascend._runtime.abi import ACL_EVENT_RECORDED_STATUS_NOT_READY
 from aio_ascend._runtime.hostmem import host_view
 from aio_ascend._runtime.sim.runtime import open_sim_runtime
@@ -125,3 +127,41 @@ async def test_a_long_kernel_is_probed_but_not_failed(backend: str) -> None:
             await s.run(dev.function("sleep"), 1, aa.HostArgs().u32(400_000))
             await s.run(dev.function("noop"), 1)
     assert_no_leaks(dev)
+
+
+def test_a_host_thread_in_a_synchronize_does_not_take_the_devices_wake_up() -> None:
+    """The sim's device thread and host threads in a synchronize wait on one condition; a
+    submission woke only one of them (``notify``), so a waiting host thread could take the
+    device's wake-up and leave a new launch unrun for up to WAIT_SLICE_S (0.5 s): the poller's
+    stream probe made that frequent (the model test's 0.3 s task timeout fired)."""
+    rt = open_sim_runtime(0)
+    try:
+        binary = rt.load_binary(None)
+        hang, noop = rt.get_function(binary, "hang"), rt.get_function(binary, "noop")
+        held, other = rt.create_stream(), rt.create_stream()
+        args = rt.malloc_host(8)
+        rt.launch_kernel_with_host_args(hang, 1, held, None, args, 8, 0, 0)
+        time.sleep(0.05)  # the device ran it and is idle now (nothing else to run)
+
+        def wait_on_held() -> None:
+            rt.set_current_context()
+            with contextlib.suppress(StreamSyncTimeoutError):
+                rt.synchronize_stream(held, 1500)
+
+        waiters = [threading.Thread(target=wait_on_held) for _ in range(3)]
+        for thread in waiters:
+            thread.start()
+        # the device's idle wait (0.5 s slices, begun at ~0 s) ran out at ~0.5 s and began
+        # again behind the waiters (slices begun at ~0.05 s, next at ~0.55 s): launch then
+        time.sleep(0.475)
+        event = rt.create_event(0)
+        start = time.perf_counter()
+        rt.launch_kernel_with_host_args(noop, 1, other, None, args, 8, 0, 0)
+        rt.record_event(event, other)
+        rt.synchronize_event(event, 5000)
+        took = time.perf_counter() - start
+        for thread in waiters:
+            thread.join()
+        assert took < 0.25, f"the noop ran {took:.3f} s after its launch"
+    finally:
+        rt.close()

@@ -698,7 +698,9 @@ class SimRuntime(CaptureAndFill, KernelLoader):
             self._launches += 1
             if self._idle:  # wake the device thread once, not on every submission
                 self._idle = False
-                self._cond.notify()
+                # all: a host thread in a synchronize waits on the same condition, and a
+                # notify() that woke it instead left the device asleep for WAIT_SLICE_S
+                self._cond.notify_all()
 
     def _placeholders(
         self,
