@@ -167,6 +167,10 @@ REALRT_UNRELIABLE = {
         "device_error_proc.cc:640-683, stars_engine.cc:1594-1632), so its task succeeds"
     ),
 }
+#: it passes only when our driver happened to run the captured copy at capture (once)
+REALRT_UNRELIABLE["test_the_graph_keeps_its_buffers_until_closed_and_replayed"] = (
+    _NO_REPLAY + "; the test passes only when the driver ran the captured copy at capture"
+)
 REALRT_UNRELIABLE["test_a_device_fault_is_logged_once_with_its_count"] = REALRT_UNRELIABLE[
     "test_a_closed_stream_says_closed_even_on_a_faulted_device"
 ]
