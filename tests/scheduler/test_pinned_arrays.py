@@ -23,6 +23,8 @@ from aio_ascend._sched.work import STAGE_AT_HAND_BYTES
 from aio_ascend.testing import library_threads
 
 pytestmark = pytest.mark.anyio
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
 
 #: a kernel that keeps the stream busy this long, so that what is queued behind it executes late
 SLEEP_US = 300_000
@@ -48,6 +50,8 @@ def _memcpy_host_sides(dev: aa.Device, since: int) -> list[int]:
 def _mark(dev: aa.Device) -> int:
     if dev.backend != "acl":
         return 0
+    if str(dev.runtime.library_path).endswith("libacl_rt.so"):
+        pytest.skip("reads the C double's call log (which host address each copy used)")
     from doubles.acl_double import control_for
 
     return control_for(dev.runtime).mark()
