@@ -121,7 +121,59 @@ REALRT_DIVERGENCES = {
     ),
     "test_device_fault_is_sticky_for_every_stream": _LATE_KERNEL_FAULT,
     "test_a_new_runtime_after_a_fault_works": _LATE_KERNEL_FAULT,
+    # the scheduler suites of tests/scheduler (REALRT_TOO)
+    "test_device_fault_is_sticky_and_reopen_works": (
+        "a faulting AIV kernel fails with 507035 ACL_ERROR_RT_VECTOR_CORE_EXCEPTION "
+        "(davinci_kernel_task_v100.cc:540-562), not 507015, and only after the monitor thread "
+        "polled the error ringbuffer (device_error_proc.cc:640-683)"
+    ),
+    "test_event_timing": (
+        "LIBRARY defect: elapsed_ms() calls aclrtEventElapsedTime once the scheduler's own later "
+        "event completed, but the runtime sets a TIME_LINE event's timestamp only when it reads "
+        "that record's CQE, which a query of the event itself triggers (event.cc:896-905); "
+        "before that ElapsedTime answers 107006 ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID "
+        "(event.cc:1264-1269)"
+    ),
 }
+
+
+#: a graph's replay over our fake driver (not the runtime): the driver runs a captured copy or
+#: memset once, when the runtime puts it on the model stream's queue, and nothing at a replay
+#: (aclmdlRIExecuteAsync): a bound SQ that runs at each execution of the model is not modelled
+_NO_REPLAY = (
+    "fake driver: a graph's replay does not run the captured tasks again (our driver does not "
+    "model a model stream's bound SQ that runs at each aclmdlRIExecuteAsync: fakehal/fakehal.c)"
+)
+REALRT_DIVERGENCES.update(
+    {
+        "test_a_graph_runs_only_when_replayed_on_any_stream": _NO_REPLAY,
+        "test_a_captured_upload_copies_the_bytes_given_at_capture": _NO_REPLAY,
+        "test_a_fault_in_a_replay_fails_the_replay": _NO_REPLAY,
+        "test_a_forced_stream_destroy_wakes_a_thread_synchronizing_on_its_event": (
+            "aclrtSynchronizeEvent on an event behind a hung kernel returns success once its "
+            "stream is destroyed by force: the runtime marks the stream force-recycled "
+            "(stream.cc:4636-4643) and then reclaims every task up to its tail as done "
+            "(stars_engine.cc:490-498), the event's record included"
+        ),
+    }
+)
+
+#: tests whose outcome on realrt depends on a race of the runtime over our driver: non-strict
+#: xfails (docs/cann-support.md §13.3): test name -> why
+REALRT_UNRELIABLE = {
+    "test_a_closed_stream_says_closed_even_on_a_faulted_device": (
+        "over our driver the runtime sometimes completes the event past the faulting kernel (the "
+        "driver writes no error ringbuffer record the monitor thread reads: "
+        "device_error_proc.cc:640-683, stars_engine.cc:1594-1632), so its task succeeds"
+    ),
+}
+#: it passes only when our driver happened to run the captured copy at capture (once)
+REALRT_UNRELIABLE["test_the_graph_keeps_its_buffers_until_closed_and_replayed"] = (
+    _NO_REPLAY + "; the test passes only when the driver ran the captured copy at capture"
+)
+REALRT_UNRELIABLE["test_a_device_fault_is_logged_once_with_its_count"] = REALRT_UNRELIABLE[
+    "test_a_closed_stream_says_closed_even_on_a_faulted_device"
+]
 
 
 #: contract cases the real runtime cannot run at all, because the call would crash the process
@@ -137,14 +189,17 @@ REALRT_CRASHES = {
 
 
 def mark_realrt_divergence(request: pytest.FixtureRequest, backend: str) -> None:
-    """A strict xfail for a test the real runtime is known to answer differently (a skip for
-    one that would crash the process)."""
+    """A strict xfail for a test the real runtime is known to answer differently (a non-strict
+    one where it races, a skip for one that would crash the process)."""
     crash = REALRT_CRASHES.get(request.node.name)
     if backend in REAL_RUNTIME and crash is not None:
         pytest.skip(f"real runtime: {crash}")
     reason = REALRT_DIVERGENCES.get(getattr(request.node, "originalname", ""))
     if backend in REAL_RUNTIME and reason is not None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"real runtime: {reason}"))
+    unreliable = REALRT_UNRELIABLE.get(getattr(request.node, "originalname", ""))
+    if backend in REAL_RUNTIME and unreliable is not None:
+        request.applymarker(pytest.mark.xfail(strict=False, reason=f"real runtime: {unreliable}"))
 
 
 def skip_without_kernels(runtime: Runtime) -> None:

@@ -12,7 +12,10 @@
   ``personas`` also runs on the acl backend over the double's other usable personas
   (``helpers.PERSONA_BACKENDS``: CANN 8.5, 8.3 with its args-handle launch path, 8.0 with its
   device-args launch path);
-  ``sim_only`` tests are skipped on the others with the marker's reason.
+  ``sim_only`` tests are skipped on the others with the marker's reason. A module that sets
+  ``REALRT_TOO = True`` also runs its ``open_dev`` tests on ``realrt`` (the real CANN runtime
+  over our fake driver, marked ``realrt``: deselected by default), with the divergences of
+  ``backends.REALRT_DIVERGENCES`` as strict xfails.
 - An asyncio exception-handler call or a "Task was destroyed but it is pending" log fails the
   test.
 
@@ -28,6 +31,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from backends import backend_params, mark_realrt_divergence
 from helpers import DEVICE_BACKENDS, PERSONA_BACKENDS, open_backend
 
 from aio_ascend.testing import loop_params
@@ -57,7 +61,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         backends = list(DEVICE_BACKENDS)
         if metafunc.definition.get_closest_marker("personas") is not None:
             backends += PERSONA_BACKENDS
-        metafunc.parametrize("device_backend", backends, indirect=True)
+        if getattr(metafunc.module, "REALRT_TOO", False):
+            backends.append("realrt")
+        metafunc.parametrize("device_backend", backend_params(backends), indirect=True)
 
 
 @pytest.fixture
@@ -67,6 +73,7 @@ def device_backend(request: pytest.FixtureRequest) -> str:
     if backend != "sim":
         for marker in request.node.iter_markers("sim_only"):
             pytest.skip(f"needs the sim's test controls: {marker.args[0] if marker.args else ''}")
+    mark_realrt_divergence(request, backend)
     return backend
 
 

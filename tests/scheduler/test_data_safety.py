@@ -20,6 +20,8 @@ import aio_ascend as aa
 from aio_ascend._sched.work import STAGE_AT_HAND_BYTES
 
 pytestmark = pytest.mark.anyio
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from backends import backend_params, mark_realrt_divergence
 from helpers import assert_runtime_clean, open_backend
 
 import aio_ascend as aa
@@ -21,14 +22,15 @@ import aio_ascend as aa
 pytestmark = pytest.mark.anyio
 
 F32 = np.float32
-GRAPH_BACKENDS = ("sim", "cuda-fake", "acl")
+GRAPH_BACKENDS = ("sim", "cuda-fake", "acl", "realrt")
 
 
-@pytest.fixture(params=GRAPH_BACKENDS)
+@pytest.fixture(params=backend_params(list(GRAPH_BACKENDS)))
 def open_graph_dev(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
     name: str = request.param
     if name != "sim" and request.node.get_closest_marker("sim_only") is not None:
         pytest.skip("needs the sim's test controls")
+    mark_realrt_divergence(request, name)
     return functools.partial(open_backend, name)
 
 

@@ -24,6 +24,8 @@ from helpers import OpenDevice, assert_runtime_clean
 from aio_ascend._host.hostdata import DLPACK_CPU, destination_bytes
 
 pytestmark = pytest.mark.anyio
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
 
 DATA = np.arange(16, dtype=np.float32)
 

@@ -20,6 +20,8 @@ import aio_ascend as aa
 from aio_ascend import testing
 
 pytestmark = pytest.mark.anyio
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
 
 F32 = np.float32
 

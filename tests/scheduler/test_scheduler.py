@@ -14,6 +14,8 @@ from aio_ascend import testing
 from aio_ascend._errors import InvalidParamError
 
 pytestmark = pytest.mark.anyio
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
 
 # Every test runs on each backend of the registry (tests/conftest.py: sim, and acl over its C
 # test double) and on each loop: the ``open_dev`` fixture opens a device on this test's backend.

@@ -20,6 +20,8 @@ from helpers import OpenDevice, assert_runtime_clean, live_resources
 import aio_ascend as aa
 from aio_ascend._errors import MemoryAllocationError
 
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
 #: bigger than what is staged at hand (1 MiB): the host side goes to a staging thread
 BIG = 4 << 20
 #: what the slowed host side of one big copy takes (a cold pinned allocation of hundreds of

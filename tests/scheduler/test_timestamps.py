@@ -17,6 +17,8 @@ from aio_ascend import testing
 from aio_ascend._sched.hooks import HOOKS
 
 pytestmark = pytest.mark.anyio
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
 
 
 async def test_an_awaited_task_has_every_stamp_in_order(open_dev: OpenDevice) -> None:

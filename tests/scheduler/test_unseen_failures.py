@@ -18,6 +18,8 @@ from helpers import OpenDevice, upload
 import aio_ascend as aa
 
 pytestmark = pytest.mark.anyio
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
 
 LOGGER = "aio_ascend"
 
