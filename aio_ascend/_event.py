@@ -12,6 +12,9 @@ from ._sched.events import EventRecord
 from ._sched.scheduler import DeviceState, Scheduler
 from ._sched.task import Task
 
+#: how long elapsed_ms() waits on each of its two events, which are complete already (ms)
+ELAPSED_SYNC_MS = 1000
+
 __all__ = ["Event", "event_flags"]
 
 
@@ -94,7 +97,15 @@ class Event(EventRecord):
                 raise ValueError("elapsed_ms(): an event failed") from failure
         if self._scheduler.state is DeviceState.CLOSED:
             raise ClosedError("elapsed_ms(): the device is closed")
-        return self._scheduler.bound().event_elapsed_time(self.handle, end.handle)
+        runtime = self._scheduler.bound()
+        for event in (self, end):
+            # The real runtime sets a time-line event's timestamp when it reads that record's
+            # completion, which only a wait on (or a query of) the event itself does
+            # (hicann/runtime event.cc:896-905); the library knew both complete from its own
+            # later event, so without this the elapsed time is 107006, timestamp invalid
+            # (event.cc:1264-1269). Both are complete: this returns at once.
+            runtime.synchronize_event(event.handle, ELAPSED_SYNC_MS)
+        return runtime.event_elapsed_time(self.handle, end.handle)
 
     def failure(self) -> BaseException | None:
         """Why the recording failed, once it is done (``None`` if it succeeded or is pending)."""

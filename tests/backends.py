@@ -127,13 +127,6 @@ REALRT_DIVERGENCES = {
         "(davinci_kernel_task_v100.cc:540-562), not 507015, and only after the monitor thread "
         "polled the error ringbuffer (device_error_proc.cc:640-683)"
     ),
-    "test_event_timing": (
-        "LIBRARY defect: elapsed_ms() calls aclrtEventElapsedTime once the scheduler's own later "
-        "event completed, but the runtime sets a TIME_LINE event's timestamp only when it reads "
-        "that record's CQE, which a query of the event itself triggers (event.cc:896-905); "
-        "before that ElapsedTime answers 107006 ACL_ERROR_RT_EVENT_TIMESTAMP_INVALID "
-        "(event.cc:1264-1269)"
-    ),
 }
 
 
