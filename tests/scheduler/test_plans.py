@@ -61,15 +61,22 @@ async def test_a_plan_launches_again_and_again_with_the_right_results(
     assert_runtime_clean(dev)
 
 
+async def _ones_and_zeros(
+    dev: aa.Device, s: aa.Stream, n: int
+) -> tuple[aa.DeviceBuffer, aa.DeviceBuffer, int]:
+    """x (ones) and y (zeros) on the device, and the device's buffer count with them."""
+    x = await upload(dev, s, np.ones(n, F32))
+    y = await upload(dev, s, np.zeros(n, F32))
+    return x, y, dev.stats()["device_buffers"]
+
+
 async def test_a_plan_keeps_its_buffers_until_closed_and_its_launches_are_done(
     open_dev: OpenDevice,
 ) -> None:
     async with open_dev() as dev:
         s = dev.stream()
         n = 64
-        x = await upload(dev, s, np.ones(n, F32))
-        y = await upload(dev, s, np.zeros(n, F32))
-        buffers = dev.stats()["device_buffers"]
+        x, y, buffers = await _ones_and_zeros(dev, s, n)
         plan = s.plan(dev.function("axpy"), 1, aa.HostArgs().ptr(x).ptr(y).f32(1.0).u32(n))
         x.free()  # deferred: the plan holds it, launched or not
         assert dev.stats()["device_buffers"] == buffers
@@ -96,9 +103,7 @@ async def test_a_plan_dropped_without_close_lets_its_buffers_go_after_its_launch
     async with open_dev() as dev:
         s = dev.stream()
         n = 64
-        x = await upload(dev, s, np.ones(n, F32))
-        y = await upload(dev, s, np.zeros(n, F32))
-        buffers = dev.stats()["device_buffers"]
+        x, y, buffers = await _ones_and_zeros(dev, s, n)
         plan = s.plan(dev.function("axpy"), 1, aa.HostArgs().ptr(x).ptr(y).f32(1.0).u32(n))
         x.free()  # deferred: the plan holds it
         await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(30_000))
@@ -120,9 +125,7 @@ async def test_a_cancelled_plan_run_keeps_the_image_and_buffers_until_the_launch
     async with open_dev() as dev:
         s = dev.stream()
         n = 64
-        x = await upload(dev, s, np.ones(n, F32))
-        y = await upload(dev, s, np.zeros(n, F32))
-        buffers = dev.stats()["device_buffers"]
+        x, y, buffers = await _ones_and_zeros(dev, s, n)
         plan = s.plan(dev.function("axpy"), 1, aa.HostArgs().ptr(x).ptr(y).f32(3.0).u32(n))
         await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(200_000))
         with anyio.move_on_after(0.02) as scope:
