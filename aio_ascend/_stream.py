@@ -76,7 +76,8 @@ def launch_args(
         raise TypeError(f"fn must be a Function, got {type(fn).__name__}")
     if fn.device is not device:
         raise ValueError(f"{fn!r} belongs to a different device")
-    _check_blocks(blocks)
+    if type(blocks) is not int or not 1 <= blocks <= MAX_NUM_BLOCKS:
+        _check_blocks(blocks)  # (an int subclass may still pass)
     if args is None:
         packed = fn.no_args  # (packed once per kernel)
         if packed is None:  # it declares parameters: the error names them
@@ -103,12 +104,11 @@ def _pin_no_args(scheduler: Scheduler, fn: Function, packed: PackedArgs) -> Host
     return fn.no_args_image
 
 
-def _check_blocks(blocks: object) -> int:
+def _check_blocks(blocks: object) -> None:
     if isinstance(blocks, bool) or not isinstance(blocks, int):
         raise TypeError(f"blocks must be an int, got {type(blocks).__name__}")
     if not 1 <= blocks <= MAX_NUM_BLOCKS:
         raise ValueError(f"blocks={blocks} is out of range 1..{MAX_NUM_BLOCKS}")
-    return blocks
 
 
 def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.ndarray[Any, Any]:

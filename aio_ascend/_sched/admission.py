@@ -32,7 +32,7 @@ __all__ = ["ENTRIES_PER_REQUEST", "GRANT_PER_WAKE", "Admission", "Ticket"]
 #: entries a request reserves: its own, and its share of a batch completion event at most
 ENTRIES_PER_REQUEST = 2
 #: slots one granted waiter gets at most (its call's and those prepaid for its next calls)
-GRANT_PER_WAKE = 8
+GRANT_PER_WAKE = 64
 _NOBODY: list[Any] = []  # returned for "wake nobody" (never appended to)
 
 

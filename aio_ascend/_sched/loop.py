@@ -8,6 +8,7 @@ since that is where the per-task cost is.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from abc import ABC, abstractmethod
 from asyncio import events as asyncio_events
@@ -27,7 +28,9 @@ OTHER_THREAD = (
 #: none (only for loops that do not record their thread: see ``_AsyncioAdapter.is_current``)
 _running_loop = asyncio_events._get_running_loop  # noqa: SLF001 - stdlib's non-raising getter
 _get_ident = threading.get_ident
-_current_asyncio_task = asyncio.current_task  # (given the loop: no running-loop lookup)
+#: asyncio's running task per loop (``asyncio.current_task(loop)`` is a Python function
+#: around this lookup; admission asks it at every launch that holds prepaid slots)
+_asyncio_tasks: dict[Any, Any] = asyncio.tasks._current_tasks  # type: ignore[attr-defined]  # noqa: SLF001
 
 
 class LoopAdapter(ABC):
@@ -96,6 +99,8 @@ class _AsyncioAdapter(LoopAdapter):
         # loop that does not (uvloop) is asked through the running-loop getter, which also
         # calls getpid() on CPython 3.11
         self._records_thread = getattr(loop, "_thread_id", None) == self.thread
+        #: the running task, as a C call: ``current_task()``
+        self.current_task = functools.partial(_asyncio_tasks.get, loop)  # type: ignore[method-assign]
 
     def is_current(self) -> bool:
         # One id comparison: the loop runs on this thread, so this call runs in it (a loop
@@ -107,8 +112,8 @@ class _AsyncioAdapter(LoopAdapter):
             return thread == _get_ident()
         return _running_loop() is self.loop
 
-    def current_task(self) -> object:
-        return _current_asyncio_task(self.loop)
+    def current_task(self) -> object:  # (replaced per instance in __init__)
+        return _asyncio_tasks.get(self.loop)
 
     def is_closed(self) -> bool:
         return self.loop.is_closed()

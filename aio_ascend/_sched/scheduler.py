@@ -196,13 +196,24 @@ class Scheduler:
         """Raise unless new work may be queued (on ``lane``): the stream is open (else
         ``ClosedError``), the device open (``ClosedError``), this is its loop
         (``RuntimeError``), no fault (the fault's error). Every request checks it."""
-        if lane is not None and lane.closed:  # first: the caller's own object is closed
-            raise ClosedError("the stream is closed")
-        self.check_open()
+        # One flat test: every launch makes it (the error is worked out only on a refusal)
+        if (
+            (lane is not None and lane.closed)
+            or self.state is not DeviceState.OPEN
+            or self.faults.first is not None
+            or not self.adapter.is_current()
+        ):
+            raise self._refusal(lane)
+
+    def _refusal(self, lane: Lane | None) -> BaseException:
+        # Why check_usable refused, in its order: the caller's own object first
+        if lane is not None and lane.closed:
+            return ClosedError("the stream is closed")
+        if self.state is not DeviceState.OPEN:
+            return ClosedError(f"the device is {self.state.value}")
         if not self.adapter.is_current():
-            raise RuntimeError(OTHER_THREAD)
-        if self.faults.first is not None:
-            raise self.fault_error()
+            return RuntimeError(OTHER_THREAD)
+        return self.fault_error()
 
     def fault_error(self) -> BaseException:
         """The error for work refused because the device has faulted (caused by the fault)."""

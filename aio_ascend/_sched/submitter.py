@@ -31,6 +31,7 @@ from .._errors import (
 from .._host.pool import HostBuffer
 from .._runtime import Runtime
 from .._runtime.base import LaunchBatch
+from .._runtime.pybatch import PythonBatch
 from .._runtime.threads import GilTurns, LoopPulse
 from .batching import Hop
 from .counters import Counters
@@ -114,6 +115,8 @@ class Submitter:
         self._stager = CopyWorker(f"aio_ascend-stage-{device_id}")
         #: runtime errors caught in the hop being submitted (see _forget_frames)
         self._caught: list[BaseException] = []
+        #: the runs of launches of a runtime without a native batch call
+        self._python_batch = PythonBatch(runtime)
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
@@ -289,7 +292,7 @@ class Submitter:
         runtime = self._runtime
         task_id = runtime.last_task_id  # the runtime's id of what this thread just submitted
         #: the runtime's one call for a run of plain launches; None: launches go one by one
-        launch_batch: LaunchBatch | None = getattr(runtime, "launch_batch", None)
+        launch_batch: LaunchBatch = getattr(runtime, "launch_batch", None) or self._python_batch
         counters = self.counters
         faults = self._faults
         parked = self._parked
@@ -324,12 +327,7 @@ class Submitter:
                     error = derived_error(error, "not submitted: an earlier request was refused")
                 elif lane.forced:  # its stream is being destroyed by force
                     error = gave_up(req.kind)
-                elif (
-                    launch_batch is not None
-                    and type(req) is Launch
-                    and req.cfg is None
-                    and index != slow
-                ):
+                elif type(req) is Launch and req.cfg is None and index != slow:
                     run.append(req)  # submitted with its run (its position set there)
                     index += 1
                     continue
@@ -368,7 +366,7 @@ class Submitter:
 
     def _flush(
         self,
-        launch_batch: LaunchBatch | None,
+        launch_batch: LaunchBatch,
         run: list[Request],
         index: int,
         open_batches: dict[Lane, list[Request]],
@@ -382,7 +380,6 @@ class Submitter:
         the per-launch method (else ``slow`` as it was): ``index``; or where the run stopped,
         the request after a refused launch (its stream's later requests are refused from it
         on), or a launch that the per-launch method must submit."""
-        assert launch_batch is not None
         try:
             submitted, refusal = launch_batch(run)
         except Exception as exc:

@@ -21,6 +21,7 @@ from .._runtime.abi import (
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
 )
+from .._runtime.pybatch import launch_one
 from .compiled import mypyc_attr
 from .events import EventRecord
 
@@ -183,18 +184,7 @@ class Launch(Request):
         self.args = None
 
     def submit(self, runtime: Runtime, stream: int) -> None:
-        addr = self.host.addr  # type: ignore[union-attr]
-        count = self.placeholder_count
-        runtime.launch_kernel_with_host_args(
-            self.func,
-            self.blocks,
-            stream,
-            self.cfg,
-            addr,
-            self.nbytes,
-            addr + self.table_offset if count else 0,
-            count,
-        )
+        launch_one(runtime.launch_kernel_with_host_args, self, stream)
 
 
 class _Copy(Request):
