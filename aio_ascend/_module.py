@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ._host.hostargs import HostArgs, PackedArgs
 from ._host.pool import HostBuffer
 from ._runtime.base import FunctionInfo
+
+if TYPE_CHECKING:
+    from ._sched.work import LaunchSpec
 
 __all__ = ["Function", "Module"]
 
@@ -22,7 +26,16 @@ class Function:
         parameters, hidden arguments, data placement); ``None`` when nothing
     """
 
-    __slots__ = ("device", "handle", "info", "module", "name", "no_args", "no_args_image")
+    __slots__ = (
+        "device",
+        "handle",
+        "info",
+        "launch_specs",
+        "module",
+        "name",
+        "no_args",
+        "no_args_image",
+    )
 
     def __init__(
         self,
@@ -47,6 +60,17 @@ class Function:
         #: ``no_args`` pinned once, shared by the launches without args (made by the first;
         #: freed with the device)
         self.no_args_image: HostBuffer | None = None
+        #: its launches without args or config, checked and packed once per block count:
+        #: ``{blocks: LaunchSpec}`` (made by the first; see ``Stream.launch``)
+        self.launch_specs: dict[int, LaunchSpec] = {}
+
+    def __copy__(self) -> Function:
+        # a copy starts with no launches prepared: they hold the handle they were made for
+        twin = Function.__new__(Function)
+        for name in Function.__slots__:
+            setattr(twin, name, getattr(self, name))
+        twin.launch_specs = {}
+        return twin
 
     def __repr__(self) -> str:
         return f"<Function {self.name!r} of {self.module!r}>"

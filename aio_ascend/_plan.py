@@ -10,7 +10,7 @@ from ._errors import ClosedError
 from ._host.snapshot import shareable, shared_image
 from ._sched.plans import PlanRecord
 from ._sched.task import Task
-from ._sched.work import Launch
+from ._sched.work import Launch, LaunchSpec
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -54,15 +54,11 @@ class LaunchPlan:
 
     __slots__ = (
         "__weakref__",
-        "_blocks",
-        "_cfg",
-        "_func",
-        "_holds",
         "_lane",
-        "_packed",
         "_record",
         "_ref",
         "_scheduler",
+        "_spec",
         "blocks",
         "function",
         "stream",
@@ -86,13 +82,10 @@ class LaunchPlan:
         self._scheduler = scheduler
         self._lane = lane
         self._ref = stream_ref
-        self._func = fn.handle
-        self._blocks = blocks
-        self._cfg = cfg
-        self._packed = packed
         host = shared_image(scheduler.pool, packed) if shareable(packed, fn.info) else None
         self._record = PlanRecord(scheduler.lifetimes, scheduler.pool, host, buffers)
-        self._holds = (self._record,)  # what each launch holds (one tuple for all of them)
+        # every launch holds the plan's record (one tuple for all of them)
+        self._spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, (self._record,))
         # Dropped without close(): released as close() would, on the loop (collection may
         # happen on any thread; frees belong to the loop's)
         weakref.finalize(self, scheduler.drop_plan, self._record).atexit = False
@@ -118,22 +111,7 @@ class LaunchPlan:
                 scheduler.unadmit(lane)
                 raise ClosedError("the launch plan is closed")
         task = Task(scheduler.adapter, self._ref, "launch", scheduler.failures)
-        packed = self._packed
-        scheduler.enqueue(
-            Launch(
-                lane,
-                task,
-                record.host,
-                self._holds,
-                self._func,
-                self._blocks,
-                self._cfg,
-                packed.nbytes,
-                packed.table_offset,
-                packed.placeholder_count,
-                packed,
-            )
-        )
+        scheduler.enqueue(Launch(lane, task, self._spec))
         if stream._order is None:  # noqa: SLF001 - no torch handshake to wait for
             return task
         return await stream._queued(task)  # noqa: SLF001

@@ -16,7 +16,6 @@ from ._graph import Graph
 from ._host.hostargs import HostArgs, PackedArgs
 from ._host.hostdata import destination_bytes, dims_of, source_bytes
 from ._host.pinned import PinnedArrays, pinned_owner
-from ._host.pool import HostBuffer
 from ._host.snapshot import shareable, shared_image
 from ._interop import ExternalEvent, TorchOrder
 from ._launch_config import LaunchConfig, LaunchConfigDict
@@ -33,6 +32,7 @@ from ._sched.work import (
     CopyToDevice,
     CopyToHost,
     Launch,
+    LaunchSpec,
     Memset,
     PinnedCopyToDevice,
     PinnedCopyToHost,
@@ -94,14 +94,24 @@ def launch_args(
     return fn, packed, cfg, buffers
 
 
-def _pin_no_args(scheduler: Scheduler, fn: Function, packed: PackedArgs) -> HostBuffer | None:
-    """The pinned image ``fn``'s launches without args share (made once per kernel, kept
-    until the device closes), or None where each launch needs its own copy."""
-    if not shareable(packed, fn.info):
-        return None
-    scheduler.check_open()  # (the pool closes with the device)
-    fn.no_args_image = shared_image(scheduler.pool, packed)
-    return fn.no_args_image
+def _launch_spec(
+    device: object, scheduler: Scheduler, fn: object, blocks: object, args: object, config: object
+) -> LaunchSpec:
+    """A launch's input checked and packed (:func:`launch_args`); without args or config it
+    is kept on the kernel for its next launches with as many blocks (``Function.launch_specs``)."""
+    fn, packed, cfg, buffers = launch_args(device, scheduler, fn, blocks, args, config)
+    if args is not None:
+        return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers)  # type: ignore[arg-type]
+    host = fn.no_args_image
+    if host is None and shareable(packed, fn.info):
+        # one pinned image per kernel, shared by its launches without args (kept until the
+        # device closes; the pool closes with it)
+        scheduler.check_open()
+        host = fn.no_args_image = shared_image(scheduler.pool, packed)
+    spec = LaunchSpec(fn.handle, blocks, cfg, packed, host)  # type: ignore[arg-type]
+    if cfg is None:
+        fn.launch_specs[blocks] = spec  # type: ignore[index]
+    return spec
 
 
 def _check_blocks(blocks: object) -> None:
@@ -413,31 +423,22 @@ class Stream(StreamSync):
         :raises DeviceFaultError: the device has faulted (cause: the first fault)
         """
         scheduler = self._scheduler
-        fn, packed, cfg, buffers = launch_args(self.device, scheduler, fn, blocks, args, config)
-        host = None
-        if args is None:  # one pinned image per kernel, shared by its launches without args
-            host = fn.no_args_image
-            if host is None:
-                host = _pin_no_args(scheduler, fn, packed)
+        spec = None
+        if (
+            args is None
+            and config is None
+            and type(fn) is Function
+            and type(blocks) is int
+            and fn.device is self.device
+        ):
+            spec = fn.launch_specs.get(blocks)  # checked and packed before
+        if spec is None:
+            spec = _launch_spec(self.device, scheduler, fn, blocks, args, config)
         lane = self._lane
         if not (self._plain and scheduler.try_admit(lane)):
             await self._admit()
         task = self._task("launch")
-        scheduler.enqueue(
-            Launch(
-                lane,
-                task,
-                host,
-                buffers,
-                fn.handle,
-                blocks,
-                cfg,
-                packed.nbytes,
-                packed.table_offset,
-                packed.placeholder_count,
-                packed,
-            )
-        )
+        scheduler.enqueue(Launch(lane, task, spec))
         if self._order is not None:
             await self._order.after(self._fence, scheduler.adapter)
         return task

@@ -333,7 +333,7 @@ class OtelSpans(_Observing):
                 continue
             task = request.task
             kind = request.kind
-            kernel = source.kernels.get(request.func) if kind == "launch" else None
+            kernel = source.kernels.get(request.spec.func) if kind == "launch" else None
             attributes: dict[str, Any] = {
                 "aio_ascend.device": source.device_id,
                 "aio_ascend.backend": source.backend,

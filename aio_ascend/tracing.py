@@ -306,7 +306,7 @@ class Tracer(ObserverContext):
                     continue
                 room -= 1
                 kind = request.kind
-                kernel = kernels.get(request.func) if kind == "launch" else None
+                kernel = kernels.get(request.spec.func) if kind == "launch" else None
                 failed = None if error is None else type(error).__name__
                 # a host function's times are its own (its task keeps none): read them now
                 stamps = times(request) if kind == "host_func" else None

@@ -22,18 +22,20 @@ Launch = Callable[[int, int, int, Any, int, int, int, int], None]
 
 def launch_one(launch: Launch, req: Any, stream: int) -> None:
     """Submit the launch request ``req`` on ``stream`` with ``launch`` (a runtime's
-    ``launch_kernel_with_host_args``): its args at ``host.addr``, the placeholder table at
-    ``host.addr + table_offset`` when it has placeholders."""
+    ``launch_kernel_with_host_args``): the kernel, blocks and config of its ``spec``, its args
+    at ``host.addr``, the placeholder table at ``host.addr + spec.table_offset`` when it has
+    placeholders."""
     addr = req.host.addr
-    count = req.placeholder_count
+    spec = req.spec
+    count = spec.placeholder_count
     launch(
-        req.func,
-        req.blocks,
+        spec.func,
+        spec.blocks,
         stream,
-        req.cfg,
+        spec.cfg,
         addr,
-        req.nbytes,
-        addr + req.table_offset if count else 0,
+        spec.nbytes,
+        addr + spec.table_offset if count else 0,
         count,
     )
 

@@ -26,7 +26,7 @@ from .._host.pool import HostBufferPool
 from .._launch_config import LaunchConfig
 from .compiled import interpreted
 from .lifetimes import Allocation, Lifetimes
-from .work import CopyDevice, CopyToDevice, Launch, Memset, Request
+from .work import CopyDevice, CopyToDevice, Launch, LaunchSpec, Memset, Request
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -144,19 +144,7 @@ class GraphBook:
         allocations: tuple[Allocation, ...],
     ) -> Launch:
         """A launch to record: its args snapshotted, its buffers retained (by the graph)."""
-        request = Launch(
-            lane,
-            task,
-            None,
-            allocations,
-            func,
-            blocks,
-            cfg,
-            packed.nbytes,
-            packed.table_offset,
-            packed.placeholder_count,
-            packed,
-        )
+        request = Launch(lane, task, LaunchSpec(func, blocks, cfg, packed, None, allocations))
         request.stage(self._pool)
         self._lifetimes.retain(allocations)
         return request

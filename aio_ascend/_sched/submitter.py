@@ -327,7 +327,7 @@ class Submitter:
                     error = derived_error(error, "not submitted: an earlier request was refused")
                 elif lane.forced:  # its stream is being destroyed by force
                     error = gave_up(req.kind)
-                elif type(req) is Launch and req.cfg is None and index != slow:
+                elif type(req) is Launch and req.spec.cfg is None and index != slow:
                     run.append(req)  # submitted with its run (its position set there)
                     index += 1
                     continue

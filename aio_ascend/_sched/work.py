@@ -44,6 +44,7 @@ __all__ = [
     "CopyToHost",
     "Delivery",
     "Launch",
+    "LaunchSpec",
     "Memset",
     "Outcome",
     "PinnedCopyToDevice",
@@ -144,44 +145,68 @@ Delivery = tuple[Request, BaseException | None, Outcome]
 
 
 @mypyc_attr(acyclic=True)
-class Launch(Request):
-    """A kernel launch: its host args in a pinned buffer, its own copy (taken by :meth:`stage`)
-    or an image shared by many launches (``host`` given: see ``snapshot.shareable``)."""
+class LaunchSpec:
+    """What every launch of one kernel with one set of args has in common: made once (per
+    stream for a kernel launched without args, once per ``LaunchPlan``, once per launch with
+    args of its own) and shared by its launches.
 
-    __slots__ = ("args", "blocks", "cfg", "func", "nbytes", "placeholder_count", "table_offset")
+    :ivar func: the runtime's function handle
+    :ivar blocks: the number of blocks
+    :ivar cfg: the launch config, or None
+    :ivar args: the packed args
+    :ivar host: a pinned image of ``args`` every launch reads (``snapshot.shareable``), or None
+        when each launch needs a copy of its own (taken by :meth:`Launch.stage`)
+    :ivar buffers: the device allocations the args point to (each launch retains them)
+    """
+
+    __slots__ = (
+        "args",
+        "blocks",
+        "buffers",
+        "cfg",
+        "func",
+        "host",
+        "nbytes",
+        "placeholder_count",
+        "table_offset",
+    )
+
+    def __init__(
+        self,
+        func: int,
+        blocks: int,
+        cfg: LaunchConfig | None,
+        args: PackedArgs,
+        host: HostBuffer | None = None,
+        buffers: tuple[Allocation, ...] = (),
+    ) -> None:
+        self.func = func
+        self.blocks = blocks
+        self.cfg = cfg
+        self.args = args
+        self.host = host
+        self.buffers = buffers
+        self.nbytes = args.nbytes
+        self.table_offset = args.table_offset
+        self.placeholder_count = args.placeholder_count
+
+
+@mypyc_attr(acyclic=True)
+class Launch(Request):
+    """A kernel launch of ``spec``: its host args in a pinned buffer, the spec's shared image
+    or a copy of its own (``host`` None until :meth:`stage` takes it)."""
+
+    __slots__ = ("spec",)
     kind = "launch"
     is_launch = True
     staged = True
 
-    def __init__(
-        self,
-        lane: Lane,
-        task: Task,
-        host: HostBuffer | None,
-        buffers: tuple[Allocation, ...],
-        func: int,
-        blocks: int,
-        cfg: LaunchConfig | None,
-        nbytes: int,
-        table_offset: int,
-        placeholder_count: int,
-        args: PackedArgs | None = None,
-    ) -> None:
-        Request.__init__(self, lane, task, host, buffers)
-        self.func = func
-        self.blocks = blocks
-        self.cfg = cfg
-        self.nbytes = nbytes
-        self.table_offset = table_offset
-        self.placeholder_count = placeholder_count
-        #: the args :meth:`stage` copies into a buffer of its own (``host`` None)
-        self.args = args
+    def __init__(self, lane: Lane, task: Task, spec: LaunchSpec) -> None:
+        Request.__init__(self, lane, task, spec.host, spec.buffers)
+        self.spec = spec
 
     def stage(self, pool: HostBufferPool) -> None:
-        args = self.args
-        assert args is not None
-        self.host = snapshot_args(pool, args)
-        self.args = None
+        self.host = snapshot_args(pool, self.spec.args)
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         launch_one(runtime.launch_kernel_with_host_args, self, stream)

@@ -54,6 +54,10 @@ class _Launch:
     placeholder_count: int = 0
     position: int = -1
 
+    @property
+    def spec(self) -> _Launch:  # (the scheduler's launches keep these fields in a LaunchSpec)
+        return self
+
 
 @pytest.fixture
 def native(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
@@ -203,6 +207,10 @@ def test_a_position_that_cannot_be_set_does_not_undo_the_submission(
         @property
         def position(self) -> int:
             return -7
+
+        @property
+        def spec(self) -> Fixed:
+            return self
 
     run = [Fixed(launch) for launch in kit.launches(2)]
     mark = ctl.mark()

@@ -75,13 +75,14 @@ def test_per_launch_records_are_not_tracked_by_the_collector_when_compiled() -> 
     # garbage collector nothing (fewer collections, shorter full ones while 10k are alive)
     import gc
 
+    from aio_ascend import HostArgs
     from aio_ascend._host.pool import HostBuffer
     from aio_ascend._sched.batching import Hop
     from aio_ascend._sched.lane import Lane
-    from aio_ascend._sched.work import Batch, Launch
+    from aio_ascend._sched.work import Batch, Launch, LaunchSpec
 
     lane = Lane(1, 10, 100)
     host = HostBuffer(0, 4096, 4096, 64, memoryview(bytearray(64)))
-    launch = Launch(lane, None, host, (), 1, 1, None, 8, 8, 0)  # type: ignore[arg-type]
+    launch = Launch(lane, None, LaunchSpec(1, 1, None, HostArgs().u64(0).pack(), host))  # type: ignore[arg-type]
     for record in (launch, Batch(lane, [launch], 1, 0.0), Hop([launch], 0.0)):
         assert not gc.is_tracked(record), type(record).__name__

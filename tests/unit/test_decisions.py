@@ -116,7 +116,7 @@ def test_refuse_all_on_close_turns_every_waiter_away_holding_nothing() -> None:
 
 
 def test_prepaid_slots_serve_only_their_owner_and_go_back_when_it_suspends() -> None:
-    admission = Admission(GRANT_PER_WAKE, 100)
+    admission = Admission(GRANT_PER_WAKE, 4 * GRANT_PER_WAKE)
     for _ in range(GRANT_PER_WAKE):
         admission.try_enter()
     first = admission.enqueue("owner")
@@ -138,20 +138,24 @@ def test_prepaid_slots_serve_only_their_owner_and_go_back_when_it_suspends() -> 
 
 
 def test_a_cancelled_or_refused_grant_gives_back_every_slot_it_held() -> None:
-    admission = Admission(100, 1000)
-    admission.in_flight, admission.entries = 100, 200
+    full = 4 * GRANT_PER_WAKE
+    admission = Admission(full, 10 * full)
+    admission.in_flight, admission.entries = full, 2 * full
     ticket = admission.enqueue("a")
     admission.release(2 * GRANT_PER_WAKE, GRANT_PER_WAKE)
     assert ticket.granted and ticket.extra == GRANT_PER_WAKE - 1
     assert admission.withdraw(ticket) == []  # cancelled after the grant: all of it back
-    assert (admission.in_flight, admission.entries) == (100 - GRANT_PER_WAKE, 200 - 16)
+    assert (admission.in_flight, admission.entries) == (
+        full - GRANT_PER_WAKE,
+        2 * full - 2 * GRANT_PER_WAKE,
+    )
     again = admission.enqueue("b")
     admission.release(2 * GRANT_PER_WAKE, GRANT_PER_WAKE)
     admission.adopt(again, "b", lambda: "b")
     assert admission.prepaid == GRANT_PER_WAKE - 1
     assert admission.refuse_all() == []  # closing: prepaid slots are dropped too
     assert admission.prepaid == 0
-    assert admission.in_flight == 100 - 2 * GRANT_PER_WAKE + 1
+    assert admission.in_flight == full - 2 * GRANT_PER_WAKE + 1
 
 
 # --- batches ------------------------------------------------------------------------------
@@ -306,14 +310,18 @@ def test_a_freed_slot_goes_to_the_oldest_admission_waiter() -> None:
 
 def test_a_run_of_completions_wakes_each_waiter_once_with_several_slots() -> None:
     loop = _Loop()
-    lane, deliveries = _deliveries(loop, 20, 0)
-    lane.admission.limit = 20  # every slot taken by the 20 requests delivered
+    count = 2 * GRANT_PER_WAKE + GRANT_PER_WAKE // 2
+    lane, deliveries = _deliveries(loop, count, 0)
+    lane.admission.limit = count  # every slot taken by the requests delivered
+    lane.admission.entry_budget = 2 * count
     tickets = [lane.admission.enqueue(f"w{i}") for i in range(4)]
     DeliveryQueue(loop.wake, loop.call_soon, lambda count: None).deliver(deliveries)
-    # 20 freed slots, oldest first, GRANT_PER_WAKE each: w0 and w1 a full grant, w2 the rest
+    # the freed slots, oldest first, GRANT_PER_WAKE each: w0 and w1 a full grant, w2 the rest
     assert loop.woken == ["w0", "w1", "w2"]
-    assert [t.extra for t in tickets[:3]] == [7, 7, 3] and not tickets[3].granted
-    assert lane.admission.in_flight == 20
+    full = GRANT_PER_WAKE - 1
+    assert [t.extra for t in tickets[:3]] == [full, full, GRANT_PER_WAKE // 2 - 1]
+    assert not tickets[3].granted
+    assert lane.admission.in_flight == count
 
 
 # --- watchdog -----------------------------------------------------------------------------

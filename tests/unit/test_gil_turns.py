@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from aio_ascend import HostArgs
 from aio_ascend._host.pool import HostBuffer
 from aio_ascend._runtime import threads
 from aio_ascend._runtime.threads import LOOP_STARVED_S, LoopPulse
@@ -17,7 +18,7 @@ from aio_ascend._sched.faults import FaultState
 from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.submitter import Submitter
 from aio_ascend._sched.task import Task
-from aio_ascend._sched.work import Batch, Launch, Request
+from aio_ascend._sched.work import Batch, Launch, LaunchSpec, Request
 
 
 def test_the_pulse_says_starved_only_after_the_loop_has_been_away() -> None:
@@ -52,12 +53,11 @@ class _Events:
 def _hops(count: int, size: int) -> list[Hop]:
     lane = Lane(1, 100_000, 200_000)
     host = HostBuffer(0, 4096, 4096, 64, memoryview(bytearray(64)))
+    spec = LaunchSpec(7, 1, None, HostArgs().u64(0).pack(), host)  # 8 bytes of args
     task: Any = Task.__new__(Task)  # never resolved here
     hops = []
     for _ in range(count):
-        requests: list[Request] = [
-            Launch(lane, task, host, (), 7, 1, None, 8, 8, 0) for _ in range(size)
-        ]
+        requests: list[Request] = [Launch(lane, task, spec) for _ in range(size)]
         form_batches(requests, 512)
         hops.append(Hop(requests, time.monotonic() + 60))
     return hops

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from aio_ascend import HostArgs
 from aio_ascend._errors import DeviceFaultError
 from aio_ascend._host.pool import HostBuffer
 from aio_ascend._sched.batching import Hop, form_batches
@@ -14,7 +15,7 @@ from aio_ascend._sched.faults import FaultState
 from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.submitter import Submitter
 from aio_ascend._sched.task import Task
-from aio_ascend._sched.work import Delivery, Launch, Request
+from aio_ascend._sched.work import Delivery, Launch, LaunchSpec, Request
 
 
 class _Released:
@@ -58,8 +59,9 @@ def test_every_unsubmitted_request_is_caused_by_the_first_fault() -> None:
     )
     lane = Lane(1, 100, 200)
     host = HostBuffer(0, 4096, 4096, 64, memoryview(bytearray(64)))
+    spec = LaunchSpec(7, 1, None, HostArgs().u64(0).pack(), host)  # 8 bytes of args
     task: Any = Task.__new__(Task)
-    requests: list[Request] = [Launch(lane, task, host, (), 7, 1, None, 8, 8, 0) for _ in range(4)]
+    requests: list[Request] = [Launch(lane, task, spec) for _ in range(4)]
     form_batches(requests, 512)
     submitter._hop(Hop(requests, time.monotonic() + 60))
     assert runtime.calls == 1  # the rest of the stream's hop is not submitted

@@ -38,7 +38,7 @@ typedef struct {
 } item_t;
 
 static PyObject *s_func, *s_blocks, *s_cfg, *s_host, *s_addr, *s_nbytes, *s_table_offset,
-    *s_placeholder_count, *s_lane, *s_handle, *s_position;
+    *s_placeholder_count, *s_lane, *s_handle, *s_position, *s_spec;
 
 /* an int attribute as uint64 (0 on success); -1 when absent, not an exact int, or negative */
 static int get_u64(PyObject *obj, PyObject *name, uint64_t *out) {
@@ -53,14 +53,36 @@ static int get_u64(PyObject *obj, PyObject *name, uint64_t *out) {
     return ok ? 0 : -1;
 }
 
-/* requests[i] as a C launch; 0 on success, -1 when it is not for this path (no error set) */
-static int read_item(PyObject *req, item_t *it, PyObject **last_lane, uint64_t *last_stream,
-                     PyObject *check_table, const uint64_t *limits) {
-    PyObject *cfg = PyObject_GetAttr(req, s_cfg);
-    if (cfg == NULL) goto refuse;
+/* what a launch's spec gives, read once per run of launches of one spec */
+typedef struct {
+    PyObject *spec; /* borrowed: the requests hold their specs */
+    uint64_t func, blocks, nbytes, table_offset, count;
+} spec_t;
+
+static int read_spec(PyObject *spec, spec_t *sp) {
+    PyObject *cfg = PyObject_GetAttr(spec, s_cfg);
+    if (cfg == NULL) return -1;
     int plain = cfg == Py_None;
     Py_DECREF(cfg);
-    if (!plain) goto refuse;
+    if (!plain || get_u64(spec, s_func, &sp->func) || get_u64(spec, s_blocks, &sp->blocks) ||
+        get_u64(spec, s_nbytes, &sp->nbytes) || get_u64(spec, s_table_offset, &sp->table_offset) ||
+        get_u64(spec, s_placeholder_count, &sp->count))
+        return -1;
+    sp->spec = spec;
+    return 0;
+}
+
+/* requests[i] as a C launch; 0 on success, -1 when it is not for this path (no error set) */
+static int read_item(PyObject *req, item_t *it, PyObject **last_lane, uint64_t *last_stream,
+                     spec_t *last_spec, PyObject *check_table, const uint64_t *limits) {
+    PyObject *spec = PyObject_GetAttr(req, s_spec);
+    if (spec == NULL) goto refuse;
+    int bad_spec = spec != last_spec->spec && read_spec(spec, last_spec);
+    Py_DECREF(spec); /* borrowed from here on: the request holds its spec */
+    if (bad_spec) {
+        last_spec->spec = NULL;
+        goto refuse;
+    }
     PyObject *lane = PyObject_GetAttr(req, s_lane);
     if (lane == NULL) goto refuse;
     if (lane == *last_lane) { /* runs are mostly one stream's: read its handle once */
@@ -76,11 +98,11 @@ static int read_item(PyObject *req, item_t *it, PyObject **last_lane, uint64_t *
     if (host == NULL) goto refuse;
     int bad = get_u64(host, s_addr, &it->addr);
     Py_DECREF(host);
-    uint64_t blocks, table_offset;
-    if (bad || get_u64(req, s_func, &it->func) || get_u64(req, s_blocks, &blocks) ||
-        get_u64(req, s_nbytes, &it->nbytes) || get_u64(req, s_table_offset, &table_offset) ||
-        get_u64(req, s_placeholder_count, &it->count))
-        goto refuse;
+    if (bad) goto refuse;
+    uint64_t blocks = last_spec->blocks, table_offset = last_spec->table_offset;
+    it->func = last_spec->func;
+    it->nbytes = last_spec->nbytes;
+    it->count = last_spec->count;
     /* the per-launch method's fast check, with abi's bounds; anything else goes there */
     if (!(it->addr > 0 && blocks >= 1 && blocks <= limits[0] && it->nbytes >= 1 &&
           it->nbytes <= limits[1] && it->count <= limits[2]))
@@ -129,9 +151,11 @@ static PyObject *launch_batch(PyObject *self, PyObject *args) {
     int status = 0;
     PyObject *last_lane = NULL;
     uint64_t last_stream = 0;
+    spec_t last_spec = {NULL, 0, 0, 0, 0, 0};
     for (; count < n; count++) {
         PyObject *req = PyList_GET_ITEM(requests, count);
-        if (read_item(req, &items[count], &last_lane, &last_stream, check_table, limits)) {
+        if (read_item(req, &items[count], &last_lane, &last_stream, &last_spec, check_table,
+                      limits)) {
             status = -1;
             break;
         }
@@ -194,7 +218,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         {&s_addr, "addr"},       {&s_nbytes, "nbytes"},
         {&s_table_offset, "table_offset"}, {&s_placeholder_count, "placeholder_count"},
         {&s_lane, "lane"},       {&s_handle, "handle"},
-        {&s_position, "position"},
+        {&s_position, "position"}, {&s_spec, "spec"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         *names[i].slot = PyUnicode_InternFromString(names[i].name);
