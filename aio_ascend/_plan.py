@@ -86,6 +86,7 @@ class LaunchPlan:
         self._record = PlanRecord(scheduler.lifetimes, scheduler.pool, host, buffers)
         # every launch holds the plan's record (one tuple for all of them)
         self._spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, (self._record,))
+        self._record.spec = self._spec
         # Dropped without close(): released as close() would, on the loop (collection may
         # happen on any thread; frees belong to the loop's)
         weakref.finalize(self, scheduler.drop_plan, self._record).atexit = False
@@ -110,8 +111,7 @@ class LaunchPlan:
             if record.free_requested:  # closed while this launch waited for its slot
                 scheduler.unadmit(lane)
                 raise ClosedError("the launch plan is closed")
-        task = Task(scheduler.adapter, self._ref, "launch", scheduler.failures)
-        scheduler.enqueue(Launch(lane, task, self._spec))
+        task = scheduler.enqueue(Launch(lane, self._spec))
         if stream._order is None:  # noqa: SLF001 - no torch handshake to wait for
             return task
         return await stream._queued(task)  # noqa: SLF001

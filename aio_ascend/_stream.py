@@ -101,7 +101,7 @@ def _launch_spec(
     is kept on the kernel for its next launches with as many blocks (``Function.launch_specs``)."""
     fn, packed, cfg, buffers = launch_args(device, scheduler, fn, blocks, args, config)
     if args is not None:
-        return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers)  # type: ignore[arg-type]
+        return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers, once=True)  # type: ignore[arg-type]
     host = fn.no_args_image
     if host is None and shareable(packed, fn.info):
         # one pinned image per kernel, shared by its launches without args (kept until the
@@ -239,7 +239,6 @@ class GraphCapture:
         self._scheduler = scheduler
         self._lane = lane
         self._admit = admit
-        self._task = Task(scheduler.adapter, weakref.ref(stream), "capture", scheduler.failures)
         self._ops: list[Request] = []
         self._state = "new"
         #: the captured graph, once the block has exited
@@ -265,7 +264,7 @@ class GraphCapture:
             self._stream.device, scheduler, fn, blocks, args, config
         )
         self._ops.append(
-            scheduler.graphs.launch(self._lane, self._task, fn.handle, blocks, cfg, packed, buffers)
+            scheduler.graphs.launch(self._lane, fn.handle, blocks, cfg, packed, buffers)
         )
 
     def copy_to_device(self, dst: DeviceBuffer, src: Any) -> None:
@@ -274,27 +273,21 @@ class GraphCapture:
         self._recording()
         scheduler = self._scheduler
         dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
-        self._ops.append(
-            scheduler.graphs.copy_to_device(self._lane, self._task, dst_buf, root, source, count)
-        )
+        self._ops.append(scheduler.graphs.copy_to_device(self._lane, dst_buf, root, source, count))
 
     def copy_device(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int | None = None) -> None:
         """Record a device-to-device copy (see :meth:`Stream.copy_device`)."""
         self._recording()
         scheduler = self._scheduler
         dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
-        self._ops.append(
-            scheduler.graphs.copy_device(self._lane, self._task, dst_buf, src_buf, roots, count)
-        )
+        self._ops.append(scheduler.graphs.copy_device(self._lane, dst_buf, src_buf, roots, count))
 
     def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> None:
         """Record a memset (see :meth:`Stream.memset`)."""
         self._recording()
         scheduler = self._scheduler
         dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
-        self._ops.append(
-            scheduler.graphs.memset(self._lane, self._task, dst_buf, root, byte, count)
-        )
+        self._ops.append(scheduler.graphs.memset(self._lane, dst_buf, root, byte, count))
 
     async def __aenter__(self) -> GraphCapture:
         if self._state != "new":
@@ -324,9 +317,9 @@ class GraphCapture:
         except BaseException:
             record.registry.free(record)  # nothing was queued: released now
             raise
-        scheduler.enqueue(CaptureGraph(self._lane, self._task, record))  # (it holds the record)
+        capture = scheduler.enqueue(CaptureGraph(self._lane, record))  # (it holds the record)
         try:
-            await self._task
+            await capture
         except BaseException:
             record.registry.free(record)  # once the capture request is done with it
             raise
@@ -395,6 +388,7 @@ class Stream(StreamSync):
         self._scheduler = scheduler
         self._lane = lane
         self._ref = weakref.ref(self)
+        lane.stream_ref = self._ref  # (its tasks' ``stream``)
         self._order = order
         self._hold = None
         self._plain = order is None
@@ -437,8 +431,7 @@ class Stream(StreamSync):
         lane = self._lane
         if not (self._plain and scheduler.try_admit(lane)):
             await self._admit()
-        task = self._task("launch")
-        scheduler.enqueue(Launch(lane, task, spec))
+        task = scheduler.enqueue(Launch(lane, spec))
         if self._order is not None:
             await self._order.after(self._fence, scheduler.adapter)
         return task
@@ -466,11 +459,6 @@ class Stream(StreamSync):
         fn, packed, cfg, buffers = launch_args(self.device, scheduler, fn, blocks, args, config)
         return LaunchPlan(self, self._ref, scheduler, self._lane, fn, blocks, cfg, packed, buffers)
 
-    def _task(self, kind: str) -> Task:
-        # The Task of an admitted request of this stream (every operation's).
-        scheduler = self._scheduler
-        return Task(scheduler.adapter, self._ref, kind, scheduler.failures)
-
     async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:
         """Copy host data into ``dst`` on this stream: an ndarray, an object with the buffer
         protocol, a CPU ``__dlpack__`` object (a torch CPU tensor) or one with ``__array__``;
@@ -488,13 +476,12 @@ class Stream(StreamSync):
         dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
         addr = _pinned_address(scheduler.pinned, source, "copy_to_device src")
         await self._admit()
-        task = self._task("copy_to_device")
         if addr:  # straight from the user's pinned memory
             copy: Request = PinnedCopyToDevice(
-                self._lane, task, None, dst_buf, root, (addr, source), count
+                self._lane, None, dst_buf, root, (addr, source), count
             )
         else:
-            copy = CopyToDevice(self._lane, task, None, dst_buf, root, source, count)
+            copy = CopyToDevice(self._lane, None, dst_buf, root, source, count)
         return await self._queued(scheduler.enqueue(copy))
 
     async def copy_to_host(self, dst: Any, src: DeviceBuffer) -> Task:
@@ -525,13 +512,12 @@ class Stream(StreamSync):
             raise ValueError(f"copy_to_host: dst has {count} bytes, src buffer only {room}")
         addr = _pinned_address(scheduler.pinned, dst_bytes, "copy_to_host dst")
         await self._admit()
-        task = self._task("copy_to_host")
         if addr:  # straight into the user's pinned memory
             copy: Request = PinnedCopyToHost(
-                self._lane, task, None, (addr, dst_bytes), src_buf, root, count
+                self._lane, None, (addr, dst_bytes), src_buf, root, count
             )
         else:
-            copy = CopyToHost(self._lane, task, None, dst_bytes, src_buf, root, count)
+            copy = CopyToHost(self._lane, None, dst_bytes, src_buf, root, count)
         return await self._queued(scheduler.enqueue(copy))
 
     async def copy_device(
@@ -558,9 +544,8 @@ class Stream(StreamSync):
             return await self._copy_from_peer(dst, src, nbytes, src_stream)
         dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
         await self._admit()
-        task = self._task("copy_device")
         return await self._queued(
-            scheduler.enqueue(CopyDevice(self._lane, task, dst_buf, src_buf, count, roots))
+            scheduler.enqueue(CopyDevice(self._lane, dst_buf, src_buf, count, roots))
         )
 
     async def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> Task:
@@ -570,10 +555,7 @@ class Stream(StreamSync):
         scheduler.check_open()
         dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
         await self._admit()
-        task = self._task("memset")
-        return await self._queued(
-            scheduler.enqueue(Memset(self._lane, task, dst_buf, root, byte, count))
-        )
+        return await self._queued(scheduler.enqueue(Memset(self._lane, dst_buf, root, byte, count)))
 
     # --- one await: queue and wait for completion ---------------------------------------
 
@@ -671,10 +653,7 @@ class Stream(StreamSync):
         if graph.closed:
             raise ValueError(f"launch_graph(): {graph!r} is closed")
         await self._admit()
-        task = self._task("launch_graph")
-        return await self._queued(
-            self._scheduler.enqueue(LaunchGraph(self._lane, task, graph.record))
-        )
+        return await self._queued(self._scheduler.enqueue(LaunchGraph(self._lane, graph.record)))
 
     async def run_graph(self, graph: Graph) -> None:
         """:meth:`launch_graph` and wait until the replay has finished."""
@@ -693,14 +672,14 @@ class Stream(StreamSync):
         # record_event without the external stream's handshake (which uses it)
         await self._admit(drain)
         scheduler = self._scheduler
-        task = self._task("record_event")
+        record = RecordEvent(self._lane)
         try:
             handle = scheduler.user_events.take(event_flags(timing))
-            event = Event(self.device, scheduler, self, handle, timing, task)
+            record.event = event = Event(self.device, scheduler, self, handle, timing, record)
         except BaseException:
             scheduler.unadmit(self._lane)
             raise
-        scheduler.enqueue(RecordEvent(self._lane, task, event))
+        scheduler.enqueue(record)
         return event
 
     async def wait_event(self, event: Event | ExternalEvent) -> Task:
@@ -715,8 +694,7 @@ class Stream(StreamSync):
         if isinstance(event, ExternalEvent):
             event.drain()
         await self._admit()
-        task = self._task("wait_event")
-        return await self._queued(self._scheduler.enqueue(WaitEvent(self._lane, task, event)))
+        return await self._queued(self._scheduler.enqueue(WaitEvent(self._lane, event)))
 
     async def synchronize(self) -> None:
         """Wait until everything queued on this stream so far has finished.

@@ -12,7 +12,7 @@ import numpy as np
 from ._buffer import DeviceBuffer, byte_range
 from ._errors import ClosedError
 from ._hostfunc import host_funcs
-from ._sched.task import Task
+from ._sched.task import HostFunctionTask, Task
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -121,7 +121,7 @@ class StreamSync:
         # own later ops are not held by a host function (they reach the runtime stream
         # directly), so there is nothing to hand over.
         recorded = await self._fence(drain=True)
-        task = Task(scheduler.adapter, self._ref, "host_func", scheduler.failures)
+        task = HostFunctionTask(self._lane)
         # (no await from the record's admission to here: nothing else is queued in between)
         self._hold = task
         self._plain = False

@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ._sched.devpool import COUNTER_KEYS as MEMORY_COUNTERS
-from ._sched.hooks import HOOKS, ObserverContext, Source, times
+from ._sched.hooks import HOOKS, ObserverContext, Source, task_of, times
 from ._sched.work import Outcome
 from ._version import __version__
 
@@ -192,7 +192,7 @@ class PrometheusMetrics(_Observing):
             for request, error, outcome in deliveries:
                 if outcome is Outcome.FINISHED_LATE:
                     continue
-                task = request.task
+                task = task_of(request)
                 kind = request.kind
                 if error is not None:
                     key = (device, backend, kind, type(error).__name__)
@@ -331,7 +331,7 @@ class OtelSpans(_Observing):
         for request, error, outcome in deliveries:
             if outcome is Outcome.FINISHED_LATE:
                 continue
-            task = request.task
+            task = task_of(request)
             kind = request.kind
             kernel = source.kernels.get(request.spec.func) if kind == "launch" else None
             attributes: dict[str, Any] = {

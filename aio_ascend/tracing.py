@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
-from ._sched.hooks import HOOKS, ObserverContext, Source, times
+from ._sched.hooks import HOOKS, ObserverContext, Source, task_of, times
 from ._sched.task import Task
 from ._sched.work import Outcome
 
@@ -310,7 +310,7 @@ class Tracer(ObserverContext):
                 failed = None if error is None else type(error).__name__
                 # a host function's times are its own (its task keeps none): read them now
                 stamps = times(request) if kind == "host_func" else None
-                task = request.task
+                task = task_of(request)
                 pending.append((task, source, request.lane.handle, kind, kernel, failed, stamps))
 
     def resumed(self, task: Any) -> None:

@@ -91,7 +91,7 @@ class DeliveryQueue:
         for _ in range(min(len(completed), limit)):
             request, error, outcome = popleft()
             if outcome is not Outcome.FINISHED_LATE:
-                wakes += resolve_task(request.task, error)
+                wakes += resolve_task(request, error)
                 if not request.settled:
                     request.settled = True
                     settled += 1

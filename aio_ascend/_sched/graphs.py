@@ -31,7 +31,6 @@ from .work import CopyDevice, CopyToDevice, Launch, LaunchSpec, Memset, Request
 if TYPE_CHECKING:
     from .._runtime import Runtime
     from .lane import Lane
-    from .task import Task
 
 __all__ = ["CaptureGraph", "GraphBook", "GraphRecord", "LaunchGraph"]
 
@@ -73,6 +72,7 @@ class GraphRecord(Allocation):
         self.registry.release(ops)
 
 
+@interpreted
 class CaptureGraph(Request):
     """Record ``graph.ops`` on the stream as a runtime graph (one request, no runtime task)."""
 
@@ -80,8 +80,8 @@ class CaptureGraph(Request):
     kind = "capture"
     runtime_tasks = 0  # recorded work is not queued
 
-    def __init__(self, lane: Lane, task: Task, graph: GraphRecord) -> None:
-        super().__init__(lane, task, None, (graph,))
+    def __init__(self, lane: Lane, graph: GraphRecord) -> None:
+        super().__init__(lane, None, (graph,))
         self.graph = graph
 
     def submit(self, runtime: Runtime, stream: int) -> None:
@@ -98,6 +98,7 @@ class CaptureGraph(Request):
         self.graph.handle = runtime.end_capture(stream)
 
 
+@interpreted
 class LaunchGraph(Request):
     """One replay of a graph on the stream (one runtime task); it keeps the graph in use."""
 
@@ -105,8 +106,8 @@ class LaunchGraph(Request):
     kind = "launch_graph"
     is_launch = True
 
-    def __init__(self, lane: Lane, task: Task, graph: GraphRecord) -> None:
-        super().__init__(lane, task, None, (graph,))
+    def __init__(self, lane: Lane, graph: GraphRecord) -> None:
+        super().__init__(lane, None, (graph,))
         self.graph = graph
 
     def submit(self, runtime: Runtime, stream: int) -> None:
@@ -136,7 +137,6 @@ class GraphBook:
     def launch(
         self,
         lane: Lane,
-        task: Task,
         func: int,
         blocks: int,
         cfg: LaunchConfig | None,
@@ -144,40 +144,39 @@ class GraphBook:
         allocations: tuple[Allocation, ...],
     ) -> Launch:
         """A launch to record: its args snapshotted, its buffers retained (by the graph)."""
-        request = Launch(lane, task, LaunchSpec(func, blocks, cfg, packed, None, allocations))
+        request = Launch(lane, LaunchSpec(func, blocks, cfg, packed, None, allocations, once=True))
         request.stage(self._pool)
         self._lifetimes.retain(allocations)
         return request
 
     def copy_to_device(
-        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, src: Any, count: int
+        self, lane: Lane, dst: Allocation, root: Allocation, src: Any, count: int
     ) -> CopyToDevice:
         """A host-to-device copy to record; the bytes of ``src`` are staged now, and every
         replay copies those."""
         host = self._pool.acquire(count)
         np.copyto(np.frombuffer(host.view, np.uint8, count), src)
         self._lifetimes.retain((root,))
-        request = CopyToDevice(lane, task, host, dst, root, src, count)
+        request = CopyToDevice(lane, host, dst, root, src, count)
         request.src = np.frombuffer(host.view, np.uint8, count)  # restaging copies the same
         return request
 
     def copy_device(
         self,
         lane: Lane,
-        task: Task,
         dst: Allocation,
         src: Allocation,
         roots: tuple[Allocation, Allocation],
         count: int,
     ) -> CopyDevice:
         self._lifetimes.retain(roots)
-        return CopyDevice(lane, task, dst, src, count, roots)
+        return CopyDevice(lane, dst, src, count, roots)
 
     def memset(
-        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int
+        self, lane: Lane, dst: Allocation, root: Allocation, value: int, count: int
     ) -> Memset:
         self._lifetimes.retain((root,))
-        return Memset(lane, task, dst, root, value, count)
+        return Memset(lane, dst, root, value, count)
 
     # --- graphs ----------------------------------------------------------------------------
 

@@ -27,7 +27,16 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any, Protocol, Self
 
-__all__ = ["HOOKS", "HostCall", "Hooks", "Observer", "ObserverContext", "Source", "times"]
+__all__ = [
+    "HOOKS",
+    "HostCall",
+    "Hooks",
+    "Observer",
+    "ObserverContext",
+    "Source",
+    "task_of",
+    "times",
+]
 
 log = logging.getLogger("aio_ascend")
 
@@ -81,12 +90,16 @@ class HostCall:
         return self
 
 
+def task_of(request: Any) -> Any:
+    """The Task of a delivered request: itself, or a host call's."""
+    return request.task if type(request) is HostCall else request
+
+
 def times(request: Any) -> tuple[float | None, float | None]:
     """``(submitted, completed)`` of a delivered request: its task's, or a host call's own."""
     if type(request) is HostCall:
         return request.submitted, request.completed
-    task = request.task
-    return task.submitted_at, task.completed_at
+    return request.submitted_at, request.completed_at
 
 
 class Observer(Protocol):

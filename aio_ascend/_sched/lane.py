@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .admission import Admission
 
@@ -24,6 +25,8 @@ class Lane:
     :ivar external: the runtime stream belongs to someone else (never destroyed here)
     :ivar forced: closed by force: the submitter fails its requests instead of submitting them
     :ivar destroyed: its runtime stream was destroyed by force (by the poller thread)
+    :ivar owner: the device's scheduler (its tasks' loop and failure log: ``task.TaskOwner``)
+    :ivar stream_ref: a weak reference to the public stream object (``None`` when it is gone)
     """
 
     __slots__ = (
@@ -35,6 +38,8 @@ class Lane:
         "forced",
         "handle",
         "last",
+        "owner",
+        "stream_ref",
         "submitted",
     )
 
@@ -49,6 +54,8 @@ class Lane:
         self.destroyed = False
         self.last: Task | None = None
         self.flushed: Task | None = None
+        self.owner: Any = None  # set by the scheduler that opens it
+        self.stream_ref: Callable[[], Any] = _no_stream  # set by its public stream
         #: runtime tasks submitted to the stream so far (the submitter thread's count)
         self.submitted = 0
 
@@ -60,3 +67,7 @@ class Lane:
     def __repr__(self) -> str:
         state = "closed" if self.closed else "open"
         return f"<Lane {self.handle:#x} {state} {self.admission!r}>"
+
+
+def _no_stream() -> None:
+    return None

@@ -97,6 +97,10 @@ class Holder(Protocol):
 
     host: HostBuffer | None
     buffers: tuple[Allocation, ...]
+    holds_user: bool
+
+    def let_go(self) -> None:
+        """Drop the user objects it refers to (called when ``holds_user``)."""
 
 
 class Lifetimes:
@@ -249,6 +253,8 @@ class Lifetimes:
             if request.buffers:
                 holding.append(request.buffers)
                 request.buffers = ()
+            if request.holds_user:
+                request.let_go()
         if holding:
             with self._lock:
                 for buffers in holding:

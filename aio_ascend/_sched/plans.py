@@ -9,6 +9,8 @@ to the pool and the buffers' deferred frees proceed.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._host.pool import HostBuffer, HostBufferPool
 from .lifetimes import Allocation, Lifetimes
 
@@ -20,9 +22,12 @@ class PlanRecord(Allocation):
 
     :ivar host: the pinned args image its launches share (None: each launch copies its own)
     :ivar buffers: the device buffers (roots) its args point to, in use until it is retired
+    :ivar spec: the plan's launch spec, whose args are let go with the rest (tasks of the plan
+        may outlive it: they must not keep the user's buffers alive)
     """
 
-    __slots__ = ("_pool", "buffers", "host")
+    __slots__ = ("_pool", "buffers", "host", "spec")
+    holds_user = False  # (its spec's args are let go by _dispose)
 
     def __init__(
         self,
@@ -35,12 +40,18 @@ class PlanRecord(Allocation):
         self._pool = pool
         self.host = host
         self.buffers = buffers
+        self.spec: Any = None
         registry.retain(buffers)
         self.disposer = self._dispose
+
+    def let_go(self) -> None:
+        """(Nothing: see ``holds_user``.)"""
 
     def _dispose(self) -> None:
         # Closed, and no queued launch reads it any more (any thread).
         host, self.host = self.host, None
         if host is not None:
             self._pool.unpin(host)
+        if self.spec is not None:
+            self.spec.args = None
         self.registry.release((self,))  # the buffers' uses: their deferred frees proceed

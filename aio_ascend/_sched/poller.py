@@ -314,9 +314,8 @@ class Poller:
             start = len(deliveries)
             completing: list[int] | None = None
             for req in batch.requests:
-                task = req.task
-                task.submitted_at = submitted
-                task.completed_at = now
+                req.submitted_at = submitted
+                req.completed_at = now
                 if req.needs_completion:
                     if completing is None:
                         completing = []
@@ -405,10 +404,10 @@ class Poller:
         now = time.perf_counter()
         for batch in batches:
             for req in batch.requests:
-                req.task.submitted_at = batch.submitted
+                req.submitted_at = batch.submitted
         for index, (req, error, outcome) in enumerate(deliveries):
             if error is None:  # finished before the fault (ordered ids only)
-                req.task.completed_at = now
+                req.completed_at = now
                 if req.needs_completion:
                     error = _completed_on_host(req)
                     if error is not None:

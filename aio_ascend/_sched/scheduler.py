@@ -234,6 +234,7 @@ class Scheduler:
             self.retire_dropped()
         if external is not None:
             lane = Lane(external, max_in_flight, self.runtime.stream_capacity, external=True)
+            lane.owner = self
             self.lanes.append(lane)
             return lane
         runtime = self.bound()
@@ -244,6 +245,7 @@ class Scheduler:
             runtime.destroy_stream_force(handle)
             raise
         lane = Lane(handle, max_in_flight, self.runtime.stream_capacity)
+        lane.owner = self
         self.lanes.append(lane)
         return lane
 
@@ -358,12 +360,12 @@ class Scheduler:
                 raise
         if buffers:
             self.lifetimes.retain(buffers)
-        request.lane.last = request.task
+        request.lane.last = request
         pending = self._pending
         pending.append(request)
         if len(pending) >= self._flush_at or not self._flush_scheduled:
             self._schedule_flush()
-        return request.task
+        return request
 
     def _schedule_flush(self) -> None:
         if flush_now(len(self._pending), self._flush_at):
@@ -591,7 +593,7 @@ class Scheduler:
             request.settled = True
             self.unsettled -= 1
             self._release_slot(request.lane, request.entries)
-            resolve_task(request.task, ClosedError(f"dropped by {by}"))
+            resolve_task(request, ClosedError(f"dropped by {by}"))
 
     async def _shutdown(self, *, forced: bool) -> None:
         runtime = self.bound()
@@ -631,7 +633,7 @@ class Scheduler:
             self.lifetimes.release(leftovers)
         for request in leftovers:
             resolve_task(
-                request.task,
+                request,
                 gave_up(request.kind)
                 if forced or stuck
                 else ClosedError(f"{request.kind} was dropped when the device closed"),
@@ -643,7 +645,7 @@ class Scheduler:
                 timeout = gave_up(request.kind)
                 timeout.__cause__ = error
                 error = timeout
-            resolve_task(request.task, error)
+            resolve_task(request, error)
         self._delivery.drain(budget=False)  # completions delivered but not yet resolved
         self.unsettled = 0
         if stuck:

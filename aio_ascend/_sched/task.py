@@ -14,7 +14,9 @@ __all__ = [
     "MAX_WAKES_PER_TURN",
     "READY_AWAITS_PER_CHECKPOINT",
     "FailureSink",
+    "HostFunctionTask",
     "Task",
+    "TaskOwner",
     "resolve_task",
 ]
 
@@ -39,6 +41,21 @@ class FailureSink(Protocol):
     def retrieved(self, record: Any) -> None:
         """The error of ``record`` has been seen."""
         ...
+
+
+class TaskOwner(Protocol):
+    """What a task needs of its device (the ``Scheduler``): the loop it belongs to, and where
+    its failure waits until retrieved."""
+
+    adapter: LoopAdapter
+    failures: FailureSink | None
+
+
+class TaskLane(Protocol):
+    """What a task needs of its stream (``lane.Lane``)."""
+
+    owner: TaskOwner
+    stream_ref: Callable[[], Any]
 
 
 class Task:
@@ -81,39 +98,32 @@ class Task:
         ``completed_at`` stay ``None``)
     """
 
+    # The scheduler's request objects (``work.Request``) are Tasks themselves: one object per
+    # operation, the one a user awaits. Each kind is a subclass with its ``kind``.
     __slots__ = (
         "__weakref__",
-        "_adapter",
         "_done",
         "_exc",
-        "_failures",
         "_retrievers",
-        "_stream_ref",
         "_unseen",
         "_waiters",
         "admitted_at",
         "captured",
         "completed_at",
-        "kind",
+        "lane",
         "resumed_at",
         "submitted_at",
     )
+    kind = "task"
 
-    def __init__(
-        self,
-        adapter: LoopAdapter,
-        stream_ref: Callable[[], Any],
-        kind: str,
-        failures: FailureSink | None = None,
-    ) -> None:
-        self._adapter = adapter
-        # where a failure is noted until its error is retrieved (see unseen.py)
-        self._failures = failures
+    def __init__(self, lane: TaskLane) -> None:
+        # its stream: through it the device's loop (``lane.owner.adapter``: the loop that
+        # closes the device, if another one adopted it), where a failure is noted until its
+        # error is retrieved (``lane.owner.failures``: see unseen.py), and the public stream
+        # object (``lane.stream_ref``, a weak reference: the scheduler keeps tasks and must
+        # not keep the public objects alive through them)
+        self.lane = lane
         self._unseen: Any = None
-        # a weak reference: the scheduler keeps tasks (a stream's latest) and must not keep
-        # the public objects alive through them
-        self._stream_ref = stream_ref
-        self.kind = kind
         self._done = False
         self._exc: BaseException | None = None
         self._waiters: list[Any] | None = None
@@ -129,7 +139,7 @@ class Task:
     @property
     def stream(self) -> Any:
         """The stream it was queued on (``None`` once that stream object is gone)."""
-        return self._stream_ref()
+        return self.lane.stream_ref()
 
     def done(self) -> bool:
         """Whether the task has finished (successfully or not)."""
@@ -148,8 +158,9 @@ class Task:
 
     def _retrieved(self) -> None:
         unseen, self._unseen = self._unseen, None
-        if unseen is not None and self._failures is not None:
-            self._failures.retrieved(unseen)
+        failures = self.lane.owner.failures
+        if unseen is not None and failures is not None:
+            failures.retrieved(unseen)
 
     def __await__(self) -> Generator[Any, None, None]:
         # A generator, not ``wait().__await__()``: one coroutine object and frame less per
@@ -159,7 +170,7 @@ class Task:
             # a row would hold the loop for tens of ms. Every READY_AWAITS_PER_CHECKPOINT-th
             # such await on a loop lets the loop run once (measured: ``aio-ascend bench --only
             # producer_lag``).
-            adapter = self._adapter
+            adapter = self.lane.owner.adapter
             adapter.ready_awaits += 1
             if adapter.ready_awaits >= READY_AWAITS_PER_CHECKPOINT:
                 adapter.ready_awaits = 0
@@ -188,7 +199,7 @@ class Task:
     @types.coroutine
     def _finished(self) -> Generator[Any, None, None]:
         # The one wait for the task to finish (``await task`` and ``wait_finished``).
-        adapter = self._adapter
+        adapter = self.lane.owner.adapter
         if not adapter.is_current():
             raise RuntimeError("this Task belongs to a device opened in a different event loop")
         waiter = adapter.new_waiter()
@@ -215,15 +226,18 @@ class Task:
             return 0
         self._done = True
         self._exc = exc
-        if exc is not None and self._failures is not None:
-            self._unseen = self._failures.note(
-                self, exc, self.kind, self._stream_ref, self._retrievers > 0
-            )
+        if exc is not None:
+            lane = self.lane
+            failures = lane.owner.failures
+            if failures is not None:
+                self._unseen = failures.note(
+                    self, exc, self.kind, lane.stream_ref, self._retrievers > 0
+                )
         waiters = self._waiters
         if not waiters:
             return 0
         self._waiters = None
-        adapter = self._adapter
+        adapter = self.lane.owner.adapter
         wake = adapter.wake
         if len(waiters) > MAX_WAKES_PER_TURN:
             # Thousands of coroutines awaiting one task (or Event): waking them all in this
@@ -242,6 +256,13 @@ class Task:
         else:
             state = f"failed: {type(self._exc).__name__}"
         return f"<Task {self.kind} {state}>"
+
+
+class HostFunctionTask(Task):
+    """A host function's task (``Stream.host_func``): no batch, resolved when it returned."""
+
+    __slots__ = ()
+    kind = "host_func"
 
 
 def _wake_rest(adapter: LoopAdapter, waiters: list[Any], start: int) -> None:

@@ -49,7 +49,7 @@ def expire(
             batch.timed_out = True
             expired += 1
             for request in batch.requests:
-                request.task.submitted_at = batch.submitted
+                request.submitted_at = batch.submitted
                 error = TaskTimeoutError(
                     f"{request.kind} did not finish within task_timeout="
                     f"{task_timeout:g}s (the device may still be running it)"

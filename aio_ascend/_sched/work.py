@@ -22,8 +22,9 @@ from .._runtime.abi import (
     ACL_MEMCPY_HOST_TO_DEVICE,
 )
 from .._runtime.pybatch import launch_one
-from .compiled import mypyc_attr
+from .compiled import interpreted, mypyc_attr
 from .events import EventRecord
+from .task import Task
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
     from .._runtime import Runtime
     from .lane import Lane
     from .lifetimes import Allocation
-    from .task import Task
 
 __all__ = [
     "STAGE_AT_HAND_BYTES",
@@ -70,21 +70,21 @@ class Outcome(enum.Enum):
     FINISHED_LATE = enum.auto()
 
 
-@mypyc_attr(acyclic=True)  # never in a cycle: not tracked by the collector when compiled
-class Request:
-    """One operation on one stream. Subclasses implement :meth:`submit`."""
+@interpreted  # a Task (a regular Python class: users hold weak references to tasks)
+class Request(Task):
+    """One operation on one stream, and the :class:`Task` its caller awaits (one object per
+    operation). Subclasses implement :meth:`submit`."""
 
     __slots__ = (
         "buffers",
         "closes_batch",
         "entries",
         "host",
-        "lane",
         "position",
         "settled",
-        "task",
     )
     kind = "request"
+    lane: Lane  # (its stream, as the scheduler sees it)
     #: whether it counts as a launch, a copy or neither in ``Device.stats()``
     is_launch = False
     is_copy = False
@@ -92,6 +92,9 @@ class Request:
     needs_completion = False
     #: runtime tasks it queues on its stream (fault reports count them)
     runtime_tasks = 1
+    #: whether it refers to user objects (arrays, events) that :meth:`let_go` drops once it
+    #: is released: the request is the Task its caller may keep for long
+    holds_user = False
     #: whether it goes through a pinned staging buffer (``host``: taken by :meth:`stage` when
     #: it is queued; for a big copy the loop leaves it None, and the submitter has
     #: :meth:`prepare` run by its staging thread)
@@ -100,12 +103,10 @@ class Request:
     def __init__(
         self,
         lane: Lane,
-        task: Task,
         host: HostBuffer | None,
         buffers: tuple[Allocation, ...],
     ) -> None:
-        self.lane = lane
-        self.task = task
+        Task.__init__(self, lane)
         self.host = host
         self.buffers = buffers
         # set once the request no longer counts towards aclose()'s wait (released or timed out)
@@ -140,6 +141,9 @@ class Request:
     def on_refused(self, exc: BaseException) -> None:
         """The request will never reach the device (submitter thread)."""
 
+    def let_go(self) -> None:
+        """Released (any library thread): drop the user objects it refers to."""
+
 
 Delivery = tuple[Request, BaseException | None, Outcome]
 
@@ -157,6 +161,8 @@ class LaunchSpec:
     :ivar host: a pinned image of ``args`` every launch reads (``snapshot.shareable``), or None
         when each launch needs a copy of its own (taken by :meth:`Launch.stage`)
     :ivar buffers: the device allocations the args point to (each launch retains them)
+    :ivar once: made for one launch: the args (and through them the user's buffers) are let
+        go once that launch has its own copy, since its Task may be kept long after
     """
 
     __slots__ = (
@@ -167,6 +173,7 @@ class LaunchSpec:
         "func",
         "host",
         "nbytes",
+        "once",
         "placeholder_count",
         "table_offset",
     )
@@ -179,19 +186,22 @@ class LaunchSpec:
         args: PackedArgs,
         host: HostBuffer | None = None,
         buffers: tuple[Allocation, ...] = (),
+        *,
+        once: bool = False,
     ) -> None:
         self.func = func
         self.blocks = blocks
         self.cfg = cfg
-        self.args = args
+        self.args: PackedArgs | None = args
         self.host = host
         self.buffers = buffers
+        self.once = once
         self.nbytes = args.nbytes
         self.table_offset = args.table_offset
         self.placeholder_count = args.placeholder_count
 
 
-@mypyc_attr(acyclic=True)
+@interpreted
 class Launch(Request):
     """A kernel launch of ``spec``: its host args in a pinned buffer, the spec's shared image
     or a copy of its own (``host`` None until :meth:`stage` takes it)."""
@@ -201,17 +211,24 @@ class Launch(Request):
     is_launch = True
     staged = True
 
-    def __init__(self, lane: Lane, task: Task, spec: LaunchSpec) -> None:
-        Request.__init__(self, lane, task, spec.host, spec.buffers)
+    def __init__(self, lane: Lane, spec: LaunchSpec) -> None:
+        Request.__init__(self, lane, spec.host, spec.buffers)
         self.spec = spec
 
     def stage(self, pool: HostBufferPool) -> None:
-        self.host = snapshot_args(pool, self.spec.args)
+        spec = self.spec
+        args = spec.args
+        assert args is not None, "a spec made for one launch is staged once"
+        self.host = snapshot_args(pool, args)
+        if spec.once:  # (the request keeps its own reference to the buffers)
+            spec.args = None
+            spec.buffers = ()
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         launch_one(runtime.launch_kernel_with_host_args, self, stream)
 
 
+@interpreted
 class _Copy(Request):
     """A copy of ``count`` bytes (staged through the pinned buffer ``host`` if it has a host
     side); it keeps ``allocations`` (the device memory's roots) in use.
@@ -223,23 +240,27 @@ class _Copy(Request):
 
     __slots__ = ("count", "dst", "src")
     is_copy = True
+    holds_user = True
 
     def __init__(
         self,
         lane: Lane,
-        task: Task,
         host: HostBuffer | None,
         dst: Any,
         src: Any,
         count: int,
         allocations: tuple[Allocation, ...],
     ) -> None:
-        super().__init__(lane, task, host, allocations)
+        super().__init__(lane, host, allocations)
         self.dst = dst
         self.src = src
         self.count = count
 
+    def let_go(self) -> None:
+        self.dst = self.src = None
 
+
+@interpreted
 class CopyToDevice(_Copy):
     """Host -> device: the source is staged into a pinned buffer just before submission.
 
@@ -254,14 +275,13 @@ class CopyToDevice(_Copy):
     def __init__(
         self,
         lane: Lane,
-        task: Task,
         host: HostBuffer | None,
         dst: Allocation,
         root: Allocation,
         src: Any,
         count: int,
     ) -> None:
-        super().__init__(lane, task, host, (dst.ptr, dst.nbytes), src, count, (root,))
+        super().__init__(lane, host, (dst.ptr, dst.nbytes), src, count, (root,))
 
     def stage(self, pool: HostBufferPool) -> None:
         if self.count <= STAGE_AT_HAND_BYTES:  # else staged aside (prepare)
@@ -286,6 +306,7 @@ class CopyToDevice(_Copy):
         runtime.memcpy_async(ptr, room, host.addr, self.count, ACL_MEMCPY_HOST_TO_DEVICE, stream)
 
 
+@interpreted
 class CopyToHost(_Copy):
     """Device -> host: lands in a pinned buffer, copied into the user's array on completion.
 
@@ -300,14 +321,13 @@ class CopyToHost(_Copy):
     def __init__(
         self,
         lane: Lane,
-        task: Task,
         host: HostBuffer | None,
         dst: Any,
         src: Allocation,
         root: Allocation,
         count: int,
     ) -> None:
-        super().__init__(lane, task, host, dst, (src.ptr, src.nbytes), count, (root,))
+        super().__init__(lane, host, dst, (src.ptr, src.nbytes), count, (root,))
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         host = self.host
@@ -333,6 +353,7 @@ class CopyToHost(_Copy):
         return self.count
 
 
+@interpreted
 class PinnedCopyToDevice(CopyToDevice):
     """Host -> device straight from the user's pinned array: no staging.
 
@@ -349,6 +370,7 @@ class PinnedCopyToDevice(CopyToDevice):
         runtime.memcpy_async(ptr, room, self.src[0], self.count, ACL_MEMCPY_HOST_TO_DEVICE, stream)
 
 
+@interpreted
 class PinnedCopyToHost(CopyToHost):
     """Device -> host straight into the user's pinned array: no staging, nothing to do on
     completion. ``dst`` is ``(address, array)``, held as long as the request.
@@ -368,6 +390,7 @@ class PinnedCopyToHost(CopyToHost):
         )
 
 
+@interpreted
 class CopyDevice(_Copy):
     """Device -> device on the stream; ``roots`` are the allocations of ``dst`` and ``src``."""
 
@@ -377,21 +400,19 @@ class CopyDevice(_Copy):
     def __init__(
         self,
         lane: Lane,
-        task: Task,
         dst: Allocation,
         src: Allocation,
         count: int,
         roots: tuple[Allocation, Allocation],
     ) -> None:
-        super().__init__(
-            lane, task, None, (dst.ptr, dst.nbytes), (src.ptr, src.nbytes), count, roots
-        )
+        super().__init__(lane, None, (dst.ptr, dst.nbytes), (src.ptr, src.nbytes), count, roots)
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         (dst, room), (src, _) = self.dst, self.src
         runtime.memcpy_async(dst, room, src, self.count, ACL_MEMCPY_DEVICE_TO_DEVICE, stream)
 
 
+@interpreted
 class Memset(Request):
     """Set ``count`` bytes of device memory to one byte value on the stream."""
 
@@ -399,9 +420,9 @@ class Memset(Request):
     kind = "memset"
 
     def __init__(
-        self, lane: Lane, task: Task, dst: Allocation, root: Allocation, value: int, count: int
+        self, lane: Lane, dst: Allocation, root: Allocation, value: int, count: int
     ) -> None:
-        super().__init__(lane, task, None, (root,))
+        super().__init__(lane, None, (root,))
         self.dst = (dst.ptr, dst.nbytes)
         self.value = value
         self.count = count
@@ -411,37 +432,53 @@ class Memset(Request):
         runtime.memset_async(ptr, room, self.value, self.count, stream)
 
 
-class _EventRequest(Request):
+@interpreted
+class RecordEvent(Request):
+    """Record a user-visible event on the stream.
+
+    The public ``Event`` awaits this request (its record task), so the request lets go of
+    the event once it has been submitted or refused: no cycle keeps a dropped event alive.
+    """
+
     __slots__ = ("event",)
-
-    def __init__(self, lane: Lane, task: Task, event: EventRecord) -> None:
-        super().__init__(lane, task, None, ())
-        self.event = event
-
-
-class RecordEvent(_EventRequest):
-    """Record a user-visible event on the stream."""
-
-    __slots__ = ()
     kind = "record_event"
 
+    def __init__(self, lane: Lane, event: EventRecord | None = None) -> None:
+        super().__init__(lane, None, ())
+        #: the event to record (set after the request is made when the event needs it first)
+        self.event = event
+
     def submit(self, runtime: Runtime, stream: int) -> None:
+        event = self.event
+        assert event is not None
         try:
-            runtime.record_event(self.event.handle, stream)
+            runtime.record_event(event.handle, stream)
         except BaseException as exc:
-            self.event.error = exc
+            event.error = exc
             raise
-        self.event.recorded = True
+        event.recorded = True
+        self.event = None
 
     def on_refused(self, exc: BaseException) -> None:
-        self.event.error = exc
+        if self.event is not None:
+            self.event.error = exc
+            self.event = None
 
 
-class WaitEvent(_EventRequest):
+@interpreted
+class WaitEvent(Request):
     """Make later work on the stream wait for an event recorded on another stream."""
 
-    __slots__ = ()
+    __slots__ = ("event",)
     kind = "wait_event"
+    holds_user = True
+
+    def __init__(self, lane: Lane, event: EventRecord) -> None:
+        super().__init__(lane, None, ())
+        self.event: Any = event
+
+    def let_go(self) -> None:
+        self.event = None
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         record_error = self.event.error

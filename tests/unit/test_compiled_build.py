@@ -71,8 +71,9 @@ def test_public_classes_stay_python_classes() -> None:
 
 @pytest.mark.skipif(not compiled(), reason="the pure-Python build tracks every instance")
 def test_per_launch_records_are_not_tracked_by_the_collector_when_compiled() -> None:
-    # mypyc's acyclic classes: what a launch allocates besides its Task costs the cyclic
-    # garbage collector nothing (fewer collections, shorter full ones while 10k are alive)
+    # mypyc's acyclic classes: what a launch allocates besides itself (its Task: a regular
+    # Python class) costs the cyclic garbage collector nothing (fewer collections, shorter
+    # full ones while 10k are alive)
     import gc
 
     from aio_ascend import HostArgs
@@ -83,6 +84,7 @@ def test_per_launch_records_are_not_tracked_by_the_collector_when_compiled() -> 
 
     lane = Lane(1, 10, 100)
     host = HostBuffer(0, 4096, 4096, 64, memoryview(bytearray(64)))
-    launch = Launch(lane, None, LaunchSpec(1, 1, None, HostArgs().u64(0).pack(), host))  # type: ignore[arg-type]
-    for record in (launch, Batch(lane, [launch], 1, 0.0), Hop([launch], 0.0)):
+    spec = LaunchSpec(1, 1, None, HostArgs().u64(0).pack(), host)
+    launch = Launch(lane, spec)
+    for record in (spec, Batch(lane, [launch], 1, 0.0), Hop([launch], 0.0)):
         assert not gc.is_tracked(record), type(record).__name__

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,7 +29,6 @@ from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.lifetimes import Allocation, Lifetimes
 from aio_ascend._sched.scheduler import flush_now
 from aio_ascend._sched.stalls import STALL_PROBE_MAX_S, STALL_PROBE_S, StallProbes
-from aio_ascend._sched.task import Task
 from aio_ascend._sched.waiter import FIRST_SLICE_MS, MAX_SLICE_MS, next_slice
 from aio_ascend._sched.watchdog import expire
 from aio_ascend._sched.work import Batch, Outcome, Request, WaitEvent
@@ -173,7 +171,7 @@ def test_a_cancelled_or_refused_grant_gives_back_every_slot_it_held() -> None:
 )
 def test_form_batches(lanes: str, cap: int, closing: list[int], refunds: dict[str, int]) -> None:
     by_name = {name: Lane(i + 1, 100, 100) for i, name in enumerate(sorted(set(lanes)))}
-    requests = [_Req(by_name[name], None, None, ()) for name in lanes]  # type: ignore[arg-type]
+    requests = [_Req(by_name[name]) for name in lanes]
     got = form_batches(requests, cap)
     assert [i for i, r in enumerate(requests) if r.closes_batch] == closing
     assert {name: got[lane] for name, lane in by_name.items() if lane in got} == refunds
@@ -224,17 +222,26 @@ class _Adapter:
         self.wake = loop.wake
 
 
+class _Owner:
+    """A lane's owner as tasks see it: the loop (its adapter), no failure log."""
+
+    def __init__(self, loop: _Loop) -> None:
+        self.adapter = _Adapter(loop)
+        self.failures = None
+
+
 def _deliveries(
     loop: _Loop, count: int, awaiters: int, outcome: Outcome = Outcome.FINISHED
 ) -> tuple[Lane, list[Any]]:
     lane = Lane(1, 10**6, 10**7)
+    lane.owner = _Owner(loop)
     lane.admission.in_flight = count
     lane.admission.entries = 2 * count
     out = []
     for i in range(count):
-        task = Task(_Adapter(loop), lambda: None, "launch")  # type: ignore[arg-type]
-        task._waiters = [f"t{i}w{k}" for k in range(awaiters)]
-        out.append((_Req(lane, task, None, ()), None, outcome))
+        request = _Req(lane)
+        request._waiters = [f"t{i}w{k}" for k in range(awaiters)]
+        out.append((request, None, outcome))
     return lane, out
 
 
@@ -261,7 +268,7 @@ def test_deliveries_are_resolved_in_bounded_chunks(count: int, awaiters: int, tu
         seen += 1
     assert seen == turns
     assert sum(settled) == count and lane.admission.in_flight == lane.admission.entries == 0
-    assert all(request.task.done() for request, _, _ in deliveries)
+    assert all(request.done() for request, _, _ in deliveries)
     assert len(loop.woken) == count * awaiters
     assert loop.woken[:2] == (["t0w0", "t0w1"] if awaiters == 2 else loop.woken[:2])
 
@@ -292,7 +299,7 @@ def test_outcomes(outcome: Outcome, resolved: bool, slot_freed: bool, settled: i
     counts: list[int] = []
     lane, deliveries = _deliveries(loop, 1, 0, outcome)
     DeliveryQueue(loop.wake, loop.call_soon, counts.append).deliver(deliveries)
-    assert deliveries[0][0].task.done() is resolved
+    assert deliveries[0][0].done() is resolved
     assert lane.admission.in_flight == (0 if slot_freed else 1)
     assert counts == [settled]
 
@@ -327,17 +334,14 @@ def test_a_run_of_completions_wakes_each_waiter_once_with_several_slots() -> Non
 # --- watchdog -----------------------------------------------------------------------------
 
 
-def _Req(lane: Lane, task: Any, host: None, buffers: tuple[()]) -> Request:
+def _Req(lane: Lane) -> Request:
     # A request that is never submitted: a wait on an event (a concrete request of the
-    # library; the compiled build forbids subclassing Request outside it).
-    return WaitEvent(lane, task, EventRecord(0, 0))
+    # library, and the Task its caller would await)
+    return WaitEvent(lane, EventRecord(0, 0))
 
 
 def _batch(lane: Lane, deadline: float, size: int = 2) -> Batch:
-    requests: list[Request] = [
-        _Req(lane, SimpleNamespace(submitted_at=None), None, ())  # type: ignore[arg-type]
-        for _ in range(size)
-    ]
+    requests: list[Request] = [_Req(lane) for _ in range(size)]
     return Batch(lane, requests, event=0, deadline=deadline, submitted=deadline - 3.0)
 
 
@@ -362,7 +366,7 @@ def test_watchdog_expires_batches_past_their_deadline(
     assert all(outcome is Outcome.TIMED_OUT for _, _, outcome in deliveries)
     # a timed-out task was submitted: it keeps its batch's submission time
     for batch in batches:
-        stamps = {req.task.submitted_at for req in batch.requests}
+        stamps = {req.submitted_at for req in batch.requests}
         assert stamps == ({batch.submitted} if batch.timed_out else {None})
     again, more = expire([batches], now, task_timeout=3.0)
     assert (again, more) == (0, [])  # a batch times out once

@@ -17,7 +17,6 @@ from aio_ascend._sched.batching import Hop, form_batches
 from aio_ascend._sched.faults import FaultState
 from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.submitter import Submitter
-from aio_ascend._sched.task import Task
 from aio_ascend._sched.work import Batch, Launch, LaunchSpec, Request
 
 
@@ -54,10 +53,9 @@ def _hops(count: int, size: int) -> list[Hop]:
     lane = Lane(1, 100_000, 200_000)
     host = HostBuffer(0, 4096, 4096, 64, memoryview(bytearray(64)))
     spec = LaunchSpec(7, 1, None, HostArgs().u64(0).pack(), host)  # 8 bytes of args
-    task: Any = Task.__new__(Task)  # never resolved here
     hops = []
     for _ in range(count):
-        requests: list[Request] = [Launch(lane, task, spec) for _ in range(size)]
+        requests: list[Request] = [Launch(lane, spec) for _ in range(size)]
         form_batches(requests, 512)
         hops.append(Hop(requests, time.monotonic() + 60))
     return hops

@@ -14,7 +14,6 @@ from aio_ascend._sched.batching import Hop, form_batches
 from aio_ascend._sched.faults import FaultState
 from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.submitter import Submitter
-from aio_ascend._sched.task import Task
 from aio_ascend._sched.work import Delivery, Launch, LaunchSpec, Request
 
 
@@ -60,8 +59,7 @@ def test_every_unsubmitted_request_is_caused_by_the_first_fault() -> None:
     lane = Lane(1, 100, 200)
     host = HostBuffer(0, 4096, 4096, 64, memoryview(bytearray(64)))
     spec = LaunchSpec(7, 1, None, HostArgs().u64(0).pack(), host)  # 8 bytes of args
-    task: Any = Task.__new__(Task)
-    requests: list[Request] = [Launch(lane, task, spec) for _ in range(4)]
+    requests: list[Request] = [Launch(lane, spec) for _ in range(4)]
     form_batches(requests, 512)
     submitter._hop(Hop(requests, time.monotonic() + 60))
     assert runtime.calls == 1  # the rest of the stream's hop is not submitted
