@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._errors import InternalError, StreamSyncTimeoutError
@@ -31,7 +31,7 @@ from .lifetimes import Lifetimes
 from .stager import CopyWorker
 from .stalls import STALL_PROBE_WAIT_MS, StallProbes
 from .watchdog import expire, log_expired
-from .work import STAGE_AT_HAND_BYTES, Batch, Delivery, Outcome, Request
+from .work import STAGE_AT_HAND_BYTES, Arrival, Batch, Delivery, Outcome, Request
 
 __all__ = ["POKE", "CompletionMode", "Poller"]
 
@@ -71,7 +71,7 @@ class Poller:
         faults: FaultState,
         lifetimes: Lifetimes,
         batch_events: BatchEvents,
-        post: Callable[[list[Delivery], Counters], None],
+        post: Callable[[Sequence[Arrival], Counters], None],
         inbox: queue.SimpleQueue[Any],
         expire_waiting: Callable[[float], tuple[int, list[Delivery]]],
         watch: Callable[[int | None], None] | None,
@@ -299,46 +299,50 @@ class Poller:
         return done
 
     def _complete(self, done: list[Batch]) -> None:
-        deliveries: list[Delivery] = []
+        arrivals: list[Arrival] = []
         finished: list[Request] = []
         unstaging = self._unstaging_streams
         now = time.perf_counter()  # one clock call per round: completed_at of all it completes
         for batch in done:
             self._events.give_back(batch.event)
+            requests = batch.requests
             if batch.timed_out:  # its tasks failed already: their timestamps stay as they are
                 # (and a timed-out copy never lands in user memory)
-                deliveries.extend((req, None, Outcome.FINISHED_LATE) for req in batch.requests)
-                finished.extend(batch.requests)
+                arrivals.extend((req, None, Outcome.FINISHED_LATE) for req in requests)
+                finished.extend(requests)
                 continue
+            if not unstaging and not any(req.needs_completion for req in requests):
+                # nothing to finish on the host: the batch goes to the loop whole, which
+                # stamps and resolves its requests (no per-request work on this thread)
+                batch.completed = now
+                arrivals.append(batch)
+                finished.extend(requests)
+                continue
+            # a download to copy out here (or the stream's earlier ones being copied out by
+            # the staging thread): request by request
+            deliveries: list[Delivery] = []
             submitted = batch.submitted
-            start = len(deliveries)
-            completing: list[int] | None = None
-            for req in batch.requests:
+            completing: list[int] = []
+            for req in requests:
                 req.submitted_at = submitted
                 req.completed_at = now
                 if req.needs_completion:
-                    if completing is None:
-                        completing = []
                     completing.append(len(deliveries))
                 deliveries.append((req, None, Outcome.FINISHED))
-            if completing is None and not unstaging:
-                finished.extend(batch.requests)
-                continue
             if batch.lane.handle in unstaging or any(
-                deliveries[index][0].unstaged_bytes() > STAGE_AT_HAND_BYTES
-                for index in completing or ()
+                deliveries[index][0].unstaged_bytes() > STAGE_AT_HAND_BYTES for index in completing
             ):
-                del deliveries[start:]  # the staging thread's, in order with its stream's
-                self._unstage(batch)
+                self._unstage(batch)  # the staging thread's, in order with its stream's
                 continue
-            for index in completing or ():
+            for index in completing:
                 req = deliveries[index][0]
                 error = _completed_on_host(req)
                 if error is not None:
                     deliveries[index] = (req, error, Outcome.FINISHED)
-            finished.extend(batch.requests)
+            arrivals.extend(deliveries)
+            finished.extend(requests)
         self._lifetimes.release(finished)
-        self._post(deliveries, self.counters)
+        self._post(arrivals, self.counters)
 
     def _unstage(self, batch: Batch) -> None:
         handle = batch.lane.handle

@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -51,7 +52,7 @@ from .submitter import Submitter
 from .task import Task, resolve_task
 from .unseen import FailureLog
 from .waiter import Waiter
-from .work import Delivery, Request
+from .work import Arrival, Request, expand
 
 __all__ = ["DeviceState", "Scheduler", "flush_now"]
 
@@ -133,7 +134,7 @@ class Scheduler:
         self._batch_cap = batch_cap
         self._task_timeout = task_timeout
         self._post_lock = threading.Lock()
-        self._undelivered: list[Delivery] = []
+        self._undelivered: list[Arrival] = []
         self._forcing = False
         #: a full batch went out inside a call: the next admission yields to the loop once
         self.yield_due = False
@@ -345,13 +346,14 @@ class Scheduler:
         retain the device memory it uses, make it its stream's latest task. If that fails,
         its admission is given back."""
         buffers = request.buffers
-        for allocation in buffers:
-            if allocation.free_requested:  # freed (a graph: closed) during an admission wait
-                self.unadmit(request.lane)
-                raise ValueError(
-                    f"{request.kind}: {allocation!r} was freed while the request waited for "
-                    "admission"
-                )
+        if buffers:  # (most launches point to none: no iterator made for them)
+            for allocation in buffers:
+                if allocation.free_requested:  # freed (a graph: closed) while it waited
+                    self.unadmit(request.lane)
+                    raise ValueError(
+                        f"{request.kind}: {allocation!r} was freed while the request waited "
+                        "for admission"
+                    )
         if request.host is None and request.staged:
             try:
                 request.stage(self.pool)
@@ -414,7 +416,7 @@ class Scheduler:
 
     # --- completions (loop thread) ---------------------------------------------------------
 
-    def _post(self, deliveries: list[Delivery], counters: Counters) -> None:
+    def _post(self, deliveries: Sequence[Arrival], counters: Counters) -> None:
         # Library threads: one non-blocking hop into the loop for a round's deliveries. If the
         # loop has finished they wait for aclose() from another loop (see _adopt_loop).
         if not deliveries:
@@ -590,7 +592,6 @@ class Scheduler:
             lane.last = lane.flushed  # what is left to wait for
         self.lifetimes.release(dropped)
         for request in dropped:
-            request.settled = True
             self.unsettled -= 1
             self._release_slot(request.lane, request.entries)
             resolve_task(request, ClosedError(f"dropped by {by}"))
@@ -640,7 +641,7 @@ class Scheduler:
             )
         with self._post_lock:
             held, self._undelivered = self._undelivered + self._poller.at_exit, []
-        for request, error, _ in held:
+        for request, error, _ in expand(held):
             if error is not None:
                 timeout = gave_up(request.kind)
                 timeout.__cause__ = error

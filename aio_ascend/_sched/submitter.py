@@ -42,7 +42,7 @@ from .lane import Lane
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
 from .watchdog import log_expired
-from .work import Batch, Delivery, Launch, Outcome, Request
+from .work import Arrival, Batch, Delivery, Launch, Outcome, Request
 
 __all__ = ["Submitter"]
 
@@ -81,7 +81,7 @@ class Submitter:
         faults: FaultState,
         lifetimes: Lifetimes,
         batch_events: BatchEvents,
-        post: Callable[[list[Delivery], Counters], None],
+        post: Callable[[Sequence[Arrival], Counters], None],
         stage: Callable[[int], HostBuffer],
         to_poller: Callable[[Batch | LaneForce], None],
         task_timeout: float,
@@ -397,7 +397,7 @@ class Submitter:
             run.clear()
             return index, slow
         self.counters.launches += submitted
-        self._place(run[:submitted], None, open_batches, deadline, failures)
+        self._place_run(run[:submitted], open_batches, deadline, failures)
         rest = len(run) - submitted
         if rest:
             stopped = run[submitted]
@@ -411,6 +411,32 @@ class Submitter:
                 index += 1
         run.clear()
         return index, slow
+
+    def _place_run(
+        self,
+        run: list[Request],
+        open_batches: dict[Lane, list[Request]],
+        deadline: float,
+        failures: list[Delivery],
+    ) -> None:
+        """A run of launches was submitted: :meth:`_place`, the whole run at once where it is
+        one stream's (the usual case). Only its last launch can close a batch: a run is
+        submitted as soon as one does."""
+        if not run:
+            return
+        lane = run[0].lane
+        if not all(req.lane is lane for req in run):
+            self._place(run, None, open_batches, deadline, failures)
+            return
+        lane.submitted += len(run)  # (a launch is one runtime task)
+        batch = open_batches.get(lane)
+        if batch is None:
+            open_batches[lane] = batch = run
+        else:
+            batch.extend(run)
+        if run[-1].closes_batch:
+            del open_batches[lane]
+            self._close_batch(lane, batch, deadline, failures)
 
     def _place(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from abc import abstractmethod
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STAGE_AT_HAND_BYTES",
+    "Arrival",
     "Batch",
     "CopyDevice",
     "CopyToDevice",
@@ -52,6 +54,7 @@ __all__ = [
     "RecordEvent",
     "Request",
     "WaitEvent",
+    "expand",
 ]
 
 #: host copies up to this size are staged where they are queued and unstaged by the poller;
@@ -81,7 +84,6 @@ class Request(Task):
         "entries",
         "host",
         "position",
-        "settled",
     )
     kind = "request"
     lane: Lane  # (its stream, as the scheduler sees it)
@@ -109,8 +111,6 @@ class Request(Task):
         Task.__init__(self, lane)
         self.host = host
         self.buffers = buffers
-        # set once the request no longer counts towards aclose()'s wait (released or timed out)
-        self.settled = False
         # runtime queue entries it holds (admission.ENTRIES_PER_REQUEST until its batch is
         # formed), and whether the batch's completion event is recorded after it
         self.entries = 2
@@ -225,7 +225,7 @@ class Launch(Request):
             spec.buffers = ()
 
     def submit(self, runtime: Runtime, stream: int) -> None:
-        launch_one(runtime.launch_kernel_with_host_args, self, stream)
+        launch_one(runtime, self)  # (on its lane's stream: ``stream``)
 
 
 @interpreted
@@ -493,9 +493,21 @@ class Batch:
 
     :ivar submitted: ``time.perf_counter()`` once its event was recorded (the tasks'
         ``submitted_at``)
+    :ivar completed: when the poller saw its event complete (the tasks' ``completed_at``)
+    :ivar delivered: how many of its requests the loop has resolved (a whole finished batch is
+        delivered as one item: see :func:`expand`)
     """
 
-    __slots__ = ("deadline", "event", "lane", "requests", "submitted", "timed_out")
+    __slots__ = (
+        "completed",
+        "deadline",
+        "delivered",
+        "event",
+        "lane",
+        "requests",
+        "submitted",
+        "timed_out",
+    )
 
     def __init__(
         self,
@@ -511,3 +523,26 @@ class Batch:
         self.deadline = deadline
         self.submitted = submitted
         self.timed_out = False
+        self.completed = 0.0
+        self.delivered = 0
+
+
+#: what the threads hand the loop: one request's outcome (and error), or a whole batch that
+#: finished (each of its requests FINISHED: the poller's usual delivery)
+Arrival = Delivery | Batch
+
+
+def expand(items: Iterable[Arrival]) -> list[Delivery]:
+    """Deliveries one per request: a finished batch's requests (not yet resolved) stamped with
+    its times, ``(request, None, FINISHED)`` each."""
+    out: list[Delivery] = []
+    for item in items:
+        if isinstance(item, Batch):
+            submitted, completed = item.submitted, item.completed
+            for request in item.requests[item.delivered :]:
+                request.submitted_at = submitted
+                request.completed_at = completed
+                out.append((request, None, Outcome.FINISHED))
+        else:
+            out.append(item)
+    return out

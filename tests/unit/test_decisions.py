@@ -438,9 +438,14 @@ class _Pool:
 
 
 class _Holder:
+    holds_user = False
+
     def __init__(self, host: Any, buffers: tuple[Allocation, ...]) -> None:
         self.host = host
         self.buffers = buffers
+
+    def let_go(self) -> None:
+        raise AssertionError("holds nothing of a user's")
 
 
 class _Host(str):
