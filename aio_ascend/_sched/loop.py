@@ -101,6 +101,8 @@ class _AsyncioAdapter(LoopAdapter):
         self._records_thread = getattr(loop, "_thread_id", None) == self.thread
         #: the running task, as a C call: ``current_task()``
         self.current_task = functools.partial(_asyncio_tasks.get, loop)  # type: ignore[method-assign]
+        #: a waiter, straight from the loop (no Python frame): ``new_waiter()``
+        self.new_waiter = loop.create_future  # type: ignore[method-assign]
 
     def is_current(self) -> bool:
         # One id comparison: the loop runs on this thread, so this call runs in it (a loop

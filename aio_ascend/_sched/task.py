@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import types
 from collections.abc import Callable, Generator
@@ -126,7 +127,7 @@ class Task:
         self._unseen: Any = None
         self._done = False
         self._exc: BaseException | None = None
-        self._waiters: list[Any] | None = None
+        self._waiters: Any = None  # None, one waiter, or a list of them
         self._retrievers = 0  # waiters that will raise its error (``await``, not wait_finished)
         # one clock call per task: this runs for every launch (``aio-ascend bench --only poll``)
         self.admitted_at: float = _now()
@@ -203,10 +204,14 @@ class Task:
         if not adapter.is_current():
             raise RuntimeError("this Task belongs to a device opened in a different event loop")
         waiter = adapter.new_waiter()
-        if self._waiters is None:
-            self._waiters = [waiter]
+        # ``_waiters``: None, the one waiter (the usual case: no list made), or a list
+        waiters = self._waiters
+        if waiters is None:
+            self._waiters = waiter
+        elif type(waiters) is list:
+            waiters.append(waiter)
         else:
-            self._waiters.append(waiter)
+            self._waiters = [waiters, waiter]
         try:
             yield from adapter.wait(waiter).__await__()
             if self.resumed_at is None:  # the first waiter to resume after the wake
@@ -214,11 +219,13 @@ class Task:
                 if HOOKS.observers:
                     HOOKS.resumed(self)
         finally:
-            if not self._done and self._waiters is not None:
-                try:
-                    self._waiters.remove(waiter)
-                except ValueError:
-                    pass
+            if not self._done:  # cancelled: it waits no more
+                waiters = self._waiters
+                if waiters is waiter:
+                    self._waiters = None
+                elif type(waiters) is list:
+                    with contextlib.suppress(ValueError):
+                        waiters.remove(waiter)
 
     def _resolve(self, exc: BaseException | None) -> int:
         # Loop thread only, through resolve_task. Returns how many waiters it woke.
@@ -234,11 +241,14 @@ class Task:
                     self, exc, self.kind, lane.stream_ref, self._retrievers > 0
                 )
         waiters = self._waiters
-        if not waiters:
+        if waiters is None:
             return 0
         self._waiters = None
         adapter = self.lane.owner.adapter
         wake = adapter.wake
+        if type(waiters) is not list:
+            wake(waiters)
+            return 1
         if len(waiters) > MAX_WAKES_PER_TURN:
             # Thousands of coroutines awaiting one task (or Event): waking them all in this
             # callback would hold the loop for tens of ms. The rest go a chunk per loop turn.
