@@ -151,8 +151,8 @@ Delivery = tuple[Request, BaseException | None, Outcome]
 @mypyc_attr(acyclic=True)
 class LaunchSpec:
     """What every launch of one kernel with one set of args has in common: made once (per
-    stream for a kernel launched without args, once per ``LaunchPlan``, once per launch with
-    args of its own) and shared by its launches.
+    kernel and block count for its launches without args or config, once per ``LaunchPlan``,
+    once per launch with args of its own) and shared by its launches.
 
     :ivar func: the runtime's function handle
     :ivar blocks: the number of blocks
@@ -433,52 +433,48 @@ class Memset(Request):
 
 
 @interpreted
-class RecordEvent(Request):
-    """Record a user-visible event on the stream.
-
-    The public ``Event`` awaits this request (its record task), so the request lets go of
-    the event once it has been submitted or refused: no cycle keeps a dropped event alive.
-    """
+class _EventRequest(Request):
+    """A request on a user-visible event. The public ``Event`` awaits its record request (its
+    record task), so the event is let go once the request is released: no cycle keeps a
+    dropped event alive, and a kept task holds no event."""
 
     __slots__ = ("event",)
-    kind = "record_event"
+    holds_user = True
 
     def __init__(self, lane: Lane, event: EventRecord | None = None) -> None:
         super().__init__(lane, None, ())
-        #: the event to record (set after the request is made when the event needs it first)
-        self.event = event
-
-    def submit(self, runtime: Runtime, stream: int) -> None:
-        event = self.event
-        assert event is not None
-        try:
-            runtime.record_event(event.handle, stream)
-        except BaseException as exc:
-            event.error = exc
-            raise
-        event.recorded = True
-        self.event = None
-
-    def on_refused(self, exc: BaseException) -> None:
-        if self.event is not None:
-            self.event.error = exc
-            self.event = None
-
-
-@interpreted
-class WaitEvent(Request):
-    """Make later work on the stream wait for an event recorded on another stream."""
-
-    __slots__ = ("event",)
-    kind = "wait_event"
-    holds_user = True
-
-    def __init__(self, lane: Lane, event: EventRecord) -> None:
-        super().__init__(lane, None, ())
+        #: the event (set after the request is made where the event needs it first)
         self.event: Any = event
 
     def let_go(self) -> None:
         self.event = None
+
+
+@interpreted
+class RecordEvent(_EventRequest):
+    """Record a user-visible event on the stream."""
+
+    __slots__ = ()
+    kind = "record_event"
+
+    def submit(self, runtime: Runtime, stream: int) -> None:
+        try:
+            runtime.record_event(self.event.handle, stream)
+        except BaseException as exc:
+            self.event.error = exc
+            raise
+        self.event.recorded = True
+
+    def on_refused(self, exc: BaseException) -> None:
+        self.event.error = exc
+
+
+@interpreted
+class WaitEvent(_EventRequest):
+    """Make later work on the stream wait for an event recorded on another stream."""
+
+    __slots__ = ()
+    kind = "wait_event"
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         record_error = self.event.error
