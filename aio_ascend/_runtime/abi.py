@@ -82,6 +82,7 @@ __all__ = [
     "check_event_flags",
     "check_failure_mode",
     "check_load_options",
+    "check_kernel_name",
     "check_memcpy",
     "check_num_blocks",
     "copy_fields_fit",
@@ -197,6 +198,17 @@ def check_load_options(kernel_type: object, lazy: object) -> tuple[KernelType | 
     if lazy is not None and not isinstance(lazy, bool):
         raise TypeError(f"lazy must be a bool or None, got {type(lazy).__name__}")
     return kind, lazy
+
+
+def check_kernel_name(name: object) -> bytes:
+    """A kernel name as the runtime takes it (UTF-8, no NUL), checked alike on every backend
+    (``TypeError``/``ValueError``) before any lookup."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    encoded = name.encode("utf-8")
+    if not encoded or b"\0" in encoded:
+        raise ValueError(f"name={name!r} is not a valid kernel name")
+    return encoded
 
 
 _KERNEL_MAGICS: Final = {

@@ -19,19 +19,18 @@ from enum import IntEnum
 from time import monotonic, perf_counter
 from typing import Any, Final
 
-from ..._errors import RuntimeAPIError, error_for_code
+from ..._errors import RuntimeAPIError, error_class_for_code
 from ..abi import (
     ACL_CONTINUE_ON_FAILURE,
     ACL_ERROR_RT_AICORE_EXCEPTION,
     ACL_ERROR_RT_AICORE_TIMEOUT,
     ACL_ERROR_RT_CONTEXT_NULL,
-    ACL_ERROR_RT_INVALID_HANDLE,
-    ACL_ERROR_RT_PARAM_INVALID,
     ACL_ERROR_RT_STREAM_ABORT,
     ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
 )
+from ..emulation import AclEmulation, Fault
 from ..threads import GIL_SLICE_S, yield_gil
 from .kernels import KernelContext, KernelSpec, describe_exception
 from .memory import DEFAULT_MEMORY_BYTES, DeviceFault, DeviceMemory, PinnedMemory
@@ -150,11 +149,12 @@ class Recording:
 
 
 class SimEvent:
-    __slots__ = ("current", "flags", "handle")
+    __slots__ = ("current", "handle", "timed")
 
-    def __init__(self, handle: int, flags: int) -> None:
+    def __init__(self, handle: int, timed: bool) -> None:
         self.handle = handle
-        self.flags = flags
+        #: created with ACL_EVENT_TIME_LINE: its recordings keep a timestamp
+        self.timed = timed
         #: the latest recording (None: never recorded, reads COMPLETE as an Ex event)
         self.current: Recording | None = None
 
@@ -227,7 +227,7 @@ class SimBinary:
         self.functions: dict[str, int] = {}
 
 
-class DeviceExecutor:
+class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, KernelSpec]):
     """The device of one sim runtime: its state, its streams, and the thread executing them.
 
     Subclassed by :class:`~.runtime.SimRuntime` (the API surface); this part never validates
@@ -267,31 +267,24 @@ class DeviceExecutor:
         self.stream_capacity = max_queue_depth
         self.ordered_task_ids = True  # last_task_id: the index on the stream
 
+        super().__init__()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
-        self._tls = threading.local()
         self._context = new_handle(CONTEXT_HANDLE)
         LIVE_CONTEXTS.add(self._context)
         self._memory = DeviceMemory(memory_bytes)
         self._pinned = PinnedMemory()
         self._pinned_views = self._pinned.views  # fast path: args buffers by base address
 
-        self._streams: dict[int, SimStream] = {}
         self._stream_list: tuple[SimStream, ...] = ()
         self._prioritised = False
-        self._events: dict[int, SimEvent] = {}
-        self._binaries: dict[int, SimBinary] = {}
-        self._functions: dict[int, KernelSpec] = {}
-        self._graphs: dict[int, SimGraph] = {}
         self._pageable: set[PageableCopy] = set()
 
-        self._fault: tuple[int, str] | None = None
         self.unread_faults = bool(unread_faults)
         #: a fault no stream synchronize has read yet (``unread_faults``)
-        self._unread: tuple[int, str] | None = None
+        self._unread: Fault | None = None
         #: (stream, index of the task in submission order) that faulted the device
         self.faulted_task: tuple[int, int] | None = None
-        self._closed = False
         self._paused = False
         self._pause_ack = False
         self._idle = False
@@ -313,76 +306,28 @@ class DeviceExecutor:
         )
         self._thread.start()
 
-    # --- errors ----------------------------------------------------------------------------
+    # --- the emulation's hooks and errors -------------------------------------------------
 
-    def _error(self, code: int, func: str, message: str) -> RuntimeAPIError:
-        """Build the typed error and remember its text as this thread's recent error."""
-        self._tls.last_error = f"{func} [{code}]: {message}" if message else f"{func} [{code}]"
-        return error_for_code(code, func, message)
-
-    def _param(self, func: str, message: str) -> RuntimeAPIError:
-        return self._error(ACL_ERROR_RT_PARAM_INVALID, func, message)
+    def _bound(self) -> bool:
+        return getattr(CURRENT, "context", None) == self._context
 
     def _stream_gone(self, func: str) -> RuntimeAPIError:
         return self._error(ACL_ERROR_RT_STREAM_ABORT, func, "the stream was destroyed")
 
-    def _bad_handle(self, func: str, message: str) -> RuntimeAPIError:
-        return self._error(ACL_ERROR_RT_INVALID_HANDLE, func, message)
-
-    def _noted(self, exc: RuntimeAPIError) -> RuntimeAPIError:
-        """``exc`` (raised by a shared abi check), remembered as this thread's recent error."""
-        self._tls.last_error = f"{exc.func} [{exc.code}]: {exc.message}"
-        return exc
-
     def _context_error(self, func: str) -> RuntimeAPIError:
         if self._closed:
-            return self._error(
-                ACL_ERROR_RT_CONTEXT_NULL, func, "the runtime was closed (context destroyed)"
-            )
-        if getattr(CURRENT, "context", None) is not None:
-            return self._error(
-                ACL_ERROR_RT_CONTEXT_NULL,
-                func,
+            why = "the runtime was closed (context destroyed)"
+        elif getattr(CURRENT, "context", None) is not None:
+            why = (
                 f"thread {threading.current_thread().name!r} has another context bound (another "
-                "device's, or another library's): call set_current_context() first",
+                "device's, or another library's): call set_current_context() first"
             )
-        return self._error(
-            ACL_ERROR_RT_CONTEXT_NULL,
-            func,
-            f"no context is bound to thread {threading.current_thread().name!r}: call "
-            "set_current_context() first",
-        )
-
-    def _fault_error(self, func: str) -> RuntimeAPIError:
-        fault = self._fault
-        assert fault is not None
-        return self._error(fault[0], func, fault[1])
-
-    def _check(self, func: str) -> None:
-        """Context bound and device not closed."""
-        if self._closed or getattr(CURRENT, "context", None) != self._context:
-            raise self._context_error(func)
-
-    def _check_live(self, func: str) -> None:
-        """Context bound, and the device has not faulted (calls that submit or observe work)."""
-        if self._closed or getattr(CURRENT, "context", None) != self._context:
-            raise self._context_error(func)
-        if self._fault is not None:
-            raise self._fault_error(func)
-
-    def _stream(self, stream: int, func: str) -> SimStream:
-        s = self._streams.get(stream)
-        if s is None:
-            raise self._error(
-                ACL_ERROR_RT_INVALID_HANDLE, func, f"stream handle {stream!r} is not a live stream"
+        else:
+            why = (
+                f"no context is bound to thread {threading.current_thread().name!r}: call "
+                "set_current_context() first"
             )
-        return s
-
-    def _event(self, event: int, func: str) -> SimEvent:
-        ev = self._events.get(event)
-        if ev is None:
-            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
-        return ev
+        return self._error(ACL_ERROR_RT_CONTEXT_NULL, func, why)
 
     # --- test controls ---------------------------------------------------------------------
 
@@ -740,9 +685,9 @@ class DeviceExecutor:
             if self.unread_faults and self._fault is None:
                 # (a stream synchronize reads it; a pageable copy, which synchronizes, fails)
                 if self._unread is None:
-                    self._unread = (code, message)
+                    self._unread = Fault(error_class_for_code(code), code, message)
             elif self._fault is None:
-                self._fault = (code, message)
+                self._fault = Fault(error_class_for_code(code), code, message)
             self._cond.notify_all()
             if self._unread is None:
                 release_all(self._sync_locks)

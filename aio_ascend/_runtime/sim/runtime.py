@@ -27,7 +27,7 @@ import struct
 import threading
 from collections.abc import Callable
 from time import monotonic
-from typing import Any
+from typing import Any, ClassVar
 
 from ..._errors import InvalidParamError, RuntimeAPIError
 from ..._launch_config import LaunchConfig
@@ -36,48 +36,51 @@ from ..abi import (
     ACL_ERROR_RT_EVENT_SYNC_TIMEOUT,
     ACL_ERROR_RT_MEMORY_ALLOCATION,
     ACL_ERROR_RT_STREAM_ABORT,
+    ACL_ERROR_RT_SYMBOL_NOT_FOUND,
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
-    ACL_EVENT_TIME_LINE,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
-    check_alloc_size,
     check_args,
-    check_event_flags,
-    check_failure_mode,
-    check_memcpy,
     check_num_blocks,
     check_placeholder_count,
     check_placeholder_entries,
     check_table_addr,
-    check_timeout,
     launch_fields_fit,
     param_error,
 )
 from ..abi import hex_or_repr as _hex
-from .capture import CaptureAndFill
+from ..emulation import Fault
 from .executor import (
+    BINARY_HANDLE,
     COPY,
     CURRENT,
     DEFAULT_MAX_QUEUE_DEPTH,
     EVENT_HANDLE,
+    FUNCTION_HANDLE,
+    GRAPH,
+    GRAPH_HANDLE,
     KERNEL,
     LIVE_CONTEXTS,
+    MEMSET,
     PRIORITY_GREATEST,
     PRIORITY_LEAST,
     RECORD,
     STREAM_HANDLE,
     WAIT,
     WAIT_SLICE_S,
+    DeviceExecutor,
     PageableCopy,
     Recording,
+    SimBinary,
     SimEvent,
+    SimGraph,
     SimStream,
     new_handle,
     release_all,
 )
-from .loader import KernelLoader
+from .kernels import BUILTIN_LIBRARY, KernelLibrary, KernelSpec
 from .memory import DEFAULT_MEMORY_BYTES, U8Array, is_device_address
 
 __all__ = ["DEFAULT_MAX_QUEUE_DEPTH", "SimRuntime", "open_sim_runtime"]
@@ -86,7 +89,7 @@ _U64 = struct.Struct("<Q")
 _PLACEHOLDER = struct.Struct("<II")
 
 
-class SimRuntime(CaptureAndFill, KernelLoader):
+class SimRuntime(DeviceExecutor):
     """The simulated ACL runtime for one device (see the module docstring).
 
     Open it with :func:`open_sim_runtime` (or ``open_runtime("sim", device_id)``).
@@ -100,6 +103,36 @@ class SimRuntime(CaptureAndFill, KernelLoader):
     name = "sim"
     #: the sim models ``aclrtLaunchKernelWithHostArgs`` (``Device.info["launch_path"]``)
     launch_path = "host_args"
+
+    #: the ACL function each call of the seam stands for (what its errors name)
+    CALLS: ClassVar[dict[str, str]] = {
+        "stream_priority_range": "aclrtDeviceGetStreamPriorityRange",
+        "create_stream": "aclrtCreateStream",
+        "stream_priority": "aclrtSetStreamAttribute",
+        "destroy_stream": "aclrtDestroyStream",
+        "destroy_stream_force": "aclrtDestroyStreamForce",
+        "set_stream_failure_mode": "aclrtSetStreamFailureMode",
+        "synchronize_stream": "aclrtSynchronizeStreamWithTimeout",
+        "create_event": "aclrtCreateEventExWithFlag",
+        "destroy_event": "aclrtDestroyEvent",
+        "record_event": "aclrtRecordEvent",
+        "query_event_status": "aclrtQueryEventStatus",
+        "synchronize_event": "aclrtSynchronizeEventWithTimeout",
+        "stream_wait_event": "aclrtStreamWaitEvent",
+        "event_elapsed_time": "aclrtEventElapsedTime",
+        "malloc": "aclrtMalloc",
+        "malloc_host": "aclrtMallocHost",
+        "free": "aclrtFree",
+        "free_host": "aclrtFreeHost",
+        "memcpy_async": "aclrtMemcpyAsync",
+        "load_binary": "aclrtBinaryLoadFromData",
+        "unload_binary": "aclrtBinaryUnLoad",
+        "get_function": "aclrtBinaryGetFunction",
+        "begin_capture": "aclmdlRICaptureBegin",
+        "end_capture": "aclmdlRICaptureEnd",
+        "launch_graph": "aclmdlRIExecuteAsync",
+        "destroy_graph": "aclmdlRIDestroy",
+    }
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("faulted" if self._fault else "open")
@@ -130,18 +163,6 @@ class SimRuntime(CaptureAndFill, KernelLoader):
     def context(self) -> int:
         """This runtime's context handle."""
         return self._context
-
-    def get_recent_error_message(self) -> str:
-        """``aclGetRecentErrMsg``: the latest error text of the calling thread ('' if none)."""
-        message: str = getattr(self._tls, "last_error", "")
-        return message
-
-    def must_settle(self) -> bool:
-        """See the protocol: never here."""
-        return False
-
-    def wait_settled(self) -> None:
-        """See the protocol: nothing of a stream destroyed by force outlives it here."""
 
     def close(self) -> None:
         """Stop and join the device thread and release everything. Idempotent, any thread.
@@ -219,47 +240,23 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         }
 
     @property
-    def is_faulted(self) -> bool:
-        """Whether the device has faulted (sticky until close)."""
-        return self._fault is not None
-
-    @property
     def device_thread(self) -> threading.Thread:
         """The thread that executes device work."""
         return self._thread
 
     # --- streams ---------------------------------------------------------------------------
 
-    def create_stream(self, priority: int | None = None) -> int:
-        """``aclrtCreateStream`` (+ ``aclrtSetStreamAttribute(ACL_STREAM_ATTR_PRIORITY)``).
+    def _device_priority_range(self, func: str) -> tuple[int, int]:
+        return PRIORITY_LEAST, PRIORITY_GREATEST  # (7, 0) as on Ascend: 0 most urgent
 
-        The device thread serves streams of more urgent priority first in each of its rounds
-        (round-robin among equals); like the real runtime, it never pre-empts a running task.
-        """
-        func = "aclrtCreateStream"
-        self._check(func)
-        if priority is None:
-            priority = PRIORITY_LEAST
-        elif (
-            isinstance(priority, bool)
-            or not isinstance(priority, int)
-            or not PRIORITY_GREATEST <= priority <= PRIORITY_LEAST
-        ):
-            raise self._param(
-                "aclrtSetStreamAttribute",
-                f"stream priority {priority!r} is out of range "
-                f"{PRIORITY_GREATEST}..{PRIORITY_LEAST}",
-            )
-        handle = new_handle(STREAM_HANDLE)
+    def _device_create_stream(self, priority: int | None, func: str) -> SimStream:
+        # The device thread serves streams of more urgent priority first in each of its rounds
+        # (round-robin among equals); like the real runtime, it never pre-empts a running task.
+        s = SimStream(new_handle(STREAM_HANDLE), PRIORITY_LEAST if priority is None else priority)
         with self._lock:
-            self._streams[handle] = SimStream(handle, priority)
+            self._streams[s.handle] = s
             self._set_stream_list()
-        return handle
-
-    def stream_priority_range(self) -> tuple[int, int]:
-        """``aclrtDeviceGetStreamPriorityRange``: ``(7, 0)`` as on Ascend (0 most urgent)."""
-        self._check("aclrtDeviceGetStreamPriorityRange")
-        return PRIORITY_LEAST, PRIORITY_GREATEST
+        return s
 
     def _remove_stream(self, s: SimStream) -> list[tuple[Any, ...]]:
         with self._cond:
@@ -279,112 +276,46 @@ class SimRuntime(CaptureAndFill, KernelLoader):
             self._cond.notify_all()
         return dropped
 
-    def destroy_stream(self, stream: int) -> None:
-        """``aclrtDestroyStream``: wait for the queued work (unless faulted), then destroy."""
-        func = "aclrtDestroyStream"
-        self._check(func)
-        s = self._stream(stream, func)
-        target = s.submitted
-        if self._fault is None:
+    def _device_destroy_stream(self, s: SimStream, force: bool, func: str) -> None:
+        # aclrtDestroyStream waits for the queued work (unless faulted); the force variant
+        # discards queued and running work at once
+        if not force and self._fault is None:
             try:
-                self._wait_stream(s, target, -1, func)
+                self._wait_stream(s, s.submitted, -1, func)
             except RuntimeAPIError as exc:
                 if self._fault is None or not _is_fault_of(exc, self._fault):
                     raise
         dropped = self._remove_stream(s)
-        self._fail_pageable(dropped, ACL_ERROR_RT_STREAM_ABORT, "the stream was destroyed")
-
-    def destroy_stream_force(self, stream: int) -> None:
-        """``aclrtDestroyStreamForce``: destroy at once, discarding queued and running work."""
-        func = "aclrtDestroyStreamForce"
-        self._check(func)
-        s = self._stream(stream, func)
-        dropped = self._remove_stream(s)
-        self._fail_pageable(dropped, ACL_ERROR_RT_STREAM_ABORT, "the stream was force-destroyed")
-
-    def _fail_pageable(self, tasks: list[tuple[Any, ...]], code: int, message: str) -> None:
-        for task in tasks:
+        why = "the stream was force-destroyed" if force else "the stream was destroyed"
+        for task in dropped:
             if task[0] == COPY and task[7] is not None:
-                task[7].fail(code, message)
+                task[7].fail(ACL_ERROR_RT_STREAM_ABORT, why)
 
-    def set_stream_failure_mode(self, stream: int, mode: int) -> None:
-        """``aclrtSetStreamFailureMode``. The sim halts the whole device on any kernel fault
-        (as stop-on-failure does); the mode is validated and stored."""
-        func = "aclrtSetStreamFailureMode"
-        self._check(func)
-        s = self._stream(stream, func)
-        try:
-            s.failure_mode = check_failure_mode(func, mode)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
-
-    def synchronize_stream(self, stream: int, timeout_ms: int) -> None:
-        """``aclrtSynchronizeStreamWithTimeout``: block until the stream's work so far is done."""
-        func = "aclrtSynchronizeStreamWithTimeout"
-        self._check_live(func)
-        s = self._stream(stream, func)
-        self._not_capturing(s, func)
-        try:
-            check_timeout(func, timeout_ms)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
+    def _device_sync_stream(self, s: SimStream, timeout_ms: int, func: str) -> None:
         self._wait_stream(s, s.submitted, timeout_ms, func)
 
     # --- events ----------------------------------------------------------------------------
 
-    def create_event(self, flags: int) -> int:
-        """``aclrtCreateEventExWithFlag``."""
-        func = "aclrtCreateEventExWithFlag"
-        self._check(func)
-        try:
-            check_event_flags(func, flags)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
-        handle = new_handle(EVENT_HANDLE)
-        self._events[handle] = SimEvent(handle, flags)
-        return handle
+    def _device_create_event(self, timed: bool, func: str) -> SimEvent:
+        return SimEvent(new_handle(EVENT_HANDLE), timed)
 
-    def destroy_event(self, event: int) -> None:
-        """``aclrtDestroyEvent`` (queued records and waits of it still complete)."""
-        func = "aclrtDestroyEvent"
-        self._check(func)
-        if self._events.pop(event, None) is None:
-            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
+    def _device_destroy_event(self, ev: SimEvent, func: str) -> None:
+        pass  # queued records and waits hold their recording, not the event
 
-    def record_event(self, event: int, stream: int) -> None:
-        """``aclrtRecordEvent``: NOT_READY from the end of this call until the device reaches it."""
-        func = "aclrtRecordEvent"
-        self._check_live(func)
-        ev = self._event(event, func)
-        s = self._stream(stream, func)
-        self._not_capturing(s, func)
-        rec = Recording(bool(ev.flags & ACL_EVENT_TIME_LINE))
+    def _device_record(self, ev: SimEvent, s: SimStream, func: str) -> None:
+        rec = Recording(ev.timed)
         self._enqueue(s, (RECORD, rec), func)
         # Only now does the event refer to the new recording: a query racing with this call
         # on another thread still sees the previous status, as on the real runtime.
         ev.current = rec
 
-    def query_event_status(self, event: int) -> int:
-        """``aclrtQueryEventStatus``: 1 (COMPLETE) or 0 (NOT_READY); never blocks."""
-        func = "aclrtQueryEventStatus"
-        self._check_live(func)
-        ev = self._events.get(event)
-        if ev is None:
-            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
+    def _device_query(self, ev: SimEvent, func: str) -> int:
         rec = ev.current
         if rec is None or rec.done:
             return ACL_EVENT_RECORDED_STATUS_COMPLETE
         return ACL_EVENT_RECORDED_STATUS_NOT_READY
 
-    def synchronize_event(self, event: int, timeout_ms: int) -> None:
-        """``aclrtSynchronizeEventWithTimeout``: block until the event's recording completes."""
-        func = "aclrtSynchronizeEventWithTimeout"
-        self._check_live(func)
-        ev = self._event(event, func)
-        try:
-            check_timeout(func, timeout_ms)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
+    def _device_sync_event(self, ev: SimEvent, timeout_ms: int, func: str) -> None:
         rec = ev.current
         if rec is None or rec.done:
             return
@@ -432,28 +363,15 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         """See the protocol."""
         return self.faulted_task
 
-    def stream_wait_event(self, stream: int, event: int) -> None:
-        """``aclrtStreamWaitEvent``: later work on ``stream`` waits for the event's recording
-        as of this call; a never-recorded event does not wait."""
-        func = "aclrtStreamWaitEvent"
-        self._check_live(func)
-        s = self._stream(stream, func)
-        self._not_capturing(s, func)
-        ev = self._event(event, func)
+    def _device_wait_event(self, s: SimStream, ev: SimEvent, func: str) -> None:
         rec = ev.current
         if rec is None or rec.done:
-            return
+            return  # a never-recorded (or completed) event does not wait
         self._enqueue(s, (WAIT, rec), func)
 
-    def event_elapsed_time(self, start: int, end: int) -> float:
-        """``aclrtEventElapsedTime``: ms between two completed ``ACL_EVENT_TIME_LINE`` events."""
-        func = "aclrtEventElapsedTime"
-        self._check_live(func)
+    def _device_elapsed(self, start: SimEvent, end: SimEvent, func: str) -> float:
         recs = []
-        for name, handle in (("startEvent", start), ("endEvent", end)):
-            ev = self._event(handle, func)
-            if not ev.flags & ACL_EVENT_TIME_LINE:
-                raise self._param(func, f"{name} was not created with ACL_EVENT_TIME_LINE")
+        for name, ev in (("startEvent", start), ("endEvent", end)):
             rec = ev.current
             if rec is None:
                 raise self._param(func, f"{name} was never recorded")
@@ -464,16 +382,29 @@ class SimRuntime(CaptureAndFill, KernelLoader):
 
     # --- memory ----------------------------------------------------------------------------
 
-    def malloc(self, size: int) -> int:
-        """``aclrtMalloc``: zero-filled device memory at a 64-byte aligned address."""
-        return self._allocate("aclrtMalloc", size, self._memory.malloc)
+    def _device_malloc(self, size: int, func: str) -> int:
+        # zero-filled device memory at a 64-byte aligned address
+        return self._allocate(func, size, self._memory.malloc)
 
-    def free(self, ptr: int) -> None:
-        """``aclrtFree``: at once, even if queued work still uses it (that work then faults)."""
-        func = "aclrtFree"
-        self._check(func)
-        if not self._memory.free(ptr):
-            raise self._param(func, f"devPtr={_hex(ptr)} is not a live device allocation")
+    def _device_malloc_host(self, size: int, func: str) -> int:
+        # zero-filled, 64-byte aligned pinned host memory
+        return self._allocate(func, size, self._pinned.malloc)
+
+    def _allocate(self, func: str, size: int, allocate: Callable[[int], int]) -> int:
+        try:
+            return allocate(size)
+        except MemoryError as exc:
+            raise self._error(
+                ACL_ERROR_RT_MEMORY_ALLOCATION, func, f"cannot allocate {size} bytes: {exc}"
+            ) from None
+
+    def _device_free(self, ptr: int, func: str) -> bool:
+        # at once, even if queued work still uses it (that work then faults)
+        return self._memory.free(ptr)
+
+    def _device_free_host(self, ptr: int, func: str) -> bool:
+        # at once; queued work that still reads it sees poison bytes
+        return self._pinned.free(ptr)
 
     def poison_device(self, ptr: int) -> None:
         """Fill the device allocation at ``ptr`` with ``0xCD`` (a sim control, no ACL call):
@@ -487,30 +418,6 @@ class SimRuntime(CaptureAndFill, KernelLoader):
         (a sim control): the library's pool limits its larger blocks to the request."""
         if not self._memory.limit(ptr, nbytes):
             raise self._param("limit_device", f"devPtr={_hex(ptr)} is not a live allocation")
-
-    def malloc_host(self, size: int) -> int:
-        """``aclrtMallocHost``: zero-filled, 64-byte aligned pinned host memory."""
-        return self._allocate("aclrtMallocHost", size, self._pinned.malloc)
-
-    def _allocate(self, func: str, size: int, allocate: Callable[[int], int]) -> int:
-        self._check(func)
-        try:
-            check_alloc_size(func, size)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
-        try:
-            return allocate(size)
-        except MemoryError as exc:
-            raise self._error(
-                ACL_ERROR_RT_MEMORY_ALLOCATION, func, f"cannot allocate {size} bytes: {exc}"
-            ) from None
-
-    def free_host(self, ptr: int) -> None:
-        """``aclrtFreeHost``: at once; queued work that still reads it sees poison bytes."""
-        func = "aclrtFreeHost"
-        self._check(func)
-        if not self._pinned.free(ptr):
-            raise self._param(func, f"hostPtr={_hex(ptr)} is not a live pinned host allocation")
 
     def _host_side(self, addr: int, count: int, name: str, func: str) -> tuple[U8Array, int] | None:
         """Pinned ``(array, offset)`` for a host address, or None if it is pageable."""
@@ -526,17 +433,10 @@ class SimRuntime(CaptureAndFill, KernelLoader):
             )
         return found
 
-    def memcpy_async(
-        self, dst: int, dst_max: int, src: int, count: int, kind: int, stream: int
+    def _device_memcpy(
+        self, s: SimStream, dst: int, src: int, count: int, kind: int, func: str
     ) -> None:
-        """``aclrtMemcpyAsync``: queue a copy; pageable host memory makes the call synchronous."""
-        func = "aclrtMemcpyAsync"
-        self._check_live(func)
-        s = self._stream(stream, func)
-        try:
-            check_memcpy(func, dst, dst_max, src, count, kind)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
+        # pageable host memory makes the call synchronous
         host: tuple[U8Array, int] | None = None
         if kind == ACL_MEMCPY_HOST_TO_DEVICE:
             host = self._host_side(src, count, "src", func)
@@ -574,9 +474,79 @@ class SimRuntime(CaptureAndFill, KernelLoader):
                 raise self._fault_error(func)
             raise self._error(waiter.error[0], func, waiter.error[1])
 
+    def memset_async(self, ptr: int, dst_max: int, value: int, count: int, stream: int) -> None:
+        """``aclrtMemsetAsync``: queue setting ``count`` bytes at ``ptr`` to ``value``'s low byte.
+
+        The range is checked when the task executes (outside a live allocation: a device
+        fault), as for device-to-device copies.
+        """
+        func = "aclrtMemsetAsync"
+        self._enter_live(func)
+        s = self._stream(stream, func)
+        for name, number in (("maxCount", dst_max), ("count", count), ("devPtr", ptr)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 0:
+                raise self._param(func, f"{name}={number!r} is not a valid size or address")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._param(func, f"value={value!r} is not an int")
+        if count > dst_max:
+            raise self._param(func, f"count={count} > maxCount={dst_max}")
+        if not is_device_address(ptr):
+            raise self._param(func, f"devPtr={_hex(ptr)} is not a device address")
+        self._enqueue(s, (MEMSET, ptr, value & 0xFF, count), func)
+
+    # --- kernels ---------------------------------------------------------------------------
+
+    def _device_load(self, source: object, func: str) -> tuple[int, SimBinary]:
+        # a KernelLibrary (snapshotted now), or the built-ins for None: the sim's kernels are
+        # Python functions, whose arguments no runtime rewrites
+        if source is None:
+            library = BUILTIN_LIBRARY
+        elif isinstance(source, KernelLibrary):
+            library = source
+        else:
+            raise self._param(
+                func,
+                f"the sim backend loads an aio_ascend.sim.KernelLibrary (or None for the built-in "
+                f"kernels), got {type(source).__name__}",
+            )
+        return new_handle(BINARY_HANDLE), SimBinary(library.snapshot())
+
+    def _device_unload(self, b: SimBinary, func: str) -> None:
+        pass  # queued launches hold their kernel, not the binary
+
+    def _device_get_function(
+        self, handle: int, b: SimBinary, name: str, encoded: bytes, func: str
+    ) -> tuple[int, KernelSpec]:
+        spec = b.kernels.get(name)
+        if spec is None:
+            raise self._error(
+                ACL_ERROR_RT_SYMBOL_NOT_FOUND,
+                func,
+                f"kernel {name!r} not found in the binary (it has {sorted(b.kernels)})",
+            )
+        return new_handle(FUNCTION_HANDLE), spec
+
+    # --- graphs (model-RI capture): a capturing stream records its tasks instead of queueing
+    # them; a replay is one task that runs the recorded list in order (DeviceExecutor) -------
+
+    def _device_begin_capture(self, s: SimStream, func: str) -> None:
+        with self._lock:
+            s.capture = []
+
+    def _device_end_capture(self, s: SimStream, func: str) -> SimGraph:
+        with self._lock:
+            tasks, s.capture = s.capture or [], None
+        return SimGraph(new_handle(GRAPH_HANDLE), tasks)
+
+    def _device_launch_graph(self, g: SimGraph, s: SimStream, func: str) -> None:
+        self._enqueue(s, (GRAPH, g), func)
+
+    def _device_destroy_graph(self, g: SimGraph, func: str) -> None:
+        pass  # queued replays keep the task list they hold
+
     def info(self) -> dict[str, object]:
         """The sim's facts: its version, memory (``aclrtGetMemInfo``), priority range."""
-        self._check("aclrtGetMemInfo")
+        self._enter("aclrtGetMemInfo")
         memory = self._memory
         return {
             "runtime_version": f"sim-{_package_version()}",
@@ -746,8 +716,8 @@ class SimRuntime(CaptureAndFill, KernelLoader):
             return None
 
 
-def _is_fault_of(exc: RuntimeAPIError, fault: tuple[int, str]) -> bool:
-    return exc.code == fault[0] and exc.message == fault[1]
+def _is_fault_of(exc: RuntimeAPIError, fault: Fault) -> bool:
+    return exc.code == fault.code and exc.message == fault.message
 
 
 def _package_version() -> str:
