@@ -38,7 +38,7 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar, Generic, NamedTuple, NoReturn, Protocol, TypeVar
 
-from .._errors import RuntimeAPIError, error_for_code
+from .._errors import AscendError, RuntimeAPIError, error_for_code
 from .abi import (
     ACL_ERROR_RT_INVALID_HANDLE,
     ACL_ERROR_RT_PARAM_INVALID,
@@ -96,7 +96,7 @@ EventT = TypeVar("EventT", bound=_Event)
 GraphT = TypeVar("GraphT", bound=_Graph)
 BinaryT = TypeVar("BinaryT", bound=_Binary)
 FunctionT = TypeVar("FunctionT", bound=_Function)
-_E = TypeVar("_E", bound=RuntimeAPIError)
+_E = TypeVar("_E", bound=AscendError)
 
 
 class AclEmulation(Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
@@ -123,7 +123,7 @@ class AclEmulation(Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
         """Whether this runtime's context is the calling thread's."""
         raise NotImplementedError
 
-    def _context_error(self, func: str) -> RuntimeAPIError:
+    def _context_error(self, func: str) -> AscendError:
         """The refusal of a call made while closed or without this context bound."""
         raise NotImplementedError
 

@@ -17,20 +17,12 @@ from ..._errors import (
     ContextNullError,
     DeviceFaultError,
     InternalError,
-    InvalidHandleError,
-    InvalidParamError,
     RuntimeAPIError,
     error_class_for_code,
 )
-from ..abi import (
-    ACL_ERROR_RT_CONTEXT_NULL,
-    ACL_ERROR_RT_INVALID_HANDLE,
-    ACL_STOP_ON_FAILURE,
-    check_alloc_size,
-    param_error,
-)
-from ..abi import hex_or_repr as _hex
+from ..abi import ACL_ERROR_RT_CONTEXT_NULL, ACL_STOP_ON_FAILURE
 from ..base import PLAIN_FUNCTION, FunctionInfo
+from ..emulation import AclEmulation, Fault
 from ..staging import DEFAULT_STAGING_BYTES, CaptureStaging, StagingRing
 from .errors import CUDA_ERROR_NOT_READY, CUDA_FAULT_CODES, CUDA_SUCCESS, cuda_error
 from .kernels import CONTROL_FAULT_OFFSET, CONTROL_RELEASE_OFFSET, CONTROL_SIZE
@@ -43,6 +35,7 @@ __all__ = [
     "CudaCore",
     "CudaEvent",
     "CudaFunction",
+    "CudaGraph",
     "CudaStream",
     "CudaTls",
     "StreamRingOps",
@@ -71,14 +64,14 @@ class CudaTls(threading.local):
 
 
 class CudaStream:
-    __slots__ = ("capture", "cu", "handle", "lock", "mode", "ring")
+    __slots__ = ("capture", "cu", "failure_mode", "handle", "lock", "ring")
 
     def __init__(self, handle: int, cu: Any) -> None:
         self.handle = handle
         self.cu = cu
         self.lock = threading.Lock()
         self.ring: StagingRing | None = None
-        self.mode = ACL_STOP_ON_FAILURE
+        self.failure_mode = ACL_STOP_ON_FAILURE
         #: while the stream is capturing (:mod:`.graphs`): the capture's own staging memory
         self.capture: CaptureStaging | None = None
 
@@ -114,6 +107,19 @@ class CudaFunction:
         self.binary = binary
         #: the declared parameters of a built-in kernel (checked before its launch)
         self.info = info
+
+
+class CudaGraph:
+    """A captured graph: the CUDA graph, its executable instance, and its staging memory."""
+
+    __slots__ = ("blocks", "exec", "graph", "handle")
+
+    def __init__(self, handle: int, graph: Any, graph_exec: Any, blocks: list[int]) -> None:
+        self.handle = handle
+        self.graph = graph
+        self.exec = graph_exec
+        #: device memory of the capture's placeholder staging (freed with the graph)
+        self.blocks = blocks
 
 
 class CudaBinary:
@@ -154,9 +160,9 @@ class StreamRingOps:
         self.runtime.recycle_fence(fence)
 
 
-class CudaCore:
-    """The context-level part of :class:`~.runtime.CudaRuntime`: the driver objects, errors and
-    the sticky fault, argument gates, polling, fences, memory, and close."""
+class CudaCore(AclEmulation[CudaStream, CudaEvent, CudaGraph, CudaBinary, CudaFunction]):
+    """The context-level part of :class:`~.runtime.CudaRuntime`: the driver objects, CUDA
+    errors and the sticky fault, polling, fences, memory, and close."""
 
     def __init__(
         self,
@@ -170,6 +176,7 @@ class CudaCore:
         staging_bytes: int = DEFAULT_STAGING_BYTES,
         compiler: Callable[[str, int], bytes] | None = None,
     ) -> None:
+        super().__init__()
         self.device_id = device_id
         #: compute capability as major*10 + minor (e.g. 90 for an H100/H200)
         self.capability = capability
@@ -181,14 +188,8 @@ class CudaCore:
         self._compiler = compiler or compile_cuda_source
         self._tls = CudaTls()
         self._tls.bound = True  # open_cuda_runtime bound the context to this thread
-        self._closed = False
         self._close_lock = threading.Lock()
-        self._fault: tuple[type[RuntimeAPIError], int, str] | None = None
         self._fault_lock = threading.Lock()
-        self._streams: dict[int, CudaStream] = {}
-        self._events: dict[int, CudaEvent] = {}
-        self._functions: dict[int, CudaFunction] = {}
-        self._binaries: dict[int, CudaBinary] = {}
         self._device_memory: dict[int, int] = {}
         self._host_memory: dict[int, int] = {}
         self._host_starts: list[int] = []
@@ -227,9 +228,6 @@ class CudaCore:
 
     # --- errors and checks -------------------------------------------------------------
 
-    def _set_error(self, message: str) -> None:
-        self._tls.last_error = message
-
     def _cuda_error(self, code: int, func: str) -> RuntimeAPIError:
         description = ""
         try:
@@ -238,9 +236,7 @@ class CudaCore:
                 description = text.decode("utf-8", "replace")
         except Exception:
             pass
-        exc = cuda_error(code, func, description, self._d)
-        self._set_error(exc.message)
-        return exc
+        return self._noted(cuda_error(code, func, description, self._d))
 
     def _raise(self, code: int, func: str) -> NoReturn:
         """Raise for a failing driver call (a device fault is noted: sticky from now on)."""
@@ -259,13 +255,13 @@ class CudaCore:
                     cls = error_class_for_code(acl)
                     if not issubclass(cls, DeviceFaultError):
                         cls = DeviceFaultError
-                    self._fault = (
+                    self._fault = Fault(
                         cls,
                         acl,
                         f"{cuda.message}; the 'fault' kernel raised ACL error {acl} on purpose",
                     )
                 else:
-                    self._fault = (
+                    self._fault = Fault(
                         DeviceFaultError,
                         code,
                         f"{cuda.message} (a kernel faulted; the CUDA context is unusable until "
@@ -273,57 +269,17 @@ class CudaCore:
                     )
         return self._fault_error(func)
 
-    def _fault_error(self, func: str) -> RuntimeAPIError:
-        fault = self._fault
-        if fault is None:
-            raise InternalError("no fault to report", func=func)
-        cls, code, message = fault
-        self._set_error(message)
-        return cls(message, code=code, func=func)
+    def _bound(self) -> bool:
+        return bool(self._tls.bound)
 
-    def _param(self, func: str, message: str) -> InvalidParamError:
-        self._set_error(message)
-        return param_error(func, message)
-
-    def _noted(self, exc: InvalidParamError) -> InvalidParamError:
-        """``exc`` (raised by a shared abi check), remembered as this thread's recent error."""
-        self._set_error(exc.message)
-        return exc
-
-    def _bad_handle(self, func: str, message: str) -> InvalidHandleError:
-        self._set_error(message)
-        return InvalidHandleError(message, code=ACL_ERROR_RT_INVALID_HANDLE, func=func)
-
-    def _enter(self, func: str) -> None:
-        """Open, and a context bound to this thread."""
+    def _context_error(self, func: str) -> AscendError:
         if self._closed:
-            raise ClosedError("the cuda runtime is closed", func=func)
-        tls = self._tls
-        if not tls.bound:
-            message = (
-                f"no context is bound to thread {threading.current_thread().name!r}: call "
-                "set_current_context() first"
-            )
-            tls.last_error = message
-            raise ContextNullError(message, code=ACL_ERROR_RT_CONTEXT_NULL, func=func)
-
-    def _enter_live(self, func: str) -> None:
-        """:meth:`_enter`, and the device has not faulted (calls that submit or observe work)."""
-        self._enter(func)
-        if self._fault is not None:
-            raise self._fault_error(func)
-
-    def _stream(self, stream: int, func: str) -> CudaStream:
-        s = self._streams.get(stream)
-        if s is None:
-            raise self._bad_handle(func, f"stream handle {stream!r} is not a live stream")
-        return s
-
-    def _event(self, event: int, func: str) -> CudaEvent:
-        ev = self._events.get(event)
-        if ev is None:
-            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
-        return ev
+            return self._noted(ClosedError("the cuda runtime is closed", func=func))
+        message = (
+            f"no context is bound to thread {threading.current_thread().name!r}: call "
+            "set_current_context() first"
+        )
+        return self._noted(ContextNullError(message, code=ACL_ERROR_RT_CONTEXT_NULL, func=func))
 
     def poll(self, done: Callable[[], bool], timeout_ms: int, func: str) -> bool:
         """Poll ``done`` with GIL-releasing sleeps (backoff) until true or ``timeout_ms`` passed."""
@@ -381,9 +337,6 @@ class CudaCore:
             self._raise(int(err), func)
         self._tls.bound = True
 
-    #: the context that was current on the opening thread before the open bound this one
-    context_before_open: int | None = None
-
     def fault_site(self) -> tuple[int, int] | None:
         """See the protocol."""
         return None  # CUDA reports a sticky error per context, not which kernel raised it
@@ -392,12 +345,6 @@ class CudaCore:
         """See the protocol: CUDA does not number tasks."""
         return None
 
-    def function_info(self, func: int) -> FunctionInfo:
-        """A built-in kernel's declared parameters; nothing else to follow: CUDA kernels take
-        the parameter buffer as packed."""
-        f = self._functions.get(func)
-        return PLAIN_FUNCTION if f is None else f.info
-
     def get_current_context(self) -> int | None:
         """``cuCtxGetCurrent``: the calling thread's current context (``None``: none)."""
         err, current = self._d.cuCtxGetCurrent()
@@ -405,26 +352,10 @@ class CudaCore:
             self._raise(int(err), "cuCtxGetCurrent")
         return int(current) or None
 
-    def get_recent_error_message(self) -> str:
-        message: str = self._tls.last_error
-        return message
-
-    @property
-    def is_faulted(self) -> bool:
-        """Whether a kernel faulted (sticky until close)."""
-        return self._fault is not None
-
     def release_hangs(self) -> None:
         """Make every built-in ``hang`` kernel of this runtime return (now and from now on)."""
         if self._control:
             ctypes.c_uint32.from_address(self._control + CONTROL_RELEASE_OFFSET).value = 1
-
-    def must_settle(self) -> bool:
-        """See the protocol: never here."""
-        return False
-
-    def wait_settled(self) -> None:
-        """See the protocol: nothing of a stream destroyed by force outlives it here."""
 
     def close(self) -> None:
         """Release everything, reset the primary context if a kernel faulted. Idempotent."""
@@ -544,36 +475,23 @@ class CudaCore:
         except Exception:
             pass
 
-    def malloc(self, size: int) -> int:
-        """``cuMemAlloc`` (at least 256-byte aligned)."""
-        func = "cuMemAlloc"
-        self._enter(func)
-        try:
-            check_alloc_size(func, size)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
-        ptr = self.device_alloc(size, func)  # after a fault CUDA refuses: the fault is raised
+    def _device_malloc(self, size: int, func: str) -> int:
+        # at least 256-byte aligned; after a fault CUDA refuses: the fault is raised
+        ptr = self.device_alloc(size, func)
         self._device_memory[ptr] = size
         return ptr
 
-    def free(self, ptr: int) -> None:
-        """``cuMemFree`` at once (CUDA may wait for the device to be idle inside the call)."""
-        func = "cuMemFree"
-        self._enter(func)
+    def _device_free(self, ptr: int, func: str) -> bool:
+        # at once (CUDA may wait for the device to be idle inside the call)
         if self._device_memory.pop(ptr, None) is None:
-            raise self._param(func, f"devPtr={_hex(ptr)} is not a live device allocation")
+            return False
         (err,) = self._d.cuMemFree(ptr)
         if int(err) and self._fault is None:
             self._raise(int(err), func)
+        return True
 
-    def malloc_host(self, size: int) -> int:
-        """``cuMemHostAlloc``: pinned (page-locked) host memory, page aligned."""
-        func = "cuMemHostAlloc"
-        self._enter(func)
-        try:
-            check_alloc_size(func, size)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
+    def _device_malloc_host(self, size: int, func: str) -> int:
+        # pinned (page-locked) host memory, page aligned
         err, ptr = self._d.cuMemHostAlloc(size, CU_MEMHOSTALLOC_PORTABLE)
         if int(err):
             self._raise(int(err), func)
@@ -583,17 +501,16 @@ class CudaCore:
             bisect.insort(self._host_starts, address)
         return address
 
-    def free_host(self, ptr: int) -> None:
-        func = "cuMemFreeHost"
-        self._enter(func)
+    def _device_free_host(self, ptr: int, func: str) -> bool:
         with self._host_lock:
             if self._host_memory.pop(ptr, None) is None:
-                raise self._param(func, f"hostPtr={_hex(ptr)} is not a live pinned host allocation")
+                return False
             index = bisect.bisect_left(self._host_starts, ptr)
             del self._host_starts[index]
         (err,) = self._d.cuMemFreeHost(ptr)
         if int(err) and self._fault is None:
             self._raise(int(err), func)
+        return True
 
     def is_pinned(self, addr: int, count: int) -> bool:
         """Whether ``[addr, addr + count)`` lies in one allocation of :meth:`malloc_host`."""

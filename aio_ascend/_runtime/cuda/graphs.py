@@ -37,26 +37,13 @@ from typing import Any
 
 from ..abi import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
 from ..staging import CaptureStaging, staging_alignment
-from .core import CudaCore, CudaFunction, CudaStream
+from .core import CudaCore, CudaFunction, CudaGraph, CudaStream
 from .launch import apply_patches, placeholder_patches
 
-__all__ = ["GRAPH_HANDLE_BASE", "CudaGraph", "CudaGraphs"]
+__all__ = ["GRAPH_HANDLE_BASE", "CudaGraphs"]
 
 #: the first graph handle a runtime gives (then counting up; never reused)
 GRAPH_HANDLE_BASE = 0x6A0001
-
-
-class CudaGraph:
-    """A captured graph: the CUDA graph, its executable instance, and its staging memory."""
-
-    __slots__ = ("blocks", "exec", "graph", "handle")
-
-    def __init__(self, handle: int, graph: Any, graph_exec: Any, blocks: list[int]) -> None:
-        self.handle = handle
-        self.graph = graph
-        self.exec = graph_exec
-        #: device memory of the capture's placeholder staging (freed with the graph)
-        self.blocks = blocks
 
 
 def _as_int(handle: Any) -> int:
@@ -68,16 +55,9 @@ class CudaGraphs(CudaCore):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._graphs: dict[int, CudaGraph] = {}
         self._graph_ids = itertools.count(GRAPH_HANDLE_BASE)
 
     # --- refusals on a capturing stream (called by the runtime before the driver) --------
-
-    def _not_capturing(self, s: CudaStream, func: str) -> None:
-        if s.capture is not None:
-            raise self._param(
-                func, f"stream {s.handle:#x} is capturing: {func} is refused until end_capture"
-            )
 
     def _check_capture_copy(
         self, s: CudaStream, dst: int, src: int, count: int, kind: int, func: str
@@ -144,31 +124,22 @@ class CudaGraphs(CudaCore):
 
     # --- the seam ------------------------------------------------------------------------
 
-    def begin_capture(self, stream: int) -> None:
-        """``cuStreamBeginCapture`` in relaxed mode: work submitted to ``stream`` from now on
-        is recorded, not run, until :meth:`end_capture`."""
-        func = "cuStreamBeginCapture"
-        self._enter_live(func)
-        s = self._stream(stream, func)
+    def _device_begin_capture(self, s: CudaStream, func: str) -> None:
+        # relaxed mode (module docstring)
         with s.lock:
-            if s.capture is not None:
-                raise self._param(func, f"stream {stream:#x} is already capturing")
             mode = self._d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
             (err,) = self._d.cuStreamBeginCapture(s.cu, mode)
             if int(err):
                 self._raise(int(err), func)
             s.capture = CaptureStaging(self._capture_alloc)
 
-    def end_capture(self, stream: int) -> int:
-        """``cuStreamEndCapture`` + ``cuGraphInstantiateWithFlags(hGraph, 0)``: the recorded
-        work as a graph handle. If either fails, what the capture holds is released."""
-        func = "cuStreamEndCapture"
-        self._enter(func)
-        s = self._stream(stream, func)
+    def _device_end_capture(self, s: CudaStream, func: str) -> CudaGraph:
+        # cuStreamEndCapture + cuGraphInstantiateWithFlags(hGraph, 0); if either fails, what
+        # the capture holds is released
         with s.lock:
             staging = s.capture
             if staging is None:
-                raise self._param(func, f"stream {stream:#x} is not capturing")
+                raise self._param(func, f"stream {s.handle:#x} is not capturing")
             s.capture = None
             err, graph = self._d.cuStreamEndCapture(s.cu)
         blocks = staging.blocks
@@ -182,31 +153,15 @@ class CudaGraphs(CudaCore):
             self._d.cuGraphDestroy(graph)
             self._free_blocks(blocks)
             self._raise(int(err), "cuGraphInstantiateWithFlags")
-        handle = next(self._graph_ids)
-        self._graphs[handle] = CudaGraph(handle, graph, graph_exec, blocks)
-        return handle
+        return CudaGraph(next(self._graph_ids), graph, graph_exec, blocks)
 
-    def launch_graph(self, graph: int, stream: int) -> None:
-        """``cuGraphLaunch``: queue one replay of ``graph`` on ``stream``."""
-        func = "cuGraphLaunch"
-        self._enter_live(func)
-        s = self._stream(stream, func)
-        g = self._graphs.get(graph)
-        if g is None:
-            raise self._bad_handle(func, f"graph handle {graph!r} is not a live graph")
-        self._not_capturing(s, func)
+    def _device_launch_graph(self, g: CudaGraph, s: CudaStream, func: str) -> None:
         (err,) = self._d.cuGraphLaunch(g.exec, s.cu)
         if int(err):
             self._raise(int(err), func)
 
-    def destroy_graph(self, graph: int) -> None:
-        """``cuGraphExecDestroy`` + ``cuGraphDestroy``, and free the capture's staging memory
-        (the caller makes sure no queued replay still needs it)."""
-        func = "cuGraphExecDestroy"
-        self._enter(func)
-        g = self._graphs.pop(graph, None)
-        if g is None:
-            raise self._bad_handle(func, f"graph handle {graph!r} is not a live graph")
+    def _device_destroy_graph(self, g: CudaGraph, func: str) -> None:
+        # cuGraphExecDestroy + cuGraphDestroy, and the capture's staging memory
         (err_exec,) = self._d.cuGraphExecDestroy(g.exec)
         (err_graph,) = self._d.cuGraphDestroy(g.graph)
         self._free_blocks(g.blocks)

@@ -54,7 +54,7 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from ..._errors import (
     BackendUnavailableError,
@@ -62,7 +62,6 @@ from ..._errors import (
     EventSyncTimeoutError,
     InternalError,
     InvalidParamError,
-    RuntimeAPIError,
     StreamSyncTimeoutError,
 )
 from ..._launch_config import LaunchConfig
@@ -72,21 +71,14 @@ from ..abi import (
     ACL_ERROR_RT_SYMBOL_NOT_FOUND,
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
-    ACL_EVENT_TIME_LINE,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
     PTR_MAX,
     SIZE_MAX,
-    KernelType,
     check_args,
-    check_event_flags,
-    check_failure_mode,
-    check_load_options,
-    check_memcpy,
     check_num_blocks,
     check_placeholder_table,
-    check_timeout,
 )
 from ..base import PLAIN_FUNCTION
 from ..staging import DEFAULT_STAGING_BYTES, MAX_STAGING_ALIGN, StagingRing, staging_alignment
@@ -147,43 +139,56 @@ class CudaRuntime(CudaGraphs):
     stream_capacity = 1024
     ordered_task_ids = False  # no task ids at all
 
+    #: the CUDA function each call of the seam maps to (what its errors name)
+    CALLS: ClassVar[dict[str, str]] = {
+        "stream_priority_range": "cuCtxGetStreamPriorityRange",
+        "create_stream": "cuStreamCreate",
+        "stream_priority": "cuStreamCreateWithPriority",
+        "destroy_stream": "cuStreamDestroy",
+        "destroy_stream_force": "cuStreamDestroy",
+        "set_stream_failure_mode": "cuStreamSetFailureMode",
+        "synchronize_stream": "cuStreamSynchronize",
+        "create_event": "cuEventCreate",
+        "destroy_event": "cuEventDestroy",
+        "record_event": "cuEventRecord",
+        "query_event_status": "cuEventQuery",
+        "synchronize_event": "cuEventSynchronize",
+        "stream_wait_event": "cuStreamWaitEvent",
+        "event_elapsed_time": "cuEventElapsedTime",
+        "malloc": "cuMemAlloc",
+        "malloc_host": "cuMemHostAlloc",
+        "free": "cuMemFree",
+        "free_host": "cuMemFreeHost",
+        "memcpy_async": "cuMemcpyAsync",
+        "load_binary": "cuModuleLoadData",
+        "unload_binary": "cuModuleUnload",
+        "get_function": "cuModuleGetFunction",
+        "begin_capture": "cuStreamBeginCapture",
+        "end_capture": "cuStreamEndCapture",
+        "launch_graph": "cuGraphLaunch",
+        "destroy_graph": "cuGraphExecDestroy",
+    }
+
     # --- streams -----------------------------------------------------------------------
 
-    def create_stream(self, priority: int | None = None) -> int:
-        """``cuStreamCreate(CU_STREAM_NON_BLOCKING)``, or with a ``priority``
-        ``cuStreamCreateWithPriority(CU_STREAM_NON_BLOCKING, priority)``. CUDA clamps a
-        priority outside :meth:`stream_priority_range` silently; it is refused here first."""
-        if priority is None:
-            func = "cuStreamCreate"
-            self._enter(func)
-            err, cu = self._d.cuStreamCreate(CU_STREAM_NON_BLOCKING)
-        else:
-            func = "cuStreamCreateWithPriority"
-            self._enter(func)
-            if isinstance(priority, bool) or not isinstance(priority, int):
-                raise self._param(func, f"priority={priority!r}: expected an int or None")
-            least, greatest = self.stream_priority_range()
-            if not greatest <= priority <= least:
-                raise self._param(
-                    func,
-                    f"priority={priority} is outside the device's range {greatest}..{least} "
-                    "(lower = more urgent)",
-                )
-            err, cu = self._d.cuStreamCreateWithPriority(CU_STREAM_NON_BLOCKING, priority)
-        if int(err):
-            self._raise(int(err), func)
-        handle = int(cu)
-        self._streams[handle] = CudaStream(handle, cu)
-        return handle
-
-    def stream_priority_range(self) -> tuple[int, int]:
-        """``cuCtxGetStreamPriorityRange``: ``(least, greatest)``, e.g. ``(0, -5)``."""
-        func = "cuCtxGetStreamPriorityRange"
-        self._enter(func)
+    def _device_priority_range(self, func: str) -> tuple[int, int]:
+        # (least, greatest), e.g. (0, -5); CUDA would clamp a priority outside it silently,
+        # so create_stream refuses one first
         err, least, greatest = self._d.cuCtxGetStreamPriorityRange()
         if int(err):
             self._raise(int(err), func)
         return int(least), int(greatest)
+
+    def _device_create_stream(self, priority: int | None, func: str) -> CudaStream:
+        if priority is None:
+            err, cu = self._d.cuStreamCreate(CU_STREAM_NON_BLOCKING)
+        else:
+            err, cu = self._d.cuStreamCreateWithPriority(CU_STREAM_NON_BLOCKING, priority)
+        if int(err):
+            self._raise(int(err), func)
+        s = CudaStream(int(cu), cu)
+        self._streams[s.handle] = s
+        return s
 
     def _stream_idle(self, s: CudaStream, func: str) -> bool:
         (err,) = self._cuStreamQuery(s.cu)
@@ -194,31 +199,20 @@ class CudaRuntime(CudaGraphs):
             return False
         self._raise(code, func)
 
-    def destroy_stream(self, stream: int) -> None:
-        """Wait for the stream's queued work (unless the device faulted), then destroy it."""
-        func = "cuStreamDestroy"
-        self._enter(func)
-        s = self._stream(stream, func)
+    def _device_destroy_stream(self, s: CudaStream, force: bool, func: str) -> None:
+        # CUDA cannot discard queued or running work: a forced destroy releases every built-in
+        # ``hang`` kernel of this runtime so the stream can drain, and frees its staging memory
+        # only at close
         self._abort_capture(s)
-        if self._fault is None:
+        if force:
+            self.release_hangs()
+        elif self._fault is None:
             try:
                 self.poll(lambda: self._stream_idle(s, func), -1, func)
             except DeviceFaultError:
                 pass  # faulted while waiting: destroy without waiting
         self._streams.pop(s.handle, None)
-        self._release_stream(s, free_ring=True)
-
-    def destroy_stream_force(self, stream: int) -> None:
-        """Destroy at once. CUDA cannot discard queued or running work: every built-in ``hang``
-        kernel of this runtime is released so the stream can drain, and its staging memory is
-        freed only at close."""
-        func = "cuStreamDestroy"
-        self._enter(func)
-        s = self._stream(stream, func)
-        self._abort_capture(s)
-        self.release_hangs()
-        self._streams.pop(s.handle, None)
-        self._release_stream(s, free_ring=False)
+        self._release_stream(s, free_ring=not force)
 
     def _release_stream(self, s: CudaStream, *, free_ring: bool) -> None:
         (err,) = self._d.cuStreamDestroy(s.cu)
@@ -232,81 +226,34 @@ class CudaRuntime(CudaGraphs):
         if code and self._fault is None:
             self._raise(code, "cuStreamDestroy")
 
-    def set_stream_failure_mode(self, stream: int, mode: int) -> None:
-        """Stored only: on CUDA a kernel fault always halts the context (stop-on-failure)."""
-        func = "cuStreamSetFailureMode"
-        self._enter(func)
-        s = self._stream(stream, func)
-        try:
-            s.mode = check_failure_mode(func, mode)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
-
-    def synchronize_stream(self, stream: int, timeout_ms: int) -> None:
-        func = "cuStreamSynchronize"
-        self._enter_live(func)
-        s = self._stream(stream, func)
-        self._not_capturing(s, func)
-        try:
-            timeout_ms = check_timeout(func, timeout_ms)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
+    def _device_sync_stream(self, s: CudaStream, timeout_ms: int, func: str) -> None:
         if not self.poll(lambda: self._stream_idle(s, func), timeout_ms, func):
             message = f"stream not idle after {timeout_ms} ms"
-            self._set_error(message)
-            raise StreamSyncTimeoutError(message, code=ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, func=func)
+            raise self._noted(
+                StreamSyncTimeoutError(message, code=ACL_ERROR_RT_STREAM_SYNC_TIMEOUT, func=func)
+            )
 
     # --- events ------------------------------------------------------------------------
 
-    def create_event(self, flags: int) -> int:
-        """An event; timing is enabled only for ``ACL_EVENT_TIME_LINE``. A never-recorded CUDA
-        event queries as complete, as an Ex event does."""
-        func = "cuEventCreate"
-        self._enter(func)
-        try:
-            check_event_flags(func, flags)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
-        timed = bool(flags & ACL_EVENT_TIME_LINE)
+    def _device_create_event(self, timed: bool, func: str) -> CudaEvent:
+        # timing only for ACL_EVENT_TIME_LINE; a never-recorded CUDA event queries as complete,
+        # as an Ex event does
         err, cu = self._d.cuEventCreate(0 if timed else CU_EVENT_DISABLE_TIMING)
         if int(err):
             self._raise(int(err), func)
-        handle = int(cu)
-        self._events[handle] = CudaEvent(handle, cu, timed)
-        return handle
+        return CudaEvent(int(cu), cu, timed)
 
-    def destroy_event(self, event: int) -> None:
-        func = "cuEventDestroy"
-        self._enter(func)
-        ev = self._events.pop(event, None)
-        if ev is None:
-            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
+    def _device_destroy_event(self, ev: CudaEvent, func: str) -> None:
         (err,) = self._d.cuEventDestroy(ev.cu)
         if int(err) and self._fault is None:
             self._raise(int(err), func)
 
-    def record_event(self, event: int, stream: int) -> None:
-        func = "cuEventRecord"
-        if self._closed or not self._tls.bound or self._fault is not None:
-            self._enter_live(func)
-        ev = self._events.get(event)
-        if ev is None:
-            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
-        s = self._streams.get(stream)
-        if s is None:
-            raise self._bad_handle(func, f"stream handle {stream!r} is not a live stream")
-        self._not_capturing(s, func)
+    def _device_record(self, ev: CudaEvent, s: CudaStream, func: str) -> None:
         (err,) = self._cuEventRecord(ev.cu, s.cu)
         if int(err):
             self._raise(int(err), func)
 
-    def query_event_status(self, event: int) -> int:
-        func = "cuEventQuery"
-        if self._closed or not self._tls.bound or self._fault is not None:
-            self._enter_live(func)
-        ev = self._events.get(event)
-        if ev is None:
-            raise self._bad_handle(func, f"event handle {event!r} is not a live event")
+    def _device_query(self, ev: CudaEvent, func: str) -> int:
         (err,) = self._cuEventQuery(ev.cu)
         code = int(err)
         if code == CUDA_SUCCESS:
@@ -315,40 +262,21 @@ class CudaRuntime(CudaGraphs):
             return ACL_EVENT_RECORDED_STATUS_NOT_READY
         self._raise(code, func)
 
-    def synchronize_event(self, event: int, timeout_ms: int) -> None:
-        """Polls ``cuEventQuery`` with short GIL-releasing sleeps until done or the timeout."""
-        func = "cuEventSynchronize"
-        self._enter_live(func)
-        ev = self._event(event, func)
-        try:
-            timeout_ms = check_timeout(func, timeout_ms)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
+    def _device_sync_event(self, ev: CudaEvent, timeout_ms: int, func: str) -> None:
+        # polls cuEventQuery with short GIL-releasing sleeps until done or the timeout
         if not self.poll(lambda: self.event_done(ev.cu, func), timeout_ms, func):
             message = f"event not complete after {timeout_ms} ms"
-            self._set_error(message)
-            raise EventSyncTimeoutError(message, code=ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, func=func)
+            raise self._noted(
+                EventSyncTimeoutError(message, code=ACL_ERROR_RT_EVENT_SYNC_TIMEOUT, func=func)
+            )
 
-    def stream_wait_event(self, stream: int, event: int) -> None:
-        func = "cuStreamWaitEvent"
-        self._enter_live(func)
-        s = self._stream(stream, func)
-        ev = self._event(event, func)
-        self._not_capturing(s, func)
+    def _device_wait_event(self, s: CudaStream, ev: CudaEvent, func: str) -> None:
         (err,) = self._d.cuStreamWaitEvent(s.cu, ev.cu, 0)
         if int(err):
             self._raise(int(err), func)
 
-    def event_elapsed_time(self, start: int, end: int) -> float:
-        func = "cuEventElapsedTime"
-        self._enter_live(func)
-        events = []
-        for label, handle in (("startEvent", start), ("endEvent", end)):
-            ev = self._event(handle, func)
-            if not ev.timed:
-                raise self._param(func, f"{label} was not created with ACL_EVENT_TIME_LINE")
-            events.append(ev)
-        err, ms = self._d.cuEventElapsedTime(events[0].cu, events[1].cu)
+    def _device_elapsed(self, start: CudaEvent, end: CudaEvent, func: str) -> float:
+        err, ms = self._d.cuEventElapsedTime(start.cu, end.cu)
         code = int(err)
         if code in (CUDA_ERROR_NOT_READY, CUDA_ERROR_INVALID_HANDLE):
             # not complete yet, or never recorded
@@ -360,18 +288,11 @@ class CudaRuntime(CudaGraphs):
             self._raise(code, func)
         return float(ms)
 
-    def memcpy_async(
-        self, dst: int, dst_max: int, src: int, count: int, kind: int, stream: int
+    def _device_memcpy(
+        self, s: CudaStream, dst: int, src: int, count: int, kind: int, func: str
     ) -> None:
-        """``cuMemcpy{HtoD,DtoH,DtoD}Async``. A host side outside :meth:`malloc_host` memory is
-        pageable: the call then waits until the stream has performed the copy."""
-        func = "cuMemcpyAsync"
-        self._enter_live(func)
-        s = self._stream(stream, func)
-        try:
-            check_memcpy(func, dst, dst_max, src, count, kind)
-        except InvalidParamError as exc:
-            raise self._noted(exc) from None
+        # a host side outside malloc_host memory is pageable: the call then waits until the
+        # stream has performed the copy
         self._check_capture_copy(s, dst, src, count, kind, func)
         host: int | None
         if kind == ACL_MEMCPY_HOST_TO_DEVICE:
@@ -454,16 +375,9 @@ class CudaRuntime(CudaGraphs):
 
     # --- kernels -----------------------------------------------------------------------
 
-    def load_binary(
-        self, source: object, *, kernel_type: KernelType | None = None, lazy: bool | None = None
-    ) -> int:
-        """Load a module: ``None`` (the built-in kernels, compiled with NVRTC), a path (``.cu``
-        source is compiled with NVRTC; ``.ptx``, ``.cubin``, ``.fatbin`` are loaded), or the
-        bytes of a PTX, cubin or fatbin image. ``kernel_type`` and ``lazy`` (Ascend load
-        options) are checked and ignored."""
-        func = "cuModuleLoadData"
-        check_load_options(kernel_type, lazy)
-        self._enter(func)
+    def _device_load(self, source: object, func: str) -> tuple[int, CudaBinary]:
+        # None (the built-in kernels, compiled with NVRTC), a path (.cu source is compiled with
+        # NVRTC; .ptx, .cubin, .fatbin are loaded), or the bytes of a PTX, cubin or fatbin image
         builtin = source is None
         if source is None:
             image = self._compiler(KERNEL_SOURCE, self.capability)
@@ -498,8 +412,7 @@ class CudaRuntime(CudaGraphs):
             except BaseException:
                 self._d.cuModuleUnload(module)
                 raise
-        self._binaries[handle] = binary
-        return handle
+        return handle, binary
 
     def _install_control(self, module: Any) -> None:
         func = "cuModuleGetGlobal"
@@ -513,40 +426,21 @@ class CudaRuntime(CudaGraphs):
         if int(err):
             self._raise(int(err), "cuMemcpyHtoD")
 
-    def unload_binary(self, binary: int) -> None:
-        func = "cuModuleUnload"
-        self._enter(func)
-        b = self._binaries.pop(binary, None)
-        if b is None:
-            raise self._bad_handle(func, f"binary handle {binary!r} is not loaded")
-        for handle in b.functions.values():
-            self._functions.pop(handle, None)
+    def _device_unload(self, b: CudaBinary, func: str) -> None:
         (err,) = self._d.cuModuleUnload(b.module)
         if int(err) and self._fault is None:
             self._raise(int(err), func)
 
-    def get_function(self, binary: int, name: str) -> int:
-        func = "cuModuleGetFunction"
-        self._enter(func)
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {type(name).__name__}")
-        encoded = name.encode("utf-8")
-        if not encoded or b"\0" in encoded:
-            raise ValueError(f"name={name!r} is not a valid kernel name")
-        b = self._binaries.get(binary)
-        if b is None:
-            raise self._bad_handle(func, f"binary handle {binary!r} is not loaded")
-        handle = b.functions.get(name)
-        if handle is not None:
-            return handle
+    def _device_get_function(
+        self, binary: int, b: CudaBinary, name: str, encoded: bytes, func: str
+    ) -> tuple[int, CudaFunction]:
         err, cu = self._d.cuModuleGetFunction(b.module, encoded)
         code = int(err)
         if code == CUDA_ERROR_NOT_FOUND:
             message = f"kernel {name!r} not found in the module (CUDA_ERROR_NOT_FOUND)"
             if b.builtin:
                 message += f"; the built-in kernels are {sorted(BUILTIN_NAMES)}"
-            self._set_error(message)
-            raise RuntimeAPIError(message, code=ACL_ERROR_RT_SYMBOL_NOT_FOUND, func=func)
+            raise self._error(ACL_ERROR_RT_SYMBOL_NOT_FOUND, func, message)
         if code:
             self._raise(code, func)
         builtin = b.builtin and name in PARAM_SIZES
@@ -554,10 +448,7 @@ class CudaRuntime(CudaGraphs):
         if param_size is None:
             param_size = self._param_size(cu)
         info = BUILTIN_INFO[name] if builtin else PLAIN_FUNCTION
-        handle = int(cu)
-        self._functions[handle] = CudaFunction(cu, name, param_size, binary, info)
-        b.functions[name] = handle
-        return handle
+        return int(cu), CudaFunction(cu, name, param_size, binary, info)
 
     def _param_size(self, cu: Any) -> int | None:
         """End of the last parameter (``cuFuncGetParamInfo``, CUDA 12.4+), or None if unknown."""
