@@ -1354,7 +1354,7 @@ def test_a_closed_legacy_runtime_says_closed(legacy: AclRuntime) -> None:
 
 
 def _model_ri(rt: AclRuntime, graph: int) -> int:
-    model: int = rt._graphs[graph]
+    model: int = rt.capture.graphs[graph]
     return model
 
 
@@ -1390,7 +1390,7 @@ def test_capture_begins_relaxed_and_the_model_round_trips(kit: Kit, ctl: DoubleC
     mark = ctl.mark()
     rt.destroy_graph(graph)
     assert [c.args for c in ctl.calls(mark, "aclmdlRIDestroy")] == [(model,)]
-    assert ctl.live_counts()["models"] == 0 and rt.graph_count() == 0
+    assert ctl.live_counts()["models"] == 0 and not rt.capture.graphs
     rt.destroy_stream(other)
 
 

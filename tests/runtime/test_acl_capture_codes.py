@@ -121,7 +121,7 @@ def test_an_invalidated_capture_ends_typed_with_nothing_left(
     with pytest.raises(CaptureInvalidatedError) as info:
         rt.end_capture(stream)
     assert info.value.code == 507903 and info.value.func == "aclmdlRICaptureEnd"
-    assert not rt._capturing and rt.graph_count() == 0
+    assert not rt._capturing and not rt.capture.graphs
     assert ctl.live_counts()["models"] == models
     src = np.arange(n, dtype=F32)
     rt.memcpy_async(x, 4 * n, src.ctypes.data, 4 * n, H2D, stream)
@@ -147,7 +147,7 @@ def test_the_double_refuses_a_sync_of_a_capturing_stream_with_107027(any_rt: Acl
     fn["aclmdlRICaptureBegin"](stream, abi.ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
     for name, args in (
         ("aclrtSynchronizeStreamWithTimeout", (stream, 1000)),
-        ("aclmdlRIExecuteAsync", (rt._graphs[empty], stream)),
+        ("aclmdlRIExecuteAsync", (rt.capture.graphs[empty], stream)),
         ("aclrtDestroyStreamForce", (stream,)),
     ):
         with pytest.raises(CaptureError) as info:

@@ -40,9 +40,15 @@ import contextlib
 import itertools
 from collections.abc import Callable
 from ctypes import byref, c_void_p
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..._errors import AscendError, DeviceFaultError, InternalError, InvalidHandleError
+from ..._errors import (
+    AscendError,
+    DeviceFaultError,
+    InternalError,
+    InvalidHandleError,
+    RuntimeAPIError,
+)
 from ..abi import (
     ACL_ERROR_RT_INVALID_HANDLE,
     ACL_MEMCPY_DEVICE_TO_HOST,
@@ -52,10 +58,7 @@ from ..abi import (
 )
 from .values import ptr as _ptr
 
-if TYPE_CHECKING:
-    from ..._errors import RuntimeAPIError
-
-__all__ = ["GRAPH_HANDLE_BASE", "AclGraphs"]
+__all__ = ["GRAPH_HANDLE_BASE", "AclCapture"]
 
 #: the first graph handle a runtime gives (then counting up; never reused)
 GRAPH_HANDLE_BASE = 0x7A0001
@@ -66,78 +69,79 @@ _EXECUTE = "aclmdlRIExecuteAsync"
 _DESTROY = "aclmdlRIDestroy"
 
 
-class AclGraphs:
-    """The graph calls of :class:`~.runtime.AclRuntime` (see the module docstring)."""
+class AclCapture:
+    """The capture state of one :class:`~.runtime.AclRuntime`, which owns it and forwards the
+    seam's graph calls to it (see the module docstring).
 
-    _fn: dict[str, Any]
-    #: pinned host allocations: address -> size
-    _host_memory: dict[int, int]
-    #: the runtime's fault reporting (the first fault's text on later reports of it)
-    _sticky: Callable[[DeviceFaultError], RuntimeAPIError]
+    :param acl: the runtime's bound function by name (its table changes at close)
+    :param is_pinned: whether a host range lies in one of the runtime's pinned allocations
+    :param sticky: the runtime's fault reporting (the first fault's text on later reports)
+    """
 
-    def _init_graphs(self) -> None:
+    def __init__(
+        self,
+        acl: Callable[[str], Any],
+        is_pinned: Callable[[int, int], bool],
+        sticky: Callable[[DeviceFaultError], RuntimeAPIError],
+    ) -> None:
+        self._acl = acl
+        self._is_pinned = is_pinned
+        self._sticky = sticky
         #: streams with a capture open
-        self._capturing: set[int] = set()
+        self.streams: set[int] = set()
         #: graph handle -> aclmdlRI
-        self._graphs: dict[int, int] = {}
-        self._graph_ids = itertools.count(GRAPH_HANDLE_BASE)
+        self.graphs: dict[int, int] = {}
+        self._ids = itertools.count(GRAPH_HANDLE_BASE)
 
-    # --- refusals on a capturing stream (called by the runtime before ACL) ---------------
+    # --- refusals on a capturing stream (asked by the runtime before ACL) ----------------
 
-    def _not_capturing(self, stream: int, func: str) -> None:
-        if stream in self._capturing:
+    def refuse(self, stream: int, func: str) -> None:
+        """Refuse ``func`` on ``stream`` if it is capturing."""
+        if stream in self.streams:
             raise param_error(
                 func, f"stream {stream:#x} is capturing: {func} is refused until end_capture"
             )
 
-    def is_pinned(self, address: int, count: int) -> bool:
-        """Whether ``[address, address + count)`` lies in one ``malloc_host`` allocation."""
-        return any(
-            base <= address and address + count <= base + size
-            for base, size in self._host_memory.items()
-        )
-
-    def _check_capture_copy(self, dst: int, src: int, count: int, kind: int, func: str) -> None:
+    def check_copy(self, dst: int, src: int, count: int, kind: int, func: str) -> None:
         """A copy on a capturing stream must have its host side in pinned memory."""
         if not count or kind not in (ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST):
             return
         host = src if kind == ACL_MEMCPY_HOST_TO_DEVICE else dst
-        if not self.is_pinned(host, count):
+        if not self._is_pinned(host, count):
             raise param_error(
                 func,
                 "the stream is capturing: a copy from or to pageable host memory cannot be "
                 "captured (use malloc_host memory)",
             )
 
-    # --- the seam ------------------------------------------------------------------------
+    # --- the seam's four calls -----------------------------------------------------------
 
-    def begin_capture(self, stream: int) -> None:
-        """``aclmdlRICaptureBegin`` in relaxed mode: work submitted to ``stream`` from now on
-        is recorded, not run, until :meth:`end_capture`."""
+    def begin(self, stream: int) -> None:
+        """``aclmdlRICaptureBegin`` in relaxed mode."""
         stream = _ptr("stream", stream)
-        if stream in self._capturing:
+        if stream in self.streams:
             raise param_error(_BEGIN, f"stream {stream:#x} is already capturing")
-        self._fn[_BEGIN](stream, ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
-        self._capturing.add(stream)
+        self._acl(_BEGIN)(stream, ACL_MODEL_RI_CAPTURE_MODE_RELAXED)
+        self.streams.add(stream)
 
-    def end_capture(self, stream: int) -> int:
+    def end(self, stream: int) -> int:
         """``aclmdlRICaptureEnd``: the recorded work as a graph handle (the stream is not
         capturing afterwards, whether or not the call succeeded; ``CaptureInvalidatedError``
         when the runtime invalidated the capture, whose model it has discarded)."""
         stream = _ptr("stream", stream)
-        if stream not in self._capturing:
+        if stream not in self.streams:
             raise param_error(_END, f"stream {stream:#x} is not capturing")
-        self._capturing.discard(stream)
+        self.streams.discard(stream)
         model = c_void_p()
-        self._fn[_END](stream, byref(model))
+        self._acl(_END)(stream, byref(model))
         if not model.value:
             raise InternalError(f"{_END} succeeded but returned a NULL modelRI", func=_END)
-        handle = next(self._graph_ids)
-        self._graphs[handle] = model.value
+        handle = next(self._ids)
+        self.graphs[handle] = model.value
         return handle
 
     def _model(self, graph: int, func: str) -> int:
-        model = self._graphs.get(graph) if type(graph) is int else None
+        model = self.graphs.get(graph) if type(graph) is int else None
         if model is None:
             raise InvalidHandleError(
                 f"graph handle {graph!r} is not a live graph",
@@ -146,47 +150,44 @@ class AclGraphs:
             )
         return model
 
-    def launch_graph(self, graph: int, stream: int) -> None:
+    def launch(self, graph: int, stream: int) -> None:
         """``aclmdlRIExecuteAsync``: queue one replay of ``graph`` on ``stream``."""
         stream = _ptr("stream", stream)
         model = self._model(graph, _EXECUTE)
-        self._not_capturing(stream, _EXECUTE)
+        self.refuse(stream, _EXECUTE)
         try:
-            self._fn[_EXECUTE](model, stream)
+            self._acl(_EXECUTE)(model, stream)
         except DeviceFaultError as exc:
             raise self._sticky(exc) from None
 
-    def destroy_graph(self, graph: int) -> None:
+    def destroy(self, graph: int) -> None:
         """``aclmdlRIDestroy`` (the caller makes sure no queued replay still needs it)."""
         model = self._model(graph, _DESTROY)
-        del self._graphs[graph]
-        self._fn[_DESTROY](model)
-
-    def graph_count(self) -> int:
-        """Live graphs (diagnostics and tests)."""
-        return len(self._graphs)
+        del self.graphs[graph]
+        self._acl(_DESTROY)(model)
 
     # --- streams going away -------------------------------------------------------------
 
-    def _abort_capture(self, stream: int) -> None:
+    def abort(self, stream: int) -> None:
         """End a capture still open on ``stream`` (about to be destroyed), discard its model."""
-        if stream not in self._capturing:
+        if stream not in self.streams:
             return
-        self._capturing.discard(stream)
+        self.streams.discard(stream)
         model = c_void_p()
         with contextlib.suppress(AscendError):
-            self._fn[_END](stream, byref(model))
+            self._acl(_END)(stream, byref(model))
             if model.value:
-                self._fn[_DESTROY](model.value)
+                self._acl(_DESTROY)(model.value)
 
-    def _close_graphs(self, attempt: Callable[..., Any]) -> None:
-        """At close (before the streams go): end open captures, destroy every graph."""
-        for stream in list(self._capturing):
+    def close(self, attempt: Callable[..., Any]) -> None:
+        """At the runtime's close (before the streams go): end open captures, destroy every
+        graph (``attempt(name, *args)`` calls ACL, collecting errors)."""
+        for stream in list(self.streams):
             model = c_void_p()
             if attempt(_END, stream, byref(model)) is not None and model.value:
                 attempt(_DESTROY, model.value)
-        self._capturing.clear()
-        models = list(self._graphs.values())
-        self._graphs.clear()
+        self.streams.clear()
+        models = list(self.graphs.values())
+        self.graphs.clear()
         for model_ri in models:
             attempt(_DESTROY, model_ri)

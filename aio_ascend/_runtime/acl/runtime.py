@@ -39,6 +39,7 @@ from ..abi import (
     KernelType,
     check_event_flags,
     check_failure_mode,
+    check_kernel_name,
     check_load_options,
     check_memcpy,
     check_placeholder_table,
@@ -53,7 +54,7 @@ from .batch import native_batch
 from .devargs import DeviceArgsPath, load_legacy
 from .exceptions import Sites
 from .facts import ACL_HBM_MEM, device_facts
-from .graphs import AclGraphs
+from .graphs import AclCapture
 from .kernels import read_function_info
 from .library import (
     LIBRARY_NAME,
@@ -107,9 +108,9 @@ ACL_STREAM_ATTR_PRIORITY: Final = 5
 _LIVE: weakref.WeakSet[AclRuntime] = weakref.WeakSet()
 
 
-class AclRuntime(AclGraphs):
+class AclRuntime:
     """One device through ``libascendcl.so``. Create with :func:`open_acl_runtime`. The graph
-    calls (model-RI capture) come from :class:`~.graphs.AclGraphs`."""
+    calls (model-RI capture) go to its :class:`~.graphs.AclCapture`."""
 
     name = "acl"
     launch_batch: LaunchBatch | None = None  # base.LaunchBatch: host args, if built (.batch)
@@ -151,7 +152,9 @@ class AclRuntime(AclGraphs):
         self._events: set[int] = set()
         self._device_memory: set[int] = set()
         self._host_memory: dict[int, int] = {}  # pinned: address -> size
-        self._init_graphs()
+        #: model-RI capture and replay: the streams capturing, the graphs
+        self.capture = AclCapture(lambda name: self._fn[name], self.is_pinned, self._sticky)
+        self._capturing = self.capture.streams
         #: binary -> (its data when loaded from bytes, its kernel type if known)
         self._binaries: dict[int, tuple[bytes | None, KernelType | None]] = {}
         self._function_binary: dict[int, int] = {}  # function handle -> its binary
@@ -271,7 +274,7 @@ class AclRuntime(AclGraphs):
         except AscendError:
             previous.value = None
         attempt("aclrtSetCurrentContext", self._context)
-        self._close_graphs(attempt)
+        self.capture.close(attempt)
         if self._devargs is not None:
             self._devargs.forget_all()  # its memory and fences are freed below
         for stream in list(self._streams):
@@ -362,13 +365,13 @@ class AclRuntime(AclGraphs):
 
     def destroy_stream(self, stream: int) -> None:
         stream = _ptr("stream", stream)
-        self._abort_capture(stream)
+        self.capture.abort(stream)
         self._fn["aclrtDestroyStream"](stream)
         self._forget_stream(stream, drained=True)
 
     def destroy_stream_force(self, stream: int) -> None:
         stream = _ptr("stream", stream)
-        self._abort_capture(stream)
+        self.capture.abort(stream)
         self.settle.force(stream, self._fn["aclrtDestroyStreamForce"])
         self._forget_stream(stream, drained=False)
 
@@ -381,7 +384,7 @@ class AclRuntime(AclGraphs):
     def synchronize_stream(self, stream: int, timeout_ms: int) -> None:
         func = "aclrtSynchronizeStreamWithTimeout"
         stream = _ptr("stream", stream)
-        self._not_capturing(stream, func)
+        self.capture.refuse(stream, func)
         try:
             self._fn[func](stream, _timeout(func, timeout_ms))
         except DeviceFaultError as exc:
@@ -412,7 +415,7 @@ class AclRuntime(AclGraphs):
         ):
             event, stream = _ptr("event", event), _ptr("stream", stream)
         if stream in self._capturing:
-            self._not_capturing(stream, "aclrtRecordEvent")
+            self.capture.refuse(stream, "aclrtRecordEvent")
         try:
             self._fn["aclrtRecordEvent"](event, stream)
         except DeviceFaultError as exc:
@@ -471,7 +474,7 @@ class AclRuntime(AclGraphs):
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         stream = _ptr("stream", stream)
-        self._not_capturing(stream, "aclrtStreamWaitEvent")
+        self.capture.refuse(stream, "aclrtStreamWaitEvent")
         try:
             self._fn["aclrtStreamWaitEvent"](stream, _ptr("event", event))
         except DeviceFaultError as exc:
@@ -516,6 +519,13 @@ class AclRuntime(AclGraphs):
         self._fn["aclrtFreeHost"](ptr)
         self._host_memory.pop(ptr, None)
 
+    def is_pinned(self, address: int, count: int) -> bool:
+        """Whether ``[address, address + count)`` lies in one ``malloc_host`` allocation."""
+        return any(
+            base <= address and address + count <= base + size
+            for base, size in self._host_memory.items()
+        )
+
     def memcpy_async(
         self, dst: int, dst_max: int, src: int, count: int, kind: int, stream: int
     ) -> None:
@@ -527,7 +537,7 @@ class AclRuntime(AclGraphs):
             kind = _as_int("kind", kind)
             check_memcpy("aclrtMemcpyAsync", dst, dst_max, src, count, kind)
         if stream in self._capturing:
-            self._check_capture_copy(dst, src, count, kind, "aclrtMemcpyAsync")
+            self.capture.check_copy(dst, src, count, kind, "aclrtMemcpyAsync")
         try:
             self._fn["aclrtMemcpyAsync"](dst, dst_max, src, count, kind, stream)
         except DeviceFaultError as exc:
@@ -560,6 +570,25 @@ class AclRuntime(AclGraphs):
         facts["library_path"] = self.library_path
         facts["native_submit"] = self.launch_batch is not None
         return facts
+
+    # --- graphs (model-RI capture: :mod:`.graphs`) ---------------------------------------
+
+    def begin_capture(self, stream: int) -> None:
+        """``aclmdlRICaptureBegin`` in relaxed mode: work submitted to ``stream`` from now on
+        is recorded, not run, until :meth:`end_capture`."""
+        self.capture.begin(stream)
+
+    def end_capture(self, stream: int) -> int:
+        """``aclmdlRICaptureEnd``: the recorded work as a graph handle."""
+        return self.capture.end(stream)
+
+    def launch_graph(self, graph: int, stream: int) -> None:
+        """``aclmdlRIExecuteAsync``: queue one replay of ``graph`` on ``stream``."""
+        self.capture.launch(graph, stream)
+
+    def destroy_graph(self, graph: int) -> None:
+        """``aclmdlRIDestroy`` (the caller makes sure no queued replay still needs it)."""
+        self.capture.destroy(graph)
 
     # --- kernels -----------------------------------------------------------------------
 
@@ -628,11 +657,7 @@ class AclRuntime(AclGraphs):
         return info
 
     def get_function(self, binary: int, name: str) -> int:
-        if not isinstance(name, str):
-            raise TypeError(f"name must be a str, got {type(name).__name__}")
-        encoded = name.encode("utf-8")
-        if b"\0" in encoded or not encoded:
-            raise ValueError(f"name={name!r} is not a valid kernel name")
+        encoded = check_kernel_name(name)
         binary = _ptr("binary", binary)
         handle, ref = self._new_handle()
         self._fn["aclrtBinaryGetFunction"](binary, encoded, ref)

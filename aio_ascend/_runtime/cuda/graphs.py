@@ -170,10 +170,6 @@ class CudaGraphs(CudaCore):
                 if int(err):
                     self._raise(int(err), name)
 
-    def graph_count(self) -> int:
-        """Live graphs (diagnostics and tests)."""
-        return len(self._graphs)
-
     # --- streams going away -------------------------------------------------------------
 
     def _abort_capture(self, s: CudaStream) -> None:
