@@ -123,7 +123,7 @@ class HostBufferPool:
 
     def acquire(self, nbytes: int) -> HostBuffer:
         """A buffer of at least ``nbytes`` (its contents are unspecified)."""
-        capacity = _MIN_CLASS if nbytes <= _MIN_CLASS else 1 << (nbytes - 1).bit_length()
+        capacity = size_class(nbytes)
         if self._closed:
             raise InternalError("HostBufferPool used after close")
         bucket = self._free.get(capacity)

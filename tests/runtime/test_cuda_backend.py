@@ -770,7 +770,7 @@ def test_user_modules_from_cu_files(tmp_path: Any) -> None:
     try:
         binary = runtime.load_binary(path)
         func = runtime.get_function(binary, "mine")
-        assert runtime.function_param_size(func) == 24  # from cuFuncGetParamInfo
+        assert runtime._functions[func].param_size == 24  # from cuFuncGetParamInfo
         with pytest.raises(RuntimeAPIError) as info:
             runtime.get_function(binary, "theirs")
         assert info.value.code == 107042
@@ -805,7 +805,7 @@ def test_a_cu_file_is_compiled_loaded_and_launched(
     assert isinstance(rt, CudaRuntime)
     binary = rt.load_binary(path)
     func = rt.get_function(binary, "fill")
-    assert rt.function_param_size(func) == 16
+    assert rt._functions[func].param_size == 16
     n = 1000
     out = rt.malloc(4 * n)
     addr, size, table, count = dev.pack(HostArgs().ptr(out).f32(2.5).u32(n))

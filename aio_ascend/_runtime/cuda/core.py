@@ -26,7 +26,7 @@ from ..emulation import AclEmulation, Fault
 from ..staging import DEFAULT_STAGING_BYTES, CaptureStaging, StagingRing
 from .errors import CUDA_ERROR_NOT_READY, CUDA_FAULT_CODES, CUDA_SUCCESS, cuda_error
 from .kernels import CONTROL_FAULT_OFFSET, CONTROL_RELEASE_OFFSET, CONTROL_SIZE
-from .launch import LaunchExtra
+from .launch import LaunchExtra, apply_patches, placeholder_patches
 from .nvrtc import compile_cuda_source
 
 __all__ = [
@@ -281,6 +281,45 @@ class CudaCore(AclEmulation[CudaStream, CudaEvent, CudaGraph, CudaBinary, CudaFu
         )
         return self._noted(ContextNullError(message, code=ACL_ERROR_RT_CONTEXT_NULL, func=func))
 
+    # --- what the owned parts (the capture) use ------------------------------------------
+
+    @property
+    def driver(self) -> Any:
+        """The ``cuda.bindings.driver`` module (or the tests' fake) this runtime calls."""
+        return self._d
+
+    def fail(self, code: int, func: str) -> NoReturn:
+        """Raise for the failing driver call ``func`` (a fault is noted: sticky from now on)."""
+        self._raise(code, func)
+
+    def refusal(self, func: str, message: str) -> RuntimeAPIError:
+        """The 107000 refusal of ``func`` (remembered as the thread's latest error)."""
+        return self._param(func, message)
+
+    def launch_image(
+        self,
+        f: CudaFunction,
+        num_blocks: int,
+        block: int,
+        s: CudaStream,
+        region: int,
+        args_addr: int,
+        args_size: int,
+        param_size: int,
+        entries: list[tuple[int, int]],
+    ) -> None:
+        """A launch with placeholders whose image goes to device memory at ``region``: each
+        slot of the caller's buffer gets its data's address there, the image is copied there
+        (``cuMemcpyHtoDAsync``), then the kernel is launched with the patched parameters."""
+        apply_patches(args_addr, placeholder_patches(entries, region))
+        (err,) = self._cuMemcpyHtoDAsync(region, args_addr, args_size, s.cu)
+        if int(err):
+            self._raise(int(err), "cuMemcpyHtoDAsync")
+        extra = self._tls.extra.set(args_addr, param_size) if param_size else 0
+        (err,) = self._cuLaunchKernel(f.cu, num_blocks, 1, 1, block, 1, 1, 0, s.cu, None, extra)
+        if int(err):
+            self._raise(int(err), "cuLaunchKernel")
+
     def poll(self, done: Callable[[], bool], timeout_ms: int, func: str) -> bool:
         """Poll ``done`` with GIL-releasing sleeps (backoff) until true or ``timeout_ms`` passed."""
         if done():
@@ -423,9 +462,9 @@ class CudaCore(AclEmulation[CudaStream, CudaEvent, CudaGraph, CudaBinary, CudaFu
         self.close_errors = tuple(errors)
 
     def _close_graphs(self, attempt: Callable[..., Any]) -> None:
-        """Close's hook for :mod:`.graphs`: end open captures, destroy the graphs, and leave
-        their staging memory in ``_graveyard`` (``attempt(func, *args)`` calls the driver,
-        collecting errors). Nothing to do at this level."""
+        """Close's hook for the capture (:mod:`.graphs`, owned by the runtime): end open
+        captures, destroy the graphs, and leave their staging memory in ``_graveyard``
+        (``attempt(func, *args)`` calls the driver, collecting errors)."""
 
     def _drain_for_close(self, seconds: float) -> None:
         """Give queued work (released ``hang`` kernels included) a bounded time to finish, so

@@ -38,9 +38,8 @@ from typing import Any
 from ..abi import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
 from ..staging import CaptureStaging, staging_alignment
 from .core import CudaCore, CudaFunction, CudaGraph, CudaStream
-from .launch import apply_patches, placeholder_patches
 
-__all__ = ["GRAPH_HANDLE_BASE", "CudaGraphs"]
+__all__ = ["GRAPH_HANDLE_BASE", "CudaCapture"]
 
 #: the first graph handle a runtime gives (then counting up; never reused)
 GRAPH_HANDLE_BASE = 0x6A0001
@@ -50,16 +49,18 @@ def _as_int(handle: Any) -> int:
     return 0 if handle is None else int(handle)
 
 
-class CudaGraphs(CudaCore):
-    """The graph calls of :class:`~.runtime.CudaRuntime` (see the module docstring)."""
+class CudaCapture:
+    """The capture side of one :class:`~.runtime.CudaRuntime`, which owns it and forwards the
+    device part of the seam's graph calls to it (see the module docstring)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._graph_ids = itertools.count(GRAPH_HANDLE_BASE)
+    def __init__(self, runtime: CudaCore) -> None:
+        self._runtime = runtime
+        self._driver = runtime.driver
+        self._ids = itertools.count(GRAPH_HANDLE_BASE)
 
-    # --- refusals on a capturing stream (called by the runtime before the driver) --------
+    # --- what a capturing stream refuses (asked by the runtime before the driver) --------
 
-    def _check_capture_copy(
+    def check_copy(
         self, s: CudaStream, dst: int, src: int, count: int, kind: int, func: str
     ) -> None:
         """A copy on a capturing stream must have its host side in pinned memory."""
@@ -71,16 +72,14 @@ class CudaGraphs(CudaCore):
             host = dst
         else:
             return
-        if not self.is_pinned(host, count):
-            raise self._param(
+        if not self._runtime.is_pinned(host, count):
+            raise self._runtime.refusal(
                 func,
                 f"stream {s.handle:#x} is capturing: a copy from or to pageable host memory "
                 "cannot be captured (use malloc_host memory)",
             )
 
-    # --- captured launches with placeholders --------------------------------------------
-
-    def _launch_captured(
+    def launch(
         self,
         f: CudaFunction,
         num_blocks: int,
@@ -92,10 +91,11 @@ class CudaGraphs(CudaCore):
         entries: list[tuple[int, int]],
     ) -> None:
         """A launch with placeholders on a capturing stream: its args image is staged in the
-        capture's own device memory (the runtime's ``_launch_staged`` uses the ring)."""
+        capture's own device memory (outside a capture it goes to the stream's ring)."""
+        runtime = self._runtime
         name = "cuLaunchKernel"
-        if not self.is_pinned(args_addr, args_size):
-            raise self._param(
+        if not runtime.is_pinned(args_addr, args_size):
+            raise runtime.refusal(
                 name,
                 "a captured launch with placeholders needs its args in pinned memory "
                 "(malloc_host): every replay copies them to the device",
@@ -103,98 +103,103 @@ class CudaGraphs(CudaCore):
         with s.lock:
             staging = s.capture
             if staging is None:
-                raise self._param(name, f"stream {s.handle:#x} is not capturing")
+                raise runtime.refusal(name, f"stream {s.handle:#x} is not capturing")
             region = staging.allocate(args_size, staging_alignment(entries))
-            apply_patches(args_addr, placeholder_patches(entries, region))
-            (err,) = self._cuMemcpyHtoDAsync(region, args_addr, args_size, s.cu)
-            if int(err):
-                self._raise(int(err), "cuMemcpyHtoDAsync")
-            extra = self._tls.extra.set(args_addr, param_size) if param_size else 0
-            (err,) = self._cuLaunchKernel(f.cu, num_blocks, 1, 1, block, 1, 1, 0, s.cu, None, extra)
-            if int(err):
-                self._raise(int(err), name)
-
-    def _capture_alloc(self, nbytes: int) -> int:
-        return self.device_alloc(nbytes, "cuMemAlloc")
+            runtime.launch_image(
+                f, num_blocks, block, s, region, args_addr, args_size, param_size, entries
+            )
 
     def _free_blocks(self, blocks: list[int]) -> None:
         for block in blocks:
-            self.device_free_quietly(block)
+            self._runtime.device_free_quietly(block)
         blocks.clear()
 
-    # --- the seam ------------------------------------------------------------------------
+    # --- the device part of the seam's four calls ---------------------------------------
 
-    def _device_begin_capture(self, s: CudaStream, func: str) -> None:
-        # relaxed mode (module docstring)
+    def begin(self, s: CudaStream, func: str) -> None:
+        """``cuStreamBeginCapture`` in relaxed mode."""
+        d = self._driver
         with s.lock:
-            mode = self._d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-            (err,) = self._d.cuStreamBeginCapture(s.cu, mode)
+            (err,) = d.cuStreamBeginCapture(
+                s.cu, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+            )
             if int(err):
-                self._raise(int(err), func)
-            s.capture = CaptureStaging(self._capture_alloc)
+                self._runtime.fail(int(err), func)
+            s.capture = CaptureStaging(
+                lambda nbytes: self._runtime.device_alloc(nbytes, "cuMemAlloc")
+            )
 
-    def _device_end_capture(self, s: CudaStream, func: str) -> CudaGraph:
-        # cuStreamEndCapture + cuGraphInstantiateWithFlags(hGraph, 0); if either fails, what
-        # the capture holds is released
+    def end(self, s: CudaStream, func: str) -> CudaGraph:
+        """``cuStreamEndCapture`` + ``cuGraphInstantiateWithFlags(hGraph, 0)``; if either
+        fails, what the capture holds is released."""
+        d = self._driver
         with s.lock:
             staging = s.capture
             if staging is None:
-                raise self._param(func, f"stream {s.handle:#x} is not capturing")
+                raise self._runtime.refusal(func, f"stream {s.handle:#x} is not capturing")
             s.capture = None
-            err, graph = self._d.cuStreamEndCapture(s.cu)
+            err, graph = d.cuStreamEndCapture(s.cu)
         blocks = staging.blocks
         if int(err):
             if _as_int(graph):
-                self._d.cuGraphDestroy(graph)
+                d.cuGraphDestroy(graph)
             self._free_blocks(blocks)
-            self._raise(int(err), func)
-        err, graph_exec = self._d.cuGraphInstantiateWithFlags(graph, 0)
+            self._runtime.fail(int(err), func)
+        err, graph_exec = d.cuGraphInstantiateWithFlags(graph, 0)
         if int(err):
-            self._d.cuGraphDestroy(graph)
+            d.cuGraphDestroy(graph)
             self._free_blocks(blocks)
-            self._raise(int(err), "cuGraphInstantiateWithFlags")
-        return CudaGraph(next(self._graph_ids), graph, graph_exec, blocks)
+            self._runtime.fail(int(err), "cuGraphInstantiateWithFlags")
+        return CudaGraph(next(self._ids), graph, graph_exec, blocks)
 
-    def _device_launch_graph(self, g: CudaGraph, s: CudaStream, func: str) -> None:
-        (err,) = self._d.cuGraphLaunch(g.exec, s.cu)
+    def replay(self, g: CudaGraph, s: CudaStream, func: str) -> None:
+        """``cuGraphLaunch``."""
+        (err,) = self._driver.cuGraphLaunch(g.exec, s.cu)
         if int(err):
-            self._raise(int(err), func)
+            self._runtime.fail(int(err), func)
 
-    def _device_destroy_graph(self, g: CudaGraph, func: str) -> None:
-        # cuGraphExecDestroy + cuGraphDestroy, and the capture's staging memory
-        (err_exec,) = self._d.cuGraphExecDestroy(g.exec)
-        (err_graph,) = self._d.cuGraphDestroy(g.graph)
+    def destroy(self, g: CudaGraph, func: str, *, faulted: bool) -> None:
+        """``cuGraphExecDestroy`` + ``cuGraphDestroy``, and the capture's staging memory."""
+        (err_exec,) = self._driver.cuGraphExecDestroy(g.exec)
+        (err_graph,) = self._driver.cuGraphDestroy(g.graph)
         self._free_blocks(g.blocks)
-        if self._fault is None:
+        if not faulted:
             for err, name in ((err_exec, func), (err_graph, "cuGraphDestroy")):
                 if int(err):
-                    self._raise(int(err), name)
+                    self._runtime.fail(int(err), name)
 
     # --- streams going away -------------------------------------------------------------
 
-    def _abort_capture(self, s: CudaStream) -> None:
+    def abort(self, s: CudaStream) -> None:
         """End a capture still open on ``s`` (about to be destroyed) and discard its graph."""
         with s.lock:
             staging, s.capture = s.capture, None
         if staging is None:
             return
-        err, graph = self._d.cuStreamEndCapture(s.cu)
+        err, graph = self._driver.cuStreamEndCapture(s.cu)
         if not int(err) and _as_int(graph):
-            self._d.cuGraphDestroy(graph)
+            self._driver.cuGraphDestroy(graph)
         self._free_blocks(staging.blocks)
 
-    def _close_graphs(self, attempt: Callable[..., Any]) -> None:
-        for s in list(self._streams.values()):
+    def close(
+        self,
+        attempt: Callable[..., Any],
+        streams: list[CudaStream],
+        graphs: list[CudaGraph],
+        graveyard: list[int],
+    ) -> None:
+        """At the runtime's close: end open captures, destroy the graphs, and leave their
+        staging memory in ``graveyard`` (``attempt(func, *args)`` calls the driver, collecting
+        errors)."""
+        for s in streams:
             staging, s.capture = s.capture, None
             if staging is None:
                 continue
             result = attempt("cuStreamEndCapture", s.cu)
             if result is not None and not int(result[0]) and _as_int(result[1]):
                 attempt("cuGraphDestroy", result[1])
-            self._graveyard.extend(staging.blocks)
-        graphs = list(self._graphs.values())
-        self._graphs.clear()
+            graveyard.extend(staging.blocks)
         for g in graphs:
             attempt("cuGraphExecDestroy", g.exec)
             attempt("cuGraphDestroy", g.graph)
-            self._graveyard.extend(g.blocks)
+            graveyard.extend(g.blocks)

@@ -87,8 +87,10 @@ from .core import (
     CU_STREAM_NON_BLOCKING,
     DEFAULT_BLOCK_DIM,
     CudaBinary,
+    CudaCore,
     CudaEvent,
     CudaFunction,
+    CudaGraph,
     CudaStream,
     StreamRingOps,
 )
@@ -108,9 +110,8 @@ from .errors import (
     CUDA_SUCCESS,
     cuda_error,
 )
-from .graphs import CudaGraphs
+from .graphs import CudaCapture
 from .kernels import BUILTIN_INFO, BUILTIN_NAMES, CONTROL_SYMBOL, KERNEL_SOURCE, PARAM_SIZES
-from .launch import apply_patches, placeholder_patches
 from .nvrtc import compile_cuda_source
 
 __all__ = [
@@ -128,7 +129,7 @@ __all__ = [
 _LAUNCH = "cuLaunchKernel"
 
 
-class CudaRuntime(CudaGraphs):
+class CudaRuntime(CudaCore):
     """One NVIDIA GPU through ``cuda.bindings.driver``. Create with :func:`open_cuda_runtime`."""
 
     name = "cuda"
@@ -169,6 +170,11 @@ class CudaRuntime(CudaGraphs):
         "destroy_graph": "cuGraphExecDestroy",
     }
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: stream capture and graph replay (:mod:`.graphs`)
+        self.capture = CudaCapture(self)
+
     # --- streams -----------------------------------------------------------------------
 
     def _device_priority_range(self, func: str) -> tuple[int, int]:
@@ -203,7 +209,7 @@ class CudaRuntime(CudaGraphs):
         # CUDA cannot discard queued or running work: a forced destroy releases every built-in
         # ``hang`` kernel of this runtime so the stream can drain, and frees its staging memory
         # only at close
-        self._abort_capture(s)
+        self.capture.abort(s)
         if force:
             self.release_hangs()
         elif self._fault is None:
@@ -293,7 +299,7 @@ class CudaRuntime(CudaGraphs):
     ) -> None:
         # a host side outside malloc_host memory is pageable: the call then waits until the
         # stream has performed the copy
-        self._check_capture_copy(s, dst, src, count, kind, func)
+        self.capture.check_copy(s, dst, src, count, kind, func)
         host: int | None
         if kind == ACL_MEMCPY_HOST_TO_DEVICE:
             host, name = src, "cuMemcpyHtoDAsync"
@@ -469,13 +475,6 @@ class CudaRuntime(CudaGraphs):
             end = max(end, int(offset) + int(size))
         return end
 
-    def function_param_size(self, func: int) -> int | None:
-        """The parameter buffer size launches of ``func`` pass (None: ``argsSize`` is used)."""
-        f = self._functions.get(func)
-        if f is None:
-            raise self._bad_handle("cuFuncGetParamInfo", f"funcHandle {func!r} is not known")
-        return f.param_size
-
     def launch_kernel_with_host_args(
         self,
         func: int,
@@ -533,7 +532,7 @@ class CudaRuntime(CudaGraphs):
         except InvalidParamError as exc:
             raise self._noted(exc) from None
         if entries:  # a capture stages in memory of its own: ring slots get reused
-            stage = self._launch_captured if s.capture is not None else self._launch_staged
+            stage = self.capture.launch if s.capture is not None else self._launch_staged
             stage(f, num_blocks, block, s, args_addr, args_size, param_size, entries)
             return
         extra = tls.extra.set(args_addr, param_size) if param_size else 0
@@ -552,25 +551,36 @@ class CudaRuntime(CudaGraphs):
         param_size: int,
         entries: list[tuple[int, int]],
     ) -> None:
-        name = _LAUNCH
         with s.lock:
             ring = s.ring
             if ring is None:
                 ring = s.ring = StagingRing(StreamRingOps(self, s), self.staging_bytes)
             region = ring.allocate(args_size, staging_alignment(entries))
             try:
-                apply_patches(args_addr, placeholder_patches(entries, region))
-                (err,) = self._cuMemcpyHtoDAsync(region, args_addr, args_size, s.cu)
-                if int(err):
-                    self._raise(int(err), "cuMemcpyHtoDAsync")
-                extra = self._tls.extra.set(args_addr, param_size) if param_size else 0
-                (err,) = self._cuLaunchKernel(
-                    f.cu, num_blocks, 1, 1, block, 1, 1, 0, s.cu, None, extra
+                self.launch_image(
+                    f, num_blocks, block, s, region, args_addr, args_size, param_size, entries
                 )
-                if int(err):
-                    self._raise(int(err), name)
             finally:
                 ring.committed(args_size)
+
+    # --- graphs: the device part is the capture's ---------------------------------------
+
+    def _device_begin_capture(self, s: CudaStream, func: str) -> None:
+        self.capture.begin(s, func)
+
+    def _device_end_capture(self, s: CudaStream, func: str) -> CudaGraph:
+        return self.capture.end(s, func)
+
+    def _device_launch_graph(self, g: CudaGraph, s: CudaStream, func: str) -> None:
+        self.capture.replay(g, s, func)
+
+    def _device_destroy_graph(self, g: CudaGraph, func: str) -> None:
+        self.capture.destroy(g, func, faulted=self._fault is not None)
+
+    def _close_graphs(self, attempt: Callable[..., Any]) -> None:
+        graphs = list(self._graphs.values())
+        self._graphs.clear()
+        self.capture.close(attempt, list(self._streams.values()), graphs, self._graveyard)
 
     def staging_stats(self, stream: int) -> dict[str, int]:
         """Counters of a stream's staging ring (zeros before its first placeholder launch)."""

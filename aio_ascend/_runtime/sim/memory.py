@@ -186,10 +186,6 @@ class DeviceMemory:
             self._starts.clear()
             self._regions.clear()
 
-    def base_array(self, addr: int) -> U8Array | None:
-        """The backing array of the allocation whose base is ``addr`` (None if none)."""
-        return self._arrays.get(addr)
-
     def resolve(self, addr: int, nbytes: int, what: str) -> tuple[U8Array, int]:
         """``(backing array, offset)`` for ``[addr, addr + nbytes)``; a fault if not inside one
         live allocation."""
@@ -278,9 +274,6 @@ class PinnedMemory:
             self._arrays.clear()
             self.views.clear()
             self._starts.clear()
-
-    def base_array(self, addr: int) -> U8Array | None:
-        return self._arrays.get(addr)
 
     def find(self, addr: int, nbytes: int) -> tuple[U8Array, int] | None:
         """``(array, offset)`` if ``addr`` lies in pinned memory, else None (pageable).
