@@ -5,7 +5,7 @@ named in its docstring and keeps its semantics; handles and host/device addresse
 failures raise the typed errors of :mod:`aio_ascend._errors` (``RuntimeAPIError`` subclasses
 carrying the ACL code). Methods may block the calling thread; none of them touches asyncio,
 anyio or trio. The docstrings below are the contract every backend (``sim``, ``acl``, ``cuda``)
-is tested against (``tests/test_runtime_contract.py``).
+is tested against (the contract suite, ``tests/runtime/test_contract_*.py``).
 
 Thread rules (as in ACL): contexts are per thread, and a thread has one current context (that
 of any runtime, or one another library made). A thread must bind this runtime's context with

@@ -39,6 +39,7 @@ __all__ = [
     "BINARY_HANDLE",
     "CONTEXT_HANDLE",
     "COPY",
+    "COPY_WAITER",
     "CURRENT",
     "LIVE_CONTEXTS",
     "DEFAULT_MAX_QUEUE_DEPTH",
@@ -84,6 +85,9 @@ class TaskKind(IntEnum):
     MEMSET = 4  # (MEMSET, dst, value, count)
     GRAPH = 5  # (GRAPH, SimGraph): a captured task list, run as one task
 
+
+#: where a COPY task keeps its caller blocked on pageable memory (None: pinned or device)
+COPY_WAITER: Final = 7
 
 # module-level aliases: the drain loop compares them for every task
 KERNEL: Final = TaskKind.KERNEL

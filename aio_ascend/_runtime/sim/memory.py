@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -224,6 +225,15 @@ class DeviceMemory:
         return data[offset : offset + nbytes]
 
 
+class PinnedHit(NamedTuple):
+    """One pinned allocation as ``PinnedMemory.find`` found it."""
+
+    start: int
+    end: int
+    array: U8Array
+    view: memoryview
+
+
 class PinnedMemory:
     """Pinned host memory (``aclrtMallocHost``): 64-byte aligned numpy buffers the sim owns."""
 
@@ -233,10 +243,10 @@ class PinnedMemory:
         self._arrays: dict[int, U8Array] = {}  # real process address -> aligned view
         #: the same buffers as memoryviews (cheap slicing on the launch path); read-only use
         self.views: dict[int, memoryview] = {}
-        #: the allocation ``find`` hit last, ``(start, end, array, memoryview)``: pool buffers
-        #: are looked up again and again, and the launch path checks args inside a pooled slab
-        #: against it in O(1) (never a stale one: free() clears it)
-        self.last_hit: tuple[int, int, U8Array, memoryview] | None = None
+        #: the allocation ``find`` hit last: pool buffers are looked up again and again, and
+        #: the launch path checks args inside a pooled slab against it in O(1) (never a stale
+        #: one: free() clears it)
+        self.last_hit: PinnedHit | None = None
 
     def malloc(self, size: int) -> int:
         raw = np.empty(size + _ALIGN, dtype=np.uint8)
@@ -298,7 +308,7 @@ class PinnedMemory:
                     return None
                 base = self._starts[index]
                 data = self._arrays[base]
-                self.last_hit = (base, base + data.shape[0], data, self.views[base])
+                self.last_hit = PinnedHit(base, base + data.shape[0], data, self.views[base])
         offset = addr - base
         if offset >= data.shape[0]:
             return None

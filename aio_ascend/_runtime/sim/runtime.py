@@ -55,6 +55,7 @@ from ..emulation import Fault
 from .executor import (
     BINARY_HANDLE,
     COPY,
+    COPY_WAITER,
     CURRENT,
     DEFAULT_MAX_QUEUE_DEPTH,
     EVENT_HANDLE,
@@ -288,8 +289,8 @@ class SimRuntime(DeviceExecutor):
         dropped = self._remove_stream(s)
         why = "the stream was force-destroyed" if force else "the stream was destroyed"
         for task in dropped:
-            if task[0] == COPY and task[7] is not None:
-                task[7].fail(ACL_ERROR_RT_STREAM_ABORT, why)
+            if task[0] == COPY and task[COPY_WAITER] is not None:
+                task[COPY_WAITER].fail(ACL_ERROR_RT_STREAM_ABORT, why)
 
     def _device_sync_stream(self, s: SimStream, timeout_ms: int, func: str) -> None:
         self._wait_stream(s, s.submitted, timeout_ms, func)
@@ -614,8 +615,8 @@ class SimRuntime(DeviceExecutor):
             # inside the pinned slab looked up last (the scheduler's pooled args buffers):
             # O(1), the same answer as PinnedMemory.find
             last = self._pinned.last_hit
-            if last is not None and last[0] <= args_addr and args_addr + args_size <= last[1]:
-                view, offset = last[3], args_addr - last[0]
+            if last is not None and last.start <= args_addr and args_addr + args_size <= last.end:
+                view, offset = last.view, args_addr - last.start
         if view is None or len(view) < args_size + offset:
             offset = 0
             found = self._host_side(args_addr, args_size, "hostArgs", name)
