@@ -131,7 +131,8 @@ class AclEmulation(Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
 
     def _noted(self, exc: _E) -> _E:
         """``exc``, remembered as this thread's latest error."""
-        self._tls.last_error = f"{exc.func} [{exc.code}]: {exc.message}"
+        code = "" if exc.code is None else f" [{exc.code}]"
+        self._tls.last_error = f"{exc.func}{code}: {exc.message}"
         return exc
 
     def _error(self, code: int, func: str, message: str) -> RuntimeAPIError:
