@@ -10,8 +10,10 @@ is tested against (the contract suite, ``tests/runtime/test_contract_*.py``).
 Thread rules (as in ACL): contexts are per thread, and a thread has one current context (that
 of any runtime, or one another library made). A thread must bind this runtime's context with
 :meth:`Runtime.set_current_context` before any other call, except :meth:`Runtime.close`,
-:meth:`Runtime.get_recent_error_message`, :meth:`Runtime.get_current_context` and
-:meth:`Runtime.function_info`; otherwise the call fails with code 107002 (``ContextNullError``).
+:meth:`Runtime.get_current_context` and :meth:`Runtime.function_info`; otherwise the call fails
+with code 107002 (``ContextNullError``). Every backend also has ``get_recent_error_message()``
+(``aclGetRecentErrMsg``, callable unbound): a diagnostic for people and the contract tests, which
+the scheduler never calls, so it is not part of the seam.
 A caller that must leave a thread as it found it (the event loop's thread, which another library
 such as torch_npu may share) reads :meth:`Runtime.get_current_context` first and gives it back
 with ``set_current_context(saved)`` after its call.
@@ -158,10 +160,6 @@ class Runtime(Protocol):
         May block: the scheduler calls it from a worker thread, never on the event loop.
         Where the wait runs out, :meth:`close` leaks instead of freeing.
         """
-        ...
-
-    def get_recent_error_message(self) -> str:
-        """``aclGetRecentErrMsg``: the latest error text of the calling thread ('' if none)."""
         ...
 
     # --- streams ---------------------------------------------------------------------------
