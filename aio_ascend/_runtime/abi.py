@@ -148,8 +148,8 @@ ACL_RT_THREAD_LEVEL: Final = 0
 ACL_MODEL_RI_CAPTURE_MODE_GLOBAL: Final = 0
 ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL: Final = 1
 ACL_MODEL_RI_CAPTURE_MODE_RELAXED: Final = 2
-# aclrtBinaryLoadOptionType and the magics of ACL_RT_BINARY_LOAD_OPT_MAGIC (acl-runtime.md §1.2,
-# cann-support.md §5.1: the CANN 8.5.0+ headers)
+# aclrtBinaryLoadOptionType and the magics of ACL_RT_BINARY_LOAD_OPT_MAGIC (cann-support.md §5.1:
+# the CANN 8.5.0+ headers)
 ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD: Final = 1
 ACL_RT_BINARY_LOAD_OPT_MAGIC: Final = 2
 ACL_RT_BINARY_MAGIC_ELF_AICORE: Final = 0x43554245
