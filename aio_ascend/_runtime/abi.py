@@ -219,9 +219,9 @@ PTR_MAX: Final = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)) - 1
 MAX_NUM_BLOCKS: Final = 65535
 #: ``placeHolderNum`` cap of every backend. The HostArgs launch path documents no cap of its own
 #: (``api_error.cc`` checks only the offsets), but each placeholder fills one pointer parameter
-#: of the kernel and a kernel has at most 128 parameters (acl-runtime.md §4 and §8: "at most
-#: 128 parameters", the argsHandle API's ``MAX_ARGS_BUFF_SIZE`` buffer): a longer table cannot
-#: belong to a real kernel. ``HostArgs`` refuses more than 128 by default too.
+#: of the kernel and a kernel has at most 128 parameters (the argsHandle API's limit:
+#: ``docs/cann-support.md`` §2.1): a longer table cannot belong to a real kernel. ``HostArgs``
+#: refuses more than 128 by default too.
 MAX_PLACEHOLDERS: Final = 128
 #: ``sizeof(aclrtPlaceHolderInfo)``: two uint32 (addrOffset, dataOffset).
 PLACEHOLDER_INFO_SIZE: Final = 8
