@@ -10,16 +10,17 @@ and close waiters, the lanes, and the lanes of dropped streams.
 One request's way through it, all on the loop thread: :meth:`try_admit` (no wait) or
 :meth:`admit` (FIFO wait) checks :meth:`check_usable` (one flat test: stream and device open,
 this loop's thread, no fault), takes a slot on the stream's admission and counts the request in
-``unsettled``; :meth:`enqueue` (the one way in for every operation) takes its staging buffer,
-retains its device memory, makes it the stream's latest task and appends it to the pending list;
-:meth:`flush`, once per loop tick (``call_soon``) or at once at ``min(batch_cap, 256)`` pending
-requests (then ``yield_due`` makes the next admission yield to the loop once, so a tight launch
-loop cannot hold it), forms the batches, stamps the hop's deadline (the watchdog's clock starts
-within a tick of admission) and hands the hop to the submitter. The flush also beats the loop's
-heartbeat (``LoopPulse``) and does the loop's deferred chores (recycling collected events,
-reaping collected allocations, retiring dropped streams). The outcomes come back through
-:meth:`_post`; the delivery queue resolves them and reports to :meth:`_on_settled`, which takes
-them off ``unsettled`` and wakes a close waiting for idle.
+``unsettled``; :meth:`enqueue` (the one way in for every operation) takes its pinned staging
+buffer (a big copy's is taken by its staging thread later), retains its device memory, makes it
+the stream's latest task and appends it to the pending list; :meth:`flush`, once per loop tick
+(``call_soon``) or at once at ``min(batch_cap, 256)`` pending requests (then ``yield_due`` makes
+the next admission yield to the loop once, so a tight launch loop cannot hold it), forms the
+batches, stamps the hop's deadline (the watchdog's clock starts within a tick of admission) and
+hands the hop to the submitter. The flush also beats the loop's heartbeat (``LoopPulse``) and
+does the loop's deferred chores (recycling collected events, reaping collected allocations,
+retiring dropped streams). The outcomes come back through :meth:`_post`; the delivery queue
+resolves them and reports to :meth:`_on_settled`, which takes them off ``unsettled`` and wakes a
+close waiting for idle.
 
 Which thread touches what. Everything is the loop thread's (the one that opened the device; the
 calls that queue work refuse other threads with ``RuntimeError``), except :meth:`_post` (the
