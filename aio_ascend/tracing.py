@@ -36,7 +36,8 @@ the "requests" process), or else the tasks created by one asyncio/trio task. All
 ``time.perf_counter()`` seconds, shown relative to the first event.
 
 While no tracer is recording the scheduler pays one attribute check per task; while one is,
-each task costs a few microseconds (the figures are in ``docs/observability.md``).
+each task costs a few microseconds (the figures, and the command that measures them, are in
+``docs/guide/observability.md``, "What tracing costs").
 """
 
 from __future__ import annotations

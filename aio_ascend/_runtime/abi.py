@@ -149,8 +149,8 @@ ACL_RT_THREAD_LEVEL: Final = 0
 ACL_MODEL_RI_CAPTURE_MODE_GLOBAL: Final = 0
 ACL_MODEL_RI_CAPTURE_MODE_THREAD_LOCAL: Final = 1
 ACL_MODEL_RI_CAPTURE_MODE_RELAXED: Final = 2
-# aclrtBinaryLoadOptionType and the magics of ACL_RT_BINARY_LOAD_OPT_MAGIC (acl-runtime.md §1.2,
-# cann-support.md §5.1: the CANN 8.5.0+ headers)
+# aclrtBinaryLoadOptionType and the magics of ACL_RT_BINARY_LOAD_OPT_MAGIC (cann-support.md §5.1:
+# the CANN 8.5.0+ headers)
 ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD: Final = 1
 ACL_RT_BINARY_LOAD_OPT_MAGIC: Final = 2
 ACL_RT_BINARY_MAGIC_ELF_AICORE: Final = 0x43554245
@@ -231,9 +231,9 @@ PTR_MAX: Final = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)) - 1
 MAX_NUM_BLOCKS: Final = 65535
 #: ``placeHolderNum`` cap of every backend. The HostArgs launch path documents no cap of its own
 #: (``api_error.cc`` checks only the offsets), but each placeholder fills one pointer parameter
-#: of the kernel and a kernel has at most 128 parameters (acl-runtime.md §4 and §8: "at most
-#: 128 parameters", the argsHandle API's ``MAX_ARGS_BUFF_SIZE`` buffer): a longer table cannot
-#: belong to a real kernel. ``HostArgs`` refuses more than 128 by default too.
+#: of the kernel and a kernel has at most 128 parameters (the argsHandle API's limit:
+#: ``docs/cann-support.md`` §2.1): a longer table cannot belong to a real kernel. ``HostArgs``
+#: refuses more than 128 by default too.
 MAX_PLACEHOLDERS: Final = 128
 #: ``sizeof(aclrtPlaceHolderInfo)``: two uint32 (addrOffset, dataOffset).
 PLACEHOLDER_INFO_SIZE: Final = 8

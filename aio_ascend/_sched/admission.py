@@ -3,22 +3,47 @@
 Two budgets apply to each stream: at most ``limit`` requests in flight (the user's
 ``max_in_flight``), and at most ``entry_budget`` runtime queue entries (the backend's stream
 capacity), so that a submitting call can never block on a full queue. Every request takes one
-entry of its own and may take one more for the completion event recorded after its batch: a
-request reserves :data:`ENTRIES_PER_REQUEST` when admitted, and the entry it turns out not to
-need (it does not close a batch) is refunded when the batch is formed.
+entry of its own and may take one more for the completion event recorded after its batch.
 
-Callers that do not fit wait in FIFO order. Pure bookkeeping: nothing here wakes anybody; each
-method returns the waiters the caller must wake, so the decisions are testable without a loop.
+The life of one slot (all on the loop thread):
 
-Waking a waiter is the expensive part of admission (a future, a loop callback and a resumed
-coroutine chain: several microseconds, against well under one for an admission that does not
-wait). A saturated stream used to wake one waiter per finished request, so a launcher that
-loops suspended once per launch. Instead a granted waiter gets up to :data:`GRANT_PER_WAKE`
-slots at once, oldest waiter first: one for the call that waited, the rest *prepaid* for the
-calls the same coroutine makes before it next suspends (:meth:`Admission.adopt`). Nobody else
-may use them: the caller's identity (its task) is checked, so a newcomer never overtakes the
-queue. When the owner suspends, whatever it did not use goes back (:meth:`Admission.expire`,
-called one loop turn later) to the next waiters in line.
+1. admitted (:meth:`Admission.try_enter`, or a waiter's grant): ``in_flight`` +1, ``entries``
+   +:data:`ENTRIES_PER_REQUEST` (2);
+2. the batch is formed (``Scheduler.flush``): a request that does not close its batch gives back
+   the event's entry (:meth:`Admission.refund`; its ``Request.entries`` becomes 1);
+3. the request's completion is resolved on the loop (``DeliveryQueue``), or it is refused or
+   dropped before submission: :meth:`Admission.release` gives back the slot and its entries. A
+   task the watchdog failed after its submission keeps both until the device has really finished
+   it (the queue entries are still taken on the device).
+
+So ``in_flight <= limit`` and ``entries <= entry_budget`` hold at all times, and what the
+library has queued on a stream never exceeds its capacity.
+
+Fairness. Callers that do not fit wait in FIFO order; while anyone waits, a newcomer is not
+admitted at once even if it would fit (:meth:`try_enter` looks at the queue first), so nobody is
+overtaken. Every release, refund or expiry grants the oldest waiters that now fit.
+
+Prepaid slots. Waking a waiter is the expensive part of admission (a future, a loop callback and
+a resumed coroutine chain: several microseconds, against well under one for an admission that
+does not wait). A saturated stream used to wake one waiter per finished request, so a launcher
+that loops suspended once per launch. Instead a granted waiter gets up to :data:`GRANT_PER_WAKE`
+(64) slots at once, oldest waiter first: one for the call that waited, the rest *prepaid* for
+the calls the same coroutine makes before it next suspends (:meth:`Admission.adopt`). Nobody
+else may use them: the caller's identity (its task) is checked, so a newcomer never overtakes
+the queue. When the owner suspends, whatever it did not use goes back (:meth:`Admission.expire`,
+called one loop turn later by the scheduler, for that adoption's ``generation`` only) to the
+next waiters in line. A stream has one owner of prepaid slots at a time: adopting new ones
+expires the previous owner's first.
+
+Cancellation. A waiter cancelled before its grant leaves the queue and holds nothing; one
+cancelled after its grant but before it resumed (:meth:`Admission.withdraw`) passes its slots,
+prepaid ones included, to those in line. On close, :meth:`Admission.refuse_all` turns every
+waiter away (its ticket is ``refused``: it holds nothing) and drops the prepaid slots;
+:meth:`Admission.reset` forgets everything once the stream was destroyed by force.
+
+Pure bookkeeping: nothing here wakes anybody, and there are no locks (only the loop thread calls
+it, through ``Scheduler`` and ``DeliveryQueue``); each method returns the waiters the caller
+must wake, so the decisions are testable without a loop (``tests/unit/test_decisions.py``).
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
     Per stream, counting from its last request of the hop backwards, every ``cap``-th one
     closes a batch (so the last one always does). A request that does not close one needs
     one entry instead of the two it reserved. One pass, from the end: this runs for every
-    request (``aio-ascend bench --only poll``).
+    request, so it is part of the host CPU per launch that ``aio-ascend bench --only
+    raw,poll,plan,handler,roundtrip --repeats 3`` reports.
     """
     if len(requests) == 1:  # batch_cap=1, or a lone request: it closes its batch
         request = requests[0]

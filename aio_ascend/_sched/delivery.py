@@ -1,9 +1,47 @@
 """Completions into the loop: queued as they arrive, resolved in bounded chunks per loop turn.
 
-Waking coroutines is loop work: resuming thousands in one callback stalls the loop. What costs
-is the coroutines each resolution wakes (awaiters of the task, a launch waiting for the freed
-slot), so those are budgeted per turn (``MAX_WAKES_PER_TURN``; a task with more awaiters than
-that wakes the rest a chunk per later turn itself); plain resolutions only loosely.
+What it is for. The poller (and the submitter, for requests it refused or let expire) posts each
+round's outcomes with one ``call_soon_threadsafe(DeliveryQueue.deliver, items)``
+(``Scheduler._post``). On the loop, :meth:`DeliveryQueue.deliver` tells the active observers
+(tracing, metrics: once per round, never per task, and nothing when none is active), appends the
+items, and drains at once unless a drain is already scheduled. Each item is one request's
+``(request, error, Outcome)`` or a whole finished :class:`~.work.Batch` (the poller's usual
+delivery: no per-request work on its thread). Resolving an item finishes its task
+(:func:`~.task.resolve_task`) and gives back its stream's admission.
+
+Why chunks. Waking coroutines is loop work: resuming thousands in one callback stalls the loop.
+What costs is the coroutines each resolution wakes (awaiters of the task, a launch waiting for
+the freed slot), so a drain stops after :data:`MAX_WAKES_PER_TURN` (256) wake-ups, or after
+:data:`MAX_RESOLVED_PER_TURN` (1024) resolutions however few they wake, and schedules the rest
+for the next loop turn (``call_soon``). A batch is resumed mid-way (``Batch.delivered``); a task
+with more than 256 awaiters wakes the rest itself, a chunk per later turn. The close drains with
+``budget=False``: everything, at once.
+
+What each outcome does:
+
+- ``FINISHED``: resolve the task (with its error, if any) and give back its slot and entries.
+- ``TIMED_OUT`` (the watchdog): resolve the task with ``TaskTimeoutError`` but keep its slot:
+  the device may still be running it, and its stream's budget must keep counting it.
+- ``FINISHED_LATE``: timed-out work the device has now finished: only the slot goes back.
+
+Slots go back a stream's run of consecutive items at a time (one ``Admission.release`` for the
+run instead of one per request), and that release admits the oldest waiters that now fit, each
+with several slots at once (see :mod:`.admission`).
+
+Settling. After every drain, ``settled(count)`` (``Scheduler._on_settled``) hears how many
+requests stopped counting towards ``aclose()``'s wait: each request counts once, when it is
+first resolved (finished, failed or timed out); one resolved earlier (dropped by a close, or
+timed out before its late completion) is not counted again. The scheduler also beats the loop's
+heartbeat there (``LoopPulse``), so library threads know the loop is running.
+
+Threads and order. Everything here runs on the loop thread; library threads reach it only
+through ``call_soon_threadsafe``, one call per round, so items arrive in the order they were
+posted (the poller's, per stream, in submission order). A new round queued while a drain is
+scheduled goes behind what is left. :meth:`rebind` moves delivery to another loop when the
+device is closed from there (the opening loop having finished).
+
+The inner loops are written flat on purpose: they run for every request, and a method call per
+item on top of them cost 1 ms of loop-lag p99 (``aio-ascend bench --only loop_lag``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,54 @@
 """Lifetimes: nothing the device may still touch is freed or reused before it is done.
 
-Device allocations count the queued requests that use them; ``free()`` on one still in use is
-deferred to the moment the last of those requests completes (a deterministic
-``record_stream``); only then does its block go back to the device's :class:`DevicePool`
-(cached for the next ``malloc``, or freed). Host buffers go back to the pool only when the
-request's completion has been observed. An allocation dropped without ``free()`` is given back
-once collected (:meth:`Lifetimes.reap`). The decisions (:meth:`Lifetimes.request_free`,
-:meth:`Lifetimes.unuse`) return what to give back; :meth:`Lifetimes.release` carries them out.
+What it is for. A request queued on a stream may read or write device memory, a pinned host
+buffer and the user's arrays until the device has run it, which is long after the call that
+queued it returned. This module keeps all of those alive exactly that long: a deterministic
+``record_stream``.
+
+- Device allocations count the queued requests that use them: ``retained`` (taken when a request
+  is enqueued) and ``unused`` (given back when it is released); ``uses`` is the difference.
+  ``free()`` on an allocation still in use only marks it ``free_requested``: the release of its
+  last user retires it. Only then does its block go back to the device's :class:`DevicePool`
+  (cached for the next ``malloc``, or freed for ``malloc(pool=False)``), or its ``disposer``
+  runs (a graph or a plan record, tracked like an allocation).
+- A request's pinned host buffer goes back to the host pool, and its user objects are let go
+  (``Request.let_go``), in :meth:`Lifetimes.release`: once its completion has been observed, or
+  when it never reached the device (refused, expired, dropped). A shared args image is not given
+  back by its launches: its owner (a plan, or the pool's close) does that.
+- An allocation collected without ``free()`` cannot be in use (every queued request holds its
+  allocations strongly); its block is given back by :meth:`Lifetimes.reap` on the loop, with a
+  ``ResourceWarning``.
+- Wrapped memory (``external``) is never freed here; retiring it only drops its ``owner``. Views
+  are not tracked at all: they hold their root, and requests retain the root.
+
+Who touches what.
+
+- The loop thread: :meth:`retain` (``Scheduler.enqueue``), :meth:`free` (``DeviceBuffer.free``,
+  which refuses other threads while the device is open), :meth:`reap` (at each flush),
+  :meth:`close`. ``retained`` is written by the loop thread only, without the lock.
+- Library threads (the poller for what completed, the submitter for what it refused or let
+  expire; the loop too, for what a close drops): :meth:`release`, one call per round, taking the
+  lock once. A block whose last user this was is given back on that thread (the device pool has
+  its own lock; a graph's disposer binds the device context itself).
+- The garbage collector, on any thread: the weak-reference callback of a collected allocation
+  only appends it to ``dropped`` under the lock; the runtime call waits for the loop's
+  :meth:`reap`, which binds the device context (a collection may run on another device's
+  thread).
+
+Why ``retained`` needs no lock: the loop never retains an allocation whose ``free()`` was called
+(``Scheduler.enqueue`` refuses a request whose buffer was freed while it waited for admission),
+and a releasing thread retires only what ``free()`` was called on, comparing ``unused`` with a
+``retained`` that can no longer change.
+
+What can go wrong: ``free()`` off the loop thread raises ``RuntimeError`` (after the close it
+does nothing, from anywhere); a request whose buffer is freed before it is enqueued fails with
+``ValueError``; work whose completion can never be observed (a broken context, a stream
+destroyed by force) is never released here until the device's close, which releases its orphans
+after the streams are gone and then gives every block, live or cached, back to the runtime
+(:meth:`Lifetimes.close`).
+
+The decisions (:meth:`Lifetimes.request_free`, :meth:`Lifetimes.unuse`) return what to give
+back; :meth:`Lifetimes.release` carries them out.
 """
 
 from __future__ import annotations

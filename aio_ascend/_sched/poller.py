@@ -1,11 +1,75 @@
-"""The completion poller thread: observes finished batches and hands them to the loop.
+"""The poller thread (``aio_ascend-poll-<device>``): observes finished batches, runs the
+watchdog, and hands each round's completions to the loop.
 
-Streams are FIFO, so it only asks about the oldest outstanding batch event of each stream. It
-waits only in GIL-releasing calls (a timed queue get with backoff between queries, or, in
-block mode, a synchronize with a timeout slice), and sends each round's results into the loop
-with one hop, however many tasks finished in it. A finished batch with a big download goes to
-its staging thread first (a :class:`~.stager.CopyWorker`) to be copied into the user's array,
-and the stream's later batches after it: the other streams' completions do not wait for it.
+What it is for. The submitter records one event after each batch and passes the
+:class:`~.work.Batch` here. Streams are FIFO, so a round only asks about the oldest outstanding
+batch event of each stream (``query_event_status``), popping batches while their events read
+complete (until about ``ROUND_BUDGET`` requests a round, which bounds how long one round holds
+the GIL). What a round finished is released (:meth:`Lifetimes.release`: host buffers, device
+memory, user arrays, once for the whole round) and posted to the loop with one
+``call_soon_threadsafe``, however many tasks finished in it. A batch with nothing to do on the
+host goes whole (the loop stamps and resolves its requests); a batch with a download copies it
+out of the staging buffer into the user's array here, before the release.
+
+Invariants.
+
+- Nothing the device may still touch is released: a request is released, and delivered as
+  finished, only after the event recorded after its batch has read complete (in a fault: see
+  below). Work failed without that (timed out, dropped) keeps what it holds.
+- Per stream, completions are delivered in submission order. A finished batch with a download
+  over ``STAGE_AT_HAND_BYTES`` (1 MiB) goes to this thread's staging thread (a
+  :class:`~.stager.CopyWorker`) to be copied out, and so do its stream's later finished batches
+  while it is there, to keep their order; the other streams' completions never wait for it. The
+  staging thread reports in order (``_unstaged``) and pokes the inbox.
+- Every batch event goes back to :class:`~.events.BatchEvents` once its batch is seen complete,
+  never before (the submitter may record it again at once).
+
+Waiting. The thread blocks only in GIL-releasing calls: with nothing outstanding, a timed inbox
+get (``IDLE_WATCHDOG_S``, after which the watchdog looks at the hops the submitter has not
+taken); with work outstanding and nothing finished, a timed inbox get whose timeout doubles from
+``poll_min_interval`` (5 us) to ``poll_max_interval`` (1 ms; 4 ms in block mode, where the
+:class:`~.waiter.Waiter` sleeps on the oldest batch event and puts ``POKE`` in the inbox when it
+completes). New work or a poke ends the wait at once; a round that finished something starts the
+next round without waiting, offering the GIL to a starved loop first
+(:class:`~aio_ascend._runtime.threads.GilTurns`). The poller itself never synchronizes on an
+event; its only device-waiting call is the 1 ms stall probe below.
+
+Every ``WATCHDOG_PERIOD_S`` (10 ms) without completions: the watchdog
+(:func:`~.watchdog.expire`) fails the batches past their deadline with ``TaskTimeoutError``
+(their slots stay taken, and their buffers held, until the device really finishes them: they
+arrive later as ``FINISHED_LATE``), the hops still waiting for the submitter past theirs
+(:meth:`Submitter.expire_waiting`), and :class:`~.stalls.StallProbes` names the streams whose
+oldest batch has been outstanding long enough to be probed with a short ``synchronize_stream``:
+on the real runtime a failed task is reported only there.
+
+Faults. A query (or a probe) that raises means the device context is broken (stop-on-failure
+mode): the error becomes the device's sticky fault (:class:`~.faults.FaultState`), batches whose
+events still read complete (the FIFO prefix of each stream) are delivered as successes, and the
+rest fail by :func:`~.faults.fail_batches` (the runtime's fault report picks the task that gets
+the first fault; the others get a ``DeviceFaultError`` caused by it, except, on a backend whose
+task ids are stream positions, those before the faulted one, which finished). Their requests
+become :attr:`orphans`: released only at the device's close, since nothing says the device is
+done with them.
+
+Who touches what. The submitter puts batches and forced closes (``LaneForce``) in the inbox, the
+loop (or the finalizer of a device collected unclosed) puts the stop request (:meth:`stop`), the
+waiter and the staging thread put ``POKE``. Everything else (``_outstanding``, the stall probes,
+the unstaging queue, the counters) is this thread's; the loop reads :meth:`leftover_batches`,
+:attr:`at_exit` and :attr:`orphans` only after the thread has exited (or been abandoned).
+
+A forced stream close (``LaneForce``, :mod:`.forcing`) arrives behind every batch of its stream
+(see the submitter for a parked stream's carried batch): the poller drops those batches (their
+tasks fail as the forced close's, their requests become orphans), destroys the runtime stream by
+force and sets ``done``; no completion is ever reported for a stream destroyed under its work.
+
+Shutdown. The stop request ends the thread at the next round, whatever is still outstanding
+(``aclose`` waits for the work first, up to its timeout); the staging thread finishes the copy
+in progress, what it finished is :attr:`at_exit` (resolved by the close), and the batches never
+seen complete are :meth:`leftover_batches`. The device's close joins this thread first, before
+any stream is destroyed, so nothing done to the streams can be reported as a completion (only a
+poller stuck in a runtime call sees its streams destroyed under it, to unblock it). After
+``Scheduler.abandon`` (a device collected unclosed), ``then`` closes the runtime from this
+thread once the other threads have exited (or 2 s each have passed).
 """
 
 from __future__ import annotations

@@ -1,9 +1,58 @@
 """``Scheduler``: one device's scheduling core, on the event-loop side.
 
-It owns the pending batch (flushed once per loop tick, or at once when full), admission
-accounting, the delivery of completions, the shutdown sequence, and what carries its decisions
-out: the submitter and poller threads, the host buffer pool, the lifetimes of device
-allocations and event handles. The public facades validate user input and call it."""
+What it is for. The public facades validate user input and call it; it decides when work goes
+out and carries that out through what it creates and wires together: the submitter and poller
+threads (and block mode's waiter), the host buffer pool, the lifetimes of device allocations,
+event handles, the delivery queue, the failure log. It owns the pending requests of the current
+loop tick, flush scheduling, ``unsettled`` (requests admitted and not yet resolved), the idle
+and close waiters, the lanes, and the lanes of dropped streams.
+
+One request's way through it, all on the loop thread: :meth:`try_admit` (no wait) or
+:meth:`admit` (FIFO wait) checks :meth:`check_usable` (one flat test: stream and device open,
+this loop's thread, no fault), takes a slot on the stream's admission and counts the request in
+``unsettled``; :meth:`enqueue` (the one way in for every operation) takes its pinned staging
+buffer (a big copy's is taken by its staging thread later), retains its device memory, makes it
+the stream's latest task and appends it to the pending list; :meth:`flush`, once per loop tick
+(``call_soon``) or at once at ``min(batch_cap, 256)`` pending requests (then ``yield_due`` makes
+the next admission yield to the loop once, so a tight launch loop cannot hold it), forms the
+batches, stamps the hop's deadline (the watchdog's clock starts within a tick of admission) and
+hands the hop to the submitter. The flush also beats the loop's heartbeat (``LoopPulse``) and
+does the loop's deferred chores (recycling collected events, reaping collected allocations,
+retiring dropped streams). The outcomes come back through :meth:`_post`; the delivery queue
+resolves them and reports to :meth:`_on_settled`, which takes them off ``unsettled`` and wakes a
+close waiting for idle.
+
+Which thread touches what. Everything is the loop thread's (the one that opened the device; the
+calls that queue work refuse other threads with ``RuntimeError``), except :meth:`_post` (the
+library threads: one non-blocking ``call_soon_threadsafe`` per round, under ``_post_lock``);
+:meth:`retire_event`, :meth:`drop_plan`, :meth:`drop_lane` and :meth:`abandon` (finalizers, on
+any thread: they only append, hand the work to the loop with ``call_soon_threadsafe``, or ask
+the threads to stop); and :meth:`bound`, which binds the device's context around each call on
+whichever thread makes it. The threads have no other way in than their inboxes and ``_post``,
+and none of them ever waits for the loop.
+
+Invariants.
+
+- The scheduler holds lanes, never ``Stream`` objects, and public objects hold the scheduler,
+  not the reverse: a dropped ``Stream`` or ``Device`` is collected, and its finalizer calls
+  :meth:`drop_lane` / :meth:`abandon`.
+- ``unsettled`` counts each admitted request until it is first resolved (finished, failed, timed
+  out or dropped); :meth:`aclose` waits for it to reach 0, up to its timeout.
+- A fault is sticky: once ``FaultState.first`` is set, every :meth:`check_usable` refuses with
+  an error caused by it, until the device is closed and reopened.
+
+Posting. ``_post`` delivers into the loop unless the loop has finished (``call_soon_threadsafe``
+answers False): the outcomes are then kept in ``_undelivered`` until :meth:`aclose` is called
+from another loop, which adopts it (``_adopt_loop``) and delivers them there. During a forced
+close they are held back the same way (see :mod:`.shutdown`, which also describes the close's
+order; :mod:`.forcing` describes one stream's forced close).
+
+Cancellation. A coroutine cancelled while waiting in :meth:`admit` is admitted to nothing (its
+ticket is withdrawn; slots granted meanwhile pass to the next in line). Once a request is
+enqueued, cancelling its caller does not take it back: it runs, and releases what it holds only
+when the device is done with it. :meth:`aclose` runs shielded, and so does the forcing part of
+:meth:`close_lane`.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,60 @@
-"""What a device's close does once its threads are stopped (or a stream's forced close waits
-for): waiting for threads without blocking the loop, destroying the streams left, releasing
-everything. The order of the steps is :meth:`Scheduler.aclose`'s."""
+"""The close's steps outside the scheduler, and the order :meth:`Scheduler.aclose` runs them in.
+
+The helpers here (waiting for threads without blocking the loop, destroying the streams left,
+releasing everything, the close's log lines) are the parts of a close that need no scheduler
+state. Their order is the subtle part, so here it is, with the reason for each step.
+
+A device's close (``Scheduler.aclose``, inside a shielded cancel scope: cancelling the caller
+does not stop a close half-way; ``Device.__aexit__`` left by an exception closes with
+``cancel=True, timeout=close_timeout``):
+
+1. The state becomes ``CLOSING``: ``check_usable`` refuses new work from here on. (From another
+   event loop, a close goes on only once the opening loop has finished, on the new loop.)
+2. Pending requests not yet flushed are dropped (``cancel=True``: their tasks fail with
+   ``ClosedError``, nothing reached the device) or flushed to the submitter; every admission
+   waiter is turned away.
+3. Wait for ``unsettled == 0`` (every admitted request resolved) up to ``timeout``. Past it the
+   close is *forced*: a WARNING (:func:`log_forced`), and the streams will go by force.
+4. Ask the submitter, the poller and (block mode) the waiter to stop, and join the **poller
+   first**: once it is gone nothing done to the streams below can be reported as a completion (a
+   stream destroyed by force may read complete, or fail every query).
+5. When forced, faulted, or with the poller still alive: destroy the streams by force
+   (:func:`destroy_lanes`) to unblock a thread stuck in a runtime call (a full queue, a hung
+   stream). When forced, what the threads post from then on is held back: a refusal by a
+   destroyed stream must not stand for the task's outcome, so a failure posted then is resolved
+   in step 7 as the forced close's ``TaskTimeoutError``, caused by it (a success stays one).
+6. Join the other threads. All joins share one deadline, ``JOIN_TIMEOUT_S`` (2 s) after step 4;
+   a thread still alive then is *stuck* in a runtime call.
+7. Destroy the streams left, then fail what never completed: hops nobody took, parked and
+   carried requests (:meth:`Submitter.unsubmitted`), batches never seen complete
+   (:meth:`Poller.leftover_batches`): released (unless a thread is stuck), their tasks failed
+   with ``TaskTimeoutError`` when forced or stuck, else ``ClosedError``. Then resolve what was
+   held back (and the poller's staging thread's last copy-outs, ``Poller.at_exit``), and drain
+   the delivery queue without a budget.
+8. Release everything (:func:`release_everything`): only now, with the threads gone and the
+   streams destroyed, can nothing on the device touch the memory. Graphs, orphans, events,
+   allocations and the pool's cached blocks, modules, the host pool, and last the runtime, whose
+   close waits for the last of the users' pinned arrays to be collected (``PinnedArrays.close``:
+   it would free their memory under them). On acl, after a stream with unfinished work was
+   destroyed by force, the device is first given time to settle, in a worker thread so that the
+   loop keeps running.
+9. With a stuck thread, step 8 is skipped: an ERROR (:func:`log_stuck`), and everything the
+   stuck call may still touch is leaked rather than freed under it. Returning on time wins.
+   Either way the unretrieved failures are logged (``FailureLog.report_at_close``), the state
+   becomes ``CLOSED``, and other callers waiting in ``aclose()`` are woken.
+
+Waiting never blocks the loop: a thread's exit and a ``threading.Event`` cannot be awaited, so
+:func:`join` and :func:`wait_set` poll them every millisecond with ``anyio.sleep``.
+
+One stream's forced close (``Scheduler.close_lane`` past its timeout, :mod:`.forcing`) uses
+:func:`log_forced` and :func:`wait_set`: it waits up to 2 s for the poller to report the stream
+destroyed, and gives up early if the device starts closing (its close then handles the stream).
+
+A device collected without ``aclose()`` (``Scheduler.abandon``, from a finalizer on any thread)
+cannot wait at all: it asks the threads to stop, and the poller, on its way out, runs
+:func:`close_after` (blocking joins, then the runtime's close); tasks still outstanding are
+never resolved.
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,71 @@
-"""The submitter thread: hands each loop tick's requests to the runtime in one hop.
+"""The submitter thread (``aio_ascend-submit-<device>``): the one thread that queues work on the
+device's streams.
 
-It submits the hop's requests in call order and records a completion event after each request
-that closes a batch (see :mod:`.batching`), passing the batch to the poller. A hop it reaches
-only after its deadline is never submitted. Since admission keeps every stream below its queue
-capacity, no submitting call waits on the device.
-It is the only thread that makes runtime calls which can wait on the device.
+What it is for. The loop never makes a submitting runtime call itself: once per loop tick
+``Scheduler.flush`` hands it the tick's requests as one :class:`~.batching.Hop` (with the
+deadline of their tasks), and this thread submits them in call order, records a batch event
+after each request that closes a batch (:func:`~.batching.form_batches` marked them) and passes
+each recorded :class:`~.work.Batch` to the poller. Consecutive plain launches (no launch config)
+go to the runtime in one ``launch_batch`` call: the backend's own where it has one, else
+:class:`~aio_ascend._runtime.pybatch.PythonBatch`; where that call stops (a refusal, or a launch
+it leaves to the per-launch method), the per-request loop goes on from there.
 
-A big host copy is staged by its staging thread (a :class:`~.stager.CopyWorker`): its stream
-waits (its later requests are *parked*, in order, with the batch it had open), the other
-streams go on, and the stream resumes when the staging thread reports back.
+Invariants.
+
+- Call order per stream: requests reach the runtime in the order they were enqueued, and a
+  batch's event is recorded after its last request, so "the event completed" means "the whole
+  batch completed" (streams are FIFO).
+- A hop is taken by this thread or expired by the poller's watchdog, never both
+  (:meth:`Hop.take` / :meth:`Hop.expire` race for one token). A hop this thread reaches only
+  after its deadline is not submitted: its tasks fail with ``TaskTimeoutError`` and what they
+  held is released at once (the device never saw them).
+- Admission keeps every stream's queued entries within the backend's stream capacity, so a
+  submitting call should never wait for queue space. Should one block anyway (a hung device; an
+  external stream that someone else's work fills too), the device's close destroys the streams
+  by force to unblock it, and abandons the thread 2 s later (``JOIN_TIMEOUT_S``).
+- Who fails how: a runtime refusal (``AscendError``) fails its request and, with it as the
+  cause, the rest of that stream's hop (``broken``); any other exception (a bug of ours) fails
+  its request only. Once the device has faulted (``FaultState.first``), every later request
+  fails with an error caused directly by that first fault. A stream marked ``forced`` (its close
+  gave up waiting) gets nothing submitted: its requests fail as the forced close's.
+- Submitted work whose batch event could not be recorded (or a ``launch_batch`` call that raised
+  part-way) can never be observed complete: its tasks fail, and its requests go to
+  :attr:`Submitter.orphans`, released only at the device's close, after the streams are gone.
+
+Who touches what. The loop thread calls :meth:`submit` (appends to :attr:`waiting`, puts the hop
+in the inbox), :meth:`force` and :meth:`stop`; after the thread has exited (or been abandoned)
+it reads :meth:`unsubmitted`, :meth:`in_progress` and :attr:`orphans`. The poller thread calls
+:meth:`expire_waiting` (the watchdog over hops not taken yet; it only reads ``waiting``). A
+staging thread runs :meth:`_prepare` and reports back through the inbox. Every other attribute
+(the parked streams, the carried batches, ``Lane.submitted``, ``Request.position``, the
+counters) is this thread's alone.
+
+Big copies (over ``STAGE_AT_HAND_BYTES``, 1 MiB): allocating and filling their pinned buffer
+takes tens to hundreds of milliseconds, so it is done by this thread's staging thread (a
+:class:`~.stager.CopyWorker`). Meanwhile the copy's stream is *parked*: its later requests, from
+this hop and the next ones, wait in order (each with its hop's deadline), and the batch it had
+open is *carried* (submitted, its event not recorded yet); the other streams go on. The staging
+thread's ``_Staged`` report comes back through the inbox, behind the hops queued meanwhile, and
+resumes the stream; what waited past its deadline is not submitted.
+
+Ordering in the inbox (one FIFO): a ``LaneForce`` is passed on to the poller only after every
+hop handed over before it, so it reaches the poller behind every batch those hops gave its
+stream (a stream parked at that moment is the exception: its carried batch is recorded, or fails
+to be, only when its staging report arrives). The stop request is seen after every hop queued
+before it, which is therefore handled (submitted, or failed past its deadline) first.
+
+GIL: every 32 requests and after each hop the thread offers the GIL
+(:class:`~aio_ascend._runtime.threads.GilTurns`), but only to a loop that has not run for
+``LOOP_STARVED_S``. Memory: no reference to finished work may outlive a hop in this thread's
+frames while it blocks on the inbox (it would keep tasks, and through them public objects,
+alive); ``_forget_frames`` clears the frames that the tracebacks of caught errors hold.
+
+Cancellation: cancelling a coroutine that awaits a task does not take its request back: once
+enqueued it is submitted (unless its stream is forced or its deadline has passed), and it holds
+its buffers until the device is done with it. Dropping unsubmitted work is the loop's
+(``aclose(cancel=True)`` drops requests not yet flushed). On the way out (``_STOP``) the staging
+thread finishes its current job and drops the others; parked and carried requests are handed
+back by :meth:`unsubmitted`, and their tasks fail at the close.
 """
 
 from __future__ import annotations

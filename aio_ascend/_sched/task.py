@@ -129,7 +129,8 @@ class Task:
         self._exc: BaseException | None = None
         self._waiters: Any = None  # None, one waiter, or a list of them
         self._retrievers = 0  # waiters that will raise its error (``await``, not wait_finished)
-        # one clock call per task: this runs for every launch (``aio-ascend bench --only poll``)
+        # one clock call per task: this runs for every launch (the four timestamps together
+        # cost about 0.1 us per launch: docs/guide/observability.md, "What tracing costs")
         self.admitted_at: float = _now()
         self.submitted_at: float | None = None
         self.completed_at: float | None = None
@@ -169,8 +170,8 @@ class Task:
         if self._done:
             # Awaiting a finished task does not suspend; a coroutine that awaits thousands in
             # a row would hold the loop for tens of ms. Every READY_AWAITS_PER_CHECKPOINT-th
-            # such await on a loop lets the loop run once (measured: ``aio-ascend bench --only
-            # producer_lag``).
+            # such await on a loop lets the loop run once (the loop lag this bounds is what
+            # ``aio-ascend bench --only producer_lag`` reports).
             adapter = self.lane.owner.adapter
             adapter.ready_awaits += 1
             if adapter.ready_awaits >= READY_AWAITS_PER_CHECKPOINT:

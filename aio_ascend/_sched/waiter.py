@@ -1,11 +1,37 @@
-"""Block mode's waiter thread: sleeps in the runtime on the oldest batch event, then pokes
-the poller, so that the oldest work is seen complete at once without polling for it.
+"""Block mode's waiter thread (``aio_ascend-wait-<device>``): sleeps in the runtime on the
+oldest batch event, then pokes the poller, so that the oldest work is seen complete at once
+without polling for it.
 
-The poller keeps polling every stream as in poll mode, so a long task on one stream never
-delays the completions of the others. The waiter's timeout slice grows while the same work
-stays unfinished (50 ms doubling to 1 s): on CANN each timed-out
-``aclrtSynchronizeEventWithTimeout`` logs two ERROR lines, so a long kernel costs at most two
-such lines a second, not two hundred.
+What it is for. In poll mode the poller's backoff tops out at 1 ms, which costs idle CPU while
+long kernels run. ``completion="block"`` starts this thread beside the poller: it blocks in
+``synchronize_event`` (GIL released) on one event, and when that returns it puts ``POKE`` in the
+poller's inbox, which ends the poller's wait at once. The poller keeps polling every stream,
+only less often (up to every 4 ms), so a long task on one stream never delays the completions of
+the others.
+
+Invariants. The waiter decides nothing: it never resolves, releases or fails a task, and its
+only effect on the scheduler is a poke. The poller stays the one thread that observes
+completions, so a wrong or stale target costs at most latency, never correctness. That matters
+because batch events are recycled: the poller gives an event back once its batch completed, and
+the submitter may record it again at once; a waiter still (or newly) sleeping on it then wakes
+later than it might (or pokes for a batch the poller has seen already), and the poller's own
+queries settle which batch is done.
+
+Who touches what. The poller sets the target (:meth:`watch`, after every round: the head batch
+with the earliest deadline, or ``None``); only a change sets ``_changed``. The waiter thread
+reads ``_target`` and writes its counters (``sync_timeouts``, summed by ``Device.stats``). The
+loop calls :meth:`stop` at the close (or a finalizer, for a device collected unclosed).
+
+Timeout slices. The wait is cut into slices that grow while the same work stays unfinished: 50
+ms doubling to 1 s (:func:`next_slice`), back to 50 ms once an event completes. On CANN each
+timed-out ``aclrtSynchronizeEventWithTimeout`` logs two ERROR lines, so a long kernel costs at
+most two such lines a second, not two hundred. A failing sync (a fault, an event that went away)
+is ignored here: the poller's next query reports it. With nothing to watch the thread sleeps on
+``_changed`` (at most 0.5 s at a time).
+
+Shutdown. :meth:`stop` sets a flag and wakes an idle thread; a thread inside a sync leaves when
+its slice ends, at most 1 s later (``MAX_SLICE_MS``), within the 2 s the device's close gives
+its threads to exit.
 """
 
 from __future__ import annotations

@@ -77,7 +77,8 @@ def native_submit() -> bool:
 
 @contextmanager
 def native_disabled() -> Iterator[None]:
-    """Runtimes opened meanwhile launch one by one (the bench's comparison row)."""
+    """Runtimes opened meanwhile launch one by one (the bench's ``acl_poll_ctypes`` step
+    measures that path beside the native call)."""
     global _NATIVE
     saved, _NATIVE = _NATIVE, None
     try:

@@ -230,7 +230,7 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
 OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     # stream, aclrtStreamAttr, aclrtStreamAttrValue *
     "aclrtSetStreamAttribute": (_ERR, (_PTR, _ENUM, _PTR)),
-    # int32_t *leastPriority, int32_t *greatestPriority (acl-runtime.md §2.1: not in the JSON)
+    # int32_t *leastPriority, int32_t *greatestPriority (cann-support.md row 44; not in the JSON)
     "aclrtDeviceGetStreamPriorityRange": (_ERR, (_PTR, _PTR)),
     # devPtr, maxCount, int32_t value, count, stream
     "aclrtMemsetAsync": (_ERR, (_PTR, c_size_t, c_int32, c_size_t, _PTR)),
@@ -246,7 +246,7 @@ OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     # aclrtBinary aclrtCreateBinary(const void *data, size_t dataLen) (NULL on failure)
     "aclrtCreateBinary": (_PTR, (_PTR, c_size_t)),
     "aclrtBinaryLoad": (_ERR, (_PTR, _PTR)),  # const aclrtBinary, aclrtBinHandle *
-    "aclrtDestroyBinary": (_ERR, (_PTR,)),  # aclrtBinary (acl-runtime.md §1.2; 8.0: unknown)
+    "aclrtDestroyBinary": (_ERR, (_PTR,)),  # aclrtBinary (cann-support.md §2.3; 8.0: unknown)
     # funcHandle, numBlocks, const void *argsData (DEVICE memory), argsSize, stream
     "aclrtLaunchKernel": (_ERR, (_PTR, c_uint32, _PTR, c_size_t, _PTR)),
     # the host-args launch (8.5 on): func, numBlocks, stream, cfg *, hostArgs, argsSize,
