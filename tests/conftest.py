@@ -15,10 +15,12 @@
   8.3 with its args-handle launch path, 8.0 with its device-args launch path). A module that
   sets ``REALRT_TOO = True`` also runs on ``realrt`` (the real CANN runtime over our fake
   driver, marked ``realrt``: deselected by default), with the divergences of
-  ``backends.REALRT_DIVERGENCES`` as strict xfails.
+  ``backends.REALRT_DIVERGENCES`` as strict xfails. A test marked ``backends(*names)`` runs on
+  exactly those.
 - Cases a backend cannot run are deselected at collection, never skipped at run time: a
   ``sim_only`` test on a backend without the sim's test controls (``backends.SIM_CONTROLS``), a
-  realrt case that would crash the process (``backends.REALRT_CRASHES``). What only the
+  ``needs(capability)`` test on a backend that lacks it (``backends.LACKING``), a realrt case
+  that would crash the process (``backends.REALRT_CRASHES``). What only the
   machine decides (a real GPU) still skips when the backend is opened.
 - An asyncio exception-handler call or a "Task was destroyed but it is pending" log fails the
   test.
@@ -55,6 +57,10 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "needs(capability): deselected on the backends that lack it (backends.LACKING)",
     )
+    config.addinivalue_line(
+        "markers",
+        "backends(*names): the test runs on exactly these backends (instead of its module's)",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -75,16 +81,22 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """The backends of a test that takes ``device_backend`` (directly or through ``open_dev``):
-    its module's ``BACKENDS``, the personas of a ``personas`` test, realrt for ``REALRT_TOO``."""
-    if "device_backend" in metafunc.fixturenames:
+    its own ``backends`` marker's, exactly; else its module's ``BACKENDS``, with the personas
+    for a ``personas`` test and realrt for ``REALRT_TOO``."""
+    if "device_backend" not in metafunc.fixturenames:
+        return
+    chosen = metafunc.definition.get_closest_marker("backends")
+    if chosen is not None:
+        backends = list(chosen.args)
+    else:
         backends = list(getattr(metafunc.module, "BACKENDS", DEVICE_BACKENDS))
-        unknown = set(backends) - set(RUNTIME_FACTORIES)
-        assert not unknown, f"{metafunc.module.__name__}.BACKENDS: unknown backends {unknown}"
         if metafunc.definition.get_closest_marker("personas") is not None:
             backends += [name for name in PERSONA_BACKENDS if name not in backends]
         if getattr(metafunc.module, "REALRT_TOO", False) and "realrt" not in backends:
             backends.append("realrt")
-        metafunc.parametrize("device_backend", backend_params(backends), indirect=True)
+    unknown = set(backends) - set(RUNTIME_FACTORIES)
+    assert not unknown, f"{metafunc.definition.nodeid}: unknown backends {sorted(unknown)}"
+    metafunc.parametrize("device_backend", backend_params(backends), indirect=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
