@@ -969,7 +969,7 @@ def test_a_forked_child_refuses_clearly(rt: AclRuntime) -> None:
     rt.destroy_stream(rt.create_stream())
 
 
-# --- v0.2: stream priorities, memset, info --------------------------------------------------
+# --- stream priorities, memset, info ---------------------------------------------------------
 
 
 def test_a_priority_crosses_as_the_stream_attribute(kit: RuntimeKit, ctl: DoubleControl) -> None:
@@ -1209,7 +1209,7 @@ def test_the_double_refuses_memory_attributes_it_does_not_model(rt: AclRuntime) 
         rt._fn["aclrtGetMemInfo"](4, ctypes.byref(free), ctypes.byref(total))
 
 
-def test_closed_runtimes_refuse_the_v02_methods(ctl: DoubleControl) -> None:
+def test_closed_runtimes_refuse_priorities_memset_and_info(ctl: DoubleControl) -> None:
     rt = open_acl_runtime(0, library_path=build_double().library)
     stream, ptr = rt.create_stream(), rt.malloc(64)
     rt.close()

@@ -307,7 +307,8 @@ async def test_without_the_restore_the_other_library_would_fail() -> None:
     other = OtherLibrary("9.1")
     try:
         async with open_backend("acl") as dev:
-            dev.runtime.set_current_context()  # leave ours current, as v0.2 did
+            # leave ours current, as the library did before the restore
+            dev.runtime.set_current_context()
             assert other.works() == 107003
             dev.runtime.set_current_context(other.context.value)
             assert other.works() == 0

@@ -829,7 +829,7 @@ def test_memcpy_between_all_kinds_round_trips(kit: RuntimeKit) -> None:
     assert bytes(host_view(dst, len(data))) == data
 
 
-# --- the v0.2 seam: priorities, memset, info, device-to-device copies ----------------------------
+# --- stream priorities, memset, info, device-to-device copies ----------------------------------
 
 
 def _open_fake(fake: FakeDriver) -> CudaRuntime:

@@ -1,4 +1,4 @@
-"""The v0.2 everyday API (DESIGN "v0.2 additions"): one await, views, device copies, memset,
+"""The everyday API: one await, views, device copies, memset,
 wrapped memory, external and prioritised streams, ``dev.info``.
 
 Each test runs on the sim, the acl C double and the cuda backend over its fake driver (and on
