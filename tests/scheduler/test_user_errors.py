@@ -454,14 +454,14 @@ def test_every_public_call_is_covered_after_close() -> None:
     assert _public_calls() - covered == set()
 
 
-@pytest.mark.parametrize("backend", ["sim", "acl"])
+@pytest.mark.backends("sim", "acl")
 @pytest.mark.parametrize("call", sorted(AFTER_CLOSE))
 async def test_every_public_call_after_close_raises_closed_error(
-    call: str, backend: str, anyio_backend: object
+    call: str, device_backend: str, anyio_backend: object
 ) -> None:
     import inspect
 
-    c = await _Closed.make(backend)
+    c = await _Closed.make(device_backend)
 
     async def make_the_call() -> None:
         result = AFTER_CLOSE[call](c)
