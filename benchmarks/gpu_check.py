@@ -13,7 +13,7 @@ around the whole script still leaves the report of the steps done so far):
    refused; a graph (two launches, one with placeholder data, and a memset captured on one
    stream, replayed twice on another, read back, destroyed);
 4. tests: ``tests/runtime/test_cuda_backend.py`` and the cuda parameters of
-   ``tests/runtime/test_runtime_contract.py`` and ``test_runtime_contract_v02.py`` with pytest:
+   the contract suite (``tests/runtime/test_contract_*.py``) with pytest:
    the runtime contract suite and the scheduler smoke tests on the GPU (``cuda`` parameter,
    marked ``gpu``) and on the CPU fake;
 5. benchmark: noop launches through a plain cuda-bindings loop (the floor), the runtime's own
@@ -29,6 +29,7 @@ Writes ``gpu_check.md`` (the table), ``gpu_check.json``, ``gpu-tests.xml`` (JUni
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -207,8 +208,7 @@ def step_tests(
         "-m",
         "pytest",
         "tests/runtime/test_cuda_backend.py",
-        "tests/runtime/test_runtime_contract.py",
-        "tests/runtime/test_runtime_contract_v02.py",
+        *sorted(glob.glob("tests/runtime/test_contract_*.py")),
         "tests/scheduler/test_everyday_api.py",
         "-k",
         "cuda and not trio",
@@ -353,7 +353,7 @@ try:
     out["graph_ok"] = bool(
         untouched and (read(y, m) == y_want).all() and (read(z, m) == z_want).all())
     rt.destroy_graph(graph)
-    out["graph_destroyed"] = rt.graph_count() == 0
+    out["graph_destroyed"] = not rt._graphs
     rt.destroy_stream(other)
     rt.destroy_stream(stream)
 finally:

@@ -36,6 +36,14 @@ REFUSES_ALL_AFTER_FAULT = frozenset({"cuda-fake", "cuda"})
 REAL_DEVICE = frozenset({"cuda"})
 #: backends over the real CANN runtime built from source (marked ``realrt``)
 REAL_RUNTIME = frozenset({"realrt"})
+#: backends with the sim's test controls and strictness (late reads of pinned memory, pageable
+#: copies that block, injected launch errors): the only ones a ``sim_only`` test runs on
+SIM_CONTROLS = frozenset({"sim"})
+#: backends without model-RI capture (CANN 8.0 exports no aclmdlRI*: graphs cannot be captured)
+NO_CAPTURE = frozenset({"acl-8.0"})
+#: backends whose launches carry no launch config (CANN 8.0's aclrtLaunchKernel: no kernel
+#: timeout, no schedule mode)
+NO_LAUNCH_CONFIG = frozenset({"acl-8.0"})
 #: backends with no kernel binary yet (none: the real runtime loads the device ELF of
 #: tests/realrt/make_kernel_elf.py, whose launches our fake driver runs on the host)
 NO_KERNELS: frozenset[str] = frozenset()
@@ -170,7 +178,8 @@ REALRT_UNRELIABLE["test_a_device_fault_is_logged_once_with_its_count"] = REALRT_
 
 
 #: contract cases the real runtime cannot run at all, because the call would crash the process
-#: (docs/cann-support.md §13.3): test id -> why. Skipped, not xfailed.
+#: (docs/cann-support.md §13.3): test name with its parameters -> why. Deselected at
+#: collection, not xfailed.
 REALRT_CRASHES = {
     f"test_bad_launch_inputs_are_rejected[realrt-{case}]": (
         f"{what} handle that was never created: the runtime reads the object behind it to "
@@ -183,10 +192,7 @@ REALRT_CRASHES = {
 
 def mark_realrt_divergence(request: pytest.FixtureRequest, backend: str) -> None:
     """A strict xfail for a test the real runtime is known to answer differently (a non-strict
-    one where it races, a skip for one that would crash the process)."""
-    crash = REALRT_CRASHES.get(request.node.name)
-    if backend in REAL_RUNTIME and crash is not None:
-        pytest.skip(f"real runtime: {crash}")
+    one where it races; one that would crash the process is deselected: ``deselection_reason``)."""
     reason = REALRT_DIVERGENCES.get(getattr(request.node, "originalname", ""))
     if backend in REAL_RUNTIME and reason is not None:
         request.applymarker(pytest.mark.xfail(strict=True, reason=f"real runtime: {reason}"))
@@ -219,6 +225,35 @@ RUNTIME_FACTORIES: dict[str, Callable[[], Runtime]] = {
     "cuda": _open_cuda,
     "realrt": _open_realrt,
 }
+
+
+#: every backend of the registry (the runtime contract suites' ``BACKENDS``)
+ALL_BACKENDS = tuple(sorted(RUNTIME_FACTORIES))
+
+#: what a test can need (``@pytest.mark.needs(name)``) -> the backends that lack it
+LACKING: dict[str, frozenset[str]] = {
+    "sim_controls": frozenset(RUNTIME_FACTORIES) - SIM_CONTROLS,  # also: ``sim_only``
+    "calls_after_fault": REFUSES_ALL_AFTER_FAULT,
+    "capture": NO_CAPTURE,
+    "launch_config": NO_LAUNCH_CONFIG,
+}
+
+
+def deselection_reason(item: pytest.Item, backend: str) -> str | None:
+    """Why ``item`` cannot run on ``backend`` at all (None: it can), decided at collection
+    (tests/conftest.py deselects it): its ``sim_only`` and ``needs`` markers against the
+    capability sets above, and the real runtime's crashes."""
+    needed = [name for marker in item.iter_markers("needs") for name in marker.args]
+    if item.get_closest_marker("sim_only") is not None:
+        needed.append("sim_controls")
+    for name in needed:
+        if name not in LACKING:
+            raise ValueError(f"{item.nodeid}: needs({name!r}): not one of {sorted(LACKING)}")
+        if backend in LACKING[name]:
+            return f"{backend} lacks {name}"
+    if backend in REAL_RUNTIME and item.name in REALRT_CRASHES:
+        return f"real runtime: {REALRT_CRASHES[item.name]}"
+    return None
 
 
 def backend_params(names: list[str] | None = None) -> list[object]:

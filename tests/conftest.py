@@ -7,15 +7,21 @@
 - Async tests that must run on every loop use ``pytest.mark.anyio`` and the ``anyio_backend``
   fixture below (asyncio, asyncio+uvloop, trio: the plugin's ``loop_params()``, the loops
   its ``aio_ascend_loops`` marker offers users); asyncio-specific tests use pytest-asyncio.
-- The backend x loop matrix: a test that takes ``open_dev`` runs once per device backend of
-  ``helpers.DEVICE_BACKENDS`` (sim, acl over its C double as CANN 9.1) and per loop; one marked
-  ``personas`` also runs on the acl backend over the double's other usable personas
-  (``helpers.PERSONA_BACKENDS``: CANN 8.5, 8.3 with its args-handle launch path, 8.0 with its
-  device-args launch path);
-  ``sim_only`` tests are skipped on the others with the marker's reason. A module that sets
-  ``REALRT_TOO = True`` also runs its ``open_dev`` tests on ``realrt`` (the real CANN runtime
-  over our fake driver, marked ``realrt``: deselected by default), with the divergences of
-  ``backends.REALRT_DIVERGENCES`` as strict xfails.
+- The backend x loop matrix, built here and nowhere else: a test that takes ``device_backend``
+  (directly, or through ``open_dev``) runs once per backend of its module's ``BACKENDS`` (names
+  of ``backends.RUNTIME_FACTORIES``; ``helpers.DEVICE_BACKENDS`` by default: sim, acl over its C
+  double as CANN 9.1) and, if it is async, per loop; one marked ``personas`` also runs on the
+  acl backend over the double's other usable personas (``helpers.PERSONA_BACKENDS``: CANN 8.5,
+  8.3 with its args-handle launch path, 8.0 with its device-args launch path). A module that
+  sets ``REALRT_TOO = True`` also runs on ``realrt`` (the real CANN runtime over our fake
+  driver, marked ``realrt``: deselected by default), with the divergences of
+  ``backends.REALRT_DIVERGENCES`` as strict xfails. A test marked ``backends(*names)`` runs on
+  exactly those.
+- Cases a backend cannot run are deselected at collection, never skipped at run time: a
+  ``sim_only`` test on a backend without the sim's test controls (``backends.SIM_CONTROLS``), a
+  ``needs(capability)`` test on a backend that lacks it (``backends.LACKING``), a realrt case
+  that would crash the process (``backends.REALRT_CRASHES``). What only the
+  machine decides (a real GPU) still skips when the backend is opened.
 - An asyncio exception-handler call or a "Task was destroyed but it is pending" log fails the
   test.
 
@@ -31,12 +37,30 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from backends import backend_params, mark_realrt_divergence
+from backends import (
+    REAL_DEVICE,
+    RUNTIME_FACTORIES,
+    backend_params,
+    deselection_reason,
+    gpu_skip_reason,
+    mark_realrt_divergence,
+)
 from helpers import DEVICE_BACKENDS, PERSONA_BACKENDS, open_backend
 
 from aio_ascend.testing import loop_params
 
-pytest_plugins = ["pytester"]  # tests/testing: the plugin tested in pytest runs of its own
+pytest_plugins = ["pytester"]  # tests/plugin: the plugin tested in pytest runs of its own
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "needs(capability): deselected on the backends that lack it (backends.LACKING)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "backends(*names): the test runs on exactly these backends (instead of its module's)",
+    )
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -56,23 +80,47 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """The device backends of a test that takes ``device_backend`` (through ``open_dev``)."""
-    if "device_backend" in metafunc.fixturenames:
-        backends = list(DEVICE_BACKENDS)
+    """The backends of a test that takes ``device_backend`` (directly or through ``open_dev``):
+    its own ``backends`` marker's, exactly; else its module's ``BACKENDS``, with the personas
+    for a ``personas`` test and realrt for ``REALRT_TOO``."""
+    if "device_backend" not in metafunc.fixturenames:
+        return
+    chosen = metafunc.definition.get_closest_marker("backends")
+    if chosen is not None:
+        backends = list(chosen.args)
+    else:
+        backends = list(getattr(metafunc.module, "BACKENDS", DEVICE_BACKENDS))
         if metafunc.definition.get_closest_marker("personas") is not None:
-            backends += PERSONA_BACKENDS
-        if getattr(metafunc.module, "REALRT_TOO", False):
+            backends += [name for name in PERSONA_BACKENDS if name not in backends]
+        if getattr(metafunc.module, "REALRT_TOO", False) and "realrt" not in backends:
             backends.append("realrt")
-        metafunc.parametrize("device_backend", backend_params(backends), indirect=True)
+    unknown = set(backends) - set(RUNTIME_FACTORIES)
+    assert not unknown, f"{metafunc.definition.nodeid}: unknown backends {sorted(unknown)}"
+    metafunc.parametrize("device_backend", backend_params(backends), indirect=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the backend cases a backend cannot run (``backends.deselection_reason``)."""
+    kept: list[pytest.Item] = []
+    deselected: list[pytest.Item] = []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("device_backend") if callspec is not None else None
+        if backend is not None and deselection_reason(item, backend) is not None:
+            deselected.append(item)
+        else:
+            kept.append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
 
 
 @pytest.fixture
 def device_backend(request: pytest.FixtureRequest) -> str:
-    """The device backend of this test run (see ``open_dev``)."""
+    """The backend of this test run (a name of ``backends.RUNTIME_FACTORIES``)."""
     backend: str = request.param
-    if backend != "sim":
-        for marker in request.node.iter_markers("sim_only"):
-            pytest.skip(f"needs the sim's test controls: {marker.args[0] if marker.args else ''}")
+    if backend in REAL_DEVICE and (reason := gpu_skip_reason()):
+        pytest.skip(reason)
     mark_realrt_divergence(request, backend)
     return backend
 

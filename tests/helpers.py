@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import struct
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 import aio_ascend as aa
+from aio_ascend._host.hostargs import HostArgs
+
+#: a generous bound (ms) for the runtime-level waits that must succeed
+SYNC_MS = 10_000
 
 
 def open_sim(**kwargs: Any) -> Any:
@@ -258,3 +264,30 @@ def check_trace(trace: dict[str, Any]) -> dict[str, Any]:
         "flows": flows,
         "outer": outer,
     }
+
+
+def scale_args(x: int, y: int, n: int, factor: float) -> HostArgs:
+    """The built-in ``scale`` kernel's args: ``y = factor * x`` over ``n`` floats, its tiling
+    (``n``, ``factor``) through a placeholder."""
+    return HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, factor))
+
+
+def axpy_args(x: int, y: int, a: float, n: int) -> HostArgs:
+    """The built-in ``axpy`` kernel's args: ``y += a * x`` over ``n`` floats."""
+    return HostArgs().ptr(x).ptr(y).f32(a).u32(n)
+
+
+def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseException], list[Any]]:
+    """Run ``fn`` in a new daemon thread: (the thread, its errors, its results)."""
+    errors: list[BaseException] = []
+    results: list[Any] = []
+
+    def run() -> None:
+        try:
+            results.append(fn())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="contract-helper", daemon=True)
+    thread.start()
+    return thread, errors, results

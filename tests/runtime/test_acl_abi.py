@@ -324,7 +324,7 @@ def test_optional_and_required_functions_are_disjoint() -> None:
 
 def test_the_optional_functions_are_what_the_releases_differ_in() -> None:
     assert set(ffi.OPTIONAL_PROTOTYPES) == {
-        # v0.2 seam methods
+        # stream priorities, memset, version, memory and SoC queries
         "aclrtSetStreamAttribute", "aclrtDeviceGetStreamPriorityRange", "aclrtMemsetAsync",
         "aclrtGetVersion", "aclrtGetMemInfo", "aclrtGetSocName",
         # loaders and the three launch paths

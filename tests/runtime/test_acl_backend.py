@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -57,6 +57,9 @@ COMPLETE, NOT_READY = (
     abi.ACL_EVENT_RECORDED_STATUS_NOT_READY,
 )
 
+if TYPE_CHECKING:
+    from conftest import RuntimeKit
+
 
 @pytest.fixture
 def ctl() -> DoubleControl:
@@ -73,75 +76,9 @@ def rt() -> Iterator[AclRuntime]:
         runtime.close()
 
 
-class Kit:
-    """Small helpers over one runtime (a stop-on-failure stream, buffers, kernels)."""
-
-    def __init__(self, rt: AclRuntime) -> None:
-        self.rt = rt
-        self.stream = rt.create_stream()
-        rt.set_stream_failure_mode(self.stream, abi.ACL_STOP_ON_FAILURE)
-        self.binary = rt.load_binary(BUILTINS_MAGIC)
-        self._keep: list[object] = []
-        self._functions: dict[str, int] = {}
-        self._dev: int | None = None
-
-    @property
-    def dev(self) -> int:
-        """64 bytes of device memory (allocated on first use)."""
-        if self._dev is None:
-            self._dev = self.rt.malloc(64)
-        return self._dev
-
-    def fn(self, name: str) -> int:
-        if name not in self._functions:
-            self._functions[name] = self.rt.get_function(self.binary, name)
-        return self._functions[name]
-
-    def upload(self, array: np.ndarray) -> int:
-        data = np.ascontiguousarray(array)
-        ptr = self.rt.malloc(data.nbytes)
-        self.rt.memcpy_async(ptr, data.nbytes, data.ctypes.data, data.nbytes, H2D, self.stream)
-        return ptr
-
-    def download(self, ptr: int, n: int) -> np.ndarray:
-        out = np.zeros(n, F32)
-        self.rt.memcpy_async(out.ctypes.data, out.nbytes, ptr, out.nbytes, D2H, self.stream)
-        return out
-
-    def buffer(self, data: bytes) -> ctypes.Array[ctypes.c_char]:
-        buf = ctypes.create_string_buffer(data, len(data))
-        self._keep.append(buf)
-        return buf
-
-    def launch(
-        self,
-        name: str,
-        args: HostArgs,
-        *,
-        blocks: int = 1,
-        cfg: LaunchConfig | None = None,
-        stream: int | None = None,
-    ) -> tuple[ctypes.Array[ctypes.c_char], int]:
-        """Launch from a fresh writable buffer; returns (buffer, table address)."""
-        buf = self.buffer(args.to_bytes())
-        table = args.placeholder_table()
-        table_addr = ctypes.addressof(self.buffer(table)) if table else 0
-        self.rt.launch_kernel_with_host_args(
-            self.fn(name),
-            blocks,
-            self.stream if stream is None else stream,
-            cfg,
-            ctypes.addressof(buf),
-            args.nbytes,
-            table_addr,
-            len(args.placeholders),
-        )
-        return buf, table_addr
-
-
-@pytest.fixture
-def kit(rt: AclRuntime) -> Kit:
-    return Kit(rt)
+#: the kit (tests/runtime/conftest.py) over the double's built-ins, with pageable args and
+#: copies: what crosses the ctypes boundary is the caller's own memory, byte for byte
+KIT_OPTIONS = {"library": BUILTINS_MAGIC, "host": "pageable"}
 
 
 def _only(calls: list[Call]) -> Call:
@@ -152,7 +89,7 @@ def _only(calls: list[Call]) -> Call:
 # --- pointers ---------------------------------------------------------------------------------
 
 
-def test_device_pointers_above_2_47_cross_intact(kit: Kit, ctl: DoubleControl) -> None:
+def test_device_pointers_above_2_47_cross_intact(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     n = 64
     x_host, y_host = np.arange(n, dtype=F32), np.full(n, 0.5, F32)
@@ -169,10 +106,10 @@ def test_device_pointers_above_2_47_cross_intact(kit: Kit, ctl: DoubleControl) -
     ]
     assert all(c.rc == 0 for c in copies)
     args = HostArgs().ptr(x).ptr(y).ptr(z).u32(n)
-    buf, _ = kit.launch("vector_add", args, blocks=8)
+    addr = kit.launch("vector_add", args, blocks=8)
     func, blocks, stream, cfg, host_args, size, table, count = ctl.last_launch()
     assert (func, blocks, stream, cfg) == (kit.fn("vector_add"), 8, kit.stream, 0)
-    assert (host_args, size, table, count) == (ctypes.addressof(buf), args.nbytes, 0, 0)
+    assert (host_args, size, table, count) == (addr, args.nbytes, 0, 0)
     sent = ctl.last_args(patched=False)
     assert sent == args.to_bytes()
     assert struct.unpack_from("<QQQI", sent) == (x, y, z, n)
@@ -181,7 +118,7 @@ def test_device_pointers_above_2_47_cross_intact(kit: Kit, ctl: DoubleControl) -
     assert _only(ctl.calls(ctl.mark() - 1, "aclrtMemcpyAsync")).args[2] == z
 
 
-def test_handles_round_trip_unchanged(kit: Kit, ctl: DoubleControl) -> None:
+def test_handles_round_trip_unchanged(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     event = rt.create_event(abi.ACL_EVENT_SYNC)
     mark = ctl.mark()
@@ -204,7 +141,7 @@ def test_handles_round_trip_unchanged(kit: Kit, ctl: DoubleControl) -> None:
 
 
 def test_placeholder_table_crosses_and_the_callers_buffer_is_patched(
-    kit: Kit, ctl: DoubleControl
+    kit: RuntimeKit, ctl: DoubleControl
 ) -> None:
     n = 16
     x_host = np.arange(n, dtype=F32)
@@ -212,7 +149,8 @@ def test_placeholder_table_crosses_and_the_callers_buffer_is_patched(
     args = HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, 3.0))
     ((addr_offset, data_offset),) = args.placeholders
     image = args.to_bytes()
-    buf, table_addr = kit.launch("scale", args)
+    addr = kit.launch("scale", args)
+    table_addr = kit.last_table
     raw = ctl.last_launch()
     assert raw[6] == table_addr
     assert raw[7] == 1
@@ -226,12 +164,12 @@ def test_placeholder_table_crosses_and_the_callers_buffer_is_patched(
     patched = bytearray(image)
     patched[addr_offset : addr_offset + 8] = struct.pack("<Q", dev_args + data_offset)
     assert ctl.last_args(patched=False) == image  # slot still zero on the way in
-    assert bytes(buf.raw) == bytes(patched)  # written into OUR buffer ...
+    assert ctypes.string_at(addr, len(image)) == bytes(patched)  # written into OUR buffer ...
     assert ctl.last_args(patched=True) == bytes(patched)  # ... before the runtime copied it
     np.testing.assert_array_equal(kit.download(y, n), 3.0 * x_host)
 
 
-def test_matmul_reads_its_tiling_through_a_placeholder(kit: Kit) -> None:
+def test_matmul_reads_its_tiling_through_a_placeholder(kit: RuntimeKit) -> None:
     m, n, k = 3, 4, 5
     rng = np.random.default_rng(1)
     a_host = rng.standard_normal((m, k)).astype(F32)
@@ -242,7 +180,9 @@ def test_matmul_reads_its_tiling_through_a_placeholder(kit: Kit) -> None:
     np.testing.assert_allclose(kit.download(c, m * n).reshape(m, n), a_host @ b_host, rtol=1e-5)
 
 
-def test_the_placeholder_table_is_checked_before_the_call(kit: Kit, ctl: DoubleControl) -> None:
+def test_the_placeholder_table_is_checked_before_the_call(
+    kit: RuntimeKit, ctl: DoubleControl
+) -> None:
     args = HostArgs().ptr(0).ptr(0).placeholder(b"\0" * 8)
     buf = kit.buffer(args.to_bytes())
     for entry in [(4, 24), (8, 20)]:  # misaligned slot, misaligned data
@@ -275,7 +215,7 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_cfg_attributes_cross_byte_for_byte(kit: Kit, ctl: DoubleControl, name: str) -> None:
+def test_cfg_attributes_cross_byte_for_byte(kit: RuntimeKit, ctl: DoubleControl, name: str) -> None:
     cfg = CONFIGS[name]
     kit.launch("noop", HostArgs(), cfg=cfg)
     attrs = ctl.last_cfg()
@@ -286,7 +226,9 @@ def test_cfg_attributes_cross_byte_for_byte(kit: Kit, ctl: DoubleControl, name: 
     kit.rt.synchronize_stream(kit.stream, 2000)
 
 
-def test_timeout_and_timeout_us_are_different_attributes(kit: Kit, ctl: DoubleControl) -> None:
+def test_timeout_and_timeout_us_are_different_attributes(
+    kit: RuntimeKit, ctl: DoubleControl
+) -> None:
     kit.launch("noop", HostArgs(), cfg=LaunchConfig(timeout_s=300))
     seconds = ctl.last_cfg()
     assert seconds is not None
@@ -300,14 +242,14 @@ def test_timeout_and_timeout_us_are_different_attributes(kit: Kit, ctl: DoubleCo
     assert micros[12:] == b"\0" * 8
 
 
-def test_no_cfg_and_an_empty_cfg_pass_null(kit: Kit, ctl: DoubleControl) -> None:
+def test_no_cfg_and_an_empty_cfg_pass_null(kit: RuntimeKit, ctl: DoubleControl) -> None:
     for cfg in (None, LaunchConfig(), LaunchConfig(block_dim=128)):
         kit.launch("noop", HostArgs(), cfg=cfg)
         assert ctl.last_cfg() is None
         assert ctl.last_launch()[3] == 0
 
 
-def test_a_reused_config_reuses_its_packed_struct(kit: Kit, ctl: DoubleControl) -> None:
+def test_a_reused_config_reuses_its_packed_struct(kit: RuntimeKit, ctl: DoubleControl) -> None:
     cfg = LaunchConfig(schedule_mode="batch")
     kit.launch("noop", HostArgs(), cfg=cfg)
     first = ctl.last_launch()[3]
@@ -320,7 +262,7 @@ def test_a_reused_config_reuses_its_packed_struct(kit: Kit, ctl: DoubleControl) 
 # --- the double validates like CANN (raw calls through the bound functions) --------------------
 
 
-def _raw_launch(kit: Kit, **overrides: object) -> None:
+def _raw_launch(kit: RuntimeKit, **overrides: object) -> None:
     args = kit.buffer(b"\0" * 16)
     call: dict[str, object] = {
         "func": kit.fn("noop"),
@@ -336,7 +278,7 @@ def _raw_launch(kit: Kit, **overrides: object) -> None:
     kit.rt._fn["aclrtLaunchKernelWithHostArgs"](*call.values())
 
 
-def _table(kit: Kit, *entries: tuple[int, int]) -> int:
+def _table(kit: RuntimeKit, *entries: tuple[int, int]) -> int:
     return ctypes.addressof(kit.buffer(b"".join(struct.pack("<II", *e) for e in entries)))
 
 
@@ -370,7 +312,9 @@ def _cfg(*attrs: tuple[int, str, object]) -> object:
         ("null attrs", "attrs"),
     ],
 )
-def test_the_double_validates_launches_like_cann(kit: Kit, case: object, message: str) -> None:
+def test_the_double_validates_launches_like_cann(
+    kit: RuntimeKit, case: object, message: str
+) -> None:
     if case == "addr":
         case = {"table": _table(kit, (0, 8), (9, 8)), "count": 2}  # 9 + 8 > 16
     elif case == "data":
@@ -388,7 +332,7 @@ def test_the_double_validates_launches_like_cann(kit: Kit, case: object, message
     assert info.value.func == "aclrtLaunchKernelWithHostArgs"
 
 
-def test_a_valid_raw_cfg_is_accepted(kit: Kit, ctl: DoubleControl) -> None:
+def test_a_valid_raw_cfg_is_accepted(kit: RuntimeKit, ctl: DoubleControl) -> None:
     _raw_launch(kit, cfg=_cfg((1, "schemMode", 1), (8, "timeoutUs", (5, 0))))
     assert ctl.last_cfg() == LaunchConfig(schedule_mode="batch", timeout_us=5).pack_attrs()
 
@@ -396,7 +340,7 @@ def test_a_valid_raw_cfg_is_accepted(kit: Kit, ctl: DoubleControl) -> None:
 # --- synchronize timeouts ---------------------------------------------------------------------
 
 
-def test_sync_timeouts_cross_in_milliseconds(kit: Kit, ctl: DoubleControl) -> None:
+def test_sync_timeouts_cross_in_milliseconds(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     stuck = rt.create_stream()
     event = rt.create_event(abi.ACL_EVENT_SYNC)
@@ -432,7 +376,7 @@ def test_sync_timeouts_cross_in_milliseconds(kit: Kit, ctl: DoubleControl) -> No
 @pytest.mark.parametrize(("timeout", "error"), [(0, InvalidParamError), (-2, InvalidParamError),
                                                 (2**31, ValueError), (1.5, TypeError)])  # fmt: skip
 def test_bad_timeouts_never_reach_the_runtime(
-    kit: Kit, ctl: DoubleControl, timeout: object, error: type[Exception]
+    kit: RuntimeKit, ctl: DoubleControl, timeout: object, error: type[Exception]
 ) -> None:
     event = kit.rt.create_event(abi.ACL_EVENT_SYNC)
     mark = ctl.mark()
@@ -443,7 +387,7 @@ def test_bad_timeouts_never_reach_the_runtime(
     assert ctl.calls(mark) == []
 
 
-def test_the_zero_timeout_error_looks_like_the_runtimes(kit: Kit) -> None:
+def test_the_zero_timeout_error_looks_like_the_runtimes(kit: RuntimeKit) -> None:
     with pytest.raises(InvalidParamError) as info:
         kit.rt.synchronize_stream(kit.stream, 0)
     assert (info.value.code, info.value.func) == (107000, "aclrtSynchronizeStreamWithTimeout")
@@ -467,7 +411,7 @@ INJECTED = [
 
 @pytest.mark.parametrize(("func", "code", "error", "call"), INJECTED, ids=[i[0] for i in INJECTED])
 def test_codes_map_to_typed_errors_with_the_runtime_message(
-    kit: Kit, ctl: DoubleControl, func: str, code: int, error: type[Exception], call: object
+    kit: RuntimeKit, ctl: DoubleControl, func: str, code: int, error: type[Exception], call: object
 ) -> None:
     message = f"EE9999: injected failure of {func} (code {code})"
     ctl.inject_error(func, code, message)
@@ -485,7 +429,7 @@ def test_codes_map_to_typed_errors_with_the_runtime_message(
     assert names[failing + 1] == "aclGetRecentErrMsg"  # fetched right after, on the same thread
 
 
-def test_unknown_kernel_names_are_symbol_not_found(kit: Kit) -> None:
+def test_unknown_kernel_names_are_symbol_not_found(kit: RuntimeKit) -> None:
     with pytest.raises(RuntimeAPIError, match="no_such_kernel") as info:
         kit.fn("no_such_kernel")
     assert info.value.code == 107042
@@ -541,7 +485,7 @@ def test_a_thread_bound_to_a_closed_context_is_unbound() -> None:
     assert isinstance(error, ContextNullError)
 
 
-def test_continue_mode_reports_a_fault_once_on_its_stream(kit: Kit) -> None:
+def test_continue_mode_reports_a_fault_once_on_its_stream(kit: RuntimeKit) -> None:
     rt = kit.rt
     lenient = rt.create_stream()
     rt.set_stream_failure_mode(lenient, abi.ACL_CONTINUE_ON_FAILURE)
@@ -566,7 +510,7 @@ def test_double_free_is_invalid_param(rt: AclRuntime) -> None:
         rt.free_host(host)
 
 
-def test_a_device_fault_is_sticky_with_the_fault_text(kit: Kit, ctl: DoubleControl) -> None:
+def test_a_device_fault_is_sticky_with_the_fault_text(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     kit.launch("fault", HostArgs().u32(0))
     with pytest.raises(AICoreExceptionError) as info:
@@ -579,7 +523,7 @@ def test_a_device_fault_is_sticky_with_the_fault_text(kit: Kit, ctl: DoubleContr
     assert again.value.func == "aclrtLaunchKernelWithHostArgs"
 
 
-def test_later_reports_of_a_fault_keep_the_first_text(kit: Kit, ctl: DoubleControl) -> None:
+def test_later_reports_of_a_fault_keep_the_first_text(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     kit.launch("fault", HostArgs().u32(507035))
     with pytest.raises(DeviceFaultError) as first:
@@ -596,7 +540,7 @@ def test_later_reports_of_a_fault_keep_the_first_text(kit: Kit, ctl: DoubleContr
         rt.stream_wait_event(kit.stream, rt.create_event(1))
 
 
-def test_injected_fault_reaches_queries(kit: Kit, ctl: DoubleControl) -> None:
+def test_injected_fault_reaches_queries(kit: RuntimeKit, ctl: DoubleControl) -> None:
     event = kit.rt.create_event(abi.ACL_EVENT_SYNC)
     assert ctl.set_fault(kit.rt.context, 507053, "HBM went away") == 1
     with pytest.raises(DeviceFaultError, match="HBM went away") as info:
@@ -606,7 +550,7 @@ def test_injected_fault_reaches_queries(kit: Kit, ctl: DoubleControl) -> None:
 
 # --- range checks: nothing out of range reaches ctypes ----------------------------------------
 
-BAD_CALLS: dict[str, tuple[Callable[[Kit], object], type[Exception], str]] = {
+BAD_CALLS: dict[str, tuple[Callable[[RuntimeKit], object], type[Exception], str]] = {
     "negative pointer": (lambda k: k.rt.free(-1), ValueError, "ptr"),
     "pointer past 64 bits": (lambda k: k.rt.free(2**64), ValueError, "ptr"),
     "float pointer": (lambda k: k.rt.free(1.0), TypeError, "ptr"),  # type: ignore[arg-type]
@@ -641,24 +585,24 @@ BAD_CALLS: dict[str, tuple[Callable[[Kit], object], type[Exception], str]] = {
     "bool priority": (lambda k: k.rt.create_stream(True), TypeError, "priority"),
     "float priority": (lambda k: k.rt.create_stream(1.0), TypeError,  # type: ignore[arg-type]
                        "priority"),
-    "memset past maxCount": (lambda k: k.rt.memset_async(k.dev, 32, 0, 64, k.stream),
+    "memset past maxCount": (lambda k: k.rt.memset_async(k.scratch, 32, 0, 64, k.stream),
                              InvalidParamError, "maxCount"),
-    "memset value past a byte": (lambda k: k.rt.memset_async(k.dev, 64, 256, 64, k.stream),
+    "memset value past a byte": (lambda k: k.rt.memset_async(k.scratch, 64, 256, 64, k.stream),
                                  InvalidParamError, "value"),
-    "memset negative value": (lambda k: k.rt.memset_async(k.dev, 64, -1, 64, k.stream),
+    "memset negative value": (lambda k: k.rt.memset_async(k.scratch, 64, -1, 64, k.stream),
                               InvalidParamError, "value"),
     "memset NULL": (lambda k: k.rt.memset_async(0, 64, 0, 64, k.stream), InvalidParamError,
                     "devPtr"),
-    "memset max past size_t": (lambda k: k.rt.memset_async(k.dev, 2**64, 0, 64, k.stream),
+    "memset max past size_t": (lambda k: k.rt.memset_async(k.scratch, 2**64, 0, 64, k.stream),
                                ValueError, "dst_max"),
-    "memset count negative": (lambda k: k.rt.memset_async(k.dev, 64, 0, -1, k.stream),
+    "memset count negative": (lambda k: k.rt.memset_async(k.scratch, 64, 0, -1, k.stream),
                               ValueError, "count"),
-    "memset stream past 64 bits": (lambda k: k.rt.memset_async(k.dev, 64, 0, 64, 2**64),
+    "memset stream past 64 bits": (lambda k: k.rt.memset_async(k.scratch, 64, 0, 64, 2**64),
                                    ValueError, "stream"),
 }  # fmt: skip
 
 
-def _launch(kit: Kit, **overrides: object) -> None:
+def _launch(kit: RuntimeKit, **overrides: object) -> None:
     buf = kit.buffer(b"\0" * 8)
     call: dict[str, object] = {
         "func": kit.fn("noop"),
@@ -676,18 +620,18 @@ def _launch(kit: Kit, **overrides: object) -> None:
 
 @pytest.mark.parametrize("case", sorted(BAD_CALLS))
 def test_out_of_range_values_never_reach_the_library(
-    kit: Kit, ctl: DoubleControl, case: str
+    kit: RuntimeKit, ctl: DoubleControl, case: str
 ) -> None:
     call, error, field = BAD_CALLS[case]
     kit.fn("noop")  # resolve before the mark
-    assert kit.dev
+    assert kit.scratch
     mark = ctl.mark()
     with pytest.raises(error, match=field):
         call(kit)
     assert ctl.calls(mark) == [], "a refused value reached the library"
 
 
-def test_blocks_at_the_limits_reach_the_library(kit: Kit, ctl: DoubleControl) -> None:
+def test_blocks_at_the_limits_reach_the_library(kit: RuntimeKit, ctl: DoubleControl) -> None:
     _launch(kit, num_blocks=65535)
     assert ctl.last_launch()[1] == 65535
     mark = ctl.mark()
@@ -701,7 +645,7 @@ def test_blocks_at_the_limits_reach_the_library(kit: Kit, ctl: DoubleControl) ->
 # --- memory copies ----------------------------------------------------------------------------
 
 
-def test_pinned_copies_are_late_and_pageable_copies_block(kit: Kit) -> None:
+def test_pinned_copies_are_late_and_pageable_copies_block(kit: RuntimeKit) -> None:
     rt = kit.rt
     n = 4
     dev = kit.upload(np.full(n, 7.0, F32))
@@ -723,7 +667,7 @@ def test_pinned_copies_are_late_and_pageable_copies_block(kit: Kit) -> None:
     rt.free_host(pinned)
 
 
-def test_a_copy_larger_than_its_destination_is_refused(kit: Kit) -> None:
+def test_a_copy_larger_than_its_destination_is_refused(kit: RuntimeKit) -> None:
     dev = kit.rt.malloc(16)
     src = np.zeros(8, F32)
     with pytest.raises(InvalidParamError, match="destMax"):
@@ -733,7 +677,7 @@ def test_a_copy_larger_than_its_destination_is_refused(kit: Kit) -> None:
 # --- events -----------------------------------------------------------------------------------
 
 
-def test_ex_events_and_their_generations(kit: Kit, ctl: DoubleControl) -> None:
+def test_ex_events_and_their_generations(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     event = rt.create_event(abi.ACL_EVENT_SYNC | abi.ACL_EVENT_TIME_LINE)
     assert rt.query_event_status(event) == COMPLETE  # never recorded
@@ -751,7 +695,7 @@ def test_ex_events_and_their_generations(kit: Kit, ctl: DoubleControl) -> None:
 
 
 def test_status_values_are_compared_by_name(
-    kit: Kit, ctl: DoubleControl, monkeypatch: pytest.MonkeyPatch
+    kit: RuntimeKit, ctl: DoubleControl, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # whatever the runtime writes that is not COMPLETE reads as NOT_READY
     event = kit.rt.create_event(1)
@@ -766,7 +710,7 @@ def test_status_values_are_compared_by_name(
     assert kit.rt.query_event_status(event) == NOT_READY
 
 
-def test_a_blocking_wait_releases_the_gil(kit: Kit) -> None:
+def test_a_blocking_wait_releases_the_gil(kit: RuntimeKit) -> None:
     rt = kit.rt
     stuck = rt.create_stream()
     kit.launch("hang", HostArgs(), stream=stuck)
@@ -845,11 +789,13 @@ def test_builtins_come_from_the_environment(
 # --- lifecycle --------------------------------------------------------------------------------
 
 
-def test_close_releases_everything_and_is_idempotent(ctl: DoubleControl) -> None:
+def test_close_releases_everything_and_is_idempotent(
+    ctl: DoubleControl, make_kit: Callable[..., RuntimeKit]
+) -> None:
     built = build_double()
     before = ctl.live_counts()
     rt = open_acl_runtime(0, library_path=built.library)
-    kit = Kit(rt)
+    kit = make_kit(rt, **KIT_OPTIONS)
     kit.upload(np.ones(4, F32))
     rt.malloc_host(64)
     rt.create_event(1)
@@ -1023,10 +969,10 @@ def test_a_forked_child_refuses_clearly(rt: AclRuntime) -> None:
     rt.destroy_stream(rt.create_stream())
 
 
-# --- v0.2: stream priorities, memset, info --------------------------------------------------
+# --- stream priorities, memset, info ---------------------------------------------------------
 
 
-def test_a_priority_crosses_as_the_stream_attribute(kit: Kit, ctl: DoubleControl) -> None:
+def test_a_priority_crosses_as_the_stream_attribute(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     mark = ctl.mark()
     stream = rt.create_stream(3)
@@ -1049,7 +995,7 @@ def test_a_priority_crosses_as_the_stream_attribute(kit: Kit, ctl: DoubleControl
     assert ctl.stream_priority(stream) == -1
 
 
-def test_no_priority_sets_no_attribute(kit: Kit, ctl: DoubleControl) -> None:
+def test_no_priority_sets_no_attribute(kit: RuntimeKit, ctl: DoubleControl) -> None:
     mark = ctl.mark()
     stream = kit.rt.create_stream()
     assert [c.name for c in ctl.calls(mark)] == ["aclrtCreateStream", "aclrtStreamGetId"]
@@ -1080,7 +1026,7 @@ def test_a_priority_out_of_range_never_creates_a_stream(
     assert ctl.live_counts()["streams"] == before
 
 
-def test_a_failed_priority_destroys_the_new_stream(kit: Kit, ctl: DoubleControl) -> None:
+def test_a_failed_priority_destroys_the_new_stream(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     before = ctl.live_counts()["streams"]
     ctl.inject_error("aclrtSetStreamAttribute", 107000, "EE1001: priority not supported")
@@ -1118,14 +1064,16 @@ def _set_attribute(rt: AclRuntime, stream: int, attr: int, raw: bytes) -> None:
     ],
 )
 def test_the_double_checks_stream_attributes_like_cann(
-    kit: Kit, attr: int, raw: bytes, message: str
+    kit: RuntimeKit, attr: int, raw: bytes, message: str
 ) -> None:
     with pytest.raises(InvalidParamError, match=message) as info:
         _set_attribute(kit.rt, kit.stream, attr, raw)
     assert info.value.code == 107000
 
 
-def test_the_double_accepts_the_other_stream_attributes(kit: Kit, ctl: DoubleControl) -> None:
+def test_the_double_accepts_the_other_stream_attributes(
+    kit: RuntimeKit, ctl: DoubleControl
+) -> None:
     lenient = kit.rt.create_stream()
     for attr in (2, 3, 4):
         _set_attribute(kit.rt, lenient, attr, struct.pack("<I", 1) + bytes(12))
@@ -1137,7 +1085,7 @@ def test_the_double_accepts_the_other_stream_attributes(kit: Kit, ctl: DoubleCon
     assert ctl.context_fault(kit.rt.context) == 507035
 
 
-def test_memset_crosses_with_its_arguments(kit: Kit, ctl: DoubleControl) -> None:
+def test_memset_crosses_with_its_arguments(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     ptr = kit.upload(np.zeros(16, F32))
     mark = ctl.mark()
@@ -1149,7 +1097,7 @@ def test_memset_crosses_with_its_arguments(kit: Kit, ctl: DoubleControl) -> None
     assert raw == bytes(8) + b"\xa5" * 40 + bytes(16)
 
 
-def test_memset_and_copies_run_in_stream_order(kit: Kit) -> None:
+def test_memset_and_copies_run_in_stream_order(kit: RuntimeKit) -> None:
     rt = kit.rt
     ptr = kit.upload(np.ones(4, F32))
     kit.launch("sleep", HostArgs().u32(20_000))
@@ -1159,7 +1107,7 @@ def test_memset_and_copies_run_in_stream_order(kit: Kit) -> None:
     np.testing.assert_array_equal(kit.download(ptr, 4), np.array([2.0, 2.0, 0.0, 0.0], F32))
 
 
-def test_the_double_refuses_a_memset_outside_one_allocation(kit: Kit) -> None:
+def test_the_double_refuses_a_memset_outside_one_allocation(kit: RuntimeKit) -> None:
     rt = kit.rt
     ptr = rt.malloc(64)
     for address, count in ((ptr, 65), (ptr + 32, 64), (ptr + 4096, 8), (2**53, 8)):
@@ -1170,7 +1118,9 @@ def test_the_double_refuses_a_memset_outside_one_allocation(kit: Kit) -> None:
     rt.synchronize_stream(kit.stream, 2000)
 
 
-def test_memory_freed_before_a_memset_runs_faults_the_device(kit: Kit, ctl: DoubleControl) -> None:
+def test_memory_freed_before_a_memset_runs_faults_the_device(
+    kit: RuntimeKit, ctl: DoubleControl
+) -> None:
     rt = kit.rt
     ptr = rt.malloc(64)
     kit.launch("sleep", HostArgs().u32(50_000))
@@ -1182,7 +1132,7 @@ def test_memory_freed_before_a_memset_runs_faults_the_device(kit: Kit, ctl: Doub
     assert ctl.context_fault(rt.context) == 507053
 
 
-def test_a_memset_after_a_fault_gets_the_fault(kit: Kit, ctl: DoubleControl) -> None:
+def test_a_memset_after_a_fault_gets_the_fault(kit: RuntimeKit, ctl: DoubleControl) -> None:
     ptr = kit.rt.malloc(64)
     ctl.set_fault(kit.rt.context, 507015, "EZ9999: the first fault")
     with pytest.raises(AICoreExceptionError, match="the first fault") as info:
@@ -1259,7 +1209,7 @@ def test_the_double_refuses_memory_attributes_it_does_not_model(rt: AclRuntime) 
         rt._fn["aclrtGetMemInfo"](4, ctypes.byref(free), ctypes.byref(total))
 
 
-def test_closed_runtimes_refuse_the_v02_methods(ctl: DoubleControl) -> None:
+def test_closed_runtimes_refuse_priorities_memset_and_info(ctl: DoubleControl) -> None:
     rt = open_acl_runtime(0, library_path=build_double().library)
     stream, ptr = rt.create_stream(), rt.malloc(64)
     rt.close()
@@ -1288,8 +1238,10 @@ def legacy() -> Iterator[AclRuntime]:
         runtime.close()
 
 
-def test_a_library_without_the_optional_functions_still_opens(legacy: AclRuntime) -> None:
-    kit = Kit(legacy)
+def test_a_library_without_the_optional_functions_still_opens(
+    legacy: AclRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    kit = make_kit(legacy, **KIT_OPTIONS)
     x = kit.upload(np.arange(4, dtype=F32))
     np.testing.assert_array_equal(kit.download(x, 4), np.arange(4, dtype=F32))
     legacy.destroy_stream(legacy.create_stream())
@@ -1358,7 +1310,9 @@ def _model_ri(rt: AclRuntime, graph: int) -> int:
     return model
 
 
-def test_capture_begins_relaxed_and_the_model_round_trips(kit: Kit, ctl: DoubleControl) -> None:
+def test_capture_begins_relaxed_and_the_model_round_trips(
+    kit: RuntimeKit, ctl: DoubleControl
+) -> None:
     rt, stream = kit.rt, kit.stream
     n = 8
     x, y = kit.upload(np.arange(n, dtype=F32)), rt.malloc(4 * n)
@@ -1394,7 +1348,7 @@ def test_capture_begins_relaxed_and_the_model_round_trips(kit: Kit, ctl: DoubleC
     rt.destroy_stream(other)
 
 
-def test_a_capturing_stream_refuses_before_the_runtime(kit: Kit, ctl: DoubleControl) -> None:
+def test_a_capturing_stream_refuses_before_the_runtime(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt, stream = kit.rt, kit.stream
     event = rt.create_event(abi.ACL_EVENT_SYNC)
     buf = rt.malloc(16)
@@ -1432,7 +1386,7 @@ def test_a_capturing_stream_refuses_before_the_runtime(kit: Kit, ctl: DoubleCont
 
 
 @pytest.mark.runtime_source
-def test_the_double_refuses_what_a_capture_cannot_hold(kit: Kit, ctl: DoubleControl) -> None:
+def test_the_double_refuses_what_a_capture_cannot_hold(kit: RuntimeKit, ctl: DoubleControl) -> None:
     """The double's own answers on a capturing stream (the calls made straight through the
     bindings), as the runtime's source gives them: a sync or a second begin is refused with
     107027, a pageable copy with 107000, an event record and wait are captured."""
@@ -1469,7 +1423,7 @@ def test_the_double_refuses_what_a_capture_cannot_hold(kit: Kit, ctl: DoubleCont
     rt.destroy_event(event)
 
 
-def test_a_destroyed_graph_is_refused_before_acl(kit: Kit, ctl: DoubleControl) -> None:
+def test_a_destroyed_graph_is_refused_before_acl(kit: RuntimeKit, ctl: DoubleControl) -> None:
     rt = kit.rt
     rt.begin_capture(kit.stream)
     graph = rt.end_capture(kit.stream)
@@ -1482,7 +1436,7 @@ def test_a_destroyed_graph_is_refused_before_acl(kit: Kit, ctl: DoubleControl) -
     assert ctl.calls(mark) == []
 
 
-def test_a_replay_that_faults_fails_the_stream(kit: Kit) -> None:
+def test_a_replay_that_faults_fails_the_stream(kit: RuntimeKit) -> None:
     rt = kit.rt
     rt.begin_capture(kit.stream)
     kit.launch("fault", HostArgs())
@@ -1513,20 +1467,21 @@ def test_captures_and_graphs_left_open_go_with_their_stream_and_close(ctl: Doubl
 
 
 @pytest.mark.parametrize("persona", ["8.3", "8.5"])
-def test_a_captured_launch_with_placeholders_replays_on_each_path(persona: str) -> None:
+def test_a_captured_launch_with_placeholders_replays_on_each_path(
+    persona: str, make_kit: Callable[..., RuntimeKit]
+) -> None:
     """8.3: the args-handle path (aclrtLaunchKernelWithConfig inside the capture); 8.5: host
     args. The placeholder data is read from the capture's copy at every replay."""
     rt = open_acl_runtime(0, library_path=build_double(persona).library)
     try:
-        kit = Kit(rt)
+        kit = make_kit(rt, **KIT_OPTIONS)
         n = 8
         x, y = kit.upload(np.arange(n, dtype=F32)), rt.malloc(4 * n)
         rt.begin_capture(kit.stream)
-        buf, _ = kit.launch(
-            "scale", HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, 3.0))
-        )
+        args = HostArgs().ptr(x).ptr(y).placeholder(struct.pack("<If", n, 3.0))
+        addr = kit.launch("scale", args)
         graph = rt.end_capture(kit.stream)
-        ctypes.memset(buf, 0, len(buf))  # the runtime copied the args during the call
+        ctypes.memset(addr, 0, args.nbytes)  # the runtime copied the args during the call
         for _ in range(2):
             rt.launch_graph(graph, kit.stream)
         np.testing.assert_array_equal(kit.download(y, n), 3.0 * np.arange(n, dtype=F32))

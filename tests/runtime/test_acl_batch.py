@@ -11,11 +11,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from doubles.acl_double import DoubleControl, build_double, double_control, native_extension
@@ -28,6 +28,9 @@ from aio_ascend._runtime.acl.runtime import AclRuntime, open_acl_runtime
 
 WRAP = 0xFFFF - 1  # the largest task id before the flip (the double's model of CANN's)
 LAUNCH = "aclrtLaunchKernelWithHostArgs"
+
+if TYPE_CHECKING:
+    from conftest import RuntimeKit
 
 
 @dataclass
@@ -84,63 +87,70 @@ def rt(native: ModuleType) -> Iterator[AclRuntime]:
         runtime.close()
 
 
-class _Kit:
-    def __init__(self, rt: AclRuntime) -> None:
-        self.rt = rt
-        self.stream = rt.create_stream()
-        self.lane = _Lane(self.stream)
-        binary = rt.load_binary(build_double().builtins)
-        self.noop = rt.get_function(binary, "noop")
-        self.sleep = rt.get_function(binary, "sleep")
-        self.image = rt.malloc_host(64)
-        ctypes.memset(self.image, 0, 64)
-
-    def launches(self, count: int, **overrides: Any) -> list[_Launch]:
-        fields = {"func": self.noop, "lane": self.lane, "host": _Host(self.image), **overrides}
-        return [_Launch(**fields) for _ in range(count)]
-
-    def batch(self, launches: list[Any]) -> tuple[int, aa.AscendError | None]:
-        launch_batch = self.rt.launch_batch
-        assert launch_batch is not None
-        return launch_batch(launches)
+@pytest.fixture
+def kit(rt: AclRuntime, make_kit: Callable[..., RuntimeKit]) -> RuntimeKit:
+    """The kit over the double's built-ins; its stream keeps the runtime's default failure mode."""
+    return make_kit(rt, library=build_double().builtins, stop_on_failure=False)
 
 
 @pytest.fixture
-def kit(rt: AclRuntime) -> _Kit:
-    return _Kit(rt)
+def image(kit: RuntimeKit) -> int:
+    """64 zeroed bytes of pinned memory: the args image of the launches below."""
+    return kit.pinned(bytes(64))
+
+
+@pytest.fixture
+def launches(kit: RuntimeKit, image: int) -> Callable[..., list[_Launch]]:
+    """``launches(count, **overrides)``: launch requests of ``noop`` on the kit's stream (one
+    lane for all of them), over ``image``."""
+    lane = _Lane(kit.stream)
+    noop = kit.fn("noop")  # looked up here, on a bound thread: the tests make runs on others
+
+    def make(count: int, **overrides: Any) -> list[_Launch]:
+        fields = {"func": noop, "lane": lane, "host": _Host(image), **overrides}
+        return [_Launch(**fields) for _ in range(count)]
+
+    return make
+
+
+def _submit(kit: RuntimeKit, run: list[Any]) -> tuple[int, aa.AscendError | None]:
+    """The runtime's native batch submit of ``run``."""
+    launch_batch = kit.rt.launch_batch
+    assert launch_batch is not None
+    return launch_batch(run)
 
 
 def test_a_run_goes_through_the_librarys_functions_with_each_task_id(
-    kit: _Kit, ctl: DoubleControl
+    kit: RuntimeKit, ctl: DoubleControl, launches: Callable[..., list[_Launch]], image: int
 ) -> None:
     ctl.set_next_task_id(kit.stream, WRAP - 1, flip=3)
-    run = kit.launches(3)
+    run = launches(3)
     mark = ctl.mark()
-    assert kit.batch(run) == (3, None)
+    assert _submit(kit, run) == (3, None)
     # each launch is followed by the task id read, on this thread, in one call
     names = [call.name for call in ctl.calls(mark)]
     assert names == [LAUNCH, "aclrtGetThreadLastTaskId"] * 3
     assert [r.position for r in run] == [(3 << 16) | (WRAP - 1), (3 << 16) | WRAP, 4 << 16]
     launch = ctl.calls(mark, LAUNCH)[0]
-    assert launch.args[:3] == (kit.noop, 1, kit.stream) and launch.args[4:6] == (kit.image, 8)
+    assert launch.args[:3] == (kit.fn("noop"), 1, kit.stream) and launch.args[4:6] == (image, 8)
     ctl.set_internal_tasks(1)  # the runtime's own tasks take ids too: each id is read, not counted
-    later = kit.launches(2)
-    kit.batch(later)
+    later = launches(2)
+    _submit(kit, later)
     assert later[1].position - later[0].position == 2
 
 
 def test_a_refusal_stops_the_run_and_is_the_per_launch_methods_error(
-    kit: _Kit, ctl: DoubleControl
+    kit: RuntimeKit, ctl: DoubleControl, launches: Callable[..., list[_Launch]], image: int
 ) -> None:
-    bogus = kit.noop + 0x10_0000  # no function of the double
-    run = kit.launches(2) + kit.launches(1, func=bogus) + kit.launches(2)
+    bogus = kit.fn("noop") + 0x10_0000  # no function of the double
+    run = launches(2) + launches(1, func=bogus) + launches(2)
     mark = ctl.mark()
-    submitted, refusal = kit.batch(run)
+    submitted, refusal = _submit(kit, run)
     assert submitted == 2
     assert len(ctl.calls(mark, LAUNCH)) == 3  # nothing after the refused one
     assert [r.position for r in run[2:]] == [-1, -1, -1]
     with pytest.raises(aa.AscendError) as info:
-        kit.rt.launch_kernel_with_host_args(bogus, 1, kit.stream, None, kit.image, 8, 0, 0)
+        kit.rt.launch_kernel_with_host_args(bogus, 1, kit.stream, None, image, 8, 0, 0)
     assert type(refusal) is type(info.value)
     assert (refusal.code, refusal.func, refusal.message) == (  # type: ignore[union-attr]
         info.value.code,
@@ -166,12 +176,16 @@ def test_a_refusal_stops_the_run_and_is_the_per_launch_methods_error(
     ids=repr,
 )
 def test_what_needs_the_precise_check_is_left_to_the_per_launch_method(
-    kit: _Kit, ctl: DoubleControl, overrides: dict[str, Any]
+    kit: RuntimeKit,
+    ctl: DoubleControl,
+    overrides: dict[str, Any],
+    launches: Callable[..., list[_Launch]],
+    image: int,
 ) -> None:
-    ctypes.memmove(kit.image + 8, (ctypes.c_uint32 * 2)(64, 0), 8)  # the entry: addrOffset 64
-    run = kit.launches(1) + kit.launches(1, **overrides) + kit.launches(1)
+    ctypes.memmove(image + 8, (ctypes.c_uint32 * 2)(64, 0), 8)  # the entry: addrOffset 64
+    run = launches(1) + launches(1, **overrides) + launches(1)
     mark = ctl.mark()
-    assert kit.batch(run) == (1, None)
+    assert _submit(kit, run) == (1, None)
     assert len(ctl.calls(mark, LAUNCH)) == 1
     if "cfg" not in overrides:  # where it gets the precise error before the library
         odd = run[1]
@@ -184,18 +198,20 @@ def test_what_needs_the_precise_check_is_left_to_the_per_launch_method(
         assert len(ctl.calls(mark, LAUNCH)) == 1
 
 
-def test_placeholders_are_checked_and_patched_in_a_run(kit: _Kit, ctl: DoubleControl) -> None:
+def test_placeholders_are_checked_and_patched_in_a_run(
+    kit: RuntimeKit, ctl: DoubleControl, launches: Callable[..., list[_Launch]], image: int
+) -> None:
     # image: one pointer slot at 0 for the data at 8; the table after it
-    ctypes.memmove(kit.image + 16, (ctypes.c_uint32 * 2)(0, 8), 8)
-    run = kit.launches(2, nbytes=16, table_offset=16, placeholder_count=1)
+    ctypes.memmove(image + 16, (ctypes.c_uint32 * 2)(0, 8), 8)
+    run = launches(2, nbytes=16, table_offset=16, placeholder_count=1)
     mark = ctl.mark()
-    assert kit.batch(run) == (2, None)
+    assert _submit(kit, run) == (2, None)
     last = ctl.calls(mark, LAUNCH)[-1]
-    assert last.args[6:8] == (kit.image + 16, 1)
+    assert last.args[6:8] == (image + 16, 1)
 
 
 def test_a_position_that_cannot_be_set_does_not_undo_the_submission(
-    kit: _Kit, ctl: DoubleControl
+    kit: RuntimeKit, ctl: DoubleControl, launches: Callable[..., list[_Launch]]
 ) -> None:
     class Fixed:
         """A launch whose ``position`` is read-only."""
@@ -212,32 +228,36 @@ def test_a_position_that_cannot_be_set_does_not_undo_the_submission(
         def spec(self) -> Fixed:
             return self
 
-    run = [Fixed(launch) for launch in kit.launches(2)]
+    run = [Fixed(launch) for launch in launches(2)]
     mark = ctl.mark()
-    assert kit.batch(run) == (2, None)  # submitted is submitted: no error after the launches
+    assert _submit(kit, run) == (2, None)  # submitted is submitted: no error after the launches
     assert len(ctl.calls(mark, LAUNCH)) == 2
     assert [r.position for r in run] == [-7, -7]
 
 
-def test_a_fault_keeps_its_first_text(kit: _Kit, ctl: DoubleControl) -> None:
+def test_a_fault_keeps_its_first_text(
+    kit: RuntimeKit, ctl: DoubleControl, launches: Callable[..., list[_Launch]]
+) -> None:
     ctl.set_fault(kit.rt.context, 507015, "EZ9999: the first fault")
-    submitted, refusal = kit.batch(kit.launches(2))
+    submitted, refusal = _submit(kit, launches(2))
     assert submitted == 0 and isinstance(refusal, aa.DeviceFaultError)
     assert "the first fault" in str(refusal)
     ctl.inject_error(LAUNCH, 507015, "context is abnormal")
-    _, again = kit.batch(kit.launches(1))
+    _, again = _submit(kit, launches(1))
     assert isinstance(again, aa.DeviceFaultError) and "the first fault" in str(again)
 
 
-def test_the_calling_threads_context_is_the_one_launched_on(kit: _Kit) -> None:
+def test_the_calling_threads_context_is_the_one_launched_on(
+    kit: RuntimeKit, launches: Callable[..., list[_Launch]]
+) -> None:
     results: list[tuple[int, aa.AscendError | None]] = []
 
     def unbound() -> None:
-        results.append(kit.batch(kit.launches(2)))
+        results.append(_submit(kit, launches(2)))
 
     def bound() -> None:
         kit.rt.set_current_context()
-        results.append(kit.batch(kit.launches(2)))
+        results.append(_submit(kit, launches(2)))
 
     for target in (unbound, bound):
         thread = threading.Thread(target=target)
@@ -248,12 +268,14 @@ def test_the_calling_threads_context_is_the_one_launched_on(kit: _Kit) -> None:
     assert done == (2, None)
 
 
-def test_the_gil_is_released_while_a_launch_waits(kit: _Kit, ctl: DoubleControl) -> None:
+def test_the_gil_is_released_while_a_launch_waits(
+    kit: RuntimeKit, ctl: DoubleControl, launches: Callable[..., list[_Launch]]
+) -> None:
     # a queue of one behind a 300 ms kernel: the run's launch waits in the library for it
     ctl.set_max_depth(1)
     image = kit.rt.malloc_host(8)
     ctypes.memmove(image, (ctypes.c_uint32 * 2)(300_000, 0), 8)
-    kit.rt.launch_kernel_with_host_args(kit.sleep, 1, kit.stream, None, image, 8, 0, 0)
+    kit.rt.launch_kernel_with_host_args(kit.fn("sleep"), 1, kit.stream, None, image, 8, 0, 0)
     stamps: list[float] = []
     stop = threading.Event()
 
@@ -266,7 +288,7 @@ def test_the_gil_is_released_while_a_launch_waits(kit: _Kit, ctl: DoubleControl)
     thread.start()
     try:
         start = time.perf_counter()
-        assert kit.batch(kit.launches(1)) == (1, None)
+        assert _submit(kit, launches(1)) == (1, None)
         end = time.perf_counter()
     finally:
         stop.set()
@@ -277,15 +299,17 @@ def test_the_gil_is_released_while_a_launch_waits(kit: _Kit, ctl: DoubleControl)
     assert len(inside) >= 10
 
 
-def test_a_closed_runtime_leaves_the_run_to_the_per_launch_method(kit: _Kit) -> None:
-    run = kit.launches(1)
+def test_a_closed_runtime_leaves_the_run_to_the_per_launch_method(
+    kit: RuntimeKit, launches: Callable[..., list[_Launch]], image: int
+) -> None:
+    run = launches(1)
     launch_batch = kit.rt.launch_batch
     assert launch_batch is not None
     kit.rt.close()
     assert kit.rt.launch_batch is None  # (a submitter's next hop launches one by one)
     assert launch_batch(run) == (0, None)  # one fetched before the close refuses nothing itself
     with pytest.raises(aa.ClosedError):
-        kit.rt.launch_kernel_with_host_args(kit.noop, 1, kit.stream, None, kit.image, 8, 0, 0)
+        kit.rt.launch_kernel_with_host_args(kit.fn("noop"), 1, kit.stream, None, image, 8, 0, 0)
 
 
 def test_the_fallback_is_the_per_launch_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,9 +10,9 @@ import ctypes
 import json
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
@@ -30,9 +30,7 @@ from aio_ascend._errors import (
 from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._launch_config import LaunchConfig
 from aio_ascend._runtime.abi import (
-    ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
-    ACL_STOP_ON_FAILURE,
 )
 from aio_ascend._runtime.acl import devargs
 from aio_ascend._runtime.acl.paths import LaunchPath, choose_path
@@ -43,6 +41,9 @@ F32 = np.float32
 SYNC_MS = 10_000
 #: what the runtime reaches the device through on this path
 QUEUEING = {"aclrtMalloc", "aclrtMallocHost", "aclrtMemcpyAsync", "aclrtLaunchKernel"}
+
+if TYPE_CHECKING:
+    from conftest import RuntimeKit
 
 
 @pytest.fixture
@@ -57,59 +58,6 @@ def rt() -> Iterator[AclRuntime]:
         yield runtime
     finally:
         runtime.close()
-
-
-class Kit:
-    """Pinned buffers, uploads and launches through the seam (as the scheduler makes them)."""
-
-    def __init__(self, rt: AclRuntime) -> None:
-        self.rt = rt
-        self.stream = rt.create_stream()
-        rt.set_stream_failure_mode(self.stream, ACL_STOP_ON_FAILURE)  # the fault's own text
-        self.binary = rt.load_binary(None)
-
-    def fn(self, name: str) -> int:
-        return self.rt.get_function(self.binary, name)
-
-    def pinned(self, data: bytes) -> int:
-        addr = self.rt.malloc_host(max(len(data), 1))
-        host_view(addr, len(data))[:] = data
-        return addr
-
-    def upload(self, array: np.ndarray[Any, Any]) -> int:
-        data = array.tobytes()
-        ptr = self.rt.malloc(len(data))
-        self.rt.memcpy_async(
-            ptr, len(data), self.pinned(data), len(data), ACL_MEMCPY_HOST_TO_DEVICE, self.stream
-        )
-        return ptr
-
-    def download(self, ptr: int, nbytes: int) -> bytes:
-        dst = self.rt.malloc_host(nbytes)
-        self.rt.memcpy_async(dst, nbytes, ptr, nbytes, ACL_MEMCPY_DEVICE_TO_HOST, self.stream)
-        self.rt.synchronize_stream(self.stream, SYNC_MS)
-        return bytes(host_view(dst, nbytes))
-
-    def floats(self, ptr: int, count: int) -> np.ndarray[Any, Any]:
-        return np.frombuffer(self.download(ptr, 4 * count), dtype=F32).copy()
-
-    def launch(
-        self, name: str, args: HostArgs, stream: int | None = None, cfg: Any = None
-    ) -> tuple[int, int]:
-        """Launch ``name``; returns the image's pinned address and size."""
-        image, table = args.to_bytes(), args.placeholder_table()
-        addr = self.pinned(image)
-        self.rt.launch_kernel_with_host_args(
-            self.fn(name),
-            1,
-            self.stream if stream is None else stream,
-            cfg,
-            addr,
-            len(image),
-            self.pinned(table) if table else 0,
-            len(args.placeholders),
-        )
-        return addr, len(image)
 
 
 def _scale(x: int, y: int, n: int, factor: float, align: int = 8) -> HostArgs:
@@ -133,17 +81,18 @@ def test_the_path_is_chosen_by_symbols_after_the_other_two() -> None:
 
 
 def test_a_launch_stages_copies_and_launches_in_stream_order(
-    rt: AclRuntime, ctl: DoubleControl
+    rt: AclRuntime, ctl: DoubleControl, make_kit: Callable[..., RuntimeKit]
 ) -> None:
     assert rt.launch_path == "device_args"
     assert rt.info()["launch_path"] == "device_args"
-    kit = Kit(rt)
+    kit = make_kit(rt)
     n = 8
     x = kit.upload(np.arange(n, dtype=F32))
     y = kit.upload(np.zeros(n, dtype=F32))
     args = _scale(x, y, n, 3.0, align=64)
     mark = ctl.mark()
-    addr, size = kit.launch("scale", args)
+    addr = kit.launch("scale", args)
+    size = args.nbytes
     calls = [c for c in ctl.calls(mark) if c.name in ("aclrtMemcpyAsync", "aclrtLaunchKernel")]
     assert [c.name for c in calls] == ["aclrtMemcpyAsync", "aclrtLaunchKernel"]
     copy, launch = calls
@@ -155,18 +104,20 @@ def test_a_launch_stages_copies_and_launches_in_stream_order(
     assert (launch.args[1], launch.args[3]) == (1, size)
     assert region % 64 == 0  # the 64-aligned data block keeps its alignment on the device
     assert ctl.last_launch_path() == "device_args"
-    np.testing.assert_array_equal(kit.floats(y, n), 3.0 * np.arange(n, dtype=F32))
+    np.testing.assert_array_equal(kit.download(y, n), 3.0 * np.arange(n, dtype=F32))
     # the caller's buffer is read during the call, never patched
     assert bytes(host_view(addr, size)) == args.to_bytes()
     # the device image: the slot holds region + dataOffset, the rest is the caller's image
     ((slot, data),) = args.placeholders
-    image = kit.download(region, size)
+    image = kit.read(region, size)
     assert struct.unpack_from("<Q", image, slot)[0] == region + data
     assert image[data:] == args.to_bytes()[data:]
 
 
-def test_launches_without_placeholders_and_with_several(rt: AclRuntime) -> None:
-    kit = Kit(rt)
+def test_launches_without_placeholders_and_with_several(
+    rt: AclRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    kit = make_kit(rt)
     n = 5
     x = kit.upload(np.ones(n, dtype=F32))
     y = kit.upload(np.full(n, 2.0, dtype=F32))
@@ -177,8 +128,8 @@ def test_launches_without_placeholders_and_with_several(rt: AclRuntime) -> None:
     a, b, c = kit.upload(a_host), kit.upload(b_host), rt.malloc(m * p * 4)
     kit.launch("matmul", HostArgs().ptr(a).ptr(b).ptr(c).placeholder(struct.pack("<III", m, p, k)))
     kit.launch("noop", HostArgs())
-    np.testing.assert_array_equal(kit.floats(y, n), np.full(n, 5.0, F32))
-    np.testing.assert_allclose(kit.floats(c, m * p).reshape(m, p), a_host @ b_host)
+    np.testing.assert_array_equal(kit.download(y, n), np.full(n, 5.0, F32))
+    np.testing.assert_allclose(kit.download(c, m * p).reshape(m, p), a_host @ b_host)
 
 
 # --- the ring: reuse only after completion --------------------------------------------------------
@@ -191,9 +142,11 @@ def _small_ring(rt: AclRuntime, capacity: int = 4096) -> devargs.DeviceArgsPath:
     return path
 
 
-def test_the_ring_wraps_only_after_the_fenced_work_completed(rt: AclRuntime) -> None:
+def test_the_ring_wraps_only_after_the_fenced_work_completed(
+    rt: AclRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     path = _small_ring(rt)
-    kit = Kit(rt)
+    kit = make_kit(rt)
     n = 4
     count = 200  # 200 images of >= 64 bytes through a 4 KiB ring: it wraps several times
     x = kit.upload(np.ones(n, dtype=F32))
@@ -208,7 +161,7 @@ def test_the_ring_wraps_only_after_the_fenced_work_completed(rt: AclRuntime) -> 
             kit.launch("sleep", HostArgs().u32(2_000))
     rt.synchronize_stream(kit.stream, SYNC_MS)
     for index, out in enumerate(outputs):
-        np.testing.assert_array_equal(kit.floats(out, n), np.full(n, float(index), F32))
+        np.testing.assert_array_equal(kit.download(out, n), np.full(n, float(index), F32))
     stats = path.stats(kit.stream)
     assert stats["capacity"] == 4096
     assert stats["waits"] > 0  # the ring was full while the sleep held the stream
@@ -216,9 +169,11 @@ def test_the_ring_wraps_only_after_the_fenced_work_completed(rt: AclRuntime) -> 
     assert stats["grows"] == 0
 
 
-def test_the_ring_grows_for_an_image_larger_than_itself(rt: AclRuntime) -> None:
+def test_the_ring_grows_for_an_image_larger_than_itself(
+    rt: AclRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     path = _small_ring(rt)
-    kit = Kit(rt)
+    kit = make_kit(rt)
     n = 4
     x = kit.upload(np.ones(n, dtype=F32))
     small, big = rt.malloc(4 * n), rt.malloc(4 * n)
@@ -230,13 +185,13 @@ def test_the_ring_grows_for_an_image_larger_than_itself(rt: AclRuntime) -> None:
     rt.synchronize_stream(kit.stream, SYNC_MS)
     assert path.stats(kit.stream)["grows"] == 1
     assert path.stats(kit.stream)["capacity"] >= 16 * 1024
-    np.testing.assert_array_equal(kit.floats(big, n), np.full(n, 7.0, F32))
-    np.testing.assert_array_equal(kit.floats(small, n), np.full(n, 3.0, F32))
+    np.testing.assert_array_equal(kit.download(big, n), np.full(n, 7.0, F32))
+    np.testing.assert_array_equal(kit.download(small, n), np.full(n, 3.0, F32))
 
 
-def test_each_stream_has_its_own_ring(rt: AclRuntime) -> None:
+def test_each_stream_has_its_own_ring(rt: AclRuntime, make_kit: Callable[..., RuntimeKit]) -> None:
     path = _small_ring(rt)
-    kit = Kit(rt)
+    kit = make_kit(rt)
     other = rt.create_stream()
     n = 4
     x = kit.upload(np.ones(n, dtype=F32))
@@ -247,7 +202,7 @@ def test_each_stream_has_its_own_ring(rt: AclRuntime) -> None:
         kit.launch("scale", _scale(x, y, n, float(index)), stream=(kit.stream, other)[index % 2])
     rt.synchronize_stream(other, SYNC_MS)
     for index, y in enumerate(ys):
-        np.testing.assert_array_equal(kit.floats(y, n), np.full(n, float(index), F32))
+        np.testing.assert_array_equal(kit.download(y, n), np.full(n, float(index), F32))
     assert path.stats(kit.stream)["allocations"] == 30
     assert path.stats(other)["allocations"] == 31  # and the sleep
 
@@ -255,11 +210,13 @@ def test_each_stream_has_its_own_ring(rt: AclRuntime) -> None:
 # --- lifetime: destroy, close ---------------------------------------------------------------------
 
 
-def test_close_frees_the_rings_and_their_fences(ctl: DoubleControl) -> None:
+def test_close_frees_the_rings_and_their_fences(
+    ctl: DoubleControl, make_kit: Callable[..., RuntimeKit]
+) -> None:
     before = ctl.live_counts()
     runtime = open_double_runtime(persona="8.0")
     _small_ring(runtime)
-    kit = Kit(runtime)
+    kit = make_kit(runtime)
     forced = runtime.create_stream()
     n = 4
     x = kit.upload(np.ones(n, dtype=F32))
@@ -278,9 +235,9 @@ def test_close_frees_the_rings_and_their_fences(ctl: DoubleControl) -> None:
 
 
 def test_destroying_a_drained_stream_frees_its_ring_at_once(
-    rt: AclRuntime, ctl: DoubleControl
+    rt: AclRuntime, ctl: DoubleControl, make_kit: Callable[..., RuntimeKit]
 ) -> None:
-    kit = Kit(rt)
+    kit = make_kit(rt)
     stream = rt.create_stream()
     n = 4
     x = kit.upload(np.ones(n, dtype=F32))
@@ -293,14 +250,16 @@ def test_destroying_a_drained_stream_frees_its_ring_at_once(
     rt.destroy_stream(stream)  # waits for its work, then the ring goes
     assert ctl.live_counts()["device_allocs"] == before["device_allocs"]
     assert rt._devargs is not None and rt._devargs.stats(stream)["allocations"] == 0
-    np.testing.assert_array_equal(kit.floats(y, n), np.full(n, 2.0, F32))
+    np.testing.assert_array_equal(kit.download(y, n), np.full(n, 2.0, F32))
 
 
 # --- refusals before the runtime ------------------------------------------------------------------
 
 
-def test_bad_input_is_refused_before_anything_is_queued(rt: AclRuntime, ctl: DoubleControl) -> None:
-    kit = Kit(rt)
+def test_bad_input_is_refused_before_anything_is_queued(
+    rt: AclRuntime, ctl: DoubleControl, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    kit = make_kit(rt)
     n = 4
     x = kit.upload(np.ones(n, dtype=F32))
     y = kit.upload(np.zeros(n, dtype=F32))
@@ -336,7 +295,7 @@ def test_bad_input_is_refused_before_anything_is_queued(rt: AclRuntime, ctl: Dou
     assert not [c.name for c in ctl.calls(mark) if c.name in QUEUEING]
     assert bytes(host_view(addr, len(image))) == image
     rt.launch_kernel_with_host_args(**good)
-    np.testing.assert_array_equal(kit.floats(y, n), np.full(n, 2.0, F32))
+    np.testing.assert_array_equal(kit.download(y, n), np.full(n, 2.0, F32))
 
 
 @pytest.mark.anyio
@@ -446,12 +405,14 @@ def test_the_descriptor_is_destroyed_where_the_release_exports_it() -> None:
 # --- the double is as strict as the device --------------------------------------------------------
 
 
-def _raw_launch(rt: AclRuntime, kit: Kit, name: str, args_ptr: int, size: int) -> None:
+def _raw_launch(rt: AclRuntime, kit: RuntimeKit, name: str, args_ptr: int, size: int) -> None:
     rt._fn["aclrtLaunchKernel"](kit.fn(name), 1, args_ptr, size, kit.stream)
 
 
-def test_the_double_faults_args_outside_device_memory(rt: AclRuntime) -> None:
-    kit = Kit(rt)
+def test_the_double_faults_args_outside_device_memory(
+    rt: AclRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    kit = make_kit(rt)
     n = 4
     x = kit.upload(np.ones(n, dtype=F32))
     y = kit.upload(np.zeros(n, dtype=F32))
@@ -461,10 +422,12 @@ def test_the_double_faults_args_outside_device_memory(rt: AclRuntime) -> None:
         rt.synchronize_stream(kit.stream, SYNC_MS)
 
 
-def test_the_double_faults_args_freed_before_the_kernel_runs(ctl: DoubleControl) -> None:
+def test_the_double_faults_args_freed_before_the_kernel_runs(
+    ctl: DoubleControl, make_kit: Callable[..., RuntimeKit]
+) -> None:
     runtime = open_double_runtime(persona="8.0")
     try:
-        kit = Kit(runtime)
+        kit = make_kit(runtime)
         n = 4
         x = kit.upload(np.ones(n, dtype=F32))
         image = HostArgs().ptr(x).ptr(x).f32(1.0).u32(n).to_bytes()
@@ -479,10 +442,12 @@ def test_the_double_faults_args_freed_before_the_kernel_runs(ctl: DoubleControl)
         runtime.close()
 
 
-def test_the_double_faults_args_overwritten_while_the_kernel_runs(ctl: DoubleControl) -> None:
+def test_the_double_faults_args_overwritten_while_the_kernel_runs(
+    ctl: DoubleControl, make_kit: Callable[..., RuntimeKit]
+) -> None:
     runtime = open_double_runtime(persona="8.0")
     try:
-        kit = Kit(runtime)
+        kit = make_kit(runtime)
         image = HostArgs().u32(30_000).to_bytes()  # sleep 30 ms
         args = kit.upload(np.frombuffer(image, dtype=np.uint8))
         runtime.synchronize_stream(kit.stream, SYNC_MS)

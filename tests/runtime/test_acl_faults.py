@@ -114,7 +114,7 @@ def test_the_report_names_the_flip_id_of_the_failed_task(runtime: AclRuntime) ->
     assert runtime.fault_site() == (stream, 1 << 16)
 
 
-@pytest.mark.parametrize("backend", ["acl", "acl-8.3"])
+@pytest.mark.backends("acl", "acl-8.3")
 async def test_only_the_exact_task_is_blamed_across_the_wrap(backend: str) -> None:
     async with open_backend(backend, batch_cap=64) as dev:
         s = dev.stream()

@@ -120,7 +120,7 @@ def test_the_double_refuses_the_magic_for_a_file_like_cann(tmp_path: Path) -> No
     ("kernel_type", "lazy", "error"),
     [("warp", None, ValueError), (3, None, TypeError), (None, "yes", TypeError)],
 )
-@pytest.mark.parametrize("backend", ["sim", "acl", "cuda-fake"])
+@pytest.mark.backends("sim", "acl", "cuda-fake")
 async def test_bad_load_options_are_refused_on_every_backend(
     backend: str, kernel_type: Any, lazy: Any, error: type[Exception]
 ) -> None:
@@ -132,7 +132,7 @@ async def test_bad_load_options_are_refused_on_every_backend(
             dev.load_module(source, kernel_type=kernel_type, lazy=lazy)
 
 
-@pytest.mark.parametrize("backend", ["sim", "cuda-fake"])
+@pytest.mark.backends("sim", "cuda-fake")
 async def test_the_other_backends_accept_and_ignore_load_options(backend: str) -> None:
     async with open_backend(backend) as dev:
         source = aa.sim.KernelLibrary() if backend == "sim" else None
@@ -143,7 +143,7 @@ async def test_the_other_backends_accept_and_ignore_load_options(backend: str) -
 # --- hidden MIX arguments -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("backend", ["acl", "acl-8.5", "acl-8.3"])
+@pytest.mark.backends("acl", "acl-8.5", "acl-8.3")
 async def test_mix_kernels_get_their_hidden_arguments_on_every_path(backend: str) -> None:
     ctl = double_control(_persona(backend))
     async with open_backend(backend) as dev:
@@ -163,7 +163,7 @@ async def test_mix_kernels_get_their_hidden_arguments_on_every_path(backend: str
 
 
 @pytest.mark.runtime_source
-@pytest.mark.parametrize("backend", ["acl", "acl-8.5", "acl-8.3"])
+@pytest.mark.backends("acl", "acl-8.5", "acl-8.3")
 async def test_a_cross_core_sync_kernel_gets_its_sync_slot_whatever_the_load_magic(
     backend: str,
 ) -> None:
@@ -263,7 +263,7 @@ class OtherLibrary:
         self.lib.aclrtResetDevice(0)
 
 
-@pytest.mark.parametrize("backend", ["acl", "acl-8.3"])
+@pytest.mark.backends("acl", "acl-8.3")
 async def test_another_librarys_context_survives_every_short_call(backend: str) -> None:
     ctl = double_control(_persona(backend))
     other = OtherLibrary(_persona(backend))
@@ -307,7 +307,8 @@ async def test_without_the_restore_the_other_library_would_fail() -> None:
     other = OtherLibrary("9.1")
     try:
         async with open_backend("acl") as dev:
-            dev.runtime.set_current_context()  # leave ours current, as v0.2 did
+            # leave ours current, as the library did before the restore
+            dev.runtime.set_current_context()
             assert other.works() == 107003
             dev.runtime.set_current_context(other.context.value)
             assert other.works() == 0
@@ -335,7 +336,7 @@ async def test_another_sim_runtimes_context_survives_on_the_sim() -> None:
 
 
 @pytest.mark.runtime_source
-@pytest.mark.parametrize("backend", ["acl", "acl-8.3"])
+@pytest.mark.backends("acl", "acl-8.3")
 async def test_the_faulting_task_gets_the_primary_error(backend: str) -> None:
     # One batch: a sleep, three noops, the fault, two noops. The batch's completion event fails;
     # only the exception report can tell that the tasks before the fault finished and which task

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -29,15 +30,16 @@ import aio_ascend as aa
 from aio_ascend._errors import BackendUnavailableError, InvalidParamError
 from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._runtime import choose_backend, open_runtime
-from aio_ascend._runtime.abi import ACL_MEMCPY_DEVICE_TO_HOST, ACL_MEMCPY_HOST_TO_DEVICE
 from aio_ascend._runtime.acl import library as acl_library
 from aio_ascend._runtime.acl import runtime as acl_runtime
 from aio_ascend._runtime.acl.runtime import AclRuntime, open_acl_runtime
-from aio_ascend._runtime.hostmem import host_view
 
 F32 = np.float32
 SYNC_MS = 10_000
 ALL_SYMBOLS = frozenset().union(*PERSONA_SYMBOLS.values())
+
+if TYPE_CHECKING:
+    from conftest import RuntimeKit
 
 
 @pytest.fixture
@@ -208,48 +210,11 @@ def rt83() -> Iterator[AclRuntime]:
         runtime.close()
 
 
-class Kit:
-    def __init__(self, rt: AclRuntime) -> None:
-        self.rt = rt
-        self.stream = rt.create_stream()
-        self.binary = rt.load_binary(None)
-
-    def pinned(self, data: bytes) -> int:
-        addr = self.rt.malloc_host(max(len(data), 1))
-        host_view(addr, len(data))[:] = data
-        return addr
-
-    def upload(self, array: np.ndarray) -> int:
-        data = array.tobytes()
-        ptr = self.rt.malloc(len(data))
-        self.rt.memcpy_async(
-            ptr, len(data), self.pinned(data), len(data), ACL_MEMCPY_HOST_TO_DEVICE, self.stream
-        )
-        return ptr
-
-    def download(self, ptr: int, count: int) -> np.ndarray:
-        dst = self.rt.malloc_host(4 * count)
-        self.rt.memcpy_async(dst, 4 * count, ptr, 4 * count, ACL_MEMCPY_DEVICE_TO_HOST, self.stream)
-        self.rt.synchronize_stream(self.stream, SYNC_MS)
-        return np.frombuffer(bytes(host_view(dst, 4 * count)), dtype=F32).copy()
-
-    def launch(self, name: str, args: HostArgs) -> None:
-        image, table = args.to_bytes(), args.placeholder_table()
-        self.rt.launch_kernel_with_host_args(
-            self.rt.get_function(self.binary, name),
-            1,
-            self.stream,
-            None,
-            self.pinned(image),
-            len(image),
-            self.pinned(table) if table else 0,
-            len(args.placeholders),
-        )
-
-
-def test_the_args_handle_path_replays_the_image_in_runs(rt83: AclRuntime) -> None:
+def test_the_args_handle_path_replays_the_image_in_runs(
+    rt83: AclRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     ctl = double_control("8.3")
-    kit = Kit(rt83)
+    kit = make_kit(rt83, stop_on_failure=False)
     n = 8
     x = kit.upload(np.arange(n, dtype=F32))
     y = kit.upload(np.zeros(n, dtype=F32))
@@ -283,11 +248,13 @@ def test_the_args_handle_path_replays_the_image_in_runs(rt83: AclRuntime) -> Non
     assert struct.unpack_from("<If", built, 32) == (n, 3.0)
 
 
-def test_natural_scalars_keep_their_offsets_on_the_args_handle_path(rt83: AclRuntime) -> None:
+def test_natural_scalars_keep_their_offsets_on_the_args_handle_path(
+    rt83: AclRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     # axpy: ptr x, ptr y, f32 a at 16, u32 n at 20 (natural): one run, not one Append each,
     # which would put n at 24 (cann-support.md §3.2)
     ctl = double_control("8.3")
-    kit = Kit(rt83)
+    kit = make_kit(rt83, stop_on_failure=False)
     n = 4
     x = kit.upload(np.ones(n, dtype=F32))
     y = kit.upload(np.ones(n, dtype=F32))
@@ -299,8 +266,10 @@ def test_natural_scalars_keep_their_offsets_on_the_args_handle_path(rt83: AclRun
     assert struct.unpack_from("<fI", ctl.last_args(patched=False), 16) == (2.0, n)
 
 
-def test_a_slot_inside_the_data_area_is_refused_on_the_args_handle_path(rt83: AclRuntime) -> None:
-    kit = Kit(rt83)
+def test_a_slot_inside_the_data_area_is_refused_on_the_args_handle_path(
+    rt83: AclRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    kit = make_kit(rt83, stop_on_failure=False)
     image = bytes(32)
     table = struct.pack("<II", 16, 8)  # data at 8, slot at 16: the slot is in the data area
     with pytest.raises(InvalidParamError, match="data area"):

@@ -10,7 +10,7 @@ Three layers:
   scheduler smoke test. ``benchmarks/gpu_check.py`` runs them on a GPU machine.
 
 The runtime contract suite runs on both through the backend registry (``tests/backends.py``),
-in ``test_runtime_contract``.
+in the ``test_contract_*`` modules.
 """
 
 from __future__ import annotations
@@ -24,14 +24,13 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-import test_runtime_contract as contract
-from backends import REAL_DEVICE, RUNTIME_FACTORIES, backend_params, gpu_skip_reason
+from backends import RUNTIME_FACTORIES
 from doubles.cuda_fake import (
     MODE_GLOBAL,
     MODE_RELAXED,
@@ -41,6 +40,7 @@ from doubles.cuda_fake import (
     fake_compile,
     parse_kernel_signatures,
 )
+from helpers import SYNC_MS, axpy_args, scale_args
 
 import aio_ascend as aa
 from aio_ascend._errors import (
@@ -99,6 +99,12 @@ F32 = np.float32
 _HAVE_BINDINGS = importlib.util.find_spec("cuda") is not None and (
     importlib.util.find_spec("cuda.bindings") is not None
 )
+
+if TYPE_CHECKING:
+    from conftest import RuntimeKit
+
+#: the contract fixtures of tests/runtime/conftest.py (``rt``, ``kit``) on these backends
+BACKENDS = ("cuda-fake", "cuda")
 
 
 # =============================================================================================
@@ -514,30 +520,8 @@ def test_open_validates_its_options() -> None:
 
 
 # =============================================================================================
-# fixtures: the contract suite on the fake driver and on a real GPU
+# the runtime's kit and fixtures (tests/runtime/conftest.py), on the fake driver and on a GPU
 # =============================================================================================
-
-
-@pytest.fixture(params=backend_params(["cuda-fake", "cuda"]))
-def backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    if name in REAL_DEVICE and (reason := gpu_skip_reason()):
-        pytest.skip(reason)
-    return name
-
-
-@pytest.fixture
-def rt(backend: str) -> Iterator[Runtime]:
-    runtime = RUNTIME_FACTORIES[backend]()
-    try:
-        yield runtime
-    finally:
-        runtime.close()
-
-
-@pytest.fixture
-def dev(rt: Runtime) -> contract.Dev:
-    return contract.Dev(rt)
 
 
 def _fake(rt: Runtime) -> FakeDriver:
@@ -554,17 +538,17 @@ def _fake(rt: Runtime) -> FakeDriver:
 
 
 @pytest.mark.parametrize("code", [0, 507035])
-def test_device_fault_is_sticky_on_cuda(dev: contract.Dev, code: int) -> None:
+def test_device_fault_is_sticky_on_cuda(kit: RuntimeKit, code: int) -> None:
     """The contract's sticky-fault test, except that ``malloc`` raises the fault too."""
-    rt = dev.rt
-    other = dev.new_stream()
+    rt = kit.rt
+    other = kit.new_stream()
     event = rt.create_event(ACL_EVENT_SYNC)
     expected = code or 507015
     n = 4
-    x, y = dev.upload(np.ones(n, F32)), dev.upload(np.ones(n, F32))
-    dev.launch("fault", HostArgs().u32(code))
+    x, y = kit.upload(np.ones(n, F32)), kit.upload(np.ones(n, F32))
+    kit.launch("fault", HostArgs().u32(code))
     with pytest.raises(DeviceFaultError) as info:
-        rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+        rt.synchronize_stream(kit.stream, SYNC_MS)
     assert info.value.code == expected
     assert "CUDA_ERROR_" in info.value.message
     assert f"ACL error {expected}" in info.value.message
@@ -577,7 +561,7 @@ def test_device_fault_is_sticky_on_cuda(dev: contract.Dev, code: int) -> None:
         lambda: rt.synchronize_stream(other, 1000),
         lambda: rt.record_event(event, other),
         lambda: rt.stream_wait_event(other, event),
-        lambda: dev.launch("axpy", contract.axpy_args(x, y, 1.0, n), other),
+        lambda: kit.launch("axpy", axpy_args(x, y, 1.0, n), other),
         lambda: rt.memcpy_async(y, 16, x, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, other),
         lambda: rt.memset_async(y, 16, 0, 16, other),
         lambda: rt.malloc(64),
@@ -593,55 +577,57 @@ def test_device_fault_is_sticky_on_cuda(dev: contract.Dev, code: int) -> None:
     rt.destroy_stream(other)
 
 
-def test_launch_passes_the_args_through_the_parameter_buffer(dev: contract.Dev) -> None:
-    fake = _fake(dev.rt)
+def test_launch_passes_the_args_through_the_parameter_buffer(kit: RuntimeKit) -> None:
+    fake = _fake(kit.rt)
     n = 16
-    x, y, z = (dev.rt.malloc(4 * n) for _ in range(3))
+    x, y, z = (kit.rt.malloc(4 * n) for _ in range(3))
     args = HostArgs().ptr(x).ptr(y).ptr(z).u32(n)
-    dev.launch("vector_add", args, blocks=7, cfg=LaunchConfig(block_dim=64))
+    kit.launch("vector_add", args, blocks=7, cfg=LaunchConfig(block_dim=64))
     launch = fake.launches[-1]
     assert launch["name"] == "vector_add"
     assert (launch["grid"], launch["block"]) == (7, 64)
     assert launch["params"] == args.to_bytes()[:28]  # exact size: no tail padding
     assert launch["extra"][0::2] == [1, 2, 0]
-    dev.launch("noop", HostArgs())
+    kit.launch("noop", HostArgs())
     assert fake.launches[-1]["extra"] == []  # no parameters: extra is NULL
     assert fake.launches[-1]["block"] == cuda_mod.DEFAULT_BLOCK_DIM
 
 
-def test_launch_refuses_args_smaller_than_the_kernels_parameters(dev: contract.Dev) -> None:
+def test_launch_refuses_args_smaller_than_the_kernels_parameters(kit: RuntimeKit) -> None:
     with pytest.raises(InvalidParamError, match="argsSize=8 is smaller than the 28 bytes"):
-        dev.launch("vector_add", HostArgs().u32(1))
+        kit.launch("vector_add", HostArgs().u32(1))
 
 
-def test_placeholder_data_is_staged_on_the_device(dev: contract.Dev) -> None:
-    rt = dev.rt
+def test_placeholder_data_is_staged_on_the_device(kit: RuntimeKit) -> None:
+    rt = kit.rt
     fake = _fake(rt)
     n = 8
-    x, y = dev.upload(np.arange(n, dtype=F32)), dev.upload(np.zeros(n, F32))
-    args = contract.scale_args(x, y, n, 2.5)
-    addr = dev.launch("scale", args)
+    x, y = kit.upload(np.arange(n, dtype=F32)), kit.upload(np.zeros(n, F32))
+    args = scale_args(x, y, n, 2.5)
+    addr = kit.launch("scale", args)
     slot = struct.unpack_from("<Q", bytes(host_view(addr, args.nbytes)), 16)[0]
     assert fake.in_device(slot, 8), "the slot points at device memory (the staging ring)"
     assert fake.launches[-1]["params"][16:24] == struct.pack("<Q", slot)
     assert slot % MIN_STAGING_ALIGN == 32 % MIN_STAGING_ALIGN
-    np.testing.assert_array_equal(dev.download(y, n), np.arange(n, dtype=F32) * F32(2.5))
+    np.testing.assert_array_equal(kit.download(y, n), np.arange(n, dtype=F32) * F32(2.5))
     assert isinstance(rt, CudaRuntime)
-    assert rt.staging_stats(dev.stream)["allocations"] == 1
+    assert rt.staging_stats(kit.stream)["allocations"] == 1
 
 
-def test_staging_memory_is_reused_after_completion(backend: str) -> None:
+def test_staging_memory_is_reused_after_completion(
+    backend: str, make_kit: Callable[..., RuntimeKit]
+) -> None:
     runtime = RUNTIME_FACTORIES[backend]()
     try:
         assert isinstance(runtime, CudaRuntime)
-        d = contract.Dev(runtime)
+        d = make_kit(runtime)
         n = 64
         x_host = np.arange(n, dtype=F32)
         x, y = d.upload(x_host), d.upload(np.zeros(n, F32))
         factors = [float(F32(1 + i / 7)) for i in range(2000)]
         slots = set()
         for i, factor in enumerate(factors):
-            addr = d.launch("scale", contract.scale_args(x, y, n, factor))
+            addr = d.launch("scale", scale_args(x, y, n, factor))
             slots.add(struct.unpack_from("<Q", bytes(host_view(addr, 24)), 16)[0])
             if i % 500 == 499:
                 np.testing.assert_array_equal(d.download(y, n), x_host * F32(factor))
@@ -654,17 +640,19 @@ def test_staging_memory_is_reused_after_completion(backend: str) -> None:
         runtime.close()
 
 
-def test_staging_ring_waits_when_full_of_unfinished_work() -> None:
+def test_staging_ring_waits_when_full_of_unfinished_work(
+    make_kit: Callable[..., RuntimeKit],
+) -> None:
     fake = FakeDriver()
     runtime = open_cuda_runtime(0, driver=fake, compiler=fake_compile, staging_bytes=4096)
     try:
-        d = contract.Dev(runtime)
+        d = make_kit(runtime)
         n = 4
         x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
         d.sleep_us(100_000)
         t0 = time.monotonic()
         for _ in range(200):  # 64 B each: the 4 KiB ring is full after 64 launches
-            d.launch("scale", contract.scale_args(x, y, n, 3.0))
+            d.launch("scale", scale_args(x, y, n, 3.0))
         assert time.monotonic() - t0 >= 0.09, "a full ring must wait for the queued work"
         assert runtime.staging_stats(d.stream)["waits"] >= 1
         np.testing.assert_array_equal(d.download(y, n), np.full(n, 3.0, F32))
@@ -672,10 +660,10 @@ def test_staging_ring_waits_when_full_of_unfinished_work() -> None:
         runtime.close()
 
 
-def test_large_placeholder_data_grows_the_ring() -> None:
+def test_large_placeholder_data_grows_the_ring(make_kit: Callable[..., RuntimeKit]) -> None:
     runtime = open_cuda_runtime(0, driver=FakeDriver(), compiler=fake_compile, staging_bytes=4096)
     try:
-        d = contract.Dev(runtime)
+        d = make_kit(runtime)
         n = 4
         x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
         tiling = struct.pack("<If", n, 4.0) + bytes(10_000)
@@ -697,15 +685,15 @@ def test_a_closed_runtime_refuses_calls(backend: str) -> None:
     runtime.close()
 
 
-def test_close_releases_everything_and_hung_kernels() -> None:
+def test_close_releases_everything_and_hung_kernels(make_kit: Callable[..., RuntimeKit]) -> None:
     fake = FakeDriver()
     runtime = open_cuda_runtime(0, driver=fake, compiler=fake_compile)
-    d = contract.Dev(runtime)
+    d = make_kit(runtime)
     d.hang(d.stream)
     runtime.malloc(100)
     runtime.malloc_host(100)
     runtime.create_event(0)
-    d.launch("scale", contract.scale_args(runtime.malloc(16), runtime.malloc(16), 4, 1.0))
+    d.launch("scale", scale_args(runtime.malloc(16), runtime.malloc(16), 4, 1.0))
     runtime.close()
     assert runtime.close_errors == ()
     assert fake.refcount == 0
@@ -713,10 +701,12 @@ def test_close_releases_everything_and_hung_kernels() -> None:
     assert fake.resets == 0, "no fault: the primary context is released, not reset"
 
 
-def test_close_after_a_fault_resets_the_primary_context() -> None:
+def test_close_after_a_fault_resets_the_primary_context(
+    make_kit: Callable[..., RuntimeKit],
+) -> None:
     fake = FakeDriver()
     runtime = open_cuda_runtime(0, driver=fake, compiler=fake_compile)
-    d = contract.Dev(runtime)
+    d = make_kit(runtime)
     d.launch("fault", HostArgs().u32(0))
     with pytest.raises(DeviceFaultError):
         runtime.synchronize_stream(d.stream, 1000)
@@ -725,28 +715,28 @@ def test_close_after_a_fault_resets_the_primary_context() -> None:
     assert fake.resets == 1
 
 
-def test_a_kernel_fault_without_the_fault_kernel_carries_the_cuda_code(dev: contract.Dev) -> None:
+def test_a_kernel_fault_without_the_fault_kernel_carries_the_cuda_code(kit: RuntimeKit) -> None:
     n = 4
-    x = dev.upload(np.ones(n, F32))
-    dev.launch("axpy", contract.axpy_args(x, 0x1234_0000, 1.0, n))  # y is not device memory
+    x = kit.upload(np.ones(n, F32))
+    kit.launch("axpy", axpy_args(x, 0x1234_0000, 1.0, n))  # y is not device memory
     with pytest.raises(DeviceFaultError) as info:
-        dev.rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+        kit.rt.synchronize_stream(kit.stream, SYNC_MS)
     assert info.value.code == 700
     assert "CUDA_ERROR_ILLEGAL_ADDRESS (700)" in info.value.message
 
 
-def test_pageable_copies_are_done_when_the_call_returns(dev: contract.Dev) -> None:
-    rt = dev.rt
+def test_pageable_copies_are_done_when_the_call_returns(kit: RuntimeKit) -> None:
+    rt = kit.rt
     n = 256
     src = np.arange(n, dtype=F32)
     dst = np.zeros(n, dtype=F32)
     device = rt.malloc(src.nbytes)
-    dev.sleep_us(50_000)
+    kit.sleep_us(50_000)
     rt.memcpy_async(
-        device, src.nbytes, src.ctypes.data, src.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, dev.stream
+        device, src.nbytes, src.ctypes.data, src.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, kit.stream
     )
     rt.memcpy_async(
-        dst.ctypes.data, dst.nbytes, device, dst.nbytes, ACL_MEMCPY_DEVICE_TO_HOST, dev.stream
+        dst.ctypes.data, dst.nbytes, device, dst.nbytes, ACL_MEMCPY_DEVICE_TO_HOST, kit.stream
     )
     np.testing.assert_array_equal(dst, src)
 
@@ -794,25 +784,25 @@ extern "C" __global__ void fill(float* out, float value, unsigned int n) {
 
 
 def test_a_cu_file_is_compiled_loaded_and_launched(
-    dev: contract.Dev, backend: str, tmp_path: Any
+    kit: RuntimeKit, backend: str, tmp_path: Any
 ) -> None:
     """A user kernel: NVRTC, cuModuleLoadData, cuFuncGetParamInfo, a parameter-buffer launch."""
     if backend != "cuda":
         pytest.skip("the fake driver does not run user kernels")
     path = tmp_path / "fill.cu"
     path.write_text(_FILL_SOURCE)
-    rt = dev.rt
+    rt = kit.rt
     assert isinstance(rt, CudaRuntime)
     binary = rt.load_binary(path)
     func = rt.get_function(binary, "fill")
     assert rt._functions[func].param_size == 16
     n = 1000
     out = rt.malloc(4 * n)
-    addr, size, table, count = dev.pack(HostArgs().ptr(out).f32(2.5).u32(n))
+    addr, size, table, count = kit.pack(HostArgs().ptr(out).f32(2.5).u32(n))
     rt.launch_kernel_with_host_args(
-        func, 3, dev.stream, LaunchConfig(block_dim=128), addr, size, table, count
+        func, 3, kit.stream, LaunchConfig(block_dim=128), addr, size, table, count
     )
-    np.testing.assert_array_equal(dev.download(out, n), np.full(n, 2.5, F32))
+    np.testing.assert_array_equal(kit.download(out, n), np.full(n, 2.5, F32))
 
 
 def test_builtin_parameter_sizes_agree_with_the_driver(rt: Runtime) -> None:
@@ -827,19 +817,19 @@ def test_builtin_parameter_sizes_agree_with_the_driver(rt: Runtime) -> None:
         assert queried == PARAM_SIZES[name], name
 
 
-def test_memcpy_between_all_kinds_round_trips(dev: contract.Dev) -> None:
-    rt = dev.rt
+def test_memcpy_between_all_kinds_round_trips(kit: RuntimeKit) -> None:
+    rt = kit.rt
     data = bytes(range(256)) * 4
     a, b = rt.malloc(len(data)), rt.malloc(len(data))
-    src, dst = dev.pinned(data), rt.malloc_host(len(data))
-    rt.memcpy_async(a, len(data), src, len(data), ACL_MEMCPY_HOST_TO_DEVICE, dev.stream)
-    rt.memcpy_async(b, len(data), a, len(data), ACL_MEMCPY_DEVICE_TO_DEVICE, dev.stream)
-    rt.memcpy_async(dst, len(data), b, len(data), ACL_MEMCPY_DEVICE_TO_HOST, dev.stream)
-    rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+    src, dst = kit.pinned(data), rt.malloc_host(len(data))
+    rt.memcpy_async(a, len(data), src, len(data), ACL_MEMCPY_HOST_TO_DEVICE, kit.stream)
+    rt.memcpy_async(b, len(data), a, len(data), ACL_MEMCPY_DEVICE_TO_DEVICE, kit.stream)
+    rt.memcpy_async(dst, len(data), b, len(data), ACL_MEMCPY_DEVICE_TO_HOST, kit.stream)
+    rt.synchronize_stream(kit.stream, SYNC_MS)
     assert bytes(host_view(dst, len(data))) == data
 
 
-# --- the v0.2 seam: priorities, memset, info, device-to-device copies ----------------------------
+# --- stream priorities, memset, info, device-to-device copies ----------------------------------
 
 
 def _open_fake(fake: FakeDriver) -> CudaRuntime:
@@ -912,17 +902,17 @@ def test_a_bad_priority_is_refused_before_the_driver_sees_it(priority: Any) -> N
         rt.close()
 
 
-def test_memset_passes_its_arguments_to_cuMemsetD8Async(dev: contract.Dev) -> None:
-    fake = _fake(dev.rt)
+def test_memset_passes_its_arguments_to_cuMemsetD8Async(kit: RuntimeKit) -> None:
+    fake = _fake(kit.rt)
     calls = _spy(fake, "cuMemsetD8Async")
-    ptr = dev.upload(np.zeros(64, np.uint8))
-    dev.rt.memset_async(ptr + 8, 56, 0xA5, 16, dev.stream)
-    cu = dev.rt._streams[dev.stream].cu  # type: ignore[attr-defined]
+    ptr = kit.upload(np.zeros(64, np.uint8))
+    kit.rt.memset_async(ptr + 8, 56, 0xA5, 16, kit.stream)
+    cu = kit.rt._streams[kit.stream].cu  # type: ignore[attr-defined]
     assert calls == [(ptr + 8, 0xA5, 16, cu)]
     assert fake.memsets[-1] == {"dst": ptr + 8, "value": 0xA5, "count": 16, "stream": cu}
     expected = np.zeros(64, np.uint8)
     expected[8:24] = 0xA5
-    np.testing.assert_array_equal(dev.download(ptr, 64, np.uint8), expected)
+    np.testing.assert_array_equal(kit.download(ptr, 64, np.uint8), expected)
 
 
 @pytest.mark.parametrize(
@@ -937,53 +927,51 @@ def test_memset_passes_its_arguments_to_cuMemsetD8Async(dev: contract.Dev) -> No
     ],
 )
 def test_memset_arguments_are_checked_before_the_driver(
-    dev: contract.Dev, args: tuple[Any, int, Any, Any], match: str
+    kit: RuntimeKit, args: tuple[Any, int, Any, Any], match: str
 ) -> None:
-    fake = _fake(dev.rt)
+    fake = _fake(kit.rt)
     calls = _spy(fake, "cuMemsetD8Async")
-    ptr = dev.rt.malloc(64)
+    ptr = kit.rt.malloc(64)
     target, dst_max, value, count = args
     with pytest.raises(InvalidParamError, match=match) as info:
-        dev.rt.memset_async(ptr if target is None else target, dst_max, value, count, dev.stream)
+        kit.rt.memset_async(ptr if target is None else target, dst_max, value, count, kit.stream)
     assert info.value.code == 107000
     assert calls == []
 
 
-def test_memset_outside_a_live_allocation_is_refused_by_the_driver(dev: contract.Dev) -> None:
+def test_memset_outside_a_live_allocation_is_refused_by_the_driver(kit: RuntimeKit) -> None:
     """The fake answers as the driver does: CUDA_ERROR_INVALID_VALUE at the call."""
-    _fake(dev.rt)
-    ptr = dev.rt.malloc(64)
+    _fake(kit.rt)
+    ptr = kit.rt.malloc(64)
     for target, count in ((ptr + 32, 64), (0x1234_0000, 16)):
         with pytest.raises(InvalidParamError) as info:
-            dev.rt.memset_async(target, count, 0, count, dev.stream)
+            kit.rt.memset_async(target, count, 0, count, kit.stream)
         assert info.value.code == 1
         assert "CUDA_ERROR_INVALID_VALUE (1)" in info.value.message
-    assert not dev.rt.is_faulted  # type: ignore[attr-defined]
+    assert not kit.rt.is_faulted  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("op", ["memset", "copy"])
-def test_memory_freed_before_a_queued_task_runs_faults_the_device(
-    dev: contract.Dev, op: str
-) -> None:
-    rt = dev.rt
+def test_memory_freed_before_a_queued_task_runs_faults_the_device(kit: RuntimeKit, op: str) -> None:
+    rt = kit.rt
     _fake(rt)
     ptr, other = rt.malloc(64), rt.malloc(64)
-    dev.sleep_us(20_000)
+    kit.sleep_us(20_000)
     if op == "memset":
-        rt.memset_async(ptr, 64, 1, 64, dev.stream)
+        rt.memset_async(ptr, 64, 1, 64, kit.stream)
     else:
-        rt.memcpy_async(ptr, 64, other, 64, ACL_MEMCPY_DEVICE_TO_DEVICE, dev.stream)
+        rt.memcpy_async(ptr, 64, other, 64, ACL_MEMCPY_DEVICE_TO_DEVICE, kit.stream)
     rt.free(ptr)
     with pytest.raises(DeviceFaultError) as info:
-        rt.synchronize_stream(dev.stream, contract.SYNC_MS)
+        rt.synchronize_stream(kit.stream, SYNC_MS)
     assert info.value.code == 700
 
 
-def test_a_device_to_device_copy_outside_an_allocation_is_refused(dev: contract.Dev) -> None:
-    _fake(dev.rt)
-    a = dev.rt.malloc(64)
+def test_a_device_to_device_copy_outside_an_allocation_is_refused(kit: RuntimeKit) -> None:
+    _fake(kit.rt)
+    a = kit.rt.malloc(64)
     with pytest.raises(InvalidParamError) as info:
-        dev.rt.memcpy_async(a, 64, a + 32, 64, ACL_MEMCPY_DEVICE_TO_DEVICE, dev.stream)
+        kit.rt.memcpy_async(a, 64, a + 32, 64, ACL_MEMCPY_DEVICE_TO_DEVICE, kit.stream)
     assert info.value.code == 1
 
 
@@ -1108,34 +1096,36 @@ def _capture_status(rt: CudaRuntime, stream: int) -> int:
     return int(status)  # NONE 0, ACTIVE 1, INVALIDATED 2
 
 
-def test_begin_capture_asks_cuda_for_the_relaxed_mode(dev: contract.Dev) -> None:
-    rt = dev.rt
+def test_begin_capture_asks_cuda_for_the_relaxed_mode(kit: RuntimeKit) -> None:
+    rt = kit.rt
     assert isinstance(rt, CudaRuntime)
     calls = _spy(rt._d, "cuStreamBeginCapture") if isinstance(rt._d, FakeDriver) else None
-    rt.begin_capture(dev.stream)
-    assert rt._streams[dev.stream].capturing
-    assert _capture_status(rt, dev.stream) == 1
+    rt.begin_capture(kit.stream)
+    assert rt._streams[kit.stream].capturing
+    assert _capture_status(rt, kit.stream) == 1
     if calls is not None:
-        assert calls == [(rt._streams[dev.stream].cu, MODE_RELAXED)]
-    graph = rt.end_capture(dev.stream)
-    assert not rt._streams[dev.stream].capturing
-    assert _capture_status(rt, dev.stream) == 0
+        assert calls == [(rt._streams[kit.stream].cu, MODE_RELAXED)]
+    graph = rt.end_capture(kit.stream)
+    assert not rt._streams[kit.stream].capturing
+    assert _capture_status(rt, kit.stream) == 0
     rt.destroy_graph(graph)
 
 
-def test_in_the_global_mode_a_capture_could_not_stage_placeholders() -> None:
+def test_in_the_global_mode_a_capture_could_not_stage_placeholders(
+    make_kit: Callable[..., RuntimeKit],
+) -> None:
     """Why relaxed: the global mode makes ``cuMemAlloc`` (a captured launch's staging, or any
     allocation by another thread) illegal, and it breaks the capture (the fake, as CUDA)."""
     fake = FakeDriver()
     fake.CUstreamCaptureMode = SimpleNamespace(CU_STREAM_CAPTURE_MODE_RELAXED=MODE_GLOBAL)
     rt = _open_fake(fake)
     try:
-        d = contract.Dev(rt)
+        d = make_kit(rt)
         n = 4
         x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
         rt.begin_capture(d.stream)
         with pytest.raises(RuntimeAPIError) as info:
-            d.launch("scale", contract.scale_args(x, y, n, 2.0))
+            d.launch("scale", scale_args(x, y, n, 2.0))
         assert info.value.code == 900
         assert "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED" in info.value.message
         with pytest.raises(RuntimeAPIError) as info:
@@ -1148,82 +1138,82 @@ def test_in_the_global_mode_a_capture_could_not_stage_placeholders() -> None:
 
 
 def test_placeholders_in_a_capture_are_staged_in_memory_the_graph_owns(
-    dev: contract.Dev,
+    kit: RuntimeKit,
 ) -> None:
-    rt = dev.rt
+    rt = kit.rt
     fake = _fake(rt)
     assert isinstance(rt, CudaRuntime)
     n = 8
     x_host = np.arange(n, dtype=F32)
-    x, y = dev.upload(x_host), dev.upload(np.zeros(n, F32))
-    dev.launch("scale", contract.scale_args(x, y, n, 1.0))  # the stream's ring exists
-    ring = rt._streams[dev.stream].ring
+    x, y = kit.upload(x_host), kit.upload(np.zeros(n, F32))
+    kit.launch("scale", scale_args(x, y, n, 1.0))  # the stream's ring exists
+    ring = rt._streams[kit.stream].ring
     assert ring is not None
-    ring_stats = rt.staging_stats(dev.stream)
+    ring_stats = rt.staging_stats(kit.stream)
     before = fake.allocated
-    rt.begin_capture(dev.stream)
-    slot = _slot(dev.launch("scale", contract.scale_args(x, y, n, 2.5)))
-    graph = rt.end_capture(dev.stream)
-    assert rt.staging_stats(dev.stream) == ring_stats, "the ring was not used"
+    rt.begin_capture(kit.stream)
+    slot = _slot(kit.launch("scale", scale_args(x, y, n, 2.5)))
+    graph = rt.end_capture(kit.stream)
+    assert rt.staging_stats(kit.stream) == ring_stats, "the ring was not used"
     assert not ring.base <= slot < ring.base + ring.capacity
     assert fake.in_device(slot, 8) and fake.allocated > before
     (block,) = rt._graphs[graph].blocks
     assert block <= slot < block + 4096
     assert fake.launches[-1]["captured"]
-    rt.launch_graph(graph, dev.stream)
-    rt.synchronize_stream(dev.stream, contract.SYNC_MS)
-    np.testing.assert_array_equal(dev.download(y, n), x_host * F32(2.5))
+    rt.launch_graph(graph, kit.stream)
+    rt.synchronize_stream(kit.stream, SYNC_MS)
+    np.testing.assert_array_equal(kit.download(y, n), x_host * F32(2.5))
     rt.destroy_graph(graph)
     assert fake.allocated == before, "destroy_graph freed the staging memory"
     assert not fake.graphs and not fake.execs
     assert not rt._graphs
 
 
-def test_a_failed_capture_frees_its_staging_memory(dev: contract.Dev) -> None:
-    rt = dev.rt
+def test_a_failed_capture_frees_its_staging_memory(kit: RuntimeKit) -> None:
+    rt = kit.rt
     fake = _fake(rt)
     n = 4
-    x, y = dev.upload(np.ones(n, F32)), dev.upload(np.zeros(n, F32))
+    x, y = kit.upload(np.ones(n, F32)), kit.upload(np.zeros(n, F32))
     before = fake.allocated
-    rt.begin_capture(dev.stream)
-    dev.launch("scale", contract.scale_args(x, y, n, 2.0))
+    rt.begin_capture(kit.stream)
+    kit.launch("scale", scale_args(x, y, n, 2.0))
     assert fake.allocated > before
-    assert fake.cuStreamQuery(rt._streams[dev.stream].cu) == (900,)  # breaks it, as in CUDA
+    assert fake.cuStreamQuery(rt._streams[kit.stream].cu) == (900,)  # breaks it, as in CUDA
     with pytest.raises(RuntimeAPIError) as info:
-        rt.end_capture(dev.stream)
+        rt.end_capture(kit.stream)
     assert info.value.code == 901
     assert "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901)" in info.value.message
     assert fake.allocated == before
     assert not rt._graphs
-    dev.launch("scale", contract.scale_args(x, y, n, 3.0))  # the stream works again
-    rt.synchronize_stream(dev.stream, contract.SYNC_MS)
-    np.testing.assert_array_equal(dev.download(y, n), np.full(n, 3.0, F32))
+    kit.launch("scale", scale_args(x, y, n, 3.0))  # the stream works again
+    rt.synchronize_stream(kit.stream, SYNC_MS)
+    np.testing.assert_array_equal(kit.download(y, n), np.full(n, 3.0, F32))
 
 
-def test_a_replay_reads_its_own_staging_after_the_ring_moved_on(backend: str) -> None:
+def test_a_replay_reads_its_own_staging_after_the_ring_moved_on(
+    backend: str, make_kit: Callable[..., RuntimeKit]
+) -> None:
     """The capture stream's ring reuses its slots, grows (freeing its first memory) and goes
     away with its stream: replays on another stream still read the captured args image."""
     rt = _open_small_ring(backend)
     try:
-        d = contract.Dev(rt)
+        d = make_kit(rt)
         n = 64
         x_host = np.arange(n, dtype=F32)
         x, y, z = d.upload(x_host), d.upload(np.zeros(n, F32)), d.upload(np.zeros(n, F32))
         capture_stream = d.new_stream()
-        d.launch("scale", contract.scale_args(x, z, n, 1.0), capture_stream)  # ring created
-        rt.synchronize_stream(capture_stream, contract.SYNC_MS)
+        d.launch("scale", scale_args(x, z, n, 1.0), capture_stream)  # ring created
+        rt.synchronize_stream(capture_stream, SYNC_MS)
         rt.begin_capture(capture_stream)
-        captured = _slot(d.launch("scale", contract.scale_args(x, y, n, 3.0), capture_stream))
+        captured = _slot(d.launch("scale", scale_args(x, y, n, 3.0), capture_stream))
         graph = rt.end_capture(capture_stream)
         slots = set()
         for i in range(200):  # 64 bytes each: the 4 KiB ring wraps around three times
             factor = float(F32(5 + i % 3))
-            slots.add(
-                _slot(d.launch("scale", contract.scale_args(x, z, n, factor), capture_stream))
-            )
+            slots.add(_slot(d.launch("scale", scale_args(x, z, n, factor), capture_stream)))
         assert captured not in slots
         rt.launch_graph(graph, capture_stream)
-        rt.synchronize_stream(capture_stream, contract.SYNC_MS)
+        rt.synchronize_stream(capture_stream, SYNC_MS)
         np.testing.assert_array_equal(d.download(y, n), x_host * F32(3))
         np.testing.assert_array_equal(d.download(z, n), x_host * F32(5 + 199 % 3))
         tiling = struct.pack("<If", n, 4.0) + bytes(10_000)  # grows the ring
@@ -1233,27 +1223,27 @@ def test_a_replay_reads_its_own_staging_after_the_ring_moved_on(backend: str) ->
         rt.memset_async(y, 4 * n, 0, 4 * n, d.stream)
         rt.launch_graph(graph, d.stream)
         rt.launch_graph(graph, d.stream)
-        rt.synchronize_stream(d.stream, contract.SYNC_MS)
+        rt.synchronize_stream(d.stream, SYNC_MS)
         np.testing.assert_array_equal(d.download(y, n), x_host * F32(3))
         rt.destroy_graph(graph)
     finally:
         rt.close()
 
 
-def test_a_capturing_stream_refuses_before_the_driver_sees_it(dev: contract.Dev) -> None:
+def test_a_capturing_stream_refuses_before_the_driver_sees_it(kit: RuntimeKit) -> None:
     """Refused with 107000 and never passed on: the fake would have broken the capture (a
     query, a pageable copy) or made the event a capture dependency (a record)."""
-    rt = dev.rt
+    rt = kit.rt
     fake = _fake(rt)
     assert isinstance(rt, CudaRuntime)
     n = 16
     event = rt.create_event(ACL_EVENT_SYNC)
     buf = rt.malloc(4 * n)
     pageable = np.zeros(4 * n, np.uint8)
-    pinned = dev.pinned(bytes(range(4 * n)))
-    other = dev.new_stream()
+    pinned = kit.pinned(bytes(range(4 * n)))
+    other = kit.new_stream()
     rt.begin_capture(other)
-    dev.launch("noop", HostArgs(), other)
+    kit.launch("noop", HostArgs(), other)
     other_graph = rt.end_capture(other)
     names = (
         "cuEventRecord",
@@ -1269,17 +1259,17 @@ def test_a_capturing_stream_refuses_before_the_driver_sees_it(dev: contract.Dev)
     for name in names:  # the runtime keeps bound methods of its hot paths
         if hasattr(rt, f"_{name}"):
             setattr(rt, f"_{name}", getattr(fake, name))
-    rt.begin_capture(dev.stream)
+    rt.begin_capture(kit.stream)
     assert len(spies["cuStreamBeginCapture"]) == 1
     addr = pageable.ctypes.data
     refused: list[Callable[[], object]] = [
-        lambda: rt.record_event(event, dev.stream),
-        lambda: rt.stream_wait_event(dev.stream, event),
-        lambda: rt.synchronize_stream(dev.stream, contract.SYNC_MS),
-        lambda: rt.memcpy_async(buf, 4 * n, addr, 4 * n, ACL_MEMCPY_HOST_TO_DEVICE, dev.stream),
-        lambda: rt.memcpy_async(addr, 4 * n, buf, 4 * n, ACL_MEMCPY_DEVICE_TO_HOST, dev.stream),
-        lambda: rt.begin_capture(dev.stream),
-        lambda: rt.launch_graph(other_graph, dev.stream),
+        lambda: rt.record_event(event, kit.stream),
+        lambda: rt.stream_wait_event(kit.stream, event),
+        lambda: rt.synchronize_stream(kit.stream, SYNC_MS),
+        lambda: rt.memcpy_async(buf, 4 * n, addr, 4 * n, ACL_MEMCPY_HOST_TO_DEVICE, kit.stream),
+        lambda: rt.memcpy_async(addr, 4 * n, buf, 4 * n, ACL_MEMCPY_DEVICE_TO_HOST, kit.stream),
+        lambda: rt.begin_capture(kit.stream),
+        lambda: rt.launch_graph(other_graph, kit.stream),
     ]
     for call in refused:
         with pytest.raises(InvalidParamError) as info:
@@ -1287,67 +1277,69 @@ def test_a_capturing_stream_refuses_before_the_driver_sees_it(dev: contract.Dev)
         assert info.value.code == 107000
         assert "capturing" in info.value.message
     # a launch with placeholders whose args are not pinned: every replay would copy them
-    args = contract.scale_args(buf, buf, 4, 2.0)
+    args = scale_args(buf, buf, 4, 2.0)
     image = (ctypes.c_uint64 * 8).from_buffer_copy(args.to_bytes().ljust(64, b"\0"))
-    table = dev.pinned(args.placeholder_table())
+    table = kit.pinned(args.placeholder_table())
     with pytest.raises(InvalidParamError, match="pinned"):
         rt.launch_kernel_with_host_args(
-            dev.fn("scale"), 1, dev.stream, None, ctypes.addressof(image), 64, table, 1
+            kit.fn("scale"), 1, kit.stream, None, ctypes.addressof(image), 64, table, 1
         )
     assert all(not spies[name] for name in names if name != "cuStreamBeginCapture")
     assert len(spies["cuStreamBeginCapture"]) == 1
     # a pinned copy is captured
-    rt.memcpy_async(buf, 4 * n, pinned, 4 * n, ACL_MEMCPY_HOST_TO_DEVICE, dev.stream)
+    rt.memcpy_async(buf, 4 * n, pinned, 4 * n, ACL_MEMCPY_HOST_TO_DEVICE, kit.stream)
     assert len(spies["cuMemcpyHtoDAsync"]) == 1
-    graph = rt.end_capture(dev.stream)  # still a valid capture: the driver saw nothing wrong
+    graph = rt.end_capture(kit.stream)  # still a valid capture: the driver saw nothing wrong
     with pytest.raises(InvalidParamError, match="not capturing") as info:
-        rt.end_capture(dev.stream)
+        rt.end_capture(kit.stream)
     assert info.value.code == 107000
     rt.destroy_graph(graph)
     rt.destroy_graph(other_graph)
 
 
-def test_an_unknown_or_destroyed_graph_is_a_bad_handle(dev: contract.Dev) -> None:
-    rt = dev.rt
+def test_an_unknown_or_destroyed_graph_is_a_bad_handle(kit: RuntimeKit) -> None:
+    rt = kit.rt
     assert isinstance(rt, CudaRuntime)
-    rt.begin_capture(dev.stream)
-    dev.launch("noop", HostArgs())
-    graph = rt.end_capture(dev.stream)
+    rt.begin_capture(kit.stream)
+    kit.launch("noop", HostArgs())
+    graph = rt.end_capture(kit.stream)
     rt.destroy_graph(graph)
     launches = _spy(rt._d, "cuGraphLaunch") if isinstance(rt._d, FakeDriver) else []
     for call in (
-        lambda: rt.launch_graph(graph, dev.stream),
+        lambda: rt.launch_graph(graph, kit.stream),
         lambda: rt.destroy_graph(graph),
-        lambda: rt.launch_graph(12345, dev.stream),
+        lambda: rt.launch_graph(12345, kit.stream),
     ):
         with pytest.raises(InvalidHandleError, match="not a live graph"):
             call()
     assert launches == []
-    rt.begin_capture(dev.stream)
-    dev.launch("noop", HostArgs())
-    again = rt.end_capture(dev.stream)
+    rt.begin_capture(kit.stream)
+    kit.launch("noop", HostArgs())
+    again = rt.end_capture(kit.stream)
     assert again != graph, "handles are never reused"
     rt.destroy_graph(again)
 
 
-def test_destroying_a_capturing_stream_or_closing_ends_the_capture() -> None:
+def test_destroying_a_capturing_stream_or_closing_ends_the_capture(
+    make_kit: Callable[..., RuntimeKit],
+) -> None:
     fake = FakeDriver()
     rt = _open_fake(fake)
-    d = contract.Dev(rt)
+    d = make_kit(rt)
     n = 4
     x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
     before = fake.allocated
     stream = d.new_stream()
     rt.begin_capture(stream)
-    d.launch("scale", contract.scale_args(x, y, n, 2.0), stream)
+    d.launch("scale", scale_args(x, y, n, 2.0), stream)
     rt.destroy_stream(stream)
     assert fake.allocated == before and not fake.graphs
     rt.begin_capture(d.stream)
-    d.launch("scale", contract.scale_args(x, y, n, 2.0))
+    d.launch("scale", scale_args(x, y, n, 2.0))
     graph = rt.end_capture(d.stream)
     rt.launch_graph(graph, d.stream)
     rt.begin_capture(d.stream)  # left open, with its staging
-    d.launch("scale", contract.scale_args(x, y, n, 3.0))
+    d.launch("scale", scale_args(x, y, n, 3.0))
     ended = _spy(fake, "cuStreamEndCapture")
     destroyed = _spy(fake, "cuGraphExecDestroy")
     freed = _spy(fake, "cuMemFree")

@@ -7,11 +7,12 @@ import itertools
 import struct
 import threading
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+from helpers import SYNC_MS
 
 from aio_ascend._errors import (
     AICoreExceptionError,
@@ -30,7 +31,6 @@ from aio_ascend._runtime.abi import (
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
-    ACL_STOP_ON_FAILURE,
 )
 from aio_ascend._runtime.hostmem import host_view
 from aio_ascend._runtime.sim.memory import DEVICE_BASE, POISON_BYTE
@@ -43,7 +43,9 @@ from aio_ascend.sim import (
 )
 
 F32 = np.float32
-SYNC_MS = 10_000
+
+if TYPE_CHECKING:
+    from conftest import RuntimeKit
 
 
 @pytest.fixture
@@ -53,50 +55,6 @@ def rt() -> Iterator[SimRuntime]:
         yield runtime
     finally:
         runtime.close()
-
-
-class Harness:
-    def __init__(self, runtime: SimRuntime, library: KernelLibrary | None = None) -> None:
-        self.rt = runtime
-        self.binary = runtime.load_binary(library)
-        self.stream = runtime.create_stream()
-        runtime.set_stream_failure_mode(self.stream, ACL_STOP_ON_FAILURE)
-
-    def pinned(self, data: bytes) -> int:
-        addr = self.rt.malloc_host(len(data))
-        host_view(addr, len(data))[:] = data
-        return addr
-
-    def launch(self, name: str, args: HostArgs, stream: int | None = None, blocks: int = 1) -> int:
-        image, table = args.to_bytes(), args.placeholder_table()
-        addr = self.pinned(image)
-        self.rt.launch_kernel_with_host_args(
-            self.rt.get_function(self.binary, name),
-            blocks,
-            self.stream if stream is None else stream,
-            None,
-            addr,
-            len(image),
-            self.pinned(table) if table else 0,
-            len(args.placeholders),
-        )
-        return addr
-
-    def upload(self, array: np.ndarray[Any, Any]) -> int:
-        ptr = self.rt.malloc(array.nbytes)
-        src = self.pinned(array.tobytes())
-        self.rt.memcpy_async(
-            ptr, array.nbytes, src, array.nbytes, ACL_MEMCPY_HOST_TO_DEVICE, self.stream
-        )
-        self.rt.synchronize_stream(self.stream, SYNC_MS)
-        return ptr
-
-    def download(self, ptr: int, count: int, dtype: Any = F32) -> np.ndarray[Any, Any]:
-        nbytes = count * np.dtype(dtype).itemsize
-        dst = self.rt.malloc_host(nbytes)
-        self.rt.memcpy_async(dst, nbytes, ptr, nbytes, ACL_MEMCPY_DEVICE_TO_HOST, self.stream)
-        self.rt.synchronize_stream(self.stream, SYNC_MS)
-        return np.frombuffer(bytes(host_view(dst, nbytes)), dtype=dtype).copy()
 
 
 def sim_threads() -> list[threading.Thread]:
@@ -139,9 +97,9 @@ def test_exports_and_registry() -> None:
         runtime.close()
 
 
-def test_close_joins_the_device_thread_and_is_final() -> None:
+def test_close_joins_the_device_thread_and_is_final(make_kit: Callable[..., RuntimeKit]) -> None:
     runtime = open_sim_runtime(7)
-    h = Harness(runtime)
+    h = make_kit(runtime)
     h.launch("hang", HostArgs())
     h.launch("sleep", HostArgs().u32(5_000_000), runtime.create_stream())
     assert any(t.name == "aio_ascend-sim-7" for t in sim_threads())
@@ -157,9 +115,9 @@ def test_close_joins_the_device_thread_and_is_final() -> None:
         runtime.set_current_context()
 
 
-def test_close_wakes_blocked_waiters() -> None:
+def test_close_wakes_blocked_waiters(make_kit: Callable[..., RuntimeKit]) -> None:
     runtime = open_sim_runtime(0)
-    h = Harness(runtime)
+    h = make_kit(runtime)
     event = runtime.create_event(ACL_EVENT_SYNC)
     h.launch("hang", HostArgs())
     runtime.record_event(event, h.stream)
@@ -199,8 +157,10 @@ def test_device_addresses_are_high_aligned_and_disjoint(rt: SimRuntime) -> None:
         rt.malloc_host(0)
 
 
-def test_out_of_bounds_kernel_access_is_an_mmu_fault(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_out_of_bounds_kernel_access_is_an_mmu_fault(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     n = 16
     x = h.upload(np.ones(n, F32))
     y = h.upload(np.ones(n, F32))
@@ -214,8 +174,8 @@ def test_out_of_bounds_kernel_access_is_an_mmu_fault(rt: SimRuntime) -> None:
     assert "MMU fault" in rt.get_recent_error_message()
 
 
-def test_use_after_free_faults(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_use_after_free_faults(rt: SimRuntime, make_kit: Callable[..., RuntimeKit]) -> None:
+    h = make_kit(rt)
     n = 8
     x, y = h.upload(np.ones(n, F32)), h.upload(np.ones(n, F32))
     rt.free(x)
@@ -225,8 +185,10 @@ def test_use_after_free_faults(rt: SimRuntime) -> None:
     assert f"{x:#x}" in info.value.message
 
 
-def test_copy_from_freed_device_memory_faults(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_copy_from_freed_device_memory_faults(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     src = h.upload(np.ones(16, F32))
     dst = rt.malloc(64)
     rt.free(src)
@@ -235,8 +197,10 @@ def test_copy_from_freed_device_memory_faults(rt: SimRuntime) -> None:
         rt.synchronize_stream(h.stream, SYNC_MS)
 
 
-def test_freed_pinned_memory_reads_as_poison(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_freed_pinned_memory_reads_as_poison(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     src = h.pinned(b"\x11" * 64)
     dst = rt.malloc(64)
     rt.pause()
@@ -248,9 +212,11 @@ def test_freed_pinned_memory_reads_as_poison(rt: SimRuntime) -> None:
     assert h.download(dst, 64, np.uint8).tobytes() == bytes([POISON_BYTE]) * 64
 
 
-def test_poison_device_fills_a_live_allocation_only(rt: SimRuntime) -> None:
+def test_poison_device_fills_a_live_allocation_only(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     """The pool's poisoning of a block it takes back: the whole block reads 0xCD."""
-    h = Harness(rt)
+    h = make_kit(rt)
     x = h.upload(np.arange(64, dtype=np.uint8))
     rt.poison_device(x)
     assert h.download(x, 64, np.uint8).tobytes() == bytes([POISON_BYTE]) * 64
@@ -263,10 +229,11 @@ def test_poison_device_fills_a_live_allocation_only(rt: SimRuntime) -> None:
 
 def test_limit_device_bounds_accesses_to_the_request_in_a_larger_block(
     rt: SimRuntime,
+    make_kit: Callable[..., RuntimeKit],
 ) -> None:
     """The pool's limit of a block to its request: copies and kernels reach the request
     only (past it: a fault); the poison and the free still cover the whole block."""
-    h = Harness(rt)
+    h = make_kit(rt)
     free_before = rt.info()["memory_free"]
     x = h.upload(np.arange(256, dtype=np.uint8))
     rt.limit_device(x, 100)
@@ -284,8 +251,10 @@ def test_limit_device_bounds_accesses_to_the_request_in_a_larger_block(
     assert rt.info()["memory_free"] == free_before
 
 
-def test_internal_args_regions_are_not_user_allocations(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_internal_args_regions_are_not_user_allocations(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     n = 4
     x = h.upload(np.ones(n, F32))
     before = rt.live_resources()["device_allocations"]
@@ -303,8 +272,10 @@ def test_internal_args_regions_are_not_user_allocations(rt: SimRuntime) -> None:
     np.testing.assert_array_equal(h.download(x, n), np.full(n, 2.0, F32))
 
 
-def test_pinned_range_overrunning_its_allocation_is_rejected(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_pinned_range_overrunning_its_allocation_is_rejected(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     src = rt.malloc_host(64)
     dst = rt.malloc(128)
     with pytest.raises(InvalidParamError, match="past the end"):
@@ -316,8 +287,8 @@ def test_pinned_range_overrunning_its_allocation_is_rejected(rt: SimRuntime) -> 
 # --- streams, time model, test controls --------------------------------------------------------
 
 
-def test_two_sleeping_streams_overlap(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_two_sleeping_streams_overlap(rt: SimRuntime, make_kit: Callable[..., RuntimeKit]) -> None:
+    h = make_kit(rt)
     a, b = h.stream, rt.create_stream()
     started = time.perf_counter()
     h.launch("sleep", HostArgs().u32(250_000), a)
@@ -328,8 +299,8 @@ def test_two_sleeping_streams_overlap(rt: SimRuntime) -> None:
     assert 0.24 <= elapsed < 0.45, elapsed  # ~ max (0.25 s), not the sum (0.5 s)
 
 
-def test_sleeps_on_one_stream_add_up(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_sleeps_on_one_stream_add_up(rt: SimRuntime, make_kit: Callable[..., RuntimeKit]) -> None:
+    h = make_kit(rt)
     started = time.perf_counter()
     h.launch("sleep", HostArgs().u32(100_000))
     h.launch("sleep", HostArgs().u32(100_000))
@@ -337,7 +308,9 @@ def test_sleeps_on_one_stream_add_up(rt: SimRuntime) -> None:
     assert time.perf_counter() - started >= 0.19
 
 
-def test_time_model_charges_kernel_cost_and_streams_overlap() -> None:
+def test_time_model_charges_kernel_cost_and_streams_overlap(
+    make_kit: Callable[..., RuntimeKit],
+) -> None:
     lib = KernelLibrary("timed")
 
     @lib.kernel("work", cost=lambda ctx: ctx.u32(0) / 1e6)
@@ -346,7 +319,7 @@ def test_time_model_charges_kernel_cost_and_streams_overlap() -> None:
 
     timed = open_sim_runtime(0, time_model=True)
     try:
-        h = Harness(timed, lib)
+        h = make_kit(timed, library=lib)
         a, b = h.stream, timed.create_stream()
         start = timed.create_event(ACL_EVENT_TIME_LINE)
         end = timed.create_event(ACL_EVENT_TIME_LINE)
@@ -364,7 +337,7 @@ def test_time_model_charges_kernel_cost_and_streams_overlap() -> None:
         timed.close()
     untimed = open_sim_runtime(0)
     try:
-        h = Harness(untimed, lib)
+        h = make_kit(untimed, library=lib)
         began = time.perf_counter()
         h.launch("work", HostArgs().u32(5_000_000))
         untimed.synchronize_stream(h.stream, SYNC_MS)
@@ -373,8 +346,10 @@ def test_time_model_charges_kernel_cost_and_streams_overlap() -> None:
         untimed.close()
 
 
-def test_hang_ends_with_destroy_stream_force(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_hang_ends_with_destroy_stream_force(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     stuck = rt.create_stream()
     event = rt.create_event(ACL_EVENT_SYNC)
     h.launch("hang", HostArgs(), stuck)
@@ -390,8 +365,10 @@ def test_hang_ends_with_destroy_stream_force(rt: SimRuntime) -> None:
     np.testing.assert_array_equal(h.download(y, n), np.full(n, 2.0, F32))
 
 
-def test_force_destroy_fails_a_blocked_pageable_copy(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_force_destroy_fails_a_blocked_pageable_copy(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     stuck = rt.create_stream()
     h.launch("hang", HostArgs(), stuck)
     device = rt.malloc(64)
@@ -416,10 +393,10 @@ def test_force_destroy_fails_a_blocked_pageable_copy(rt: SimRuntime) -> None:
     assert isinstance(errors[0], StreamAbortError)
 
 
-def test_fault_wakes_blocked_callers() -> None:
+def test_fault_wakes_blocked_callers(make_kit: Callable[..., RuntimeKit]) -> None:
     runtime = open_sim_runtime(1, max_queue_depth=2)
     try:
-        h = Harness(runtime)
+        h = make_kit(runtime)
         runtime.pause()
         h.launch("fault", HostArgs().u32(0))
         h.launch("noop", HostArgs())
@@ -445,8 +422,10 @@ def test_fault_wakes_blocked_callers() -> None:
         runtime.close()
 
 
-def test_pause_stops_execution_deterministically(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_pause_stops_execution_deterministically(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     rt.pause()
     rt.pause()  # idempotent
     try:
@@ -460,8 +439,8 @@ def test_pause_stops_execution_deterministically(rt: SimRuntime) -> None:
     assert rt.counters["kernels_executed"] == 10
 
 
-def test_counters(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_counters(rt: SimRuntime, make_kit: Callable[..., RuntimeKit]) -> None:
+    h = make_kit(rt)
     event = rt.create_event(0)
     x = h.upload(np.ones(4, F32))
     h.launch("noop", HostArgs())
@@ -474,7 +453,7 @@ def test_counters(rt: SimRuntime) -> None:
 # --- user kernels -----------------------------------------------------------------------------
 
 
-def test_user_kernel_library(rt: SimRuntime) -> None:
+def test_user_kernel_library(rt: SimRuntime, make_kit: Callable[..., RuntimeKit]) -> None:
     lib = KernelLibrary("mine")
     seen: dict[str, Any] = {}
 
@@ -491,7 +470,7 @@ def test_user_kernel_library(rt: SimRuntime) -> None:
             unpacked=ctx.unpack("<QI", 0),
         )
 
-    h = Harness(rt, lib)
+    h = make_kit(rt, library=lib)
     n = 10
     out = rt.malloc(n * 4)
     args = HostArgs().ptr(out).u32(n).f32(2.5).placeholder(b"TILE")
@@ -526,8 +505,10 @@ def test_library_is_snapshotted_at_load(rt: SimRuntime) -> None:
         rt.load_binary(b"\x7fELF")
 
 
-def test_unloaded_binary_invalidates_its_functions(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_unloaded_binary_invalidates_its_functions(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     noop = rt.get_function(h.binary, "noop")
     rt.unload_binary(h.binary)
     args = h.pinned(bytes(8))
@@ -537,14 +518,16 @@ def test_unloaded_binary_invalidates_its_functions(rt: SimRuntime) -> None:
         rt.unload_binary(h.binary)
 
 
-def test_exception_in_a_user_kernel_is_a_device_fault(rt: SimRuntime) -> None:
+def test_exception_in_a_user_kernel_is_a_device_fault(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     lib = KernelLibrary()
 
     @lib.kernel("broken")
     def broken(ctx: KernelContext) -> None:
         raise ZeroDivisionError("no tiling")
 
-    h = Harness(rt, lib)
+    h = make_kit(rt, library=lib)
     h.launch("broken", HostArgs())
     with pytest.raises(AICoreExceptionError) as info:
         rt.synchronize_stream(h.stream, SYNC_MS)
@@ -552,7 +535,9 @@ def test_exception_in_a_user_kernel_is_a_device_fault(rt: SimRuntime) -> None:
     assert "in broken" in info.value.message
 
 
-def test_a_swallowed_mmu_fault_still_faults_the_device(rt: SimRuntime) -> None:
+def test_a_swallowed_mmu_fault_still_faults_the_device(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     lib = KernelLibrary()
 
     @lib.kernel("sloppy")
@@ -562,20 +547,22 @@ def test_a_swallowed_mmu_fault_still_faults_the_device(rt: SimRuntime) -> None:
         except Exception:
             pass
 
-    h = Harness(rt, lib)
+    h = make_kit(rt, library=lib)
     h.launch("sloppy", HostArgs())
     with pytest.raises(DeviceFaultError, match="0x10"):
         rt.synchronize_stream(h.stream, SYNC_MS)
 
 
-def test_kernel_context_fault_with_a_code(rt: SimRuntime) -> None:
+def test_kernel_context_fault_with_a_code(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     lib = KernelLibrary()
 
     @lib.kernel("trap")
     def trap(ctx: KernelContext) -> None:
         ctx.fault(507016, "trap!")
 
-    h = Harness(rt, lib)
+    h = make_kit(rt, library=lib)
     h.launch("trap", HostArgs())
     with pytest.raises(DeviceFaultError) as info:
         rt.synchronize_stream(h.stream, SYNC_MS)
@@ -639,8 +626,10 @@ def test_failure_mode_is_validated(rt: SimRuntime) -> None:
         rt.set_stream_failure_mode(12345, 1)
 
 
-def test_sticky_fault_blocks_new_work_but_not_cleanup(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_sticky_fault_blocks_new_work_but_not_cleanup(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     host = rt.malloc_host(64)
     h.launch("fault", HostArgs().u32(507035))
     with pytest.raises(DeviceFaultError):
@@ -663,8 +652,10 @@ def test_bad_pause_free_inputs(rt: SimRuntime) -> None:
         open_sim_runtime(0, max_queue_depth=0)
 
 
-def test_an_idle_or_hung_device_does_not_spin(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_an_idle_or_hung_device_does_not_spin(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     h.launch("hang", HostArgs())
     h.launch("sleep", HostArgs().u32(10_000_000), rt.create_stream())
     waiter = rt.create_stream()
@@ -676,10 +667,10 @@ def test_an_idle_or_hung_device_does_not_spin(rt: SimRuntime) -> None:
     assert time.process_time() - cpu_before < 0.05
 
 
-def test_many_small_kernels_under_the_time_model() -> None:
+def test_many_small_kernels_under_the_time_model(make_kit: Callable[..., RuntimeKit]) -> None:
     runtime = open_sim_runtime(0, time_model=True)
     try:
-        h = Harness(runtime)
+        h = make_kit(runtime)
         noop = runtime.get_function(h.binary, "noop")
         args = h.pinned(bytes(8))
         started = time.perf_counter()
@@ -692,8 +683,10 @@ def test_many_small_kernels_under_the_time_model() -> None:
         runtime.close()
 
 
-def test_table_packed_after_the_args_in_one_pinned_buffer(rt: SimRuntime) -> None:
-    h = Harness(rt)
+def test_table_packed_after_the_args_in_one_pinned_buffer(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    h = make_kit(rt)
     n = 8
     x = h.upload(np.arange(n, dtype=F32))
     args = HostArgs().ptr(x).ptr(x).placeholder(struct.pack("<If", n, 0.5))
@@ -710,7 +703,9 @@ def test_table_packed_after_the_args_in_one_pinned_buffer(rt: SimRuntime) -> Non
         )
 
 
-def test_args_regions_are_exact_and_released_after_the_kernel(rt: SimRuntime) -> None:
+def test_args_regions_are_exact_and_released_after_the_kernel(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     lib = KernelLibrary()
     stash: list[int] = []
 
@@ -727,7 +722,7 @@ def test_args_regions_are_exact_and_released_after_the_kernel(rt: SimRuntime) ->
     def overrun(ctx: KernelContext) -> None:
         ctx.read(ctx.args_addr, len(ctx.args) + 1)
 
-    h = Harness(rt, lib)
+    h = make_kit(rt, library=lib)
     h.launch("keep", HostArgs().placeholder(b"x" * 8))
     rt.synchronize_stream(h.stream, SYNC_MS)
     h.launch("stale", HostArgs().u64(stash[0]))
@@ -736,7 +731,7 @@ def test_args_regions_are_exact_and_released_after_the_kernel(rt: SimRuntime) ->
     rt.close()
     fresh = open_sim_runtime(0)
     try:
-        h = Harness(fresh, lib)
+        h = make_kit(fresh, library=lib)
         h.launch("overrun", HostArgs().placeholder(b"y" * 8))
         with pytest.raises(DeviceFaultError, match="past the end"):
             fresh.synchronize_stream(h.stream, SYNC_MS)
@@ -744,7 +739,9 @@ def test_args_regions_are_exact_and_released_after_the_kernel(rt: SimRuntime) ->
         fresh.close()
 
 
-def test_args_inside_a_pinned_slab_are_read_when_the_kernel_runs(rt: SimRuntime) -> None:
+def test_args_inside_a_pinned_slab_are_read_when_the_kernel_runs(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
     # The scheduler's pooled args buffers sit inside one pinned slab; the launch path's O(1)
     # lookup of the slab must give the same late read as PinnedMemory.find, and never a
     # freed slab.
@@ -755,7 +752,7 @@ def test_args_inside_a_pinned_slab_are_read_when_the_kernel_runs(rt: SimRuntime)
     def record(ctx: KernelContext) -> None:
         seen.append(bytes(ctx.args))
 
-    h = Harness(rt, lib)
+    h = make_kit(rt, library=lib)
     fn = rt.get_function(h.binary, "record")
     slab = rt.malloc_host(256)
     for offset in (64, 128, 64):  # the second and third hit the cached slab

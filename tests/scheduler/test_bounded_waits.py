@@ -35,7 +35,7 @@ async def _round_trips(dev: Any, stream: aa.Stream, count: int) -> list[float]:
 
 
 async def test_a_saturated_hung_stream_never_stalls_another(open_dev: OpenDevice) -> None:
-    # v0.1: 1,024 one-per-tick requests behind a hung kernel made ~2,047 runtime queue
+    # before: 1,024 one-per-tick requests behind a hung kernel made ~2,047 runtime queue
     # entries; the submitter blocked inside a launch on the full stream and every other
     # stream stopped (a noop on another stream was still pending after 8 s).
     async with open_dev(task_timeout=60) as dev:
@@ -112,7 +112,7 @@ async def test_a_hop_that_waits_past_its_deadline_is_never_submitted(
 async def test_a_cancelled_device_block_with_a_hung_kernel_exits_within_close_timeout(
     open_dev: OpenDevice,
 ) -> None:
-    # v0.1: the shielded aclose() in __aexit__ waited for task_timeout (600 s by default).
+    # before: the shielded aclose() in __aexit__ waited for task_timeout (600 s by default).
     t0 = time.perf_counter()
     with anyio.move_on_after(0.2) as scope:
         async with open_dev(close_timeout=0.3) as dev:
@@ -163,7 +163,7 @@ def test_close_timeout_is_validated() -> None:
 async def test_block_mode_one_long_kernel_does_not_slow_another_stream(
     open_dev: OpenDevice,
 ) -> None:
-    # v0.1: a 3 s kernel on one stream took another stream's noop round trip from p50
+    # before: a 3 s kernel on one stream took another stream's noop round trip from p50
     # 0.25 ms to 10.3 ms in block mode (a 5 ms sync slice on the oldest event).
     async with open_dev(completion="block") as dev:
         slow, fast = dev.stream(), dev.stream()
@@ -180,7 +180,7 @@ async def test_block_mode_one_long_kernel_does_not_slow_another_stream(
         f"[figures] block mode neighbour round trip p50={p50 * 1e3:.3f} ms "
         f"p99={times[98] * 1e3:.3f} ms; sync timeouts {sync_timeouts} in {elapsed:.2f} s"
     )
-    assert p50 < 0.005  # poll mode: ~0.3 ms; v0.1 block mode: 10 ms
+    assert p50 < 0.005  # poll mode: ~0.3 ms; the old block mode: 10 ms
     assert sync_timeouts <= 5 + elapsed  # the ramp (50 ms doubling), then ~1 a second
 
 
@@ -229,7 +229,7 @@ async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
 
 
 def test_aclose_from_another_asyncio_loop_after_the_first_finished() -> None:
-    # v0.1: RuntimeError "attached to a different loop", the device stuck in "closing" with
+    # before: RuntimeError "attached to a different loop", the device stuck in "closing" with
     # its threads alive.
     import asyncio
 

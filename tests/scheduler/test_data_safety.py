@@ -1,7 +1,8 @@
 """Failed work never touches user data, bad input fails only its own call, nothing leaks.
 
-Regressions of what a new user found in v0.1; each runs on the sim and the acl C double, on
-asyncio, uvloop and trio (``open_dev``), unless it needs the sim's fault reports.
+Each test guards against what a new user once found (its ``# before:`` comment says what
+happened); each runs on the sim and the acl C double, on asyncio, uvloop and trio
+(``open_dev``), unless it needs the sim's fault reports.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ REALRT_TOO = True
 async def test_a_timed_out_copy_to_host_never_writes_user_memory(
     open_dev: OpenDevice, nbytes: int
 ) -> None:
-    # v0.1: the poller copied staging -> dst when the device finished, after the task had
+    # before: the poller copied staging -> dst when the device finished, after the task had
     # failed with TaskTimeoutError.
     async with open_dev(task_timeout=0.2) as dev:
         s = dev.stream()
@@ -57,7 +58,7 @@ async def test_a_timed_out_copy_to_host_never_writes_user_memory(
 async def test_a_bad_copy_source_fails_only_its_own_call(
     open_dev: OpenDevice, bad_source: Any
 ) -> None:
-    # v0.1: TypeError at submission, and good requests of other coroutines in the same tick
+    # before: TypeError at submission, and good requests of other coroutines in the same tick
     # failed with InternalError("not submitted: an earlier request was refused").
     async with open_dev() as dev:
         s = dev.stream()
@@ -115,7 +116,7 @@ async def test_bad_copy_destinations_are_refused_in_the_call(open_dev: OpenDevic
 
 @pytest.mark.sim_only("the sim reports which task faulted; acl's attribution is issue 15's")
 async def test_the_task_whose_kernel_faulted_gets_the_fault(open_dev: OpenDevice) -> None:
-    # v0.1: the innocent copy before the fault kernel got the primary AICoreExceptionError and
+    # before: the innocent copy before the fault kernel got the primary AICoreExceptionError and
     # its `out` was never filled; the fault kernel got "device faulted".
     async with open_dev() as dev:
         s, other = dev.stream(), dev.stream()
@@ -160,7 +161,7 @@ async def test_open_device_checks_its_options_in_the_call() -> None:
 
 
 def test_hostargs_one_type_rule_for_every_setter() -> None:
-    # v0.1: u32(True) accepted while f32(True) and ptr(True) were refused; ptr(np.uint64(16))
+    # before: u32(True) accepted while f32(True) and ptr(True) were refused; ptr(np.uint64(16))
     # refused while u32(np.uint32(5)) worked.
     for setter in ("u8", "u32", "i64", "f32", "f64", "ptr"):
         with pytest.raises(TypeError):
@@ -179,7 +180,7 @@ def test_hostargs_one_type_rule_for_every_setter() -> None:
 async def test_closing_a_stream_with_an_admission_waiter_destroys_it(
     open_dev: OpenDevice,
 ) -> None:
-    # v0.1: the stream read "closed" but its runtime stream stayed alive until the device
+    # before: the stream read "closed" but its runtime stream stayed alive until the device
     # closed (50 such cycles held 50 streams).
     async with open_dev() as dev:
         for _ in range(10):
@@ -207,7 +208,7 @@ async def test_closing_a_stream_with_an_admission_waiter_destroys_it(
 
 
 async def test_the_pinned_pool_gives_memory_back_after_a_burst(open_dev: OpenDevice) -> None:
-    # v0.1: 16 concurrent 40 MiB round trips took RSS from 80 MB to 2.1 GB until aclose().
+    # before: 16 concurrent 40 MiB round trips took RSS from 80 MB to 2.1 GB until aclose().
     budget = 64 << 20
     async with open_dev(pinned_pool_bytes=budget) as dev:
         n = 8 << 20
@@ -237,7 +238,7 @@ async def test_the_pinned_pool_gives_memory_back_after_a_burst(open_dev: OpenDev
 async def test_a_dropped_device_buffer_is_freed_with_a_resource_warning(
     open_dev: OpenDevice,
 ) -> None:
-    # v0.1: 1,000 x 1 MiB dropped -> 1,000 live buffers until the device closed.
+    # before: 1,000 x 1 MiB dropped -> 1,000 live buffers until the device closed.
     async with open_dev() as dev:
         s = dev.stream()
         kept = dev.malloc(64)
@@ -270,7 +271,7 @@ async def test_a_dropped_device_buffer_is_freed_with_a_resource_warning(
 
 
 async def test_big_copies_keep_the_loop_responsive(open_dev: OpenDevice) -> None:
-    # v0.1: staging allocated and copied on the loop or with the GIL held: 0.23-2.5 s stalls.
+    # before: staging allocated and copied on the loop or with the GIL held: 0.23-2.5 s stalls.
     lags: list[float] = []
     async with open_dev() as dev:
         n = 64 << 20
@@ -294,7 +295,7 @@ async def test_big_copies_keep_the_loop_responsive(open_dev: OpenDevice) -> None
             done.set()
         assert out[0] == 3 and out[-1] == 3
     print(f"[figures] loop lag during 64 MiB round trips: max {max(lags) * 1e3:.1f} ms")
-    assert max(lags) < 0.5  # v0.1: up to 2.5 s; expected a few ms (liveness bound)
+    assert max(lags) < 0.5  # before: up to 2.5 s; expected a few ms (liveness bound)
 
 
 async def test_a_closed_stream_says_closed_even_on_a_faulted_device(open_dev: OpenDevice) -> None:

@@ -9,7 +9,6 @@ is checked on the sim.
 
 from __future__ import annotations
 
-import functools
 import gc
 import random
 from collections.abc import Callable, Iterator
@@ -19,7 +18,6 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from backends import backend_params, gpu_skip_reason
 from helpers import assert_runtime_clean, live_resources, open_backend
 
 import aio_ascend as aa
@@ -27,17 +25,9 @@ from aio_ascend._runtime.sim.memory import POISON_BYTE
 
 pytestmark = pytest.mark.anyio
 
-POOL_BACKENDS = ["sim", "acl", "cuda-fake", "cuda"]
+BACKENDS = ("sim", "acl", "cuda-fake", "cuda")
 KiB = 1 << 10
 MiB = 1 << 20
-
-
-@pytest.fixture(params=backend_params(POOL_BACKENDS))
-def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
-    """``open_device`` on this test's backend (sim, acl double, cuda fake, a GPU) and loop."""
-    if request.param == "cuda" and (reason := gpu_skip_reason()):
-        pytest.skip(reason)
-    return functools.partial(open_backend, request.param)
 
 
 def sleep_args(microseconds: int) -> aa.HostArgs:
@@ -78,12 +68,12 @@ def device_memory(dev: aa.Device, free_bytes: int) -> Iterator[None]:
 
 
 async def test_ten_thousand_mixed_cycles_make_few_runtime_allocations(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
     rng = random.Random(31)
     # log-uniform sizes from 1 byte to 4 MiB: every size class from 512 B up is used
     sizes = [int(2 ** rng.uniform(0, 22)) for _ in range(10_000)]
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         before = live_resources(dev)["device_allocations"]
         window: list[aa.DeviceBuffer] = []
@@ -110,12 +100,12 @@ async def test_ten_thousand_mixed_cycles_make_few_runtime_allocations(
 
 
 async def test_a_freed_block_is_reused_only_after_its_queued_work_completed(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
     """The canary: a slow kernel, then a write into a buffer freed right after queueing. The
     next malloc of its size gets another block until the write has finished; then the same
     block, whose write landed in it and nowhere else."""
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         n = 4096
         a = dev.malloc(n)
@@ -140,9 +130,9 @@ async def test_a_freed_block_is_reused_only_after_its_queued_work_completed(
 
 
 async def test_a_late_reader_of_a_pooled_block_sees_the_poison_on_the_sim(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         if dev.backend != "sim":
             pytest.skip("the poison is the sim's")
         s = dev.stream()
@@ -190,9 +180,9 @@ async def test_the_sim_faults_past_the_request_not_past_the_block(
 
 
 async def test_out_of_memory_empties_the_cache_and_retries_once(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         with device_memory(dev, 1 * MiB):
             a = dev.malloc(600 * KiB)  # a 640 KiB block
@@ -211,8 +201,8 @@ async def test_out_of_memory_empties_the_cache_and_retries_once(
     assert_runtime_clean(dev)
 
 
-async def test_pool_limit_bytes_caps_what_the_device_holds(open_any: Callable[..., Any]) -> None:
-    async with open_any(pool_limit_bytes=1 * MiB) as dev:
+async def test_pool_limit_bytes_caps_what_the_device_holds(open_dev: Callable[..., Any]) -> None:
+    async with open_dev(pool_limit_bytes=1 * MiB) as dev:
         a = dev.malloc(600 * KiB)
         a.free()
         b = dev.malloc(700 * KiB)  # over the limit with the cached block: the cache goes
@@ -239,8 +229,8 @@ def test_a_bad_pool_limit_is_refused_in_the_call(limit: object, error: type[Exce
         aa.open_device(0, backend="sim", pool_limit_bytes=limit)  # type: ignore[arg-type]
 
 
-async def test_malloc_pool_false_is_a_direct_allocation(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_malloc_pool_false_is_a_direct_allocation(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         before = live_resources(dev)["device_allocations"]
         buf = dev.malloc(1000, pool=False)
@@ -261,8 +251,8 @@ async def test_malloc_pool_false_is_a_direct_allocation(open_any: Callable[..., 
         assert dev.memory_stats()["allocations"] == 1  # the refused call allocated nothing
 
 
-async def test_empty_cache_gives_back_only_idle_blocks(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_empty_cache_gives_back_only_idle_blocks(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         before = live_resources(dev)["device_allocations"]
         keep, idle, busy = dev.malloc(100), dev.malloc(3000), dev.malloc(5000)
@@ -283,8 +273,8 @@ async def test_empty_cache_gives_back_only_idle_blocks(open_any: Callable[..., A
         keep.free()
 
 
-async def test_memory_stats_after_close(open_any: Callable[..., Any]) -> None:
-    dev = await open_any()
+async def test_memory_stats_after_close(open_dev: Callable[..., Any]) -> None:
+    dev = await open_dev()
     s = dev.stream()
     live = dev.malloc(10_000)
     dev.malloc(70_000).free()  # cached
@@ -307,9 +297,9 @@ async def test_memory_stats_after_close(open_any: Callable[..., Any]) -> None:
 
 
 async def test_a_buffer_dropped_unfreed_goes_back_to_the_pool(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         buf = dev.malloc(256)
         first = buf.ptr
         del buf
@@ -321,9 +311,9 @@ async def test_a_buffer_dropped_unfreed_goes_back_to_the_pool(
 
 
 async def test_a_buffer_captured_by_a_graph_is_reused_only_after_the_graph_closed(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         x = dev.malloc(256)
         first = x.ptr

@@ -1,4 +1,4 @@
-"""The v0.2 everyday API (DESIGN "v0.2 additions"): one await, views, device copies, memset,
+"""The everyday API: one await, views, device copies, memset,
 wrapped memory, external and prioritised streams, ``dev.info``.
 
 Each test runs on the sim, the acl C double and the cuda backend over its fake driver (and on
@@ -8,7 +8,6 @@ few that need the sim's controls say so.
 
 from __future__ import annotations
 
-import functools
 import gc
 import weakref
 from collections.abc import Callable
@@ -17,31 +16,14 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from backends import backend_params, gpu_skip_reason
-from helpers import assert_runtime_clean, live_resources, open_backend
+from helpers import assert_runtime_clean, live_resources
 
 import aio_ascend as aa
 
 pytestmark = pytest.mark.anyio
 
 F32 = np.float32
-API_BACKENDS = ("sim", "acl", "cuda-fake", "cuda", "realrt")
-
-
-@pytest.fixture(params=backend_params(list(API_BACKENDS)))
-def api_backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    if name != "sim" and request.node.get_closest_marker("sim_only") is not None:
-        pytest.skip("needs the sim's test controls")
-    if name == "cuda" and (reason := gpu_skip_reason()):
-        pytest.skip(reason)
-    return name
-
-
-@pytest.fixture
-def open_any(api_backend: str, anyio_backend: object) -> Callable[..., Any]:
-    """``open_device`` on this test's backend (sim, acl double, cuda fake) and loop."""
-    return functools.partial(open_backend, api_backend)
+BACKENDS = ("sim", "acl", "cuda-fake", "cuda", "realrt")
 
 
 def vector_add(x: aa.DeviceBuffer, y: aa.DeviceBuffer, z: aa.DeviceBuffer, n: int) -> aa.HostArgs:
@@ -55,8 +37,8 @@ def sleep_args(microseconds: int) -> aa.HostArgs:
 # --- one await -------------------------------------------------------------------------------
 
 
-async def test_run_upload_download_need_one_await_each(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_run_upload_download_need_one_await_each(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         n = 1000
         x, y, z = dev.malloc(4 * n), dev.malloc(4 * n), dev.malloc(4 * n)
@@ -68,8 +50,8 @@ async def test_run_upload_download_need_one_await_each(open_any: Callable[..., A
         assert dev.stats()["in_flight"] == 0
 
 
-async def test_download_defaults_to_the_whole_buffer_as_bytes(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_download_defaults_to_the_whole_buffer_as_bytes(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(12)
         await s.upload(buf, bytes(range(12)))
@@ -82,8 +64,8 @@ async def test_download_defaults_to_the_whole_buffer_as_bytes(open_any: Callable
         assert as_u32.tobytes() == bytes(range(12))
 
 
-async def test_download_with_a_shape_reads_the_start(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_download_with_a_shape_reads_the_start(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(64)
         await s.upload(buf, np.arange(16, dtype=F32))
@@ -93,8 +75,8 @@ async def test_download_with_a_shape_reads_the_start(open_any: Callable[..., Any
         np.testing.assert_array_equal(scalar_shape, np.arange(4, dtype=F32))
 
 
-async def test_download_into_out_returns_out(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_download_into_out_returns_out(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(16)
         await s.upload(buf, np.array([1, 2, 3, 4], np.int32))
@@ -118,9 +100,9 @@ async def test_download_into_out_returns_out(open_any: Callable[..., Any]) -> No
     ],
 )
 async def test_bad_downloads_are_refused_before_anything_is_queued(
-    open_any: Callable[..., Any], kwargs: dict[str, Any], error: type[Exception]
+    open_dev: Callable[..., Any], kwargs: dict[str, Any], error: type[Exception]
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(10)
         before = dev.stats()["copies"]
@@ -130,8 +112,8 @@ async def test_bad_downloads_are_refused_before_anything_is_queued(
         assert s.in_flight == 0
 
 
-async def test_a_cancelled_run_still_runs_its_kernel(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_a_cancelled_run_still_runs_its_kernel(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         n = 64
         x, y, z = dev.malloc(4 * n), dev.malloc(4 * n), dev.malloc(4 * n)
@@ -148,8 +130,8 @@ async def test_a_cancelled_run_still_runs_its_kernel(open_any: Callable[..., Any
 # --- views -----------------------------------------------------------------------------------
 
 
-async def test_slices_follow_python_rules_without_clamping(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_slices_follow_python_rules_without_clamping(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         buf = dev.malloc(100)
         view = buf[10:-10]
         assert (view.ptr, view.nbytes, view.offset, view.base) == (buf.ptr + 10, 80, 10, buf)
@@ -170,8 +152,8 @@ async def test_slices_follow_python_rules_without_clamping(open_any: Callable[..
             buf["a":"b"]  # type: ignore[misc]
 
 
-async def test_views_work_in_copies_and_kernel_args(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_views_work_in_copies_and_kernel_args(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         n = 16
         buf = dev.malloc(3 * 4 * n)
@@ -185,9 +167,9 @@ async def test_views_work_in_copies_and_kernel_args(open_any: Callable[..., Any]
 
 
 async def test_empty_views_are_refused_where_bytes_are_needed(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(64)
         empty = buf[32:32]
@@ -205,9 +187,9 @@ async def test_empty_views_are_refused_where_bytes_are_needed(
 
 
 async def test_a_view_cannot_be_freed_and_its_root_free_waits_for_it(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         root = dev.malloc(4096)
         view = root[1024:2048]
@@ -228,8 +210,8 @@ async def test_a_view_cannot_be_freed_and_its_root_free_waits_for_it(
         assert dev.stats()["device_buffers"] == buffers - 1
 
 
-async def test_a_view_keeps_its_root_alive(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_a_view_keeps_its_root_alive(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         root = dev.malloc(256)
         ref = weakref.ref(root)
@@ -244,8 +226,8 @@ async def test_a_view_keeps_its_root_alive(open_any: Callable[..., Any]) -> None
 # --- device copies and memset ----------------------------------------------------------------
 
 
-async def test_copy_device_copies_between_buffers_and_views(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_copy_device_copies_between_buffers_and_views(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         src = dev.malloc(256)
         dst = dev.malloc(512)
@@ -262,8 +244,8 @@ async def test_copy_device_copies_between_buffers_and_views(open_any: Callable[.
         assert dev.stats()["copies"] >= 4
 
 
-async def test_copy_device_is_ordered_after_a_kernel(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_copy_device_is_ordered_after_a_kernel(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         n = 32
         x, y, z, out = (dev.malloc(4 * n) for _ in range(4))
@@ -281,9 +263,9 @@ async def test_copy_device_is_ordered_after_a_kernel(open_any: Callable[..., Any
     ["dst-too-small", "nbytes-too-big", "overlap", "not-a-buffer", "nbytes-type", "zero"],
 )
 async def test_bad_device_copies_are_refused_in_the_call(
-    open_any: Callable[..., Any], case: str
+    open_dev: Callable[..., Any], case: str
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         a, b = dev.malloc(128), dev.malloc(64)
         bad: dict[str, Callable[[], Any]] = {
@@ -299,8 +281,8 @@ async def test_bad_device_copies_are_refused_in_the_call(
         assert s.in_flight == 0
 
 
-async def test_memset_sets_bytes_and_checks_its_value(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_memset_sets_bytes_and_checks_its_value(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(100)
         await s.memset(buf, 1)
@@ -323,8 +305,8 @@ class Owner:
     """Stands for a torch_npu tensor that owns device memory."""
 
 
-async def test_wrapped_memory_is_used_but_never_freed(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_wrapped_memory_is_used_but_never_freed(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         raw = dev.runtime.malloc(256)
         allocations = live_resources(dev)["device_allocations"]
@@ -345,8 +327,8 @@ async def test_wrapped_memory_is_used_but_never_freed(open_any: Callable[..., An
         dev.runtime.free(raw)
 
 
-async def test_a_collected_wrapper_lets_go_of_its_owner(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_a_collected_wrapper_lets_go_of_its_owner(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         raw = dev.runtime.malloc(64)
         owner = Owner()
@@ -387,9 +369,9 @@ async def _collected(ref: weakref.ref[Any], within: float = 2.0) -> bool:
     ],
 )
 async def test_bad_wraps_are_refused(
-    open_any: Callable[..., Any], args: tuple[Any, Any], error: type[Exception]
+    open_dev: Callable[..., Any], args: tuple[Any, Any], error: type[Exception]
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         with pytest.raises(error):
             dev.wrap(*args)
 
@@ -398,9 +380,9 @@ async def test_bad_wraps_are_refused(
 
 
 async def test_an_external_stream_is_used_but_never_destroyed(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         runtime = dev.runtime
         # as its owner would: in the device's context (not whatever this thread has current)
         runtime.set_current_context(runtime.context)
@@ -419,16 +401,16 @@ async def test_an_external_stream_is_used_but_never_destroyed(
         runtime.destroy_stream(handle)
 
 
-async def test_bad_external_streams_are_refused(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_bad_external_streams_are_refused(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         with pytest.raises(TypeError):
             dev.external_stream("0x1234")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="handle"):
             dev.external_stream(0)
 
 
-async def test_stream_priorities_in_range_work(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_stream_priorities_in_range_work(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         info = dev.info
         least, greatest = info["stream_priority_least"], info["stream_priority_greatest"]
         assert isinstance(least, int)
@@ -447,7 +429,7 @@ async def test_stream_priorities_in_range_work(open_any: Callable[..., Any]) -> 
 
 
 @pytest.mark.sim_only
-async def test_the_sim_serves_the_more_urgent_stream_first(open_any: Callable[..., Any]) -> None:
+async def test_the_sim_serves_the_more_urgent_stream_first(open_dev: Callable[..., Any]) -> None:
     order: list[str] = []
     lib = aa.sim.KernelLibrary()
 
@@ -455,7 +437,7 @@ async def test_the_sim_serves_the_more_urgent_stream_first(open_any: Callable[..
     def mark(ctx: aa.sim.KernelContext) -> None:
         order.append("urgent" if ctx.u32(0) else "background")
 
-    async with open_any() as dev:
+    async with open_dev() as dev:
         fn = dev.load_module(lib).function("mark")
         background = dev.stream(priority=7)
         urgent = dev.stream(priority=0)
@@ -469,8 +451,8 @@ async def test_the_sim_serves_the_more_urgent_stream_first(open_any: Callable[..
         assert order == ["urgent"] * 3 + ["background"] * 3
 
 
-async def test_info_describes_the_device(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_info_describes_the_device(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         info = dev.info
         assert info["backend"] == dev.backend
         assert info["device_id"] == 0
@@ -486,8 +468,8 @@ async def test_info_describes_the_device(open_any: Callable[..., Any]) -> None:
         _ = dev.info
 
 
-async def test_everything_is_released_after_close(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_everything_is_released_after_close(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream(priority=dev.info["stream_priority_greatest"])
         buf = dev.malloc(1024)
         await s.memset(buf[512:], 1)

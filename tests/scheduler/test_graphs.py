@@ -1,37 +1,26 @@
 """Graphs: ``Stream.capture()`` records work once, ``run_graph``/``launch_graph`` replay it with
 one runtime call; what the replays read lives as long as the graph.
 
-On the backends that implement the runtime's capture (``GRAPH_BACKENDS``), on asyncio, uvloop
+On the backends that implement the runtime's capture (``BACKENDS``), on asyncio, uvloop
 and trio.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import numpy as np
 import pytest
-from backends import backend_params, mark_realrt_divergence
-from helpers import assert_runtime_clean, open_backend
+from helpers import assert_runtime_clean
 
 import aio_ascend as aa
 
 pytestmark = pytest.mark.anyio
 
 F32 = np.float32
-GRAPH_BACKENDS = ("sim", "cuda-fake", "acl", "realrt")
-
-
-@pytest.fixture(params=backend_params(list(GRAPH_BACKENDS)))
-def open_graph_dev(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
-    name: str = request.param
-    if name != "sim" and request.node.get_closest_marker("sim_only") is not None:
-        pytest.skip("needs the sim's test controls")
-    mark_realrt_divergence(request, name)
-    return functools.partial(open_backend, name)
+BACKENDS = ("sim", "cuda-fake", "acl", "realrt")
 
 
 def axpy(x: aa.DeviceBuffer, y: aa.DeviceBuffer, a: float, n: int) -> aa.HostArgs:
@@ -39,9 +28,9 @@ def axpy(x: aa.DeviceBuffer, y: aa.DeviceBuffer, a: float, n: int) -> aa.HostArg
 
 
 async def test_a_graph_runs_only_when_replayed_on_any_stream(
-    open_graph_dev: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_graph_dev() as dev:
+    async with open_dev() as dev:
         s, t = dev.stream(), dev.stream()
         n = 64
         x, y = dev.malloc(4 * n), dev.malloc(4 * n)
@@ -66,9 +55,9 @@ async def test_a_graph_runs_only_when_replayed_on_any_stream(
 
 
 async def test_a_captured_upload_copies_the_bytes_given_at_capture(
-    open_graph_dev: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_graph_dev() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(16)
         data = np.arange(16, dtype=np.uint8)
@@ -85,9 +74,9 @@ async def test_a_captured_upload_copies_the_bytes_given_at_capture(
 
 
 async def test_the_graph_keeps_its_buffers_until_closed_and_replayed(
-    open_graph_dev: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_graph_dev() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         src, dst = dev.malloc(256), dev.malloc(256)
         await s.memset(src, 3)
@@ -111,9 +100,9 @@ async def test_the_graph_keeps_its_buffers_until_closed_and_replayed(
 
 
 async def test_an_exception_in_the_block_captures_nothing(
-    open_graph_dev: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_graph_dev() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(4096)
         in_use = dev.stats()["host_buffers_in_use"]
@@ -134,8 +123,8 @@ async def test_an_exception_in_the_block_captures_nothing(
         assert dev.stats()["device_buffers"] == 0  # nothing kept it in use
 
 
-async def test_bad_captures_are_refused_in_the_call(open_graph_dev: Callable[..., Any]) -> None:
-    async with open_graph_dev() as other, open_graph_dev() as dev:
+async def test_bad_captures_are_refused_in_the_call(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as other, open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(64)
         with pytest.raises(ValueError, match="nothing was captured"):
@@ -164,8 +153,8 @@ async def test_bad_captures_are_refused_in_the_call(open_graph_dev: Callable[...
             await other.stream().launch_graph(capture.graph)
 
 
-async def test_a_fault_in_a_replay_fails_the_replay(open_graph_dev: Callable[..., Any]) -> None:
-    async with open_graph_dev() as dev:
+async def test_a_fault_in_a_replay_fails_the_replay(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         async with s.capture() as capture:
             capture.launch(dev.function("noop"), 1)
@@ -176,8 +165,8 @@ async def test_a_fault_in_a_replay_fails_the_replay(open_graph_dev: Callable[...
             await s.synchronize()
 
 
-async def test_graphs_left_open_are_released_at_close(open_graph_dev: Callable[..., Any]) -> None:
-    async with open_graph_dev() as dev:
+async def test_graphs_left_open_are_released_at_close(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(1 << 20)
         for _ in range(3):

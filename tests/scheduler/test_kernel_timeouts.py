@@ -13,14 +13,9 @@ from helpers import OpenDevice
 
 import aio_ascend as aa
 
-pytestmark = [pytest.mark.anyio, pytest.mark.personas]
-
-
-@pytest.fixture(autouse=True)
-def _kernel_timeouts_need_a_launch_config(device_backend: str) -> None:
-    if device_backend == "acl-8.0":
-        # aclrtLaunchKernel takes no config: refused (test_acl_devargs.py checks the refusal)
-        pytest.skip("CANN 8.0's device-args launch carries no kernel timeout")
+# CANN 8.0's device-args launch (aclrtLaunchKernel) carries no kernel timeout: deselected there
+# (test_acl_devargs.py checks that a launch config is refused on it)
+pytestmark = [pytest.mark.anyio, pytest.mark.personas, pytest.mark.needs("launch_config")]
 
 
 BOUND_S = 30.0  # liveness bound: hundreds of times the timeouts below

@@ -15,7 +15,6 @@ import warnings
 import anyio
 import numpy as np
 import pytest
-from backends import backend_params, gpu_skip_reason
 from helpers import (
     OpenDevice,
     assert_runtime_clean,
@@ -299,17 +298,10 @@ async def test_a_pinned_array_outlives_a_device_collected_without_close(
     assert not library_threads(), "the runtime was not closed after its last pinned array"
 
 
-@pytest.fixture(params=backend_params(["cuda-fake", "cuda"]))
-def cuda_backend(request: pytest.FixtureRequest, anyio_backend: object) -> str:
-    name: str = request.param
-    if name == "cuda" and (reason := gpu_skip_reason()):
-        pytest.skip(reason)
-    return name
-
-
-async def test_pinned_arrays_on_cuda(cuda_backend: str) -> None:
+@pytest.mark.backends("cuda-fake", "cuda")
+async def test_pinned_arrays_on_cuda(device_backend: str) -> None:
     # The cuda backend's malloc_host is cuMemHostAlloc: copies from and to it are direct too.
-    async with open_backend(cuda_backend) as dev:
+    async with open_backend(device_backend) as dev:
         s = dev.stream()
         src = dev.pinned_empty(2 * STAGE_AT_HAND_BYTES // 4, np.float32)
         src[:] = np.arange(src.size, dtype=np.float32)

@@ -7,7 +7,6 @@ asyncio, uvloop and trio; the few that need the sim's controls say so.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,35 +15,21 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from backends import backend_params
-from helpers import open_backend
 
 import aio_ascend as aa
 
 pytestmark = pytest.mark.anyio
 
+BACKENDS = ("sim", "acl", "cuda-fake", "realrt")
 SLOW_US = 30_000  # a kernel long enough for the host to act while it runs
 
 
-@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake", "realrt"]))
-def api_backend(request: pytest.FixtureRequest) -> str:
-    name: str = request.param
-    if name != "sim" and request.node.get_closest_marker("sim_only") is not None:
-        pytest.skip("needs the sim's test controls")
-    return name
-
-
 @pytest.fixture
-def open_any(api_backend: str, anyio_backend: object) -> Callable[..., Any]:
-    return functools.partial(open_backend, api_backend)
-
-
-@pytest.fixture
-def two_devices(api_backend: str) -> Iterator[None]:
+def two_devices(device_backend: str) -> Iterator[None]:
     """Device 1 exists too (the acl double shows one device unless told otherwise)."""
-    if api_backend == "cuda-fake":
+    if device_backend == "cuda-fake":
         pytest.skip("the fake CUDA driver has one device")
-    if api_backend != "acl":
+    if device_backend != "acl":
         yield
         return
     from doubles.acl_double import double_control
@@ -65,9 +50,9 @@ def sleep_args(microseconds: int) -> aa.HostArgs:
 
 
 async def test_wait_stream_orders_later_work_after_the_other_streams(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         a, b = dev.stream(), dev.stream()
         src, dst = dev.malloc(64), dev.malloc(64)
         await b.memset(src, 0)
@@ -87,9 +72,9 @@ async def test_wait_stream_orders_later_work_after_the_other_streams(
 
 
 async def test_wait_stream_misuse_is_refused(
-    open_any: Callable[..., Any], two_devices: None
+    open_dev: Callable[..., Any], two_devices: None
 ) -> None:
-    async with open_any() as dev, open_any(1) as other:
+    async with open_dev() as dev, open_dev(1) as other:
         s = dev.stream()
         with pytest.raises(TypeError, match="Stream"):
             await s.wait_stream(object())  # type: ignore[arg-type]
@@ -107,9 +92,9 @@ async def test_wait_stream_misuse_is_refused(
 
 
 async def test_query_tells_whether_everything_queued_has_finished(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         assert s.query()  # nothing queued
         task = await s.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
@@ -123,8 +108,8 @@ async def test_query_tells_whether_everything_queued_has_finished(
         assert s.query()
 
 
-async def test_query_belongs_to_the_loop_thread(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_query_belongs_to_the_loop_thread(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         with pytest.raises(RuntimeError, match="thread"):
             await anyio.to_thread.run_sync(s.query)
@@ -134,9 +119,9 @@ async def test_query_belongs_to_the_loop_thread(open_any: Callable[..., Any]) ->
 
 
 async def test_a_host_function_runs_after_earlier_work_and_holds_later_work(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(16)
         earlier = await s.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
@@ -165,11 +150,11 @@ async def test_a_host_function_runs_after_earlier_work_and_holds_later_work(
 
 
 async def test_a_plan_launch_waits_for_a_host_function_as_every_operation_does(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
     # A launch plan queues on its stream through the stream's own admission: a host function
     # queued before holds it, as it holds a plain launch.
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         x = dev.malloc(16)
         y = dev.malloc(16)
@@ -190,9 +175,9 @@ async def test_a_plan_launch_waits_for_a_host_function_as_every_operation_does(
 
 
 async def test_an_exception_in_a_host_function_fails_its_task_not_the_stream(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(8)
 
@@ -209,9 +194,9 @@ async def test_an_exception_in_a_host_function_fails_its_task_not_the_stream(
 
 
 async def test_host_functions_run_in_stream_order_and_synchronize_waits_for_them(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         a, b = dev.stream(), dev.stream()
         order: list[str] = []
         await a.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
@@ -225,8 +210,8 @@ async def test_host_functions_run_in_stream_order_and_synchronize_waits_for_them
 
 
 @pytest.mark.sim_only
-async def test_a_host_function_after_failed_work_never_runs(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_a_host_function_after_failed_work_never_runs(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         ran: list[int] = []
         fault = await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015))
@@ -240,9 +225,9 @@ async def test_a_host_function_after_failed_work_never_runs(open_any: Callable[.
 
 
 async def test_a_host_function_cancelled_before_admission_never_runs(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)
         busy = await s.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
         ran: list[int] = []
@@ -256,8 +241,8 @@ async def test_a_host_function_cancelled_before_admission_never_runs(
         assert ran == [] and s.query()
 
 
-async def test_launch_host_func_misuse_is_refused(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_launch_host_func_misuse_is_refused(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         with pytest.raises(TypeError, match="callable"):
             await s.launch_host_func(42)  # type: ignore[arg-type]
@@ -266,14 +251,14 @@ async def test_launch_host_func_misuse_is_refused(open_any: Callable[..., Any]) 
             await s.launch_host_func(lambda: None)
 
 
-async def test_the_close_waits_for_a_running_host_function(open_any: Callable[..., Any]) -> None:
+async def test_the_close_waits_for_a_running_host_function(open_dev: Callable[..., Any]) -> None:
     finished = threading.Event()
 
     def slow() -> None:
         finished.wait(0.3)
         finished.set()
 
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s = dev.stream()
         host = await s.launch_host_func(slow)
     assert finished.is_set()
@@ -283,7 +268,7 @@ async def test_the_close_waits_for_a_running_host_function(open_any: Callable[..
 
 
 async def test_a_close_abandons_a_host_function_past_its_timeout(
-    open_any: Callable[..., Any], caplog: pytest.LogCaptureFixture
+    open_dev: Callable[..., Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     started, release = threading.Event(), threading.Event()
 
@@ -291,7 +276,7 @@ async def test_a_close_abandons_a_host_function_past_its_timeout(
         started.set()
         release.wait(30)
 
-    dev = await open_any()
+    dev = await open_dev()
     s = dev.stream()
     host = await s.launch_host_func(stuck)
     await anyio.to_thread.run_sync(started.wait, 10)
@@ -308,8 +293,8 @@ async def test_a_close_abandons_a_host_function_past_its_timeout(
             await anyio.to_thread.run_sync(thread.join, 10)
 
 
-async def test_a_stream_close_waits_for_its_host_function(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_a_stream_close_waits_for_its_host_function(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         s = dev.stream()
         ran = threading.Event()
 
@@ -326,9 +311,9 @@ async def test_a_stream_close_waits_for_its_host_function(open_any: Callable[...
 
 
 async def test_copy_device_reads_a_buffer_of_another_device(
-    open_any: Callable[..., Any], two_devices: None
+    open_dev: Callable[..., Any], two_devices: None
 ) -> None:
-    async with open_any(0) as dev, open_any(1) as other:
+    async with open_dev(0) as dev, open_dev(1) as other:
         here, there = dev.stream(), other.stream()
         src = other.malloc(32)
         dst = dev.malloc(32)
@@ -344,9 +329,9 @@ async def test_copy_device_reads_a_buffer_of_another_device(
 
 
 async def test_copy_device_across_devices_misuse_is_refused(
-    open_any: Callable[..., Any], two_devices: None
+    open_dev: Callable[..., Any], two_devices: None
 ) -> None:
-    async with open_any(0) as dev, open_any(1) as other:
+    async with open_dev(0) as dev, open_dev(1) as other:
         here, there = dev.stream(), other.stream()
         src, dst = other.malloc(32), dev.malloc(16)
         with pytest.raises(ValueError, match="src_stream"):

@@ -9,13 +9,11 @@ not, and the same programs read stale data with it: the tests show both.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from backends import backend_params
 from doubles.torch_npu_queue import FakeTorchEvent, FakeTorchStream
 from helpers import open_backend
 
@@ -24,12 +22,8 @@ from aio_ascend._runtime.abi import ACL_EVENT_SYNC, ACL_MEMCPY_DEVICE_TO_DEVICE
 
 pytestmark = pytest.mark.anyio
 
+BACKENDS = ("sim", "acl", "cuda-fake", "realrt")
 N = 64
-
-
-@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake", "realrt"]))
-def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
-    return functools.partial(open_backend, request.param)
 
 
 @asynccontextmanager
@@ -94,32 +88,32 @@ async def _torch_after_ours(dev: aa.Device, torch: FakeTorchStream, ordered: boo
     return result
 
 
-async def test_our_work_follows_torchs_queued_ops(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev, torch_beside(dev, lag_s=60.0) as torch:
+async def test_our_work_follows_torchs_queued_ops(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev, torch_beside(dev, lag_s=60.0) as torch:
         assert await _ours_after_torch(dev, torch, ordered=True) == [5] * N
         assert torch.launched == ["fill x"]
 
 
-async def test_torchs_later_ops_follow_our_work(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev, torch_beside(dev, lag_s=60.0) as torch:
+async def test_torchs_later_ops_follow_our_work(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev, torch_beside(dev, lag_s=60.0) as torch:
         assert await _torch_after_ours(dev, torch, ordered=True) == [9] * N
 
 
-async def test_a_plain_handle_does_neither(open_any: Callable[..., Any]) -> None:
+async def test_a_plain_handle_does_neither(open_dev: Callable[..., Any]) -> None:
     # What the handshake prevents: the same programs over the handle alone read stale data
-    async with open_any() as dev, torch_beside(dev, lag_s=60.0) as torch:
+    async with open_dev() as dev, torch_beside(dev, lag_s=60.0) as torch:
         assert await _ours_after_torch(dev, torch, ordered=False) == [0] * N
         assert await _torch_after_ours(dev, torch, ordered=False) == [0] * N
 
 
-async def test_a_sync_launch_stream_is_ordered_too(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev, torch_beside(dev, sync=True) as torch:
+async def test_a_sync_launch_stream_is_ordered_too(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev, torch_beside(dev, sync=True) as torch:
         assert await _ours_after_torch(dev, torch, ordered=True) == [5] * N
         assert await _torch_after_ours(dev, torch, ordered=True) == [9] * N
 
 
-async def test_every_operation_drains_torchs_queue(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev, torch_beside(dev) as torch:
+async def test_every_operation_drains_torchs_queue(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev, torch_beside(dev) as torch:
         ours = dev.external_stream(torch)
         buf = dev.malloc(N)
         before = torch.drains
@@ -131,13 +125,13 @@ async def test_every_operation_drains_torchs_queue(open_any: Callable[..., Any])
 
 
 async def test_an_external_stream_object_must_keep_its_handle(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
     class Moving:
         def __init__(self, handle: int) -> None:
             self.npu_stream = handle
 
-    async with open_any() as dev, torch_beside(dev, sync=True) as torch:
+    async with open_dev() as dev, torch_beside(dev, sync=True) as torch:
         moving = Moving(torch.npu_stream)
         ours = dev.external_stream(moving)
         moving.npu_stream += 1
@@ -151,8 +145,8 @@ async def test_an_external_stream_object_must_keep_its_handle(
 # --- external events -------------------------------------------------------------------------
 
 
-async def test_a_stream_waits_for_a_torch_event(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev, torch_beside(dev) as torch:
+async def test_a_stream_waits_for_a_torch_event(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev, torch_beside(dev) as torch:
         x, y = dev.malloc(N), dev.malloc(N)
         async with dev.stream() as setup:
             await setup.memset(x, 0)
@@ -173,8 +167,8 @@ async def test_a_stream_waits_for_a_torch_event(open_any: Callable[..., Any]) ->
         event.destroy()
 
 
-async def test_external_event_misuse_is_refused(open_any: Callable[..., Any]) -> None:
-    async with open_any() as dev:
+async def test_external_event_misuse_is_refused(open_dev: Callable[..., Any]) -> None:
+    async with open_dev() as dev:
         with pytest.raises(TypeError, match="event handle"):
             dev.external_event("e")
         with pytest.raises(TypeError, match="event handle"):
@@ -183,14 +177,14 @@ async def test_external_event_misuse_is_refused(open_any: Callable[..., Any]) ->
             dev.external_event(type("Lazy", (), {"npu_event": 0})())
         with pytest.raises(TypeError, match="stream"):
             dev.external_event(1234, after=object())
-        async with open_any(0) as other:
+        async with open_dev(0) as other:
             ext = other.external_event(1234)
             with pytest.raises(ValueError, match="different device"):
                 await dev.stream().wait_event(ext)
 
 
 async def test_a_host_function_on_a_torch_stream_holds_work_issued_while_its_call_runs(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
     # The hold is in place before launch_host_func awaits anything after queueing its event:
     # an operation issued by another coroutine meanwhile still runs after fn.
@@ -198,7 +192,7 @@ async def test_a_host_function_on_a_torch_stream_holds_work_issued_while_its_cal
 
     import anyio
 
-    async with open_any() as dev, torch_beside(dev) as torch:
+    async with open_dev() as dev, torch_beside(dev) as torch:
         ours = dev.external_stream(torch)
         buf = dev.malloc(N)
         release = threading.Event()

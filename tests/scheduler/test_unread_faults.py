@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-from backends import backend_params
 from helpers import open_backend
 
 import aio_ascend as aa
@@ -54,12 +53,6 @@ async def _open(backend: str) -> AsyncIterator[aa.Device]:
         control.set_unread_faults(False)
 
 
-@pytest.fixture(params=backend_params(["sim", "acl"]))
-def backend(request: pytest.FixtureRequest, anyio_backend: object) -> str:
-    name: str = request.param
-    return name
-
-
 def test_the_sim_hides_an_unread_fault_from_event_queries() -> None:
     rt = open_sim_runtime(0, unread_faults=True)
     try:
@@ -87,9 +80,9 @@ def test_the_sim_hides_an_unread_fault_from_event_queries() -> None:
 
 @pytest.mark.anyio
 async def test_a_failed_launch_fails_its_task_without_waiting_for_the_timeout(
-    backend: str,
+    device_backend: str,
 ) -> None:
-    async with _open(backend) as dev:
+    async with _open(device_backend) as dev:
         s = dev.stream()
         with anyio.fail_after(BOUND_S):
             await s.run(dev.function("noop"), 1)  # the stream worked before
@@ -107,8 +100,8 @@ async def test_a_failed_launch_fails_its_task_without_waiting_for_the_timeout(
 
 
 @pytest.mark.anyio
-async def test_a_stream_synchronize_behind_a_failed_task_ends(backend: str) -> None:
-    async with _open(backend) as dev:
+async def test_a_stream_synchronize_behind_a_failed_task_ends(device_backend: str) -> None:
+    async with _open(device_backend) as dev:
         s, other = dev.stream(), dev.stream()
         await s.launch(dev.function("fault"), 1, aa.HostArgs().u32(507015))
         with anyio.fail_after(BOUND_S), pytest.raises(aa.DeviceFaultError):
@@ -119,8 +112,8 @@ async def test_a_stream_synchronize_behind_a_failed_task_ends(backend: str) -> N
 
 
 @pytest.mark.anyio
-async def test_a_long_kernel_is_probed_but_not_failed(backend: str) -> None:
-    async with _open(backend) as dev:
+async def test_a_long_kernel_is_probed_but_not_failed(device_backend: str) -> None:
+    async with _open(device_backend) as dev:
         s = dev.stream()
         with anyio.fail_after(BOUND_S):
             # 0.4 s: several probes (0.05 s, then 0.1, 0.2 ...), each answered "still running"

@@ -1,4 +1,4 @@
-"""Failures are never unseen (DESIGN v0.2): unretrieved task errors are raised once by
+"""Failures are never unseen: unretrieved task errors are raised once by
 ``synchronize()``, logged when their task is collected or when the device closes; a device
 fault is logged once with its count; and the happy path logs nothing at WARNING or above.
 

@@ -8,13 +8,11 @@ matters, on asyncio, uvloop and trio.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pytest
-from backends import backend_params
 from helpers import open_backend
 
 import aio_ascend as aa
@@ -22,16 +20,9 @@ from aio_ascend.sim import KernelContext, KernelLibrary
 
 pytestmark = pytest.mark.anyio
 
-
-@pytest.fixture(params=backend_params(["sim", "acl", "cuda-fake", "realrt"]))
-def open_any(request: pytest.FixtureRequest, anyio_backend: object) -> Callable[..., Any]:
-    """``open_device`` on this test's backend (sim, acl double, cuda fake) and loop."""
-    return functools.partial(open_backend, request.param)
+BACKENDS = ("sim", "acl", "cuda-fake", "realrt")
 
 
-# --- kernel arguments against the kernel's declared parameters --------------------------------
-
-#: a HostArgs each built-in kernel does not declare (count or sizes differ)
 WRONG_ARGS: dict[str, Callable[[], aa.HostArgs]] = {
     "vector_add": lambda: aa.HostArgs().u32(3),
     "axpy": lambda: aa.HostArgs().ptr(0).ptr(0).u32(1).u32(1).u32(1),
@@ -59,9 +50,9 @@ async def test_wrong_args_for_a_builtin_kernel_fail_at_the_call_and_the_device_s
 
 
 async def test_wrong_args_on_another_backend_fail_at_the_call_too(
-    open_any: Callable[..., Any],
+    open_dev: Callable[..., Any],
 ) -> None:
-    async with open_any() as dev:
+    async with open_dev() as dev:
         s, other = dev.stream(), dev.stream()
         x = dev.malloc(64)
         with pytest.raises(ValueError, match="vector_add"):
@@ -463,14 +454,14 @@ def test_every_public_call_is_covered_after_close() -> None:
     assert _public_calls() - covered == set()
 
 
-@pytest.mark.parametrize("backend", ["sim", "acl"])
+@pytest.mark.backends("sim", "acl")
 @pytest.mark.parametrize("call", sorted(AFTER_CLOSE))
 async def test_every_public_call_after_close_raises_closed_error(
-    call: str, backend: str, anyio_backend: object
+    call: str, device_backend: str, anyio_backend: object
 ) -> None:
     import inspect
 
-    c = await _Closed.make(backend)
+    c = await _Closed.make(device_backend)
 
     async def make_the_call() -> None:
         result = AFTER_CLOSE[call](c)

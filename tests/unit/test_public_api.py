@@ -100,8 +100,8 @@ def test_documented_methods_exist() -> None:
             ), f"{cls.__name__}.{name}"
 
 
-def test_v02_signatures_follow_the_design() -> None:
-    """The parameter names DESIGN v0.2 gives (callers pass some of them by keyword)."""
+def test_the_signatures_follow_the_design() -> None:
+    """The parameter names the design gives (callers pass some of them by keyword)."""
     import inspect
 
     def params(fn: object) -> list[str]:
