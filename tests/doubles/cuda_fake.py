@@ -185,7 +185,7 @@ class FakeDriver:
     (_UNSUPPORTED, invalidating) while another thread holds a GLOBAL capture or the calling
     thread a non-RELAXED one. Beginning a capture twice or ending one on a stream that is not
     capturing: CUDA_ERROR_ILLEGAL_STATE; a non-RELAXED capture ended by another thread:
-    _WRONG_THREAD. ``cuGraphInstantiateWithFlags`` snapshots the graph (flags must be 0);
+    _WRONG_THREAD. ``cuGraphInstantiate`` snapshots the graph (flags must be 0);
     ``cuGraphLaunch`` queues one op that runs copies of the recorded ops in order, and the
     launches of one executable graph run one at a time in launch order whatever their stream,
     as CUDA runs them; an unknown or destroyed graph or executable graph is
@@ -890,7 +890,7 @@ class FakeDriver:
         self.graphs[handle] = capture.ops
         return 0, handle
 
-    def cuGraphInstantiateWithFlags(self, graph: int, flags: int) -> tuple[int, int | None]:
+    def cuGraphInstantiate(self, graph: int, flags: int) -> tuple[int, int | None]:
         if code := self._need():
             return code, None
         ops = self.graphs.get(graph)

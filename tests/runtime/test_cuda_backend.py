@@ -1404,8 +1404,8 @@ def test_the_fake_models_capture_as_cuda_does() -> None:
     assert fake.cuMemcpyHtoDAsync(dst, src, 8, a) == (0,)
     err, graph = fake.cuStreamEndCapture(a)
     assert err == 0
-    assert fake.cuGraphInstantiateWithFlags(graph, 1) == (1, None)
-    err, graph_exec = fake.cuGraphInstantiateWithFlags(graph, 0)
+    assert fake.cuGraphInstantiate(graph, 1) == (1, None)
+    err, graph_exec = fake.cuGraphInstantiate(graph, 0)
     assert err == 0
     assert fake.cuGraphDestroy(graph) == (0,)  # the executable graph is a snapshot
     # the launches of one executable graph run one at a time, in launch order

@@ -4,7 +4,7 @@
   because the rest of the library keeps working while a capture is open: the poller thread
   queries the events of other streams, and memory is allocated (by users, and for a captured
   launch's placeholder data); the global and thread-local modes make such calls illegal.
-- ``end_capture``: ``cuStreamEndCapture``, then ``cuGraphInstantiateWithFlags(hGraph, 0)``.
+- ``end_capture``: ``cuStreamEndCapture``, then ``cuGraphInstantiate(hGraph, 0)``.
   The handle returned names the backend's own record (graph, executable graph, and the
   capture's staging memory), not a CUDA handle, so a destroyed graph's handle never aliases a
   later one and a replay of it is refused before CUDA sees it (as for every other handle).
@@ -130,7 +130,7 @@ class CudaCapture:
             )
 
     def end(self, s: CudaStream, func: str) -> CudaGraph:
-        """``cuStreamEndCapture`` + ``cuGraphInstantiateWithFlags(hGraph, 0)``; if either
+        """``cuStreamEndCapture`` + ``cuGraphInstantiate(hGraph, 0)``; if either
         fails, what the capture holds is released."""
         d = self._driver
         with s.lock:
@@ -145,11 +145,11 @@ class CudaCapture:
                 d.cuGraphDestroy(graph)
             self._free_blocks(blocks)
             self._runtime.fail(int(err), func)
-        err, graph_exec = d.cuGraphInstantiateWithFlags(graph, 0)
+        err, graph_exec = d.cuGraphInstantiate(graph, 0)
         if int(err):
             d.cuGraphDestroy(graph)
             self._free_blocks(blocks)
-            self._runtime.fail(int(err), "cuGraphInstantiateWithFlags")
+            self._runtime.fail(int(err), "cuGraphInstantiate")
         return CudaGraph(next(self._ids), graph, graph_exec, blocks)
 
     def replay(self, g: CudaGraph, s: CudaStream, func: str) -> None:
