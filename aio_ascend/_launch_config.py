@@ -172,17 +172,6 @@ class LaunchConfig:
             struct.pack("<I", attr_id) + value.ljust(16, b"\0") for attr_id, value in self._attrs
         )
 
-    @staticmethod
-    def unpack_attrs(data: bytes) -> dict[int, bytes]:
-        """Decode an attribute array (the inverse of :meth:`pack_attrs`), keyed by attr id."""
-        if len(data) % LAUNCH_ATTR_SIZE:
-            raise ValueError(f"attribute array of {len(data)} bytes is not a multiple of 20")
-        out: dict[int, bytes] = {}
-        for offset in range(0, len(data), LAUNCH_ATTR_SIZE):
-            (attr_id,) = struct.unpack_from("<I", data, offset)
-            out[attr_id] = data[offset + 4 : offset + LAUNCH_ATTR_SIZE]
-        return out
-
     @classmethod
     def coerce(
         cls, value: LaunchConfig | LaunchConfigDict | dict[str, object] | None

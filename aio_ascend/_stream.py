@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import weakref
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -219,6 +220,14 @@ def _memset_args(
     return dst_buf, root, int(value), count
 
 
+class _CaptureState(enum.Enum):
+    """A :class:`GraphCapture`'s life: entered once, recording inside the block, then done."""
+
+    NEW = enum.auto()
+    RECORDING = enum.auto()
+    DONE = enum.auto()
+
+
 class GraphCapture:
     """What ``async with stream.capture() as capture:`` gives: record operations on it, then
     take ``capture.graph`` after the block (see :meth:`Stream.capture`).
@@ -240,13 +249,13 @@ class GraphCapture:
         self._lane = lane
         self._admit = admit
         self._ops: list[Request] = []
-        self._state = "new"
+        self._state = _CaptureState.NEW
         #: the captured graph, once the block has exited
         self.graph: Graph | None = None
 
     def _recording(self) -> None:
         self._scheduler.check_usable()
-        if self._state != "recording":
+        if self._state is not _CaptureState.RECORDING:
             raise RuntimeError("record operations inside `async with stream.capture() as c:`")
 
     def launch(
@@ -290,10 +299,10 @@ class GraphCapture:
         self._ops.append(scheduler.graphs.memset(self._lane, dst_buf, root, byte, count))
 
     async def __aenter__(self) -> GraphCapture:
-        if self._state != "new":
+        if self._state is not _CaptureState.NEW:
             raise RuntimeError("a GraphCapture is entered once")
         self._scheduler.check_usable()  # a capture made before the device closed: ClosedError
-        self._state = "recording"
+        self._state = _CaptureState.RECORDING
         return self
 
     async def __aexit__(
@@ -302,7 +311,7 @@ class GraphCapture:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._state = "done"
+        self._state = _CaptureState.DONE
         ops, self._ops = self._ops, []
         graphs = self._scheduler.graphs
         if exc_type is not None:

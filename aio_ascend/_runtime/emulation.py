@@ -176,11 +176,6 @@ class AclEmulation(Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
         if self._fault is not None:
             raise self._fault_error(func)
 
-    @property
-    def is_faulted(self) -> bool:
-        """Whether the device has faulted (sticky until close)."""
-        return self._fault is not None
-
     def must_settle(self) -> bool:
         """See the protocol: never on an emulation."""
         return False

@@ -104,7 +104,6 @@ class LaunchGraph(Request):
 
     __slots__ = ("graph",)
     kind = "launch_graph"
-    is_launch = True
 
     def __init__(self, lane: Lane, graph: GraphRecord) -> None:
         super().__init__(lane, None, (graph,))

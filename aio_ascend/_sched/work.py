@@ -87,8 +87,8 @@ class Request(Task):
     )
     kind = "request"
     lane: Lane  # (its stream, as the scheduler sees it)
-    #: whether it counts as a launch, a copy or neither in ``Device.stats()``
-    is_launch = False
+    #: whether it counts as a copy in ``Device.stats()`` (the submitter counts a plain
+    #: :class:`Launch` by its type; a graph replay counts as neither)
     is_copy = False
     #: whether :meth:`on_complete` has host-side work to do
     needs_completion = False
@@ -208,7 +208,6 @@ class Launch(Request):
 
     __slots__ = ("spec",)
     kind = "launch"
-    is_launch = True
     staged = True
 
     def __init__(self, lane: Lane, spec: LaunchSpec) -> None:

@@ -391,16 +391,27 @@ def test_exception_reports_name_stream_and_task() -> None:
 
 
 def test_the_last_error_is_the_threads_last_code() -> None:
+    """``aclrtPeekAtLastError`` keeps the calling thread's last code; ``aclrtGetLastError``
+    clears it (both at thread level), as the library binds them."""
+    from aio_ascend._runtime.abi import ACL_RT_THREAD_LEVEL
     from aio_ascend._runtime.acl.runtime import open_acl_runtime
 
     runtime = open_acl_runtime(0, library_path=build_double().library)
+    functions = runtime._library.functions
+
+    def last_error(*, clear: bool = False) -> int:
+        code: int = functions["aclrtGetLastError" if clear else "aclrtPeekAtLastError"](
+            ACL_RT_THREAD_LEVEL
+        )
+        return code
+
     try:
-        runtime.last_error(clear=True)
-        assert runtime.last_error() == 0
+        last_error(clear=True)
+        assert last_error() == 0
         with pytest.raises(aa.RuntimeAPIError):
             runtime.free(0x1234)
-        assert runtime.last_error() == 107000  # peek: kept
-        assert runtime.last_error(clear=True) == 107000
-        assert runtime.last_error() == 0
+        assert last_error() == 107000  # peek: kept
+        assert last_error(clear=True) == 107000
+        assert last_error() == 0
     finally:
         runtime.close()

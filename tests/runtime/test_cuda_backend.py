@@ -710,7 +710,7 @@ def test_close_after_a_fault_resets_the_primary_context(
     d.launch("fault", HostArgs().u32(0))
     with pytest.raises(DeviceFaultError):
         runtime.synchronize_stream(d.stream, 1000)
-    assert isinstance(runtime, CudaRuntime) and runtime.is_faulted
+    assert isinstance(runtime, CudaRuntime) and runtime._fault is not None
     runtime.close()
     assert fake.resets == 1
 
@@ -948,7 +948,7 @@ def test_memset_outside_a_live_allocation_is_refused_by_the_driver(kit: RuntimeK
             kit.rt.memset_async(target, count, 0, count, kit.stream)
         assert info.value.code == 1
         assert "CUDA_ERROR_INVALID_VALUE (1)" in info.value.message
-    assert not kit.rt.is_faulted  # type: ignore[attr-defined]
+    assert kit.rt._fault is None  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("op", ["memset", "copy"])

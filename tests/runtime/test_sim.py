@@ -90,8 +90,8 @@ def test_exports_and_registry() -> None:
         assert isinstance(runtime, SimRuntime)
         assert isinstance(runtime, Runtime)
         assert (runtime.name, runtime.device_id) == ("sim", 3)
-        assert runtime.device_thread.name == "aio_ascend-sim-3"
-        assert runtime.device_thread.daemon
+        assert runtime._thread.name == "aio_ascend-sim-3"
+        assert runtime._thread.daemon
         runtime.create_stream()  # the opener's thread is bound already
     finally:
         runtime.close()
@@ -106,7 +106,7 @@ def test_close_joins_the_device_thread_and_is_final(make_kit: Callable[..., Runt
     started = time.monotonic()
     runtime.close()
     assert time.monotonic() - started < 2.0, "close must not wait for hung or sleeping work"
-    assert not runtime.device_thread.is_alive()
+    assert not runtime._thread.is_alive()
     assert not sim_threads()
     runtime.close()  # idempotent
     with pytest.raises(ContextNullError):
@@ -170,7 +170,7 @@ def test_out_of_bounds_kernel_access_is_an_mmu_fault(
     assert info.value.code == 507015
     assert f"{x:#x}" in info.value.message
     assert "MMU fault" in info.value.message
-    assert rt.is_faulted
+    assert rt._fault is not None
     assert "MMU fault" in rt.get_recent_error_message()
 
 

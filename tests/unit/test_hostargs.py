@@ -46,6 +46,15 @@ field_strategy = st.one_of(
 )
 
 
+def _unpack_attrs(data: bytes) -> dict[int, bytes]:
+    """Decode an ``aclrtLaunchKernelAttr`` array (20 bytes each: u32 id, 16 value bytes)."""
+    assert len(data) % LAUNCH_ATTR_SIZE == 0
+    return {
+        struct.unpack_from("<I", data, offset)[0]: data[offset + 4 : offset + LAUNCH_ATTR_SIZE]
+        for offset in range(0, len(data), LAUNCH_ATTR_SIZE)
+    }
+
+
 #: the smallest alignment of an argument per layout (docs/cann-support.md §3: the Ascend C
 #: compiler aligns to max(alignof, 4); aclrtKernelArgsAppend to 8; C to alignof)
 _MIN = {"ascend": 4, "c": 1, "slots8": 8}
@@ -252,7 +261,7 @@ def test_launch_config_packs_the_c_layout() -> None:
     )
     packed = cfg.pack_attrs()
     assert len(packed) == cfg.num_attrs * LAUNCH_ATTR_SIZE == 6 * 20
-    attrs = LaunchConfig.unpack_attrs(packed)
+    attrs = _unpack_attrs(packed)
     assert attrs[LaunchAttrId.SCHEM_MODE][0] == 1
     assert struct.unpack_from("<II", attrs[LaunchAttrId.TIMEOUT_US]) == (5, 2)
     assert struct.unpack_from("<i", attrs[LaunchAttrId.ENGINE_TYPE])[0] == 1

@@ -29,7 +29,6 @@ from ..abi import (
     ACL_EVENT_RECORDED_STATUS_COMPLETE,
     ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_MEM_MALLOC_HUGE_FIRST,
-    ACL_RT_THREAD_LEVEL,
     ACL_STREAM_CAPACITY,
     INT32_MAX,
     PTR_MAX,
@@ -449,16 +448,6 @@ class AclRuntime:
     def last_task_id(self) -> int | None:
         """See the protocol: ``aclrtGetThreadLastTaskId`` (8.2 on; ``None`` before)."""
         return self._sites.last_task_id(self._tls)
-
-    def last_error(self, *, clear: bool = False) -> int | None:
-        """``aclrtPeekAtLastError`` (``clear``: ``aclrtGetLastError``) at thread level: the last
-        error code of the calling thread (0: none; ``None`` where the release lacks it). A
-        diagnostic: it names a code, not the task, so attribution uses :meth:`fault_site`."""
-        name = "aclrtGetLastError" if clear else "aclrtPeekAtLastError"
-        if not self._library.has(name):
-            return None
-        code: int = self._library.functions[name](ACL_RT_THREAD_LEVEL)
-        return code
 
     def _note_stream(self, stream: int) -> int:
         """Keep ``stream`` for close, and its id for exception reports (8.2 on)."""

@@ -16,7 +16,7 @@ copies). The model is strict where the real runtime is, and a little stricter:
 
 Test controls (not part of the ``Runtime`` protocol): :meth:`SimRuntime.pause`,
 :meth:`SimRuntime.resume`, :meth:`SimRuntime.inject_launch_error`,
-:meth:`SimRuntime.live_resources`, :attr:`SimRuntime.counters`, :attr:`SimRuntime.is_faulted`.
+:meth:`SimRuntime.live_resources`, :attr:`SimRuntime.counters`.
 """
 
 from __future__ import annotations
@@ -239,11 +239,6 @@ class SimRuntime(DeviceExecutor):
             "copies": self._copies,
             "events_recorded": self._events_recorded,
         }
-
-    @property
-    def device_thread(self) -> threading.Thread:
-        """The thread that executes device work."""
-        return self._thread
 
     # --- streams ---------------------------------------------------------------------------
 
