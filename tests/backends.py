@@ -233,7 +233,6 @@ ALL_BACKENDS = tuple(sorted(RUNTIME_FACTORIES))
 #: what a test can need (``@pytest.mark.needs(name)``) -> the backends that lack it
 LACKING: dict[str, frozenset[str]] = {
     "sim_controls": frozenset(RUNTIME_FACTORIES) - SIM_CONTROLS,  # also: ``sim_only``
-    "calls_after_fault": REFUSES_ALL_AFTER_FAULT,
     "capture": NO_CAPTURE,
     "launch_config": NO_LAUNCH_CONFIG,
 }

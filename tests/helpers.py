@@ -11,9 +11,20 @@ import numpy as np
 
 import aio_ascend as aa
 from aio_ascend._host.hostargs import HostArgs
+from aio_ascend._runtime.abi import (
+    ACL_EVENT_RECORDED_STATUS_COMPLETE,
+    ACL_EVENT_RECORDED_STATUS_NOT_READY,
+    ACL_MEMCPY_DEVICE_TO_DEVICE,
+)
 
 #: a generous bound (ms) for the runtime-level waits that must succeed
 SYNC_MS = 10_000
+
+#: the short names the runtime contract suites use
+F32 = np.float32
+COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE
+NOT_READY = ACL_EVENT_RECORDED_STATUS_NOT_READY
+D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
 
 
 def open_sim(**kwargs: Any) -> Any:

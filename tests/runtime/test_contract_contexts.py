@@ -8,29 +8,17 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pytest
 from backends import ALL_BACKENDS, RUNTIME_FACTORIES
 from helpers import SYNC_MS, in_thread
 
-from aio_ascend._errors import (
-    ContextNullError,
-)
+from aio_ascend._errors import ContextNullError
 from aio_ascend._runtime import Runtime
-from aio_ascend._runtime.abi import (
-    ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ACL_EVENT_RECORDED_STATUS_NOT_READY,
-    ACL_MEMCPY_DEVICE_TO_DEVICE,
-)
 
 if TYPE_CHECKING:
     from conftest import RuntimeKit
 
 BACKENDS = ALL_BACKENDS
-F32 = np.float32
-COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE
-NOT_READY = ACL_EVENT_RECORDED_STATUS_NOT_READY
-D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
 
 
 def test_a_thread_needs_set_current_context(rt: Runtime) -> None:

@@ -10,15 +10,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from backends import ALL_BACKENDS
-from helpers import SYNC_MS, in_thread
+from helpers import D2D, F32, SYNC_MS, in_thread
 
-from aio_ascend._errors import (
-    InvalidParamError,
-)
+from aio_ascend._errors import InvalidParamError
 from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._runtime.abi import (
-    ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
@@ -29,10 +25,6 @@ if TYPE_CHECKING:
     from conftest import RuntimeKit
 
 BACKENDS = ALL_BACKENDS
-F32 = np.float32
-COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE
-NOT_READY = ACL_EVENT_RECORDED_STATUS_NOT_READY
-D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
 
 
 def test_memcpy_round_trip_pinned(kit: RuntimeKit) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from backends import ALL_BACKENDS
-from helpers import SYNC_MS, axpy_args, scale_args
+from helpers import COMPLETE, F32, NOT_READY, SYNC_MS, axpy_args, scale_args
 
 from aio_ascend._errors import (
     EventSyncTimeoutError,
@@ -17,21 +17,14 @@ from aio_ascend._errors import (
 )
 from aio_ascend._runtime import Runtime
 from aio_ascend._runtime.abi import (
-    ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_EVENT_SYNC,
     ACL_EVENT_TIME_LINE,
-    ACL_MEMCPY_DEVICE_TO_DEVICE,
 )
 
 if TYPE_CHECKING:
     from conftest import RuntimeKit
 
 BACKENDS = ALL_BACKENDS
-F32 = np.float32
-COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE
-NOT_READY = ACL_EVENT_RECORDED_STATUS_NOT_READY
-D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
 
 
 def test_never_recorded_ex_event_is_complete(rt: Runtime) -> None:

@@ -18,10 +18,7 @@ from aio_ascend._errors import (
 )
 from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._runtime.abi import (
-    ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ACL_EVENT_RECORDED_STATUS_NOT_READY,
     ACL_EVENT_SYNC,
-    ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_HOST_TO_DEVICE,
 )
 from aio_ascend._runtime.hostmem import host_view
@@ -30,10 +27,6 @@ if TYPE_CHECKING:
     from conftest import RuntimeKit
 
 BACKENDS = ALL_BACKENDS
-F32 = np.float32
-COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE
-NOT_READY = ACL_EVENT_RECORDED_STATUS_NOT_READY
-D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
 
 # every test here captures: deselected on a backend without capture (acl-8.0)
 pytestmark = pytest.mark.needs("capture")

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 from backends import ALL_BACKENDS
-from helpers import SYNC_MS, axpy_args, in_thread, scale_args
+from helpers import F32, SYNC_MS, axpy_args, in_thread, scale_args
 
 from aio_ascend._errors import (
     BackendUnavailableError,
@@ -23,21 +23,12 @@ from aio_ascend._errors import (
 )
 from aio_ascend._host.hostargs import HostArgs
 from aio_ascend._launch_config import LaunchConfig
-from aio_ascend._runtime.abi import (
-    ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ACL_EVENT_RECORDED_STATUS_NOT_READY,
-    ACL_MEMCPY_DEVICE_TO_DEVICE,
-)
 from aio_ascend._runtime.hostmem import host_view
 
 if TYPE_CHECKING:
     from conftest import RuntimeKit
 
 BACKENDS = ALL_BACKENDS
-F32 = np.float32
-COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE
-NOT_READY = ACL_EVENT_RECORDED_STATUS_NOT_READY
-D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
 
 
 def test_many_axpy_launches_give_the_sequential_result(kit: RuntimeKit) -> None:

@@ -5,28 +5,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pytest
 from backends import ALL_BACKENDS
 
-from aio_ascend._errors import (
-    InvalidParamError,
-)
+from aio_ascend._errors import InvalidParamError
 from aio_ascend._runtime import Runtime
-from aio_ascend._runtime.abi import (
-    ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ACL_EVENT_RECORDED_STATUS_NOT_READY,
-    ACL_MEMCPY_DEVICE_TO_DEVICE,
-)
 
 if TYPE_CHECKING:
     pass
 
 BACKENDS = ALL_BACKENDS
-F32 = np.float32
-COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE
-NOT_READY = ACL_EVENT_RECORDED_STATUS_NOT_READY
-D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
 
 
 def test_malloc_is_aligned_and_frees_are_checked(rt: Runtime) -> None:

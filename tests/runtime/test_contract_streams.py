@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pytest
 from backends import ALL_BACKENDS
-from helpers import SYNC_MS, axpy_args
+from helpers import F32, NOT_READY, SYNC_MS, axpy_args
 
 from aio_ascend._errors import (
     BackendUnavailableError,
@@ -18,21 +18,12 @@ from aio_ascend._errors import (
     StreamSyncTimeoutError,
 )
 from aio_ascend._runtime import Runtime
-from aio_ascend._runtime.abi import (
-    ACL_EVENT_RECORDED_STATUS_COMPLETE,
-    ACL_EVENT_RECORDED_STATUS_NOT_READY,
-    ACL_EVENT_SYNC,
-    ACL_MEMCPY_DEVICE_TO_DEVICE,
-)
+from aio_ascend._runtime.abi import ACL_EVENT_SYNC
 
 if TYPE_CHECKING:
     from conftest import RuntimeKit
 
 BACKENDS = ALL_BACKENDS
-F32 = np.float32
-COMPLETE = ACL_EVENT_RECORDED_STATUS_COMPLETE
-NOT_READY = ACL_EVENT_RECORDED_STATUS_NOT_READY
-D2D = ACL_MEMCPY_DEVICE_TO_DEVICE
 
 
 def test_stream_handles_are_distinct_and_never_zero(rt: Runtime) -> None:

@@ -538,43 +538,17 @@ def _fake(rt: Runtime) -> FakeDriver:
 
 
 @pytest.mark.parametrize("code", [0, 507035])
-def test_device_fault_is_sticky_on_cuda(kit: RuntimeKit, code: int) -> None:
-    """The contract's sticky-fault test, except that ``malloc`` raises the fault too."""
-    rt = kit.rt
-    other = kit.new_stream()
-    event = rt.create_event(ACL_EVENT_SYNC)
-    expected = code or 507015
-    n = 4
-    x, y = kit.upload(np.ones(n, F32)), kit.upload(np.ones(n, F32))
+def test_a_device_fault_names_the_cuda_error_and_the_acl_code(kit: RuntimeKit, code: int) -> None:
+    """The fault's message carries both; an exception without a code is an AI Core one (the
+    contract's sticky-fault test covers what fails after it)."""
     kit.launch("fault", HostArgs().u32(code))
     with pytest.raises(DeviceFaultError) as info:
-        rt.synchronize_stream(kit.stream, SYNC_MS)
+        kit.rt.synchronize_stream(kit.stream, SYNC_MS)
+    expected = code or 507015
     assert info.value.code == expected
     assert "CUDA_ERROR_" in info.value.message
     assert f"ACL error {expected}" in info.value.message
-    if code == 0:
-        assert isinstance(info.value, AICoreExceptionError)
-    assert rt.get_recent_error_message()
-    checks: list[Callable[[], object]] = [
-        lambda: rt.query_event_status(event),
-        lambda: rt.synchronize_event(event, 1000),
-        lambda: rt.synchronize_stream(other, 1000),
-        lambda: rt.record_event(event, other),
-        lambda: rt.stream_wait_event(other, event),
-        lambda: kit.launch("axpy", axpy_args(x, y, 1.0, n), other),
-        lambda: rt.memcpy_async(y, 16, x, 16, ACL_MEMCPY_DEVICE_TO_DEVICE, other),
-        lambda: rt.memset_async(y, 16, 0, 16, other),
-        lambda: rt.malloc(64),
-        lambda: rt.begin_capture(other),
-    ]
-    for check in checks * 2:
-        with pytest.raises(DeviceFaultError) as again:
-            check()
-        assert again.value.code == expected
-        assert again.value.message == info.value.message
-    rt.free(x)
-    rt.destroy_event(event)
-    rt.destroy_stream(other)
+    assert isinstance(info.value, AICoreExceptionError) == (code == 0)
 
 
 def test_launch_passes_the_args_through_the_parameter_buffer(kit: RuntimeKit) -> None:
