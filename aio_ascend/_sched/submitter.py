@@ -50,8 +50,9 @@ resumes the stream; what waited past its deadline is not submitted.
 
 Ordering in the inbox (one FIFO): a ``LaneForce`` is passed on to the poller only after every
 hop handed over before it, so it reaches the poller behind every batch those hops gave its
-stream (a stream parked at that moment is the exception: its carried batch is recorded, or fails
-to be, only when its staging report arrives). The stop request is seen after every hop queued
+stream (a stream parked at that moment is the exception: the poller may destroy it before the
+staging report arrives, so its carried batch is never recorded: it fails as the forced close's,
+and what it holds waits for the device's close). The stop request is seen after every hop queued
 before it, which is therefore handled (submitted, or failed past its deadline) first.
 
 GIL: every 32 requests and after each hop the thread offers the GIL
@@ -548,9 +549,17 @@ class Submitter:
         lane = staged.lane
         queued = self._parked.pop(lane)
         carried = self._carried.pop(lane, None)
-        open_batches = {lane: carried} if carried else {}
         broken: dict[Lane, BaseException] = {}
         failures: list[Delivery] = []
+        if carried and lane.forced:
+            # Forced while parked: the poller may have destroyed the stream already (its
+            # LaneForce did not wait for this report), so no event may be recorded on it. The
+            # carried work was submitted: its tasks fail as the forced close's, and what it
+            # holds waits for the device's close, as the poller does with a forced batch.
+            self.orphans.extend(carried)
+            failures.extend((req, gave_up(req.kind), Outcome.FINISHED) for req in carried)
+            carried = None
+        open_batches = {lane: carried} if carried else {}
         if staged.error is not None:
             first, _ = queued.pop(0)
             exc = staged.error

@@ -373,3 +373,49 @@ async def test_cancelling_the_wait_for_a_big_copy_releases_nothing_early(
         dev._scheduler._submitter._stage = acquire
         assert (await s.download(buf) == 6).all()
         assert dev.stats()["host_buffers_in_use"] == 0
+
+
+@pytest.mark.anyio
+async def test_a_stream_forced_while_parked_behind_a_big_copy_is_never_touched_again(
+    open_dev: OpenDevice,
+) -> None:
+    """The batch a stream had open when its big copy parked it is carried until the copy is
+    staged. Destroyed by force meanwhile, the stream is gone when the staging report comes
+    back: its carried batch must fail as the forced close's, with no event recorded on the
+    destroyed stream (a dangling handle on a real runtime), and its other streams go on."""
+    async with open_dev() as dev:
+        noop = dev.function("noop")
+        s, other = dev.stream(), dev.stream()
+        buf = dev.malloc(BIG)
+        acquire = _slow_staging_buffers(dev, 0.5)
+        runtime = dev._scheduler._submitter._runtime
+        record = runtime.record_event
+        destroyed: set[int] = set()
+        touched: list[int] = []
+
+        def record_checked(event: int, stream: int) -> None:
+            if stream in destroyed:
+                touched.append(stream)
+            record(event, stream)
+
+        destroy = runtime.destroy_stream_force
+
+        def destroy_noted(stream: int) -> None:
+            destroyed.add(stream)
+            destroy(stream)
+
+        runtime.record_event = record_checked  # type: ignore[method-assign]
+        runtime.destroy_stream_force = destroy_noted  # type: ignore[method-assign]
+        carried = await s.launch(noop, 1)  # same hop as the copy: its open batch is carried
+        up = await s.copy_to_device(buf, np.ones(BIG, np.uint8))
+        behind = await s.launch(noop, 1)
+        with anyio.fail_after(10):
+            await s.aclose(timeout=0.01)  # forced while the copy is still being staged
+            for task in (carried, up, behind):
+                with pytest.raises(aa.TaskTimeoutError):
+                    await task
+            await anyio.sleep(0.6)  # the staging report has come back by now
+            await other.run(noop, 1)
+        assert touched == []
+        assert dev._scheduler._submitter._caught == []
+        dev._scheduler._submitter._stage = acquire
