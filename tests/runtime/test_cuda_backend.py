@@ -1509,3 +1509,21 @@ def test_scheduler_watchdog_and_forced_close_end_a_hung_kernel(backend: str) -> 
             await d.aclose(timeout=1.0)
 
     asyncio.run(main())
+
+
+def test_every_driver_name_the_backend_and_the_fake_use_exists_in_cuda_bindings() -> None:
+    """CI has no cuda-bindings, so the fake stands in for it: a name it offers that the real
+    package lacks would hide a backend that cannot run on a GPU (``cuGraphInstantiateWithFlags``
+    is not in cuda-bindings 13). Both are checked against the names read off the real one."""
+    from pathlib import Path
+
+    listing = Path(__file__).parent.parent / "doubles" / "cuda_bindings_names.txt"
+    real = {line for line in listing.read_text().split("\n") if line and line[0] != "#"}
+    source = "".join(path.read_text() for path in Path(cuda_mod.__file__).parent.glob("*.py"))
+    used = set(re.findall(r"\b(?:_d|_driver|d|driver)\.((?:cu|CU)[A-Za-z0-9_]+)", source))
+    used |= set(re.findall(r"\bnvrtc\.(nvrtc[A-Za-z0-9_]+)", source))
+    assert len(used) > 40, sorted(used)  # the pattern still finds the backend's calls
+    assert sorted(used - real) == []
+    offered = {name for name in dir(FakeDriver) if name[:2] in ("cu", "CU")}
+    assert "cuLaunchKernel" in offered
+    assert sorted(offered - real) == []
