@@ -36,7 +36,8 @@ takes its own lock there.
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar, Generic, NamedTuple, NoReturn, Protocol, TypeVar
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Generic, NamedTuple, Protocol, TypeVar
 
 from .._errors import AscendError, RuntimeAPIError, error_for_code
 from .abi import (
@@ -99,7 +100,7 @@ FunctionT = TypeVar("FunctionT", bound=_Function)
 _E = TypeVar("_E", bound=AscendError)
 
 
-class AclEmulation(Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
+class AclEmulation(ABC, Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
     """ACL's semantics over a backend's device (see the module docstring)."""
 
     #: the backend's native name for each call of the seam (what its errors name)
@@ -119,13 +120,13 @@ class AclEmulation(Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
 
     # --- what a backend supplies besides the _device_* hooks ---------------------------
 
+    @abstractmethod
     def _bound(self) -> bool:
         """Whether this runtime's context is the calling thread's."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _context_error(self, func: str) -> AscendError:
         """The refusal of a call made while closed or without this context bound."""
-        raise NotImplementedError
 
     # --- errors: each one leaves its text as the thread's latest ------------------------
 
@@ -455,84 +456,80 @@ class AclEmulation(Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
             raise self._bad_handle(func, f"graph handle {_hex(graph)} is not a live graph")
         self._device_destroy_graph(g, func)
 
-    # --- the device's part of each call (every backend defines them) --------------------
+    # --- the device's part of each call (abstract: a backend lacking one cannot be made) -
 
-    def _device_priority_range(self, func: str) -> tuple[int, int]:
-        _missing(func)
+    @abstractmethod
+    def _device_priority_range(self, func: str) -> tuple[int, int]: ...
 
+    @abstractmethod
     def _device_create_stream(self, priority: int | None, func: str) -> StreamT:
         """Create and register (``self._streams``) a stream (``None``: default priority)."""
-        _missing(func)
 
+    @abstractmethod
     def _device_destroy_stream(self, s: StreamT, force: bool, func: str) -> None:
         """Unregister and destroy ``s`` (ending a capture left open on it)."""
-        _missing(func)
 
-    def _device_sync_stream(self, s: StreamT, timeout_ms: int, func: str) -> None:
-        _missing(func)
+    @abstractmethod
+    def _device_sync_stream(self, s: StreamT, timeout_ms: int, func: str) -> None: ...
 
-    def _device_create_event(self, timed: bool, func: str) -> EventT:
-        _missing(func)
+    @abstractmethod
+    def _device_create_event(self, timed: bool, func: str) -> EventT: ...
 
-    def _device_destroy_event(self, ev: EventT, func: str) -> None:
-        _missing(func)
+    @abstractmethod
+    def _device_destroy_event(self, ev: EventT, func: str) -> None: ...
 
-    def _device_record(self, ev: EventT, s: StreamT, func: str) -> None:
-        _missing(func)
+    @abstractmethod
+    def _device_record(self, ev: EventT, s: StreamT, func: str) -> None: ...
 
-    def _device_query(self, ev: EventT, func: str) -> int:
-        _missing(func)
+    @abstractmethod
+    def _device_query(self, ev: EventT, func: str) -> int: ...
 
-    def _device_sync_event(self, ev: EventT, timeout_ms: int, func: str) -> None:
-        _missing(func)
+    @abstractmethod
+    def _device_sync_event(self, ev: EventT, timeout_ms: int, func: str) -> None: ...
 
-    def _device_wait_event(self, s: StreamT, ev: EventT, func: str) -> None:
-        _missing(func)
+    @abstractmethod
+    def _device_wait_event(self, s: StreamT, ev: EventT, func: str) -> None: ...
 
-    def _device_elapsed(self, start: EventT, end: EventT, func: str) -> float:
-        _missing(func)
+    @abstractmethod
+    def _device_elapsed(self, start: EventT, end: EventT, func: str) -> float: ...
 
-    def _device_malloc(self, size: int, func: str) -> int:
-        _missing(func)
+    @abstractmethod
+    def _device_malloc(self, size: int, func: str) -> int: ...
 
-    def _device_malloc_host(self, size: int, func: str) -> int:
-        _missing(func)
+    @abstractmethod
+    def _device_malloc_host(self, size: int, func: str) -> int: ...
 
+    @abstractmethod
     def _device_free(self, ptr: int, func: str) -> bool:
         """Free ``ptr``; False if it is not a live allocation."""
-        _missing(func)
 
-    def _device_free_host(self, ptr: int, func: str) -> bool:
-        _missing(func)
+    @abstractmethod
+    def _device_free_host(self, ptr: int, func: str) -> bool: ...
 
+    @abstractmethod
     def _device_memcpy(
         self, s: StreamT, dst: int, src: int, count: int, kind: int, func: str
-    ) -> None:
-        _missing(func)
+    ) -> None: ...
 
-    def _device_load(self, source: object, func: str) -> tuple[int, BinaryT]:
-        _missing(func)
+    @abstractmethod
+    def _device_load(self, source: object, func: str) -> tuple[int, BinaryT]: ...
 
-    def _device_unload(self, b: BinaryT, func: str) -> None:
-        _missing(func)
+    @abstractmethod
+    def _device_unload(self, b: BinaryT, func: str) -> None: ...
 
+    @abstractmethod
     def _device_get_function(
         self, handle: int, b: BinaryT, name: str, encoded: bytes, func: str
-    ) -> tuple[int, FunctionT]:
-        _missing(func)
+    ) -> tuple[int, FunctionT]: ...
 
-    def _device_begin_capture(self, s: StreamT, func: str) -> None:
-        _missing(func)
+    @abstractmethod
+    def _device_begin_capture(self, s: StreamT, func: str) -> None: ...
 
-    def _device_end_capture(self, s: StreamT, func: str) -> GraphT:
-        _missing(func)
+    @abstractmethod
+    def _device_end_capture(self, s: StreamT, func: str) -> GraphT: ...
 
-    def _device_launch_graph(self, g: GraphT, s: StreamT, func: str) -> None:
-        _missing(func)
+    @abstractmethod
+    def _device_launch_graph(self, g: GraphT, s: StreamT, func: str) -> None: ...
 
-    def _device_destroy_graph(self, g: GraphT, func: str) -> None:
-        _missing(func)
-
-
-def _missing(func: str) -> NoReturn:
-    raise NotImplementedError(f"{func}: the backend does not define its device part")
+    @abstractmethod
+    def _device_destroy_graph(self, g: GraphT, func: str) -> None: ...
