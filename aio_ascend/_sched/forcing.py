@@ -9,6 +9,16 @@ nothing is reported complete for a stream destroyed under its work.
 
 What the dropped work holds (host buffers, device allocations, batch events) is not released
 then: a kernel or DMA may still be running on the device. It waits for the device's close.
+
+Between streams. An event the stream was to record, whose record had not run when the stream
+was destroyed (its status still reads not complete then), may never complete: a legacy ACL event
+whose record never ran reads NOT_READY for good (``event.cc::QueryEventStatus``, see
+docs/cann-support.md), and a stream waiting on it waits for good. So such an event is marked
+lost (:func:`lost_records`: ``EventRecord.error``), and a wait on it submitted afterwards is
+refused (``WaitEvent.submit``) instead of blocking its stream; other streams' batches already
+behind a wait on it are failed at once (:func:`stranded_by`), as the watchdog would fail them at
+their deadline, with an error that says why. Their slots and holdings stay taken (``TIMED_OUT``):
+should the record run after all, they finish late.
 """
 
 from __future__ import annotations
@@ -17,10 +27,12 @@ import threading
 from collections.abc import Iterable
 
 from .._errors import TaskTimeoutError
+from .._runtime import Runtime
+from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
 from .lane import Lane
-from .work import Batch, Delivery, Outcome, Request
+from .work import Batch, Delivery, Outcome, RecordEvent, Request, WaitEvent
 
-__all__ = ["LaneForce", "gave_up", "give_up"]
+__all__ = ["LaneForce", "gave_up", "give_up", "lost_records", "stranded_by"]
 
 
 class LaneForce:
@@ -52,3 +64,63 @@ def give_up(batches: Iterable[Batch]) -> tuple[list[Delivery], list[Request]]:
         deliveries.extend((req, gave_up(req.kind), outcome) for req in batch.requests)
         held.extend(batch.requests)
     return deliveries, held
+
+
+def lost_records(runtime: Runtime, batches: Iterable[Batch]) -> set[int]:
+    """The events that the dropped ``batches`` (of a stream just destroyed by force) were to
+    record and that do not read complete: each marked lost (its ``error``: later waits on it
+    are refused). Returns their handles."""
+    lost: set[int] = set()
+    for batch in batches:
+        for req in batch.requests:
+            event = req.event if type(req) is RecordEvent else None
+            if event is None or not event.recorded or event.error is not None:
+                continue
+            try:
+                complete = runtime.query_event_status(event.handle) == (
+                    ACL_EVENT_RECORDED_STATUS_COMPLETE
+                )
+            except Exception:  # (a broken context: nothing will complete)
+                complete = False
+            if not complete:
+                event.error = TaskTimeoutError(
+                    "record_event was dropped by the forced close of its stream before it "
+                    "ran: the event may never complete"
+                )
+                lost.add(event.handle)
+    return lost
+
+
+def stranded_by(lost: set[int], queues: Iterable[Iterable[Batch]]) -> tuple[int, list[Delivery]]:
+    """On other streams, every outstanding batch from the first one with a wait on a ``lost``
+    event on (a stream is FIFO: what follows the wait waits too): how many, and deliveries
+    failing them. Marked timed out: their slots stay taken until the device really finishes
+    them, if ever."""
+    deliveries: list[Delivery] = []
+    failed = 0
+    for batches in queues:
+        stranded = False
+        for batch in batches:
+            if not stranded:
+                stranded = any(
+                    type(req) is WaitEvent and req.event is not None and req.event.handle in lost
+                    for req in batch.requests
+                )
+            if not stranded or batch.timed_out:
+                continue
+            batch.timed_out = True
+            failed += 1
+            for req in batch.requests:
+                req.submitted_at = batch.submitted
+                deliveries.append(
+                    (
+                        req,
+                        TaskTimeoutError(
+                            f"{req.kind} will not run: its stream waits for an event whose "
+                            "record was dropped by the forced close of another stream (close "
+                            "this stream and open a new one)"
+                        ),
+                        Outcome.TIMED_OUT,
+                    )
+                )
+    return failed, deliveries

@@ -90,7 +90,7 @@ from .._runtime.threads import GilTurns, LoopPulse, reduce_timer_slack
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
-from .forcing import LaneForce, give_up
+from .forcing import LaneForce, give_up, lost_records, stranded_by
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
 from .stalls import STALL_PROBE_WAIT_MS, StallProbes
@@ -328,6 +328,13 @@ class Poller:
             with contextlib.suppress(Exception):
                 self._runtime.destroy_stream_force(lane.handle)
             lane.destroyed = True
+        # (after the destroy: nothing more runs on the stream, so what reads not complete
+        # now was dropped; see forcing.py)
+        lost = lost_records(self._runtime, batches)
+        if lost:
+            failed, stranded = stranded_by(lost, self._outstanding.values())
+            self.counters.timeouts += failed
+            deliveries.extend(stranded)
         if self._watch is not None:
             self._watch_oldest()
         self._post(deliveries, self.counters)
