@@ -12,8 +12,9 @@ then: a kernel or DMA may still be running on the device. It waits for the devic
 
 Between streams. An event the stream was to record, whose record had not run when the stream
 was destroyed (its status still reads not complete then), may never complete: a legacy ACL event
-whose record never ran reads NOT_READY for good (``event.cc::QueryEventStatus``, see
-docs/cann-support.md), and a stream waiting on it waits for good. So such an event is marked
+whose record never ran reads NOT_READY for good (``event.cc::QueryEventStatus``, as
+``../shared/docs/acl-runtime.md`` reads it), and a stream waiting on it may wait for good (the
+sim and the acl double model that; real hardware is unconfirmed). So such an event is marked
 lost (:func:`lost_records`: ``EventRecord.error``), and a wait on it submitted afterwards is
 refused (``WaitEvent.submit``) instead of blocking its stream; other streams' batches already
 behind a wait on it are failed at once (:func:`stranded_by`), as the watchdog would fail them at
@@ -30,6 +31,7 @@ from .._errors import TaskTimeoutError
 from .._runtime import Runtime
 from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
 from .lane import Lane
+from .watchdog import time_out
 from .work import Batch, Delivery, Outcome, RecordEvent, Request, WaitEvent
 
 __all__ = ["LaneForce", "gave_up", "give_up", "lost_records", "stranded_by"]
@@ -108,19 +110,12 @@ def stranded_by(lost: set[int], queues: Iterable[Iterable[Batch]]) -> tuple[int,
                 )
             if not stranded or batch.timed_out:
                 continue
-            batch.timed_out = True
             failed += 1
-            for req in batch.requests:
-                req.submitted_at = batch.submitted
-                deliveries.append(
-                    (
-                        req,
-                        TaskTimeoutError(
-                            f"{req.kind} will not run: its stream waits for an event whose "
-                            "record was dropped by the forced close of another stream (close "
-                            "this stream and open a new one)"
-                        ),
-                        Outcome.TIMED_OUT,
-                    )
+            deliveries.extend(
+                time_out(
+                    batch,
+                    "will not run: its stream waits for an event whose record was dropped by "
+                    "the forced close of another stream (close this stream and open a new one)",
                 )
+            )
     return failed, deliveries

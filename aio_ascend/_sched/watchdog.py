@@ -12,7 +12,7 @@ from .work import Delivery, Outcome
 if TYPE_CHECKING:
     from .work import Batch
 
-__all__ = ["expire", "log_expired"]
+__all__ = ["expire", "log_expired", "time_out"]
 
 log = logging.getLogger("aio_ascend")
 
@@ -46,13 +46,25 @@ def expire(
                 break
             if batch.timed_out:
                 continue
-            batch.timed_out = True
             expired += 1
-            for request in batch.requests:
-                request.submitted_at = batch.submitted
-                error = TaskTimeoutError(
-                    f"{request.kind} did not finish within task_timeout="
-                    f"{task_timeout:g}s (the device may still be running it)"
+            deliveries.extend(
+                time_out(
+                    batch,
+                    f"did not finish within task_timeout={task_timeout:g}s (the device may "
+                    "still be running it)",
                 )
-                deliveries.append((request, error, Outcome.TIMED_OUT))
+            )
     return expired, deliveries
+
+
+def time_out(batch: Batch, why: str) -> list[Delivery]:
+    """Mark ``batch`` timed out: deliveries failing each request with a ``TaskTimeoutError``
+    saying ``"<kind> <why>"``. Its slots and holdings stay taken until the device really
+    finishes it (it arrives later as ``FINISHED_LATE``)."""
+    batch.timed_out = True
+    deliveries: list[Delivery] = []
+    for request in batch.requests:
+        request.submitted_at = batch.submitted
+        error = TaskTimeoutError(f"{request.kind} {why}")
+        deliveries.append((request, error, Outcome.TIMED_OUT))
+    return deliveries
