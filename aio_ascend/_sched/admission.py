@@ -172,14 +172,19 @@ class Admission:
         :data:`GRANT_PER_WAKE` slots: their waiters."""
         woken = []
         queue = self.queue
-        while queue and self.fits():
+        while queue:
+            # as many slots as both budgets have room for, at most GRANT_PER_WAKE
+            slots = min(
+                GRANT_PER_WAKE,
+                self.limit - self.in_flight,
+                (self.entry_budget - self.entries) // ENTRIES_PER_REQUEST,
+            )
+            if slots <= 0:
+                break
             ticket = queue.popleft()
             ticket.granted = True
-            slots = 0
-            while slots < GRANT_PER_WAKE and self.fits():
-                self.in_flight += 1
-                self.entries += ENTRIES_PER_REQUEST
-                slots += 1
+            self.in_flight += slots
+            self.entries += ENTRIES_PER_REQUEST * slots
             ticket.extra = slots - 1
             woken.append(ticket.waiter)
         return woken

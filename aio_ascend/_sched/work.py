@@ -78,13 +78,16 @@ class Request(Task):
     """One operation on one stream, and the :class:`Task` its caller awaits (one object per
     operation). Subclasses implement :meth:`submit`."""
 
-    __slots__ = (
-        "buffers",
-        "closes_batch",
-        "entries",
-        "host",
-        "position",
-    )
+    # Its fields are declared and set by ``Task.__init__`` (one call makes a request):
+    #
+    # - ``host``: its pinned staging buffer or args image (None until staged, and once
+    #   released);
+    # - ``buffers``: the device allocations (and plan or graph records) it uses, until released;
+    # - ``entries``: runtime queue entries it holds (``admission.ENTRIES_PER_REQUEST`` until
+    #   its batch is formed), and ``closes_batch``: whether its batch's completion event is
+    #   recorded after it;
+    # - ``position``: the runtime's id of its (last) task once submitted (what a fault report
+    #   names); -1: not submitted, or the runtime does not tell.
     kind = "request"
     lane: Lane  # (its stream, as the scheduler sees it)
     #: whether it counts as a copy in ``Device.stats()`` (the submitter counts a plain
@@ -102,22 +105,8 @@ class Request(Task):
     #: :meth:`prepare` run by its staging thread)
     staged = False
 
-    def __init__(
-        self,
-        lane: Lane,
-        host: HostBuffer | None,
-        buffers: tuple[Allocation, ...],
-    ) -> None:
-        Task.__init__(self, lane)
-        self.host = host
-        self.buffers = buffers
-        # runtime queue entries it holds (admission.ENTRIES_PER_REQUEST until its batch is
-        # formed), and whether the batch's completion event is recorded after it
-        self.entries = 2
-        self.closes_batch = False
-        #: the runtime's id of its (last) task once submitted (what a fault report names);
-        #: -1: not submitted, or the runtime does not tell
-        self.position = -1
+    host: HostBuffer | None
+    buffers: tuple[Allocation, ...]
 
     @abstractmethod
     def submit(self, runtime: Runtime, stream: int) -> None:
@@ -211,7 +200,7 @@ class Launch(Request):
     staged = True
 
     def __init__(self, lane: Lane, spec: LaunchSpec) -> None:
-        Request.__init__(self, lane, spec.host, spec.buffers)
+        Task.__init__(self, lane, spec.host, spec.buffers)
         self.spec = spec
 
     def stage(self, pool: HostBufferPool) -> None:
