@@ -58,6 +58,11 @@ __all__ = ["MAX_RESOLVED_PER_TURN", "MAX_WAKES_PER_TURN", "DeliveryQueue"]
 
 MAX_RESOLVED_PER_TURN = 1024
 
+# enum members as module globals: a member read through the enum class costs 0.2 us on
+# CPython 3.11, and the drain compares each delivery's outcome
+_FINISHED_LATE = Outcome.FINISHED_LATE
+_TIMED_OUT = Outcome.TIMED_OUT
+
 
 class DeliveryQueue:
     """Delivered completions not yet resolved.
@@ -158,13 +163,13 @@ class DeliveryQueue:
                 continue
             request, error, outcome = item
             resolved += 1
-            if outcome is not Outcome.FINISHED_LATE:
+            if outcome is not _FINISHED_LATE:
                 # resolved here (finished or timed out) is when a request stops counting
                 # towards aclose()'s wait; one resolved already (dropped) was counted then
                 if not request._done:  # noqa: SLF001 - the scheduler's own object
                     settled += 1
                 wakes += resolve_task(request, error)
-            if outcome is not Outcome.TIMED_OUT:
+            if outcome is not _TIMED_OUT:
                 if request.lane is not lane:
                     if count:
                         wakes += self._release(lane, entries, count)
