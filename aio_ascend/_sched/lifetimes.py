@@ -63,10 +63,18 @@ from .._host.pool import HostBuffer, HostBufferPool
 from .devpool import DevicePool
 from .dropped import warn_resource
 
-__all__ = ["Allocation", "Holder", "Lifetimes"]
+__all__ = ["Allocation", "FreedError", "Holder", "Lifetimes"]
 
 #: what a tracked allocation gives back: ``(ptr, nbytes, block, pooled)``
 _Site = tuple[int, int, int, bool]
+
+
+class FreedError(ValueError):
+    """Work was queued on an allocation whose ``free()`` had been called (:attr:`allocation`)."""
+
+    def __init__(self, allocation: Allocation) -> None:
+        super().__init__(f"{allocation!r} was freed")
+        self.allocation = allocation
 
 
 class Allocation:
@@ -222,15 +230,23 @@ class Lifetimes:
                 "garbage-collected without free(); its memory has been given back now"
             )
 
-    def retain(self, allocations: Iterable[Allocation]) -> None:
+    def retain(self, allocations: tuple[Allocation, ...]) -> None:
         """A queued request uses ``allocations`` until it is released (loop thread).
 
-        No lock: the loop thread is the one writer of ``retained``, and it never retains an
-        allocation whose ``free()`` was called (the calls check ``free_requested`` first), so a
-        releasing thread that reads ``retained`` while it changes never retires it early (it
-        retires only what ``free()`` was called on).
+        An allocation whose ``free()`` was called is never retained: :class:`FreedError`
+        names it, and none of ``allocations`` is retained then.
+
+        No lock: the loop thread is the one writer of ``retained``, and since a freed
+        allocation is never retained, a releasing thread that reads ``retained`` while it
+        changes never retires it early (it retires only what ``free()`` was called on).
         """
         for allocation in allocations:
+            if allocation.free_requested:
+                for taken in allocations:  # give back the ones before it
+                    if taken is allocation:
+                        break
+                    taken.retained -= 1
+                raise FreedError(allocation)
             allocation.retained += 1
 
     def request_free(self, allocation: Allocation) -> bool:
@@ -267,10 +283,12 @@ class Lifetimes:
         with self._lock:
             return self._unuse(allocations, [])
 
-    def _unuse(self, allocations: Iterable[Allocation], due: list[Allocation]) -> list[Allocation]:
-        # (lock held)
+    def _unuse(
+        self, allocations: Iterable[Allocation], due: list[Allocation], uses: int = 1
+    ) -> list[Allocation]:
+        # (lock held) ``uses`` requests that each used ``allocations`` are done
         for allocation in allocations:
-            allocation.unused += 1
+            allocation.unused += uses
             if (
                 allocation.free_requested
                 and allocation.unused == allocation.retained
@@ -282,25 +300,36 @@ class Lifetimes:
     def release(self, requests: Iterable[Holder]) -> None:
         """Give back what finished requests held (any library thread, once the device is done).
 
-        One lock for all of them: the poller releases a round's requests in one call."""
+        One lock for all of them: the poller releases a round's requests in one call. A run
+        of requests holding the same tuple (a launch plan's launches share one) is given back
+        as one count."""
         release_host = self._pool.release
         due: list[Allocation] = []
-        holding = []
+        holding: list[tuple[tuple[Allocation, ...], int]] = []
+        run: tuple[Allocation, ...] = ()
+        uses = 0
         for request in requests:
             host = request.host
             if host is not None:
                 request.host = None
                 if not host.shared:  # a shared args image goes back with its owner
                     release_host(host)
-            if request.buffers:
-                holding.append(request.buffers)
+            buffers = request.buffers
+            if buffers:
                 request.buffers = ()
+                if buffers is run:
+                    uses += 1
+                else:
+                    if uses:
+                        holding.append((run, uses))
+                    run, uses = buffers, 1
             if request.holds_user:
                 request.let_go()
-        if holding:
+        if uses:
+            holding.append((run, uses))
             with self._lock:
-                for buffers in holding:
-                    self._unuse(buffers, due)
+                for buffers, count in holding:
+                    self._unuse(buffers, due, count)
         for allocation in due:
             self._dispose(allocation)
 

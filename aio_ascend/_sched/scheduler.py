@@ -85,7 +85,7 @@ from .forcing import LaneForce, gave_up
 from .graphs import GraphBook
 from .hooks import Source
 from .lane import Lane
-from .lifetimes import Allocation, Lifetimes
+from .lifetimes import Allocation, FreedError, Lifetimes
 from .loop import OTHER_THREAD, LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
@@ -401,21 +401,22 @@ class Scheduler:
         its admission is given back."""
         buffers = request.buffers
         if buffers:  # (most launches point to none: no iterator made for them)
-            for allocation in buffers:
-                if allocation.free_requested:  # freed (a graph: closed) while it waited
-                    self.unadmit(request.lane)
-                    raise ValueError(
-                        f"{request.kind}: {allocation!r} was freed while the request waited "
-                        "for admission"
-                    )
+            try:
+                self.lifetimes.retain(buffers)
+            except FreedError as exc:  # freed (a graph, a plan: closed) while it waited
+                self.unadmit(request.lane)
+                raise ValueError(
+                    f"{request.kind}: {exc.allocation!r} was freed while the request waited "
+                    "for admission"
+                ) from None
         if request.host is None and request.staged:
             try:
                 request.stage(self.pool)
             except BaseException:
+                if buffers:
+                    self.lifetimes.unuse(buffers)
                 self.unadmit(request.lane)
                 raise
-        if buffers:
-            self.lifetimes.retain(buffers)
         request.lane.last = request
         pending = self._pending
         pending.append(request)
