@@ -26,7 +26,7 @@ from aio_ascend._sched.devpool import DevicePool
 from aio_ascend._sched.events import EventRecord
 from aio_ascend._sched.faults import FaultState, as_device_fault, classify_refusal, fail_batches
 from aio_ascend._sched.lane import Lane
-from aio_ascend._sched.lifetimes import Allocation, Lifetimes
+from aio_ascend._sched.lifetimes import Allocation, FreedError, Lifetimes
 from aio_ascend._sched.scheduler import flush_now
 from aio_ascend._sched.stalls import STALL_PROBE_MAX_S, STALL_PROBE_S, StallProbes
 from aio_ascend._sched.waiter import FIRST_SLICE_MS, MAX_SLICE_MS, next_slice
@@ -331,6 +331,30 @@ def test_a_run_of_completions_wakes_each_waiter_once_with_several_slots() -> Non
     assert lane.admission.in_flight == count
 
 
+
+@pytest.mark.parametrize(
+    ("limit", "budget", "in_flight", "entries", "granted"),
+    [
+        (1024, 10_000, 0, 0, GRANT_PER_WAKE),  # a whole grant
+        (1024, 10_000, 1000, 2000, 24),  # the request bound leaves 24
+        (1024, 2001, 990, 1980, 10),  # the entry budget leaves 21 entries: 10 requests
+        (1024, 2000, 999, 1999, 0),  # one entry short: nobody is granted
+        (5, 10_000, 5, 10, 0),
+    ],
+)
+def test_a_grant_takes_what_both_budgets_have_room_for_at_most_a_whole_grant(
+    limit: int, budget: int, in_flight: int, entries: int, granted: int
+) -> None:
+    admission = Admission(limit, budget)
+    admission.in_flight, admission.entries = in_flight, entries
+    ticket = admission.enqueue("w0")
+    assert admission.grant() == (["w0"] if granted else [])
+    assert ticket.granted is bool(granted)
+    assert ticket.extra == max(granted - 1, 0)
+    assert admission.in_flight == in_flight + granted <= limit
+    assert admission.entries == entries + ENTRIES_PER_REQUEST * granted <= budget
+
+
 # --- watchdog -----------------------------------------------------------------------------
 
 
@@ -499,6 +523,41 @@ def test_take_all_on_close_and_nothing_freed_twice_after() -> None:
     lifetimes.free(a)
     lifetimes.release([_Holder(None, (a,))])
     assert freed == [0x100]  # the closer freed it; nobody does again
+
+
+
+def test_a_freed_allocation_is_never_retained_and_none_of_its_request_is() -> None:
+    lifetimes = Lifetimes(DevicePool(_no_malloc, lambda ptr: None), _Pool())  # type: ignore[arg-type]
+    a, b, c = (Allocation(lifetimes, 0x100 * i, 64, block=64) for i in (1, 2, 3))
+    for allocation in (a, b, c):
+        lifetimes.track(allocation)
+    lifetimes.free(b)  # unused: freed at once
+    with pytest.raises(FreedError) as caught:
+        lifetimes.retain((a, b, c))
+    assert caught.value.allocation is b
+    assert (a.retained, b.retained, c.retained) == (0, 0, 0)
+
+
+def test_a_run_of_requests_holding_one_tuple_is_released_as_one_count() -> None:
+    # A plan's launches hold the same tuple: released in one call, whatever the runs, the
+    # record goes once its last user is released, never before.
+    freed: list[int] = []
+    lifetimes = Lifetimes(DevicePool(_no_malloc, freed.append), _Pool())  # type: ignore[arg-type]
+    a = Allocation(lifetimes, 0x100, 64, block=64)
+    b = Allocation(lifetimes, 0x200, 64, block=64)
+    lifetimes.track(a)
+    lifetimes.track(b)
+    plan, other = (a,), (a, b)
+    holders = [_Holder(None, t) for t in (plan, plan, other, plan, plan, plan)]
+    for holder in holders:
+        lifetimes.retain(holder.buffers)
+    lifetimes.free(a)
+    lifetimes.free(b)
+    lifetimes.release(holders[:5])
+    assert freed == [0x200] and a.unused == 5 and b.unused == 1
+    lifetimes.release(holders[5:])
+    assert freed == [0x200, 0x100]
+    assert all(holder.buffers == () for holder in holders)
 
 
 # --- counters -----------------------------------------------------------------------------
