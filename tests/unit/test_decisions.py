@@ -331,7 +331,6 @@ def test_a_run_of_completions_wakes_each_waiter_once_with_several_slots() -> Non
     assert lane.admission.in_flight == count
 
 
-
 @pytest.mark.parametrize(
     ("limit", "budget", "in_flight", "entries", "granted"),
     [
@@ -523,7 +522,6 @@ def test_take_all_on_close_and_nothing_freed_twice_after() -> None:
     lifetimes.free(a)
     lifetimes.release([_Holder(None, (a,))])
     assert freed == [0x100]  # the closer freed it; nobody does again
-
 
 
 def test_a_freed_allocation_is_never_retained_and_none_of_its_request_is() -> None:
