@@ -169,6 +169,9 @@ class Poller:
         self._next_deadline_check = 0.0
         #: streams whose oldest batch does not complete are asked directly (see stalls.py)
         self._stalls = StallProbes()
+        #: the stream a stall probe is synchronizing now, else None (read by the close: a
+        #: stream is never destroyed under a thread inside a call on it)
+        self.probing: int | None = None
         self._unstager = CopyWorker(f"aio_ascend-unstage-{device_id}")
         #: finished batches handed to the staging thread, oldest first, and per stream handle
         #: how many (the stream's later batches follow them there, to stay in order)
@@ -305,6 +308,7 @@ class Poller:
         # A failed task the event queries cannot see (see stalls.py): True if a probe found the
         # device faulted (the fault is handled as a failing query's is).
         for handle in self._stalls.due(self._outstanding, now):
+            self.probing = handle
             try:
                 self._runtime.synchronize_stream(handle, STALL_PROBE_WAIT_MS)
             except StreamSyncTimeoutError:
@@ -312,6 +316,8 @@ class Poller:
             except BaseException as exc:
                 self._fail_all(exc)
                 return True
+            finally:
+                self.probing = None
         return False
 
     def _destroy(self, force: LaneForce) -> None:

@@ -729,7 +729,9 @@ class Scheduler:
             self.adapter.wake(waiter)
 
     def _destroy_lanes(self) -> None:
-        destroy_lanes(self.bound(), self.lanes)
+        # never the stream a poller still running is synchronizing on (shutdown.py, step 5)
+        spared = self._poller.probing if self._poller.thread.is_alive() else None
+        destroy_lanes(self.bound(), self.lanes, spared)
         self.lanes.clear()
 
     def abandon(self) -> None:

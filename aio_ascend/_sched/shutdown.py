@@ -20,9 +20,13 @@ does not stop a close half-way; ``Device.__aexit__`` left by an exception closes
    stream destroyed by force may read complete, or fail every query).
 5. When forced, faulted, or with the poller still alive: destroy the streams by force
    (:func:`destroy_lanes`) to unblock a thread stuck in a runtime call (a full queue, a hung
-   stream). When forced, what the threads post from then on is held back: a refusal by a
-   destroyed stream must not stand for the task's outcome, so a failure posted then is resolved
-   in step 7 as the forced close's ``TaskTimeoutError``, caused by it (a success stays one).
+   stream), except the stream a poller still alive is probing (``Poller.probing``): the real
+   runtime frees a stream destroyed by force under a thread synchronizing on it, and that
+   thread then crashes the process (SIGSEGV, seen on ``tests/realrt``); that stream is leaked
+   with the rest of what a stuck thread may touch (step 9). When forced, what the threads post
+   from then on is held back: a refusal by a destroyed stream must not stand for the task's
+   outcome, so a failure posted then is resolved in step 7 as the forced close's
+   ``TaskTimeoutError``, caused by it (a success stays one).
 6. Join the other threads. All joins share one deadline, ``JOIN_TIMEOUT_S`` (2 s) after step 4;
    a thread still alive then is *stuck* in a runtime call.
 7. Destroy the streams left, then fail what never completed: hops nobody took, parked and
@@ -140,13 +144,14 @@ async def wait_set(
     return event.is_set()
 
 
-def destroy_lanes(runtime: Runtime, lanes: Iterable[Lane]) -> None:
+def destroy_lanes(runtime: Runtime, lanes: Iterable[Lane], spared: int | None = None) -> None:
     """Close ``lanes`` and destroy their runtime streams by force (not someone else's, nor
-    one destroyed already)."""
+    one destroyed already, nor ``spared``: the stream a thread still alive is inside a
+    synchronize on, which the real runtime would free under it)."""
     for lane in lanes:
         lane.closed = True
         lane.admission.reset()
-        if lane.external or lane.destroyed:
+        if lane.external or lane.destroyed or lane.handle == spared:
             continue
         with contextlib.suppress(Exception):
             runtime.destroy_stream_force(lane.handle)

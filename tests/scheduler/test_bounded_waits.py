@@ -228,6 +228,55 @@ async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
     runtime.close()  # what the library leaked on purpose
 
 
+
+async def test_a_forced_close_never_destroys_the_stream_a_stuck_stall_probe_synchronizes(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The real runtime frees a stream destroyed by force under a thread synchronizing on it,
+    # and that thread then crashes the process (SIGSEGV, seen on tests/realrt when the stall
+    # probe's 1 ms synchronize did not return). A close that finds the poller stuck in a
+    # probe leaks that stream with the rest of what a stuck thread may touch.
+    release, entered = threading.Event(), threading.Event()
+    probed: list[int] = []
+    destroyed_while_probing: list[int] = []
+    dev = await open_dev(task_timeout=30)
+    runtime = dev.runtime
+    real_sync, real_destroy = runtime.synchronize_stream, runtime.destroy_stream_force
+
+    def stuck_probe(stream: int, timeout_ms: int) -> None:
+        if not probed:  # the first stall probe never returns until released
+            probed.append(stream)
+            entered.set()
+            release.wait(30)
+        real_sync(stream, timeout_ms)
+
+    def destroy(stream: int) -> None:
+        if entered.is_set() and not release.is_set():
+            destroyed_while_probing.append(stream)
+        real_destroy(stream)
+
+    runtime.synchronize_stream = stuck_probe
+    runtime.destroy_stream_force = destroy
+    try:
+        hung, other = dev.stream(), dev.stream()
+        await hung.launch(dev.function("hang"), 1)
+        await other.launch(dev.function("hang"), 1)
+        with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
+            while not entered.is_set():  # noqa: ASYNC110 - a thread's event
+                await anyio.sleep(0.005)
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
+            await dev.aclose(timeout=0.1)
+        assert any("leaking" in r.getMessage() for r in caplog.records), caplog.records
+        assert probed[0] not in destroyed_while_probing  # spared: the stuck call is on it
+        assert len(destroyed_while_probing) == 1  # the other stream went by force
+    finally:
+        release.set()
+    for thread in threading.enumerate():
+        if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll")):
+            thread.join(10)
+    runtime.close()  # what the library leaked on purpose
+
+
 def test_aclose_from_another_asyncio_loop_after_the_first_finished() -> None:
     # before: RuntimeError "attached to a different loop", the device stuck in "closing" with
     # its threads alive.
