@@ -22,11 +22,12 @@ does not stop a close half-way; ``Device.__aexit__`` left by an exception closes
    (:func:`destroy_lanes`) to unblock a thread stuck in a runtime call (a full queue, a hung
    stream), except the stream a poller still alive is probing (``Poller.probing``): the real
    runtime frees a stream destroyed by force under a thread synchronizing on it, and that
-   thread then crashes the process (SIGSEGV, seen on ``tests/realrt``); that stream is leaked
-   with the rest of what a stuck thread may touch (step 9). When forced, what the threads post
-   from then on is held back: a refusal by a destroyed stream must not stand for the task's
-   outcome, so a failure posted then is resolved in step 7 as the forced close's
-   ``TaskTimeoutError``, caused by it (a success stays one).
+   thread then crashes the process (SIGSEGV, seen on ``tests/realrt``: a 1 ms probe can wait
+   seconds in the runtime's timeout snapshot; ``docs/cann-support.md`` §13.3 cites the lines);
+   that stream is leaked with the rest of what a stuck thread may touch (step 9). When forced,
+   what the threads post from then on is held back: a refusal by a destroyed stream must not
+   stand for the task's outcome, so a failure posted then is resolved in step 7 as the forced
+   close's ``TaskTimeoutError``, caused by it (a success stays one).
 6. Join the other threads. All joins share one deadline, ``JOIN_TIMEOUT_S`` (2 s) after step 4;
    a thread still alive then is *stuck* in a runtime call.
 7. Destroy the streams left, then fail what never completed: hops nobody took, parked and
