@@ -184,6 +184,16 @@ async def test_block_mode_one_long_kernel_does_not_slow_another_stream(
     assert sync_timeouts <= 5 + elapsed  # the ramp (50 ms doubling), then ~1 a second
 
 
+def _unstick(release: threading.Event, runtime: Any) -> None:
+    """Let the stuck runtime call return, wait for the abandoned library threads, and close
+    the runtime the library leaked on purpose."""
+    release.set()
+    for thread in threading.enumerate():
+        if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll")):
+            thread.join(10)
+    runtime.close()
+
+
 async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
     open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -221,12 +231,7 @@ async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
         live = live_resources(dev)
         assert live["host_allocations"] > 0  # leaked, not freed under the stuck call
     finally:
-        release.set()
-    for thread in threading.enumerate():
-        if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll")):
-            thread.join(10)
-    runtime.close()  # what the library leaked on purpose
-
+        _unstick(release, runtime)
 
 
 async def test_a_forced_close_never_destroys_the_stream_a_stuck_stall_probe_synchronizes(
@@ -270,11 +275,7 @@ async def test_a_forced_close_never_destroys_the_stream_a_stuck_stall_probe_sync
         assert probed[0] not in destroyed_while_probing  # spared: the stuck call is on it
         assert len(destroyed_while_probing) == 1  # the other stream went by force
     finally:
-        release.set()
-    for thread in threading.enumerate():
-        if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll")):
-            thread.join(10)
-    runtime.close()  # what the library leaked on purpose
+        _unstick(release, runtime)
 
 
 def test_aclose_from_another_asyncio_loop_after_the_first_finished() -> None:
