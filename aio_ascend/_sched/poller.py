@@ -312,12 +312,12 @@ class Poller:
             try:
                 self._runtime.synchronize_stream(handle, STALL_PROBE_WAIT_MS)
             except StreamSyncTimeoutError:
-                continue  # still running
+                pass  # still running
             except BaseException as exc:
+                self.probing = None
                 self._fail_all(exc)
                 return True
-            finally:
-                self.probing = None
+            self.probing = None
         return False
 
     def _destroy(self, force: LaneForce) -> None:
