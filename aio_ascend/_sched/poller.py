@@ -308,16 +308,18 @@ class Poller:
         # A failed task the event queries cannot see (see stalls.py): True if a probe found the
         # device faulted (the fault is handled as a failing query's is).
         for handle in self._stalls.due(self._outstanding, now):
+            error: BaseException | None = None
             self.probing = handle
             try:
                 self._runtime.synchronize_stream(handle, STALL_PROBE_WAIT_MS)
             except StreamSyncTimeoutError:
                 pass  # still running
             except BaseException as exc:
-                self.probing = None
-                self._fail_all(exc)
-                return True
+                error = exc
             self.probing = None
+            if error is not None:
+                self._fail_all(error)
+                return True
         return False
 
     def _destroy(self, force: LaneForce) -> None:
