@@ -155,6 +155,26 @@ def _end_leaked_work() -> Iterator[None]:
         end_leaked_work({path for path, _, _ in settle.LEAKED[before:]})
 
 
+def _streams_freed_under_callers() -> list[str]:
+    from aio_ascend._runtime.sim.executor import FREED_UNDER_CALLERS
+
+    freed = list(FREED_UNDER_CALLERS)
+    double = sys.modules.get("doubles.acl_double")
+    if double is not None:
+        freed += ["acl double"] * double.freed_under_callers()
+    return freed
+
+
+@pytest.fixture(autouse=True)
+def _no_stream_freed_under_a_caller() -> Iterator[None]:
+    # The real runtime frees a stream destroyed by force under a thread inside a blocking call
+    # on it, and that thread crashes the process; the doubles fail the call and count it.
+    before = len(_streams_freed_under_callers())
+    yield
+    freed = _streams_freed_under_callers()[before:]
+    assert not freed, f"a stream was destroyed under a thread inside a call on it: {freed}"
+
+
 @pytest.fixture(autouse=True)
 def _no_asyncio_errors() -> Iterator[None]:
     # asyncio reports exception-handler calls, never-retrieved exceptions and destroyed

@@ -172,6 +172,7 @@ class Poller:
         #: the stream a stall probe is synchronizing now, else None (read by the close: a
         #: stream is never destroyed under a thread inside a call on it)
         self.probing: int | None = None
+        self._stop_asked = False  # set by stop(), from any thread
         self._unstager = CopyWorker(f"aio_ascend-unstage-{device_id}")
         #: finished batches handed to the staging thread, oldest first, and per stream handle
         #: how many (the stream's later batches follow them there, to stay in order)
@@ -190,6 +191,7 @@ class Poller:
     def stop(self, *, then: Callable[[], None] | None = None) -> None:
         """Ask the thread to exit after its current round (and to call ``then`` on its way)."""
         self._on_exit = then
+        self._stop_asked = True
         self._inbox.put(_STOP)
 
     def leftover_batches(self) -> list[Batch]:
@@ -308,6 +310,10 @@ class Poller:
         # A failed task the event queries cannot see (see stalls.py): True if a probe found the
         # device faulted (the fault is handled as a failing query's is).
         for handle in self._stalls.due(self._outstanding, now):
+            if self._stop_asked:
+                # a close may be destroying the streams: a probe that returned late (the
+                # close found it stuck) is the last call this thread makes on any of them
+                break
             error: BaseException | None = None
             self.probing = handle
             try:

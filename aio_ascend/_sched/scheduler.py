@@ -729,8 +729,13 @@ class Scheduler:
             self.adapter.wake(waiter)
 
     def _destroy_lanes(self) -> None:
-        # never the stream a poller still running is synchronizing on (shutdown.py, step 5)
-        spared = self._poller.probing if self._poller.thread.is_alive() else None
+        # never a stream a library thread still running may be inside a call on (shutdown.py,
+        # step 5): the poller's stall probe, the submitter's hop
+        spared: set[int] = set()
+        if self._poller.thread.is_alive() and self._poller.probing is not None:
+            spared.add(self._poller.probing)
+        if self._submitter.thread.is_alive():
+            spared |= self._submitter.busy_streams()
         destroy_lanes(self.bound(), self.lanes, spared)
         self.lanes.clear()
 

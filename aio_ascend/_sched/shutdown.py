@@ -18,16 +18,21 @@ does not stop a close half-way; ``Device.__aexit__`` left by an exception closes
 4. Ask the submitter, the poller and (block mode) the waiter to stop, and join the **poller
    first**: once it is gone nothing done to the streams below can be reported as a completion (a
    stream destroyed by force may read complete, or fail every query).
-5. When forced, faulted, or with the poller still alive: destroy the streams by force
-   (:func:`destroy_lanes`) to unblock a thread stuck in a runtime call (a full queue, a hung
-   stream), except the stream a poller still alive is probing (``Poller.probing``): the real
-   runtime frees a stream destroyed by force under a thread synchronizing on it, and that
-   thread then crashes the process (SIGSEGV, seen on ``tests/realrt``: a 1 ms probe can wait
-   seconds in the runtime's timeout snapshot; ``docs/cann-support.md`` §13.3 cites the lines);
-   that stream is leaked with the rest of what a stuck thread may touch (step 9). When forced,
-   what the threads post from then on is held back: a refusal by a destroyed stream must not
-   stand for the task's outcome, so a failure posted then is resolved in step 7 as the forced
-   close's ``TaskTimeoutError``, caused by it (a success stays one).
+5. When forced, faulted, or with the poller still alive: mark every stream ``forced`` (a
+   submitter still running submits nothing more to any of them) and destroy the streams by
+   force (:func:`destroy_lanes`), which ends their queued work and stops a hung kernel, except
+   a stream a library thread still alive may be inside a call on: the stream the poller is
+   probing (``Poller.probing``) and the streams of the hop the submitter is in
+   (``Submitter.busy_streams``). The real runtime frees a stream destroyed by force under a
+   thread synchronizing on it, or waiting in a launch or an event record for room in its
+   queue, and that thread then crashes the process (SIGSEGV, seen on ``tests/realrt`` both
+   ways: a 1 ms probe can wait seconds in the runtime's timeout snapshot, and a submitting
+   call spins without a timeout until room appears; ``docs/cann-support.md`` §13.3 cites the
+   lines). Those streams are leaked with the rest of what a stuck thread may touch (step 9),
+   and the thread is left to return when its stream moves. When forced, what the threads post
+   from then on is held back: a refusal by a destroyed stream must not stand for the task's
+   outcome, so a failure posted then is resolved in step 7 as the forced close's
+   ``TaskTimeoutError``, caused by it (a success stays one).
 6. Join the other threads. All joins share one deadline, ``JOIN_TIMEOUT_S`` (2 s) after step 4;
    a thread still alive then is *stuck* in a runtime call.
 7. Destroy the streams left, then fail what never completed: hops nobody took, parked and
@@ -67,7 +72,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 
 import anyio
 
@@ -145,14 +150,18 @@ async def wait_set(
     return event.is_set()
 
 
-def destroy_lanes(runtime: Runtime, lanes: Iterable[Lane], spared: int | None = None) -> None:
+def destroy_lanes(runtime: Runtime, lanes: Iterable[Lane], spared: Container[int] = ()) -> None:
     """Close ``lanes`` and destroy their runtime streams by force (not someone else's, nor
-    one destroyed already, nor ``spared``: the stream a thread still alive is inside a
-    synchronize on, which the real runtime would free under it)."""
+    one destroyed already, nor one in ``spared``: a stream a thread still alive may be inside
+    a call on, which the real runtime would free under it). Every lane is marked ``forced``
+    first: the submitter, should it still be running, submits nothing more to any of them."""
+    lanes = list(lanes)
+    for lane in lanes:
+        lane.forced = True
     for lane in lanes:
         lane.closed = True
         lane.admission.reset()
-        if lane.external or lane.destroyed or lane.handle == spared:
+        if lane.external or lane.destroyed or lane.handle in spared:
             continue
         with contextlib.suppress(Exception):
             runtime.destroy_stream_force(lane.handle)

@@ -21,8 +21,12 @@ Invariants.
   held is released at once (the device never saw them).
 - Admission keeps every stream's queued entries within the backend's stream capacity, so a
   submitting call should never wait for queue space. Should one block anyway (a hung device; an
-  external stream that someone else's work fills too), the device's close destroys the streams
-  by force to unblock it, and abandons the thread 2 s later (``JOIN_TIMEOUT_S``).
+  external stream that someone else's work fills too; a ``stream_capacity`` above the real
+  queue's depth), the device's close abandons the thread 2 s later (``JOIN_TIMEOUT_S``) and
+  never destroys a stream it may be inside a call on (:meth:`busy_streams`): the real runtime
+  frees a stream destroyed by force under a thread waiting for room on it, and that thread then
+  crashes the process (``docs/cann-support.md`` §13.3). The close marks every stream ``forced``
+  first, so a call that returns later is the last one this thread makes on them.
 - Who fails how: a runtime refusal (``AscendError``) fails its request and, with it as the
   cause, the rest of that stream's hop (``broken``); any other exception (a bug of ours) fails
   its request only. Once the device has faulted (``FaultState.first``), every later request
@@ -34,7 +38,8 @@ Invariants.
 
 Who touches what. The loop thread calls :meth:`submit` (appends to :attr:`waiting`, puts the hop
 in the inbox), :meth:`force` and :meth:`stop`; after the thread has exited (or been abandoned)
-it reads :meth:`unsubmitted`, :meth:`in_progress` and :attr:`orphans`. The poller thread calls
+it reads :meth:`unsubmitted`, :meth:`in_progress` and :attr:`orphans`, and a close that finds
+it alive reads :meth:`busy_streams`. The poller thread calls
 :meth:`expire_waiting` (the watchdog over hops not taken yet; it only reads ``waiting``). A
 staging thread runs :meth:`_prepare` and reports back through the inbox. Every other attribute
 (the parked streams, the carried batches, ``Lane.submitted``, ``Request.position``, the
@@ -165,6 +170,8 @@ class Submitter:
         #: hops handed over and not yet taken, oldest first (read by the watchdog)
         self.waiting: deque[Hop] = deque()
         self._current: Hop | None = None  # the hop being submitted
+        #: the parked stream being resumed, and the requests it resumes with
+        self._resuming: tuple[Lane, list[Request]] | None = None
         #: streams waiting for a big copy's staging: their requests in order (with the
         #: deadline of the hop each came in), the first one being staged
         self._parked: dict[Lane, list[tuple[Request, float]]] = {}
@@ -217,9 +224,21 @@ class Submitter:
         return out
 
     def in_progress(self) -> list[Request]:
-        """The requests of the hop the thread is inside (for a close that abandons it)."""
-        hop = self._current
-        return list(hop.requests) if hop is not None else []
+        """The requests of the hop (or the parked stream's resume) the thread is inside, for a
+        close that abandons it."""
+        hop, resuming = self._current, self._resuming
+        if hop is not None:
+            return list(hop.requests)
+        return list(resuming[1]) if resuming is not None else []
+
+    def busy_streams(self) -> set[int]:
+        """The streams the thread may be inside a runtime call on, or call on next before it
+        looks at the inbox again (read by a close that finds the thread alive)."""
+        hop, resuming = self._current, self._resuming
+        busy = {req.lane.handle for req in hop.requests} if hop is not None else set()
+        if resuming is not None:
+            busy.add(resuming[0].handle)
+        return busy
 
     def expire_waiting(self, now: float) -> tuple[int, list[Delivery]]:
         """The watchdog (poller thread): fail the hops still waiting past their deadline.
@@ -264,7 +283,9 @@ class Submitter:
                 self._stager.finish()  # its reports stay in the inbox: see unsubmitted()
                 return
             if type(item) is _Staged:
+                self._resuming = (item.lane, self._resumes(item.lane))
                 self._resume(item)
+                self._resuming = None
                 if self._caught:
                     self._forget_frames()
                 del item
@@ -294,6 +315,7 @@ class Submitter:
                         self._forget_frames()
                     self._turns.offer()  # hops of a few requests add up too
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
+                self._current = None
                 failures: list[Delivery] = [
                     (req, InternalError(f"submitter failed: {exc!r}"), Outcome.FINISHED)
                     for req in item.requests
@@ -587,6 +609,10 @@ class Submitter:
             if batch:
                 self._close_batch(open_lane, batch, last, failures)
         self._post(failures, self.counters)
+
+    def _resumes(self, lane: Lane) -> list[Request]:
+        # what resuming ``lane`` may submit: its carried batch, then its parked requests
+        return [*self._carried.get(lane, ()), *(req for req, _ in self._parked[lane])]
 
     def _refuse(self, req: Request, error: BaseException, failures: list[Delivery]) -> None:
         # never reaching the device: what it holds goes back now, and its task fails

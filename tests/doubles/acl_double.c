@@ -490,6 +490,7 @@ typedef struct stream {
     aclError pending_err;
     task_t *head, *tail;
     size_t depth;
+    int callers; /* host threads inside a blocking call on it (waiting for room, synchronizing) */
     uint64_t submitted, completed;
     uint32_t rt_next, rt_flip; /* the next task id (0..65534) and the flip count (next_task_id) */
     model_t *capture; /* aclmdlRICaptureBegin..End: tasks are recorded here, not queued */
@@ -530,6 +531,12 @@ static ctx_t *g_default_ctx[MAX_DEVICES];
 static ctx_t *g_contexts;
 static stream_t *g_streams;
 static size_t g_max_depth = 2013;
+/* Streams destroyed while a host thread was inside a blocking call on them. The real runtime
+   frees the Stream under that thread, which goes on using it (hicann/runtime@681ef76: the
+   delete at stream.cc:4682-4686; a launch or record waiting for room in the loop of
+   task_submit.cc:478-506, then event.cc:563-569; a synchronize at stream.cc:1947-2000): a
+   crash. The double fails the call instead and counts the misuse for the tests to see. */
+static int64_t g_freed_under_callers;
 /* The real runtime on STARS chips: a failed task stops its stream's queue, and the runtime
    learns of it only when it reads the task's error completion, which only a stream (or device)
    synchronize does (hicann/runtime@681ef76: stream.cc:4438, stars_engine.cc:1398-1470; an event
@@ -727,6 +734,7 @@ static void stream_kill(stream_t *s) {
     s->depth = 0;
     capture_discard(s);
     if (s->completed < s->submitted) s->aborted = 1;
+    if (s->callers) g_freed_under_callers++;
     s->alive = 0;
     live_del(s);
     g_live_streams--;
@@ -863,7 +871,9 @@ static aclError enqueue(stream_t *s, task_t *t) {
         task_free(t);
         return fail(g_full_refusal, "stream queue full (%zu tasks): refused (double_set_full_refusal)", s->depth);
     }
+    s->callers++;
     while (s->depth >= g_max_depth && s->alive && !s->ctx->fault_code) cv_wait(&g_done_cv, UINT64_MAX);
+    s->callers--;
     if (!s->alive) {
         task_free(t);
         return fail(ACL_ERROR_RT_STREAM_ABORT, "stream destroyed while waiting for queue space");
@@ -1547,6 +1557,7 @@ EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t ti
     if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtSynchronizeStreamWithTimeout"));
     uint64_t deadline = deadline_after_ms(timeout);
     s->refs++;
+    s->callers++;
     for (;;) {
         read_unread_fault(c);
         if ((rc = ctx_fault(c))) break;
@@ -1567,6 +1578,7 @@ EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t ti
         }
         cv_wait(&g_done_cv, deadline);
     }
+    s->callers--;
     stream_unref(s);
     LEAVE_UNLOCK(rc);
 }
@@ -2614,6 +2626,14 @@ EXPORT void double_live_counts(int64_t *out9) {
     out8[7] = (int64_t)g_dev_refs[0];
     out9[8] = (int64_t)g_live_models;
     pthread_mutex_unlock(&g_mu);
+}
+
+/* streams destroyed while a host thread was inside a blocking call on them (see above) */
+EXPORT int64_t double_freed_under_callers(void) {
+    pthread_mutex_lock(&g_mu);
+    int64_t n = g_freed_under_callers;
+    pthread_mutex_unlock(&g_mu);
+    return n;
 }
 
 /* the number of tasks a live model recorded (-1: not a live model), and its capture mode */

@@ -252,6 +252,7 @@ class DoubleControl:
             "double_set_device_count": (None, [ctypes.c_int]),
             "double_set_max_depth": (None, [sz]),
             "double_live_counts": (None, [vp]),
+            "double_freed_under_callers": (i64, []),
             "double_model_tasks": (i64, [vp, vp]),
             "double_event_generation": (u64, [vp]),
             "double_context_fault": (ctypes.c_int, [vp]),
@@ -414,6 +415,11 @@ class DoubleControl:
     def dev_base(self) -> int:
         return int(self.lib.double_dev_base())
 
+    def freed_under_callers(self) -> int:
+        """Streams destroyed while a host thread was inside a blocking call on them (the
+        real runtime would crash that thread; the double fails its call), in this process."""
+        return int(self.lib.double_freed_under_callers())
+
     def live_counts(self) -> dict[str, int]:
         out = (ctypes.c_int64 * 9)()
         self.lib.double_live_counts(out)
@@ -505,6 +511,12 @@ def double_control(persona: str = DEFAULT_PERSONA) -> DoubleControl:
     if control is None:
         control = _controls[persona] = DoubleControl(build_double(persona).library)
     return control
+
+
+def freed_under_callers() -> int:
+    """Streams destroyed under a host thread inside a blocking call on them, over every
+    persona of the double built in this process (see ``DoubleControl.freed_under_callers``)."""
+    return sum(control.freed_under_callers() for control in _controls.values())
 
 
 def end_leaked_work(paths: set[str]) -> None:

@@ -7,6 +7,8 @@ forced close, end to end through the runtime's own task and completion machinery
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -194,6 +196,42 @@ async def test_device_close_with_a_timeout_over_a_stuck_stream(
         await task
     hal.reset()
     assert hal.live_queues() <= before
+
+
+async def test_a_forced_close_never_destroys_the_stream_a_stuck_submitter_waits_on(
+    anyio_backend: object, hal: FakeHal, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``stream_capacity`` above the runtime's real queue (a user's setting): the submitter
+    waits for room inside ``aclrtRecordEvent`` on a held stream, in a loop that ends only when
+    room appears or the stream is aborted (``task_submit.cc:478-506``). A forced close used to
+    destroy that stream under it: the runtime frees the ``Stream`` (``stream.cc:4682-4686``)
+    while the waiting thread still uses it (``event.cc:563-569``), a SIGSEGV that killed the
+    process. Now the close returns on time, leaks that stream with the rest, and the submitter
+    goes on once the stream moves, submitting nothing more."""
+    dev = await open_realrt(runtime_options={"stream_capacity": 1 << 20}, batch_cap=1)
+    runtime = dev.runtime
+    s = dev.stream(max_in_flight=2000)
+    buf = dev.malloc(64)
+    hal.hold(s.handle)
+    tasks = [await s.memset(buf, 1) for _ in range(2000)]  # 4,000 entries: past the queue
+    try:
+        with anyio.fail_after(20):
+            while dev.stats()["batches"] < 1000:  # noqa: ASYNC110 - the submitter fills the queue
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.2)
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(10):
+            await dev.aclose(timeout=0.2)
+        assert any("leaking" in r.getMessage() for r in caplog.records), caplog.records
+        for task in tasks:
+            with pytest.raises(aa.AscendError):
+                await task
+    finally:
+        hal.reset()  # the stream moves: the submitter's call returns, and it exits
+        for thread in threading.enumerate():
+            if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll")):
+                thread.join(20)
+                assert not thread.is_alive(), thread.name
+        runtime.close()
 
 
 @pytest.mark.xfail(

@@ -75,21 +75,38 @@ async def test_a_saturated_hung_stream_never_stalls_another(open_dev: OpenDevice
 
 
 async def test_a_hop_that_waits_past_its_deadline_is_never_submitted(
-    open_dev: OpenDevice, device_backend: str
+    open_dev: OpenDevice, device_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # The runtime believes a stream holds more than it does (a mismatch the library cannot
     # see): the submitter blocks in a launch; the requests queued behind it fail with
-    # TaskTimeoutError by the watchdog and never reach the runtime afterwards.
+    # TaskTimeoutError by the watchdog and never reach the runtime afterwards. The close then
+    # finds the submitter stuck: it returns on time and never destroys the stream the
+    # submitter waits on (the real runtime would free it under that thread: a crash).
     if device_backend == "realrt":
         pytest.skip("needs a runtime queue depth of 4: a control of the C double and the sim")
-    async with open_dev(task_timeout=0.5) as dev:
+    dev = await open_dev(task_timeout=0.5)
+    runtime = dev.runtime
+    released = threading.Event()
+    destroyed_while_stuck: list[int] = []
+    real_destroy = runtime.destroy_stream_force
+
+    def destroy(stream: int) -> None:
+        if not released.is_set():
+            destroyed_while_stuck.append(stream)
+        real_destroy(stream)
+
+    def set_depth(depth: int) -> None:
         if device_backend == "acl":
             from doubles.acl_double import double_control
 
-            double_control().set_max_depth(4)
+            double_control().set_max_depth(depth)
         else:
-            dev.runtime.max_queue_depth = 4
-        dev.runtime.stream_capacity = 1000
+            runtime.max_queue_depth = depth
+
+    runtime.destroy_stream_force = destroy
+    set_depth(4)
+    runtime.stream_capacity = 1000
+    try:
         a, b = dev.stream(), dev.stream()
         noop = dev.function("noop")
         await a.launch(dev.function("hang"), 1)
@@ -101,12 +118,17 @@ async def test_a_hop_that_waits_past_its_deadline_is_never_submitted(
         with anyio.fail_after(5), pytest.raises(aa.TaskTimeoutError, match="not submitted"):
             await late
         assert time.perf_counter() - t0 < 5
-        with anyio.fail_after(10):
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(10):
             await dev.aclose(timeout=0.1)
-        if device_backend == "acl":
-            double_control().set_max_depth(2013)
-    assert dev.stats()["timeouts"] >= 1
-    assert_runtime_clean(dev)
+        assert any("leaking" in r.getMessage() for r in caplog.records), caplog.records
+        assert a.handle not in destroyed_while_stuck
+        assert b.handle in destroyed_while_stuck  # not in the submitter's hop: gone by force
+        assert dev.stats()["timeouts"] >= 1
+        assert not getattr(runtime, "freed_under_callers", [])
+    finally:
+        released.set()
+        set_depth(2013 if device_backend == "acl" else 1 << 20)  # the launch goes on
+        _unstick(released, runtime)
 
 
 async def test_a_cancelled_device_block_with_a_hung_kernel_exits_within_close_timeout(

@@ -114,6 +114,10 @@ WAIT_SLICE_S: Final = 0.5
 _handles = itertools.count(1)  # process-wide, so a handle of a closed runtime is never valid
 
 
+#: every sim runtime's ``freed_under_callers``, in this process (read by the tests)
+FREED_UNDER_CALLERS: list[str] = []
+
+
 def new_handle(kind: int) -> int:
     return (kind << 32) | next(_handles)
 
@@ -176,6 +180,7 @@ class SimGraph:
 class SimStream:
     __slots__ = (
         "busy_until",
+        "callers",
         "capture",
         "completed",
         "destroyed",
@@ -201,6 +206,8 @@ class SimStream:
         #: the occupying kernel runs past its kernel timeout: the fault it raises at busy_until
         self.timed_out: tuple[int, str] | None = None
         self.destroyed = False
+        #: host threads inside a blocking call on the stream (waiting for room, synchronizing)
+        self.callers = 0
         self.failure_mode = ACL_CONTINUE_ON_FAILURE
         #: while capturing: the tasks recorded instead of queued
         self.capture: list[tuple[Any, ...]] | None = None
@@ -294,6 +301,10 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
         self._idle = False
         self._work_seq = 0
         self._stream_waiters = 0  # threads waiting for stream progress (sync, full queue)
+        #: what the real runtime would crash on: a stream destroyed while a host thread was
+        #: inside a blocking call on it (the sim fails that call instead; tests check this stays
+        #: empty, and FREED_UNDER_CALLERS, every runtime's, too)
+        self.freed_under_callers: list[str] = []
         self._event_waiters = 0  # threads waiting for a recording to complete
         self._sync_locks: set[threading.Lock] = set()  # see synchronize_event
         self._rr = 0
@@ -362,6 +373,7 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
         cond = self._cond
         with cond:
             self._stream_waiters += 1
+            s.callers += 1
             try:
                 while True:
                     if self._unread is not None:  # a stream synchronize reads the failure
@@ -389,12 +401,14 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
                     cond.wait(slice_s)
             finally:
                 self._stream_waiters -= 1
+                s.callers -= 1
 
     # --- submission ------------------------------------------------------------------------
 
     def _wait_for_room(self, s: SimStream, func: str) -> None:
         with self._cond:
             self._stream_waiters += 1
+            s.callers += 1
             try:
                 while s.submitted - s.completed >= self.max_queue_depth:
                     if self._fault is not None:
@@ -406,6 +420,7 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
                     self._cond.wait(WAIT_SLICE_S)
             finally:
                 self._stream_waiters -= 1
+                s.callers -= 1
 
     def _enqueue(self, s: SimStream, task: tuple[Any, ...], func: str) -> None:
         if s.capture is not None:  # recorded, not run (the caller checked the kind)

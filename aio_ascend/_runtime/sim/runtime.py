@@ -59,6 +59,7 @@ from .executor import (
     CURRENT,
     DEFAULT_MAX_QUEUE_DEPTH,
     EVENT_HANDLE,
+    FREED_UNDER_CALLERS,
     FUNCTION_HANDLE,
     GRAPH,
     GRAPH_HANDLE,
@@ -256,6 +257,18 @@ class SimRuntime(DeviceExecutor):
 
     def _remove_stream(self, s: SimStream) -> list[tuple[Any, ...]]:
         with self._cond:
+            if s.callers:
+                # The real runtime frees the Stream here (stream.cc:4682-4686) under the
+                # waiting thread, which goes on using it: a launch or record waiting for room
+                # (task_submit.cc:478-506, then event.cc:563-569), a synchronize
+                # (stream.cc:1947-2000). That thread gets an error from the sim instead, and
+                # the misuse is kept for the tests to see (docs/cann-support.md §13.3).
+                misuse = (
+                    f"stream {s.handle:#x} destroyed while {s.callers} host thread(s) were "
+                    "inside a blocking call on it"
+                )
+                self.freed_under_callers.append(misuse)
+                FREED_UNDER_CALLERS.append(misuse)
             s.destroyed = True
             self._streams.pop(s.handle, None)
             self._set_stream_list()
