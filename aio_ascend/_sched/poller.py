@@ -67,7 +67,8 @@ Shutdown. The stop request ends the thread at the next round, whatever is still 
 in progress, what it finished is :attr:`at_exit` (resolved by the close), and the batches never
 seen complete are :meth:`leftover_batches`. The device's close joins this thread first, before
 any stream is destroyed, so nothing done to the streams can be reported as a completion (only a
-poller stuck in a runtime call sees its streams destroyed under it, to unblock it). After
+poller stuck in a runtime call sees the other streams destroyed meanwhile: never the one its
+stall probe is on, and once the stop is asked it probes no other). After
 ``Scheduler.abandon`` (a device collected unclosed), ``then`` closes the runtime from this
 thread once the other threads have exited (or 2 s each have passed).
 """
