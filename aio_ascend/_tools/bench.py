@@ -7,6 +7,7 @@ even on a noisy 2-core machine. Sizes scale with ``scale`` (1.0 runs in well und
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import gc
 import json
@@ -44,7 +45,7 @@ from .bench_shapes import (
     spread,
 )
 from .progress import Progress
-from .stats import percentile
+from .stats import cpu_ratio, percentile
 
 __all__ = ["BACKEND_STEPS", "STEPS", "BenchConfig", "format_table", "ratios", "run_bench"]
 
@@ -85,6 +86,10 @@ def bench_raw(cfg: BenchConfig) -> dict[str, Any]:
         args = rt.malloc_host(64)
         event = rt.create_event(ACL_EVENT_CAPTURE_STREAM_PROGRESS)
         launch = rt.launch_kernel_with_host_args
+        for _ in range(min(n, 5_000)):  # warm, as (c) is before it is measured
+            launch(noop, 1, stream, None, args, 8, 0, 0)
+        rt.record_event(event, stream)
+        rt.synchronize_event(event, -1)
         for _ in range(max(1, cfg.repeats)):
             wall0, cpu0 = time.perf_counter(), time.process_time()
             for _ in range(n):
@@ -540,10 +545,55 @@ def machine_metadata() -> dict[str, Any]:
     }
 
 
+#: Rows whose ratios are targets, measured in rounds when ``repeats`` > 1: each round runs every
+#: row of its group once, in turn, so that a machine whose speed drifts (a shared VM: its (a)
+#: moved 2.1-3.4 us between runs) drifts them alike. A ratio of two rows of a group is the
+#: median of their per-round ratios; a row's own figure is still the median of its rounds.
+INTERLEAVED = (("raw", "poll", "handler", "plan"), ("acl_raw", "acl_poll", "acl_poll_ctypes"))
+
+
+def _rounds(
+    cfg: BenchConfig,
+    group: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]],
+    progress: Progress,
+) -> dict[str, dict[str, Any]]:
+    once = dataclasses.replace(cfg, repeats=1)
+    runs: dict[str, list[dict[str, Any]]] = {key: [] for key, _, _ in group}
+    for round_ in range(cfg.repeats):
+        for key, label, fn in group:
+            progress.begin(f"{label} (round {round_ + 1}/{cfg.repeats})")
+            gc.collect()
+            runs[key].append(fn(once))
+            progress.step()
+    return {key: _merged(results) for key, results in runs.items()}
+
+
+def _merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    # one row over its rounds: the median round's figures, the CPU's median, spread and rounds
+    if not all("cpu_us_per_launch" in run for run in runs):
+        return runs[0]  # a step that did not run here (its double was not built): says why
+    cpu = [run["cpu_us_per_launch"] for run in runs]
+    middle = sorted(runs, key=lambda run: run["cpu_us_per_launch"])[len(runs) // 2]
+    return {
+        **middle,
+        "cpu_us_per_launch": statistics.median(cpu),
+        "cpu_us_spread": spread(cpu),
+        "cpu_us_rounds": cpu,
+    }
+
+
 def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]:
     """Run the suite; return every measurement plus the derived ratios and target verdicts."""
     steps = [step for step in STEPS if only is None or step[0] in only]
-    progress = Progress(cfg.progress, len(steps), title="bench")
+    groups = []
+    if cfg.repeats > 1:
+        for keys in INTERLEAVED:
+            group = [step for step in steps if step[0] in keys]
+            if len(group) > 1:
+                groups.append(group)
+    grouped = {step[0]: group for group in groups for step in group}
+    units = len(steps) + sum(len(group) * (cfg.repeats - 1) for group in groups)
+    progress = Progress(cfg.progress, units, title="bench")
     results = cfg.results
     results["config"] = {
         "scale": cfg.scale,
@@ -557,6 +607,10 @@ def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]
     }
     results["machine"] = machine_metadata()
     for key, label, fn in steps:
+        if key in grouped:
+            if grouped[key][0][0] == key:  # the group runs, in rounds, where its first row is
+                results.update(_rounds(cfg, grouped[key], progress))
+            continue
         progress.begin(label)
         gc.collect()  # each step starts without the previous steps' garbage to collect
         results[key] = fn(cfg)
@@ -583,7 +637,7 @@ def ratios(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
         ("handler", "host CPU per launch, request-handler shape / (a)", 3.5),
     ):
         if key in r and "raw" in r:
-            v = r[key]["cpu_us_per_launch"] / r["raw"]["cpu_us_per_launch"]
+            v = cpu_ratio(r[key], r["raw"])
             add(name, v, f"<= {limit}", v <= limit)
     if "roundtrip" in r:
         x = r["roundtrip"]

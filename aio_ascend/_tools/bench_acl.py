@@ -30,6 +30,7 @@ from typing import Any, Final
 from .._runtime.acl.batch import native_disabled, native_submit
 from .._runtime.acl.library import HOME_ENV_VARS
 from .._runtime.acl.runtime import ENV_BUILTINS
+from .stats import cpu_ratio
 
 __all__ = [
     "ACL_STEPS",
@@ -204,7 +205,7 @@ def acl_ratios(r: dict[str, Any], add: Callable[[str, float, str, bool], None]) 
     """The acl double's target: host CPU per launch, (c) with the native submit / (a)."""
     raw, poll = _measured(r, "acl_raw"), _measured(r, "acl_poll")
     if raw is not None and poll is not None:
-        v = poll["cpu_us_per_launch"] / raw["cpu_us_per_launch"]
+        v = cpu_ratio(poll, raw)
         add("host CPU per launch (c)/(a), acl", v, "<= 1.2", v <= 1.2)
 
 

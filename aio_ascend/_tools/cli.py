@@ -710,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=3,
         metavar="N",
         help="repeats of the CPU-per-launch, fan-out and graph rows, reported with their "
-        "spread (default 3)",
+        "spread; the CPU rows of the targets run in interleaved rounds (default 3)",
     )
     bench.add_argument(
         "--launchers",

@@ -355,3 +355,29 @@ def test_percentile_is_the_nearest_rank() -> None:
 def test_exit_statuses_are_documented() -> None:
     text = cli.build_parser().format_help()
     assert re.search(r"exit status: 0 success; 1 .*; 2 bad usage", text.replace("\n", " "))
+
+
+def test_bench_measures_the_target_rows_in_rounds_and_pairs_their_ratios(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A machine whose speed drifts between rows: (a) and (c) measured one after the other see
+    # different machines. In rounds, each round runs every row once, and the ratio is the
+    # median of the per-round ratios: here exactly 2, whatever the drift.
+    order: list[str] = []
+    speed = iter([1.0, 1.0, 5.0, 5.0, 2.0, 2.0])  # the machine's slowness, call by call
+
+    def step(key: str, cost: float) -> Any:
+        def run(cfg: bench.BenchConfig) -> dict[str, Any]:
+            assert cfg.repeats == 1  # one measurement per round
+            order.append(key)
+            return {"cpu_us_per_launch": cost * next(speed), "host_allocations_after_warmup": 0}
+
+        return (key, f"step {key}", run)
+
+    monkeypatch.setattr(bench, "STEPS", [step("raw", 1.0), step("poll", 2.0)])
+    r = bench.run_bench(bench.BenchConfig(progress=None, repeats=3))
+    assert order == ["raw", "poll"] * 3
+    assert r["raw"]["cpu_us_rounds"] == [1.0, 5.0, 2.0]
+    assert r["poll"]["cpu_us_rounds"] == [2.0, 10.0, 4.0]
+    assert r["ratios"]["host CPU per launch (c)/(a)"]["value"] == 2.0
+    assert r["poll"]["cpu_us_per_launch"] == 4.0  # a row's own figure: its median round
