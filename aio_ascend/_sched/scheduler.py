@@ -730,7 +730,11 @@ class Scheduler:
 
     def _destroy_lanes(self) -> None:
         # never a stream a library thread still running may be inside a call on (shutdown.py,
-        # step 5): the poller's stall probe, the submitter's hop
+        # step 5): the poller's stall probe, the submitter's hop. The streams are marked forced
+        # before the hop is read: a submitter that looks at a stream after this refuses its
+        # work, and one that looked before is inside the hop read below.
+        for lane in self.lanes:
+            lane.forced = True
         spared: set[int] = set()
         if self._poller.thread.is_alive() and self._poller.probing is not None:
             spared.add(self._poller.probing)
