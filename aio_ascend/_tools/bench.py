@@ -7,7 +7,6 @@ even on a noisy 2-core machine. Sizes scale with ``scale`` (1.0 runs in well und
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import gc
 import json
@@ -32,7 +31,7 @@ from .._runtime import open_runtime
 from .._runtime.abi import ACL_EVENT_CAPTURE_STREAM_PROGRESS
 from .._runtime.acl.batch import native_submit
 from ..tracing import Tracer
-from .bench_acl import ACL_STEPS, acl_ratios, acl_rows, acl_steps
+from .bench_acl import ACL_STEPS, acl_rows, acl_steps
 from .bench_shapes import (
     bench_copy_isolation,
     bench_fanout,
@@ -44,8 +43,9 @@ from .bench_shapes import (
     run_async,
     spread,
 )
+from .bench_targets import ratios, round_groups, run_rounds
 from .progress import Progress
-from .stats import cpu_ratio, percentile
+from .stats import percentile
 
 __all__ = ["BACKEND_STEPS", "STEPS", "BenchConfig", "format_table", "ratios", "run_bench"]
 
@@ -545,55 +545,12 @@ def machine_metadata() -> dict[str, Any]:
     }
 
 
-#: Rows whose ratios are targets, measured in rounds when ``repeats`` > 1: each round runs every
-#: row of its group once, in turn, so that a machine whose speed drifts (a shared VM: its (a)
-#: moved 2.1-3.4 us between runs) drifts them alike. A ratio of two rows of a group is the
-#: median of their per-round ratios; a row's own figure is still the median of its rounds.
-INTERLEAVED = (("raw", "poll", "handler", "plan"), ("acl_raw", "acl_poll", "acl_poll_ctypes"))
-
-
-def _rounds(
-    cfg: BenchConfig,
-    group: list[tuple[str, str, Callable[[BenchConfig], dict[str, Any]]]],
-    progress: Progress,
-) -> dict[str, dict[str, Any]]:
-    once = dataclasses.replace(cfg, repeats=1)
-    runs: dict[str, list[dict[str, Any]]] = {key: [] for key, _, _ in group}
-    for round_ in range(cfg.repeats):
-        for key, label, fn in group:
-            progress.begin(f"{label} (round {round_ + 1}/{cfg.repeats})")
-            gc.collect()
-            runs[key].append(fn(once))
-            progress.step()
-    return {key: _merged(results) for key, results in runs.items()}
-
-
-def _merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    # one row over its rounds: the median round's figures, the CPU's median, spread and rounds
-    if not all("cpu_us_per_launch" in run for run in runs):
-        return runs[0]  # a step that did not run here (its double was not built): says why
-    cpu = [run["cpu_us_per_launch"] for run in runs]
-    middle = sorted(runs, key=lambda run: run["cpu_us_per_launch"])[len(runs) // 2]
-    return {
-        **middle,
-        "cpu_us_per_launch": statistics.median(cpu),
-        "cpu_us_spread": spread(cpu),
-        "cpu_us_rounds": cpu,
-    }
-
-
 def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]:
     """Run the suite; return every measurement plus the derived ratios and target verdicts."""
     steps = [step for step in STEPS if only is None or step[0] in only]
-    groups = []
-    if cfg.repeats > 1:
-        for keys in INTERLEAVED:
-            group = [step for step in steps if step[0] in keys]
-            if len(group) > 1:
-                groups.append(group)
-    grouped = {step[0]: group for group in groups for step in group}
-    units = len(steps) + sum(len(group) * (cfg.repeats - 1) for group in groups)
-    progress = Progress(cfg.progress, units, title="bench")
+    grouped = round_groups(steps, cfg.repeats)
+    extra = sum(len(group) for key, group in grouped.items() if group[0][0] == key)
+    progress = Progress(cfg.progress, len(steps) + extra * (cfg.repeats - 1), title="bench")
     results = cfg.results
     results["config"] = {
         "scale": cfg.scale,
@@ -609,7 +566,7 @@ def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]
     for key, label, fn in steps:
         if key in grouped:
             if grouped[key][0][0] == key:  # the group runs, in rounds, where its first row is
-                results.update(_rounds(cfg, grouped[key], progress))
+                results.update(run_rounds(cfg, grouped[key], progress))
             continue
         progress.begin(label)
         gc.collect()  # each step starts without the previous steps' garbage to collect
@@ -617,73 +574,6 @@ def run_bench(cfg: BenchConfig, only: list[str] | None = None) -> dict[str, Any]
         progress.step()
     results["ratios"] = ratios(results)
     return results
-
-
-def ratios(r: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The targets of the scheduler issue, as measured ratios with a met/not-met verdict."""
-    out: dict[str, dict[str, Any]] = {}
-
-    def add(name: str, value: float, target: str, met: bool) -> None:
-        out[name] = {"value": round(value, 3), "target": target, "met": bool(met)}
-
-    if "poll" in r and "naive" in r:
-        v = r["poll"]["launches_per_s"] / r["naive"]["launches_per_s"]
-        add("throughput (c)/(b)", v, ">= 15", v >= 15)
-        v = r["poll"]["single_launch_p50_us"] / r["naive"]["single_launch_p50_us"]
-        add("single-launch latency (c)/(b)", v, "<= 1", v <= 1)
-    for key, name, limit in (
-        ("poll", "host CPU per launch (c)/(a)", 2.5),
-        ("plan", "plan launch / (a)", 1.6),
-        ("handler", "host CPU per launch, request-handler shape / (a)", 3.5),
-    ):
-        if key in r and "raw" in r:
-            v = cpu_ratio(r[key], r["raw"])
-            add(name, v, f"<= {limit}", v <= limit)
-    if "roundtrip" in r:
-        x = r["roundtrip"]
-        v = x["launch_await_p50_us"] / x["to_thread_noop_p50_us"]
-        add("launch+await round trip / to_thread(noop), p50", v, "<= 1.25", v <= 1.25)
-    if "fanout" in r:
-        x = r["fanout"]
-        v = x["many_launches_per_s"] / x["one_launches_per_s"]
-        add("256 handlers / one handler, launches/s", v, ">= 10", v >= 10)
-    if "producer_lag" in r:
-        v = r["producer_lag"]["lag_p99_ms"]
-        add("loop lag p99 (ms), one producer, 10k launches", v, "<= 5", v <= 5)
-    if "graph" in r:
-        x = r["graph"]
-        v = x["replay_loop_cpu_us_per_kernel"] / x["single_loop_cpu_us_per_kernel"]
-        add("graph replay / one by one, loop CPU per kernel", v, "<= 0.05", v <= 0.05)
-    if "wake_poll" in r and "bare_wakes" in r:
-        v = r["wake_poll"]["p50_us"] / r["bare_wakes"]["call_soon_threadsafe_p50_us"]
-        add("wake p50 / bare call_soon_threadsafe", v, "<= 1.5", v <= 1.5)
-    if "wake_churn" in r and "wake_poll" in r:
-        v = r["wake_churn"]["p50_us"] / r["wake_poll"]["p50_us"]
-        add("wake p50 under churn / idle", v, "<= 2", v <= 2)
-    if "loop_lag" in r:
-        v = r["loop_lag"]["lag_p99_ms"]
-        add("loop lag p99 (ms), 10k outstanding", v, "<= 3", v <= 3)
-    if "copy_isolation" in r:
-        x = r["copy_isolation"]
-        limit = x["limit_ms"]  # max(0.3 x one copy's own time, 15 ms)
-        v = max(x["busy_submit_p95_ms"], x["busy_wake_p95_ms"])
-        add(
-            "copies: another stream's submit / wake delay p95 (ms)",
-            v,
-            f"<= {limit:.0f}",
-            v <= limit,
-        )
-        v = x["busy_latency_p95_ms"] / x["idle_latency_p95_ms"]
-        bound = 1 + limit / x["idle_latency_p95_ms"]
-        add("copies: another stream's launch latency p95 / idle", v, f"<= {bound:.0f}", v <= bound)
-    if "poll" in r:
-        v = r["poll"]["host_allocations_after_warmup"]
-        add("host-buffer allocations after warm-up", v, "== 0", v == 0)
-    if "packing" in r:
-        v = r["packing"]["pool_allocations_per_100k"]
-        add("pool allocations per 100k launches", v, "== 0", v == 0)
-    acl_ratios(r, add)
-    return out
 
 
 def format_table(r: dict[str, Any]) -> str:

@@ -871,6 +871,8 @@ static aclError enqueue(stream_t *s, task_t *t) {
         task_free(t);
         return fail(g_full_refusal, "stream queue full (%zu tasks): refused (double_set_full_refusal)", s->depth);
     }
+    /* the real runtime waits for room with no timeout, spinning, until room appears or the
+       stream is aborted (task_submit.cc:478-506) */
     s->callers++;
     while (s->depth >= g_max_depth && s->alive && !s->ctx->fault_code) cv_wait(&g_done_cv, UINT64_MAX);
     s->callers--;

@@ -427,7 +427,9 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
             s.capture.append(task)
             return
         if s.submitted - s.completed >= self.max_queue_depth:
-            self._wait_for_room(s, func)  # the real runtime blocks on a full task queue too
+            # the real runtime waits for room too, with no timeout, until room appears or the
+            # stream is aborted (hicann/runtime task_submit.cc:478-506)
+            self._wait_for_room(s, func)
         with self._lock:
             if s.destroyed:
                 raise self._bad_handle(func, "the stream was destroyed")
