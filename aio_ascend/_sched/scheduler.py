@@ -645,11 +645,16 @@ class Scheduler:
         self._pending = [r for r in self._pending if lane is not None and r.lane is not lane]
         if lane is not None:
             lane.last = lane.flushed  # what is left to wait for
+        errors = [ClosedError(f"dropped by {by}") for _ in dropped]
+        for request, error in zip(dropped, errors, strict=True):
+            # (before the release lets go of it) a dropped event record marks its event
+            # never recorded: another stream's wait on it is refused, not passed unrecorded
+            request.on_refused(error)
         self.lifetimes.release(dropped)
-        for request in dropped:
+        for request, error in zip(dropped, errors, strict=True):
             self.unsettled -= 1
             self._release_slot(request.lane, request.entries)
-            resolve_task(request, ClosedError(f"dropped by {by}"))
+            resolve_task(request, error)
 
     async def _shutdown(self, *, forced: bool) -> None:
         runtime = self.bound()

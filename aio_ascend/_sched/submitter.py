@@ -256,18 +256,16 @@ class Submitter:
         return expired, deliveries
 
     def _never_started(self, hop: Hop) -> list[Delivery]:
-        self._lifetimes.release(hop.requests)
-        return [
-            (
-                req,
-                TaskTimeoutError(
-                    f"{req.kind} was not submitted within task_timeout={self._task_timeout:g}s "
-                    "(it never reached the device)"
-                ),
-                Outcome.FINISHED,
+        deliveries: list[Delivery] = []
+        for req in hop.requests:
+            error = TaskTimeoutError(
+                f"{req.kind} was not submitted within task_timeout={self._task_timeout:g}s "
+                "(it never reached the device)"
             )
-            for req in hop.requests
-        ]
+            req.on_refused(error)  # an event record never made: later waits on it are refused
+            deliveries.append((req, error, Outcome.FINISHED))
+        self._lifetimes.release(hop.requests)
+        return deliveries
 
     # --- the thread ------------------------------------------------------------------------
 

@@ -128,7 +128,8 @@ class Request(Task):
         return 0
 
     def on_refused(self, exc: BaseException) -> None:
-        """The request will never reach the device (submitter thread)."""
+        """The request will never reach the device (the thread that gave up on it: the
+        submitter, the watchdog, or the loop dropping it before the hand-over)."""
 
     def let_go(self) -> None:
         """Released (any library thread): drop the user objects it refers to."""

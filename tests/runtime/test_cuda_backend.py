@@ -623,7 +623,7 @@ def test_staging_ring_waits_when_full_of_unfinished_work(
         d = make_kit(runtime)
         n = 4
         x, y = d.upload(np.ones(n, F32)), d.upload(np.zeros(n, F32))
-        d.sleep_us(100_000)
+        d.sleep_us(1_000_000)  # 10x what filling the ring takes on a loaded machine
         t0 = time.monotonic()
         for _ in range(200):  # 64 B each: the 4 KiB ring is full after 64 launches
             d.launch("scale", scale_args(x, y, n, 3.0))

@@ -455,3 +455,84 @@ async def test_a_wait_on_an_event_a_forced_close_dropped_fails_at_once_and_says_
             await other.run(noop, 1)
         await s2.aclose(timeout=0.05)  # blocked on the device: destroyed by force
         await other.aclose()
+
+
+@pytest.mark.anyio
+async def test_a_wait_on_an_event_whose_record_a_cancelling_close_dropped_is_refused(
+    open_dev: OpenDevice,
+) -> None:
+    """s1's upload and event record are still pending when s1 closes with ``cancel=True``:
+    neither reaches the device. s2's wait on that event, queued in the same tick, is refused
+    saying why (before: it passed, the event never having been recorded, and s2's copy read
+    the stale buffer), s2's copy behind it never runs, a new wait on the event is refused too,
+    and s2 goes on."""
+    async with open_dev() as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        x, y = dev.malloc(256), dev.malloc(256)
+        await (await s2.copy_to_device(x, np.zeros(64, np.float32)))
+        await (await s2.copy_to_device(y, np.zeros(64, np.float32)))
+        up = await s1.copy_to_device(x, np.ones(64, np.float32))
+        ev = await s1.record_event()
+        waited = await s2.wait_event(ev)
+        dependent = await s2.copy_device(y, x)
+        await s1.aclose(cancel=True)
+        with anyio.fail_after(10):
+            for task in (up, ev):
+                with pytest.raises(aa.ClosedError, match="cancel=True"):
+                    await task
+            with pytest.raises(aa.ClosedError, match="never recorded") as refused:
+                await waited
+            assert "dropped by Stream.aclose(cancel=True)" in str(refused.value.__cause__)
+            with pytest.raises(aa.AscendError):
+                await dependent
+            again = await s2.wait_event(ev)
+            with pytest.raises(aa.ClosedError, match="never recorded"):
+                await again
+            out = np.full(64, 7.0, np.float32)
+            await (await s2.copy_to_host(out, y))
+        assert (out == 0).all()  # y kept its own bytes: the dependent copy never ran
+    assert_runtime_clean(dev)
+
+
+@pytest.mark.backends("sim", "acl")
+@pytest.mark.anyio
+async def test_a_wait_on_an_event_whose_record_the_watchdog_expired_unsubmitted_is_refused(
+    open_dev: OpenDevice, device_backend: str
+) -> None:
+    """The submitter is stuck in a launch on s0 (the runtime's queue is shallower than the
+    library believes): s1's event record waits past task_timeout and is failed unsubmitted by
+    the watchdog. Once the submitter moves again, a wait on that event is refused (before: it
+    passed, the event never having been recorded)."""
+    dev = await open_dev(task_timeout=0.5)
+
+    def set_depth(depth: int) -> None:
+        if device_backend == "acl":
+            from doubles.acl_double import double_control
+
+            double_control().set_max_depth(depth)
+        else:
+            dev.runtime.max_queue_depth = depth
+
+    set_depth(4)
+    dev.runtime.stream_capacity = 1000
+    try:
+        s0, s1, s2 = dev.stream(), dev.stream(), dev.stream()
+        noop = dev.function("noop")
+        hung = await s0.launch(dev.function("hang"), 1)
+        for _ in range(8):  # the 4th entry fills the runtime's queue: the submitter blocks
+            await s0.launch(noop, 1)
+        await anyio.sleep(0.05)
+        ev = await s1.record_event()
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError, match="not submitted"):
+            await ev
+        set_depth(2013 if device_backend == "acl" else 1 << 20)  # the submitter moves on
+        again = await s2.wait_event(ev)
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError, match="never recorded"):
+            await again
+        await (await s2.launch(noop, 1))
+        with pytest.raises(aa.TaskTimeoutError):  # the watchdog's too, still on the device
+            await hung
+    finally:
+        set_depth(2013 if device_backend == "acl" else 1 << 20)
+        with anyio.fail_after(20):
+            await dev.aclose(timeout=0.2)
