@@ -31,16 +31,17 @@ taken); with work outstanding and nothing finished, a timed inbox get whose time
 :class:`~.waiter.Waiter` sleeps on the oldest batch event and puts ``POKE`` in the inbox when it
 completes). New work or a poke ends the wait at once; a round that finished something starts the
 next round without waiting, offering the GIL to a starved loop first
-(:class:`~aio_ascend._runtime.threads.GilTurns`). The poller itself never synchronizes on an
-event; its only device-waiting call is the 1 ms stall probe below.
+(:class:`~aio_ascend._runtime.threads.GilTurns`). The poller itself never waits on the device:
+the stall probes below run on its prober's thread.
 
 Every ``WATCHDOG_PERIOD_S`` (10 ms) without completions: the watchdog
 (:func:`~.watchdog.expire`) fails the batches past their deadline with ``TaskTimeoutError``
 (their slots stay taken, and their buffers held, until the device really finishes them: they
 arrive later as ``FINISHED_LATE``), the hops still waiting for the submitter past theirs
 (:meth:`Submitter.expire_waiting`), and :class:`~.stalls.StallProbes` names the streams whose
-oldest batch has been outstanding long enough to be probed with a short ``synchronize_stream``:
-on the real runtime a failed task is reported only there.
+oldest batch has been outstanding long enough to be probed with a short ``synchronize_stream``
+(on the real runtime a failed task is reported only there): the :class:`~.stalls.Prober`
+thread runs one probe at a time and reports through the inbox.
 
 Faults. A query (or a probe) that raises means the device context is broken (stop-on-failure
 mode): the error becomes the device's sticky fault (:class:`~.faults.FaultState`), batches whose
@@ -53,9 +54,10 @@ done with them.
 
 Who touches what. The submitter puts batches and forced closes (``LaneForce``) in the inbox, the
 loop (or the finalizer of a device collected unclosed) puts the stop request (:meth:`stop`), the
-waiter and the staging thread put ``POKE``. Everything else (``_outstanding``, the stall probes,
-the unstaging queue, the counters) is this thread's; the loop reads :meth:`leftover_batches`,
-:attr:`at_exit` and :attr:`orphans` only after the thread has exited (or been abandoned).
+waiter and the staging thread put ``POKE``, the prober its reports (``Probed``). Everything
+else (``_outstanding``, the stall probes, the unstaging queue, the counters) is this thread's;
+the loop reads :meth:`leftover_batches`, :attr:`at_exit` and :attr:`orphans` only after the
+thread has exited (or been abandoned).
 
 A forced stream close (``LaneForce``, :mod:`.forcing`) arrives behind every batch of its stream
 (see the submitter for a parked stream's carried batch): the poller drops those batches (their
@@ -84,7 +86,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._errors import InternalError, StreamSyncTimeoutError
+from .._errors import InternalError
 from .._runtime import Runtime
 from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
 from .._runtime.threads import GilTurns, LoopPulse, reduce_timer_slack
@@ -92,9 +94,10 @@ from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
 from .forcing import LaneForce, give_up, lost_records, stranded_by
+from .lane import Lane
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
-from .stalls import STALL_PROBE_WAIT_MS, StallProbes
+from .stalls import Probed, Prober, StallProbes
 from .watchdog import expire, log_expired
 from .work import STAGE_AT_HAND_BYTES, Arrival, Batch, Delivery, Outcome, Request
 
@@ -168,11 +171,13 @@ class Poller:
         self._pending = 0  # batches in _outstanding
         self._interval = poll_min_interval
         self._next_deadline_check = 0.0
-        #: streams whose oldest batch does not complete are asked directly (see stalls.py)
+        #: streams whose oldest batch does not complete are asked directly, by the prober's
+        #: thread, one at a time (see stalls.py)
         self._stalls = StallProbes()
-        #: the stream a stall probe is synchronizing now, else None (read by the close: a
-        #: stream is never destroyed under a thread inside a call on it)
-        self.probing: int | None = None
+        self.prober = Prober(runtime, device_id, inbox.put)
+        self._probe_out: int | None = None  # the stream of the probe not reported yet
+        #: a stream closed by force while being probed: destroyed once the probe has reported
+        self._destroy_later: dict[int, Lane] = {}
         self._stop_asked = False  # set by stop(), from any thread
         self._unstager = CopyWorker(f"aio_ascend-unstage-{device_id}")
         #: finished batches handed to the staging thread, oldest first, and per stream handle
@@ -193,6 +198,7 @@ class Poller:
         """Ask the thread to exit after its current round (and to call ``then`` on its way)."""
         self._on_exit = then
         self._stop_asked = True
+        self.prober.stop()
         self._inbox.put(_STOP)
 
     def leftover_batches(self) -> list[Batch]:
@@ -217,6 +223,7 @@ class Poller:
         self._runtime.set_current_context()
         reduce_timer_slack()
         self._loop()
+        self.prober.stop()  # (a probe under way goes on: the close joins, or abandons, it)
         self._unstager.finish()
         # What it copied out is done (resolved by the close, which no longer counts on the
         # loop for deliveries by then); what it never started is a leftover batch.
@@ -250,6 +257,9 @@ class Poller:
         if item is _STOP:
             return False
         if item is POKE:
+            return True
+        if type(item) is Probed:
+            self._probed(item)
             return True
         if type(item) is LaneForce:
             self._destroy(item)
@@ -293,8 +303,7 @@ class Poller:
             self.counters.timeouts += expired + never_started
             log_expired(self._device_id, deliveries + more, self._task_timeout)
             self._post(deliveries + more, self.counters)
-            if self._probe_stalled(now):
-                return True
+            self._probe_stalled(now)
         if self._watch is not None:
             self._watch_oldest()
         # Nothing finished: wait (GIL released) for the interval or for new work.
@@ -307,27 +316,29 @@ class Poller:
         self._interval = self._min_interval
         return self._file(item)
 
-    def _probe_stalled(self, now: float) -> bool:
-        # A failed task the event queries cannot see (see stalls.py): True if a probe found the
-        # device faulted (the fault is handled as a failing query's is).
-        for handle in self._stalls.due(self._outstanding, now):
-            if self._stop_asked:
-                # a close may be destroying the streams: a probe that returned late (the
-                # close found it stuck) is the last call this thread makes on any of them
-                break
-            error: BaseException | None = None
-            self.probing = handle
-            try:
-                self._runtime.synchronize_stream(handle, STALL_PROBE_WAIT_MS)
-            except StreamSyncTimeoutError:
-                pass  # still running
-            except BaseException as exc:
-                error = exc
-            self.probing = None
-            if error is not None:
-                self._fail_all(error)
-                return True
-        return False
+    def _probe_stalled(self, now: float) -> None:
+        # A failed task the event queries cannot see (see stalls.py): the prober asks the
+        # stream, one probe at a time; its report comes back through the inbox (_probed).
+        due = self._stalls.due(self._outstanding, now)
+        if due and self._probe_out is None and not self._stop_asked:
+            # (a close may be destroying the streams once the stop is asked: no new probe)
+            self._probe_out = due[0]
+            self.prober.probe(due[0])
+
+    def _probed(self, probed: Probed) -> None:
+        self._probe_out = None
+        lane = self._destroy_later.pop(probed.handle, None)
+        if lane is not None:  # closed by force meanwhile: its work was given up on then
+            self._destroy_stream(lane)
+            return
+        if probed.error is not None:
+            # a failure the probe found is the device's fault, as a failing query's is
+            self._fail_all(probed.error)
+
+    def _destroy_stream(self, lane: Lane) -> None:
+        with contextlib.suppress(Exception):
+            self._runtime.destroy_stream_force(lane.handle)
+        lane.destroyed = True
 
     def _destroy(self, force: LaneForce) -> None:
         # Every batch of the stream is here already (it came behind them): none is reported
@@ -339,12 +350,17 @@ class Poller:
         self._pending -= len(batches)
         deliveries, held = give_up(batches)
         self.orphans.extend(held)
-        if not lane.external:
-            with contextlib.suppress(Exception):
-                self._runtime.destroy_stream_force(lane.handle)
-            lane.destroyed = True
+        if lane.external:
+            pass
+        elif lane.handle == self._probe_out:
+            # never destroyed under the probe (the runtime would free it under that thread):
+            # once the probe has reported. Its work is given up on now all the same.
+            self._destroy_later[lane.handle] = lane
+        else:
+            self._destroy_stream(lane)
         # (after the destroy: nothing more runs on the stream, so what reads not complete
-        # now was dropped; see forcing.py)
+        # now was dropped; see forcing.py. A stream whose destroy waits for its probe: what
+        # reads not complete is taken as dropped too, should it run later after all)
         lost = lost_records(self._runtime, batches)
         if lost:
             failed, stranded = stranded_by(lost, self._outstanding.values())

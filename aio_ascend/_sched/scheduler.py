@@ -674,7 +674,7 @@ class Scheduler:
             with self._post_lock:
                 self._forcing = forced
             self._destroy_lanes()
-        threads = [self._submitter.thread, self._poller.thread]
+        threads = [self._submitter.thread, self._poller.thread, self._poller.prober.thread]
         if self._waiter is not None:
             threads.append(self._waiter.thread)
         for thread in threads:
@@ -735,14 +735,16 @@ class Scheduler:
 
     def _destroy_lanes(self) -> None:
         # never a stream a library thread still running may be inside a call on (shutdown.py,
-        # step 5): the poller's stall probe, the submitter's hop. The streams are marked forced
+        # step 5): the stall probe, the submitter's hop. The streams are marked forced
         # before the hop is read: a submitter that looks at a stream after this refuses its
         # work, and one that looked before is inside the hop read below.
         for lane in self.lanes:
             lane.forced = True
         spared: set[int] = set()
-        if self._poller.thread.is_alive() and self._poller.probing is not None:
-            spared.add(self._poller.probing)
+        prober = self._poller.prober
+        probing = prober.probing
+        if prober.thread.is_alive() and probing is not None:
+            spared.add(probing)
         if self._submitter.thread.is_alive():
             spared |= self._submitter.busy_streams()
         destroy_lanes(self.bound(), self.lanes, spared)
@@ -767,7 +769,7 @@ class Scheduler:
 
     def _close_after_threads(self) -> None:
         # The poller thread, exiting after abandon(): wait for the others, then close.
-        threads = [self._submitter.thread]
+        threads = [self._submitter.thread, self._poller.prober.thread]
         if self._waiter is not None:
             threads.append(self._waiter.thread)
         close_after(threads, self.runtime, JOIN_TIMEOUT_S, self.pinned)

@@ -22,7 +22,7 @@ does not stop a close half-way; ``Device.__aexit__`` left by an exception closes
    submitter still running submits nothing more to any of them) and destroy the streams by
    force (:func:`destroy_lanes`), which ends their queued work and stops a hung kernel, except
    a stream a library thread still alive may be inside a call on: the stream the poller is
-   probing (``Poller.probing``) and the streams of the hop the submitter is in
+   probing (``Prober.probing``, on its own thread) and the streams of the hop the submitter is in
    (``Submitter.busy_streams``). The real runtime frees a stream destroyed by force under a
    thread synchronizing on it, or waiting in a launch or an event record for room in its
    queue, and that thread then crashes the process (SIGSEGV, seen on ``tests/realrt`` both
@@ -127,7 +127,8 @@ def close_after(
     """Wait (blocking, up to ``waited`` s each) for ``threads``, then close ``runtime`` (once
     the last pinned array alive is collected: see ``PinnedArrays.close``)."""
     for thread in threads:
-        thread.join(waited)
+        if thread.ident is not None:  # (a thread that starts with its first job may not have)
+            thread.join(waited)
     with contextlib.suppress(Exception):
         pinned.close(runtime.close)
 

@@ -15,16 +15,39 @@ fault, as a failing query's is; a timeout means the work is still running. The w
 the next probe of the same batch doubles up to :data:`STALL_PROBE_MAX_S`, so a long kernel
 costs a few short probes a second, and work that completes within the first wait costs
 nothing but a dictionary entry per stream.
+
+Who probes. A probe's 1 ms is not a bound on the real runtime: when it times out, the runtime
+takes a snapshot, a control task it waits for with no timeout (``api_impl.cc:1731-1733,
+6360-6381``). Over our driver that wait took seconds, and once a busy stream had been destroyed
+by force it never ended. Run by the poller, it froze every stream's completions and the
+watchdog with it. So the probes run on a thread of their own, :class:`Prober`
+(``aio_ascend-probe-<device>``), one at a time, and report back through the poller's inbox
+(:class:`Probed`); the poller asks for the next one only once the last has reported, goes on
+completing the other streams' work meanwhile, and destroys a stream closed by force only when
+no probe is inside a call on it (a forced close of the stream being probed waits for the
+probe's report). A probe that never returns leaves stalls to the watchdog, and the thread to
+the device's close, which spares its stream (:attr:`Prober.probing`) and abandons it as stuck.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
+from .._errors import StreamSyncTimeoutError
+from .._runtime import Runtime
 from .work import Batch
 
-__all__ = ["STALL_PROBE_MAX_S", "STALL_PROBE_S", "STALL_PROBE_WAIT_MS", "StallProbes"]
+__all__ = [
+    "STALL_PROBE_MAX_S",
+    "STALL_PROBE_S",
+    "STALL_PROBE_WAIT_MS",
+    "Probed",
+    "Prober",
+    "StallProbes",
+]
 
 #: how long a stream's oldest batch is outstanding before the stream is first probed
 STALL_PROBE_S = 0.05
@@ -70,3 +93,62 @@ class StallProbes:
     def clear(self) -> None:
         """Nothing is outstanding (the device faulted or closed)."""
         self._seen.clear()
+
+
+class Probed:
+    """One probe's report, through the poller's inbox: the stream, and the error the runtime
+    reported (``None``: still running, or done)."""
+
+    __slots__ = ("error", "handle")
+
+    def __init__(self, handle: int, error: BaseException | None) -> None:
+        self.handle = handle
+        self.error = error
+
+
+class Prober:
+    """The thread ``aio_ascend-probe-<device>``: one stall probe at a time, off the poller.
+
+    :param report: where each :class:`Probed` goes (the poller's inbox)
+    """
+
+    def __init__(self, runtime: Runtime, device_id: int, report: Callable[[Probed], None]) -> None:
+        self._runtime = runtime
+        self._report = report
+        self._jobs: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._stop_asked = False
+        #: the stream a probe is synchronizing now, else None (read by the close: a stream is
+        #: never destroyed under a thread inside a call on it)
+        self.probing: int | None = None
+        self.thread = threading.Thread(
+            target=self._main, name=f"aio_ascend-probe-{device_id}", daemon=True
+        )
+
+    def probe(self, handle: int) -> None:
+        """Probe ``handle`` (the poller thread: once the last probe has reported). The thread
+        starts with the first probe: most devices never have a stream stall that long."""
+        if self.thread.ident is None:
+            self.thread.start()
+        self._jobs.put(handle)
+
+    def stop(self) -> None:
+        """Exit before the next probe (any thread; a probe under way reports first)."""
+        self._stop_asked = True
+        self._jobs.put(None)
+
+    def _main(self) -> None:
+        self._runtime.set_current_context()
+        while True:
+            handle = self._jobs.get()
+            if handle is None or self._stop_asked:
+                return
+            error: BaseException | None = None
+            self.probing = handle
+            try:
+                self._runtime.synchronize_stream(handle, STALL_PROBE_WAIT_MS)
+            except StreamSyncTimeoutError:
+                pass  # still running
+            except BaseException as exc:
+                error = exc
+            self.probing = None
+            self._report(Probed(handle, error))

@@ -198,6 +198,55 @@ async def test_device_close_with_a_timeout_over_a_stuck_stream(
     assert hal.live_queues() <= before
 
 
+async def test_a_forced_close_of_several_busy_streams_returns_on_time(
+    anyio_backend: object, hal: FakeHal
+) -> None:
+    """Two held streams, then ``Device.aclose(timeout=)``: the close destroys both by force.
+    It used to look at each with a 1 ms ``aclrtSynchronizeStreamWithTimeout`` first, on the
+    loop's thread; once one busy stream had been forced, the runtime's timeout snapshot made
+    that look spin for good (``api_impl.cc:1731-1733, 6360-6381``), and the loop with it. The
+    look is now ``aclrtStreamQuery``, which never waits."""
+    dev = await open_realrt()
+    streams = [dev.stream() for _ in range(2)]
+    buf = dev.malloc(64)
+    tasks = []
+    for s in streams:
+        hal.hold(s.handle)
+        tasks += [await s.memset(buf, i) for i in range(4)]
+    with anyio.fail_after(10):
+        while dev.stats()["batches"] < 2:  # noqa: ASYNC110 - both streams hold submitted work
+            await anyio.sleep(0.01)
+        await dev.aclose(timeout=0.2)
+        for task in tasks:
+            with pytest.raises(aa.TaskTimeoutError):
+                await task
+
+
+async def test_streams_closed_by_force_one_after_the_other_then_the_device_goes_on(
+    dev: aa.Device, hal: FakeHal
+) -> None:
+    """Two held streams closed by force in turn (``Stream.aclose(cancel=True, timeout=)``): the
+    poller destroys each. The second used to hang the poller in the same look as above, so
+    the second stream's task never failed and no completion was seen again."""
+    a, b, c = dev.stream(), dev.stream(), dev.stream()
+    buf = dev.malloc(256)
+    hal.hold(a.handle)
+    hal.hold(b.handle)
+    tasks = [await a.memset(buf, 1), await b.memset(buf, 2)]
+    with anyio.fail_after(10):
+        while dev.stats()["batches"] < 2:  # noqa: ASYNC110 - both streams hold submitted work
+            await anyio.sleep(0.01)
+        for s in (a, b):
+            await s.aclose(cancel=True, timeout=0.2)
+        for task in tasks:
+            with pytest.raises(aa.TaskTimeoutError):
+                await task
+        out = np.zeros(256, np.uint8)
+        await (await c.copy_to_device(buf, np.full(256, 7, np.uint8)))
+        await (await c.copy_to_host(out, buf))
+    assert (out == 7).all()
+
+
 async def test_a_forced_close_never_destroys_the_stream_a_stuck_submitter_waits_on(
     anyio_backend: object, hal: FakeHal, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -228,7 +277,7 @@ async def test_a_forced_close_never_destroys_the_stream_a_stuck_submitter_waits_
     finally:
         hal.reset()  # the stream moves: the submitter's call returns, and it exits
         for thread in threading.enumerate():
-            if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll")):
+            if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll", "aio_ascend-probe")):
                 thread.join(20)
                 assert not thread.is_alive(), thread.name
         runtime.close()

@@ -280,7 +280,11 @@ async def test_the_library_adds_exactly_its_own_threads(anyio_backend: Any) -> N
         added_under_load_peak=len(peak),
         added_after_close=len(after_close),
     )
+    # the stall prober starts with its first probe: on a loaded machine a batch may be
+    # outstanding long enough for one
+    lazy = {"aio_ascend-probe-0"}
     assert after_open == own
     assert two == sorted(own + [name.replace("-0", "-1") for name in own])
-    assert under_load == own and peak == own
+    assert set(own) <= set(under_load) <= set(own) | lazy
+    assert set(own) <= set(peak) <= set(own) | lazy
     assert after_close == []

@@ -215,7 +215,7 @@ def _unstick(release: threading.Event, runtime: Any) -> None:
     the runtime the library leaked on purpose."""
     release.set()
     for thread in threading.enumerate():
-        if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll")):
+        if thread.name.startswith(("aio_ascend-submit", "aio_ascend-poll", "aio_ascend-probe")):
             thread.join(10)
     runtime.close()
 
@@ -300,6 +300,57 @@ async def test_a_forced_close_never_destroys_the_stream_a_stuck_stall_probe_sync
         assert any("leaking" in r.getMessage() for r in caplog.records), caplog.records
         assert probed[0] not in destroyed_while_probing  # spared: the stuck call is on it
         assert len(destroyed_while_probing) == 1  # the other stream went by force
+    finally:
+        _unstick(release, runtime)
+
+
+async def test_a_stall_probe_that_never_returns_stops_no_other_stream(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The real runtime's 1 ms stream synchronize can wait far longer (its timeout snapshot
+    # waits for a control task with no timeout; over our driver, after a busy stream had been
+    # destroyed by force, for good). Run by the poller, it froze every stream's completions.
+    # The probes now run on their own thread: the other streams flow, the probed stream's
+    # forced close fails its work on time (its destroy waits for the probe), and the device
+    # closes on time, leaking what the stuck probe may touch.
+    release, entered = threading.Event(), threading.Event()
+    dev = await open_dev(task_timeout=30)
+    runtime = dev.runtime
+    real_sync, real_destroy = runtime.synchronize_stream, runtime.destroy_stream_force
+    probed: list[int] = []
+    destroyed_while_probing: list[int] = []
+
+    def stuck_probe(stream: int, timeout_ms: int) -> None:
+        if not probed:
+            probed.append(stream)
+            entered.set()
+            release.wait(30)
+        real_sync(stream, timeout_ms)
+
+    def destroy(stream: int) -> None:
+        if entered.is_set() and not release.is_set():
+            destroyed_while_probing.append(stream)
+        real_destroy(stream)
+
+    runtime.synchronize_stream = stuck_probe
+    runtime.destroy_stream_force = destroy
+    try:
+        hung, other = dev.stream(), dev.stream()
+        task = await hung.launch(dev.function("hang"), 1)
+        with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
+            while not entered.is_set():  # noqa: ASYNC110 - a thread's event
+                await anyio.sleep(0.005)
+        times = await _round_trips(dev, other, 20)  # each bounded at 2 s: ~0.3 ms expected
+        with anyio.fail_after(5):
+            await hung.aclose(cancel=True, timeout=0.1)
+            with pytest.raises(aa.TaskTimeoutError):
+                await task
+        await (await other.launch(dev.function("noop"), 1))
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
+            await dev.aclose(timeout=0.1)
+        assert any("probe" in r.getMessage() for r in caplog.records), caplog.records
+        assert probed[0] not in destroyed_while_probing
+        print(f"[figures] round trip beside a stuck probe: max {times[-1] * 1e3:.3f} ms")
     finally:
         _unstick(release, runtime)
 

@@ -21,10 +21,11 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from ctypes import byref, c_void_p
+from ctypes import byref, c_int32, c_void_p
 from typing import Any, Final
 
 from ..._errors import AscendError, DeviceFaultError
+from ..abi import ACL_STREAM_STATUS_COMPLETE, ACL_STREAM_STATUS_NOT_READY
 
 __all__ = ["LEAKED", "SETTLE_TIMEOUT_MS", "Settle"]
 
@@ -61,14 +62,28 @@ class Settle:
     def force(self, stream: int, destroy: Callable[[int], None]) -> None:
         """Destroy ``stream`` by force (``destroy``), noting whether work was left on it.
 
-        A stream that drains within 1 ms had nothing running: forcing it frees nothing in use.
+        A stream whose queue reads empty had nothing running: forcing it frees nothing in
+        use. The look never waits (``aclrtStreamQuery``: the stream's pending count or its
+        queue's head and tail, ``stream.cc:2119-2158``). It used to be a 1 ms
+        ``aclrtSynchronizeStreamWithTimeout``, whose timeout runs the runtime's snapshot, a
+        control task waited for with no timeout (``api_impl.cc:1731-1733, 6360-6381``): over
+        our driver, once one busy stream had been forced, that wait spun for good, on the
+        event loop's thread (a device's close) or the poller's (a stream's).
         """
-        fn = self._functions  # the library's own table: it works while the runtime closes
-        try:
-            fn["aclrtSynchronizeStreamWithTimeout"](stream, 1)
-        except AscendError:
+        if not self._idle(stream):
             self.unsettled = True  # still running, faulted or aborted: settle before frees
         destroy(stream)
+
+    def _idle(self, stream: int) -> bool:
+        name = "aclrtStreamQuery"
+        if not self._has(name):
+            return False  # (not known: as if busy)
+        status = c_int32(ACL_STREAM_STATUS_NOT_READY)
+        try:  # the library's own table: it works while the runtime closes
+            self._functions[name](stream, byref(status))
+        except AscendError:
+            return False
+        return status.value == ACL_STREAM_STATUS_COMPLETE
 
     def free(self, kind: str, address: int) -> bool:
         """During the device's life: True when ``address`` may be freed now; else it is
