@@ -220,6 +220,37 @@ def _unstick(release: threading.Event, runtime: Any) -> None:
     runtime.close()
 
 
+class _StuckFirstProbe:
+    """Installed on ``runtime``: the first stall probe (``synchronize_stream``) never returns
+    until :attr:`release` is set; the streams destroyed by force meanwhile are noted."""
+
+    def __init__(self, runtime: Any) -> None:
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.probed: list[int] = []
+        self.destroyed_while_probing: list[int] = []
+        real_sync, real_destroy = runtime.synchronize_stream, runtime.destroy_stream_force
+
+        def stuck_probe(stream: int, timeout_ms: int) -> None:
+            if not self.probed:
+                self.probed.append(stream)
+                self.entered.set()
+                self.release.wait(30)
+            real_sync(stream, timeout_ms)
+
+        def destroy(stream: int) -> None:
+            if self.entered.is_set() and not self.release.is_set():
+                self.destroyed_while_probing.append(stream)
+            real_destroy(stream)
+
+        runtime.synchronize_stream = stuck_probe
+        runtime.destroy_stream_force = destroy
+
+    async def wait_entered(self) -> None:
+        with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
+            while not self.entered.is_set():  # noqa: ASYNC110 - a thread's event
+                await anyio.sleep(0.005)
+
+
 async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
     open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -265,43 +296,23 @@ async def test_a_forced_close_never_destroys_the_stream_a_stuck_stall_probe_sync
 ) -> None:
     # The real runtime frees a stream destroyed by force under a thread synchronizing on it,
     # and that thread then crashes the process (SIGSEGV, seen on tests/realrt when the stall
-    # probe's 1 ms synchronize did not return). A close that finds the poller stuck in a
+    # probe's 1 ms synchronize did not return). A close that finds the prober stuck in a
     # probe leaks that stream with the rest of what a stuck thread may touch.
-    release, entered = threading.Event(), threading.Event()
-    probed: list[int] = []
-    destroyed_while_probing: list[int] = []
     dev = await open_dev(task_timeout=30)
     runtime = dev.runtime
-    real_sync, real_destroy = runtime.synchronize_stream, runtime.destroy_stream_force
-
-    def stuck_probe(stream: int, timeout_ms: int) -> None:
-        if not probed:  # the first stall probe never returns until released
-            probed.append(stream)
-            entered.set()
-            release.wait(30)
-        real_sync(stream, timeout_ms)
-
-    def destroy(stream: int) -> None:
-        if entered.is_set() and not release.is_set():
-            destroyed_while_probing.append(stream)
-        real_destroy(stream)
-
-    runtime.synchronize_stream = stuck_probe
-    runtime.destroy_stream_force = destroy
+    stuck = _StuckFirstProbe(runtime)
     try:
         hung, other = dev.stream(), dev.stream()
         await hung.launch(dev.function("hang"), 1)
         await other.launch(dev.function("hang"), 1)
-        with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
-            while not entered.is_set():  # noqa: ASYNC110 - a thread's event
-                await anyio.sleep(0.005)
+        await stuck.wait_entered()
         with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
             await dev.aclose(timeout=0.1)
         assert any("leaking" in r.getMessage() for r in caplog.records), caplog.records
-        assert probed[0] not in destroyed_while_probing  # spared: the stuck call is on it
-        assert len(destroyed_while_probing) == 1  # the other stream went by force
+        assert stuck.probed[0] not in stuck.destroyed_while_probing  # spared: the call is on it
+        assert len(stuck.destroyed_while_probing) == 1  # the other stream went by force
     finally:
-        _unstick(release, runtime)
+        _unstick(stuck.release, runtime)
 
 
 async def test_a_stall_probe_that_never_returns_stops_no_other_stream(
@@ -313,33 +324,13 @@ async def test_a_stall_probe_that_never_returns_stops_no_other_stream(
     # The probes now run on their own thread: the other streams flow, the probed stream's
     # forced close fails its work on time (its destroy waits for the probe), and the device
     # closes on time, leaking what the stuck probe may touch.
-    release, entered = threading.Event(), threading.Event()
     dev = await open_dev(task_timeout=30)
     runtime = dev.runtime
-    real_sync, real_destroy = runtime.synchronize_stream, runtime.destroy_stream_force
-    probed: list[int] = []
-    destroyed_while_probing: list[int] = []
-
-    def stuck_probe(stream: int, timeout_ms: int) -> None:
-        if not probed:
-            probed.append(stream)
-            entered.set()
-            release.wait(30)
-        real_sync(stream, timeout_ms)
-
-    def destroy(stream: int) -> None:
-        if entered.is_set() and not release.is_set():
-            destroyed_while_probing.append(stream)
-        real_destroy(stream)
-
-    runtime.synchronize_stream = stuck_probe
-    runtime.destroy_stream_force = destroy
+    stuck = _StuckFirstProbe(runtime)
     try:
         hung, other = dev.stream(), dev.stream()
         task = await hung.launch(dev.function("hang"), 1)
-        with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
-            while not entered.is_set():  # noqa: ASYNC110 - a thread's event
-                await anyio.sleep(0.005)
+        await stuck.wait_entered()
         times = await _round_trips(dev, other, 20)  # each bounded at 2 s: ~0.3 ms expected
         with anyio.fail_after(5):
             await hung.aclose(cancel=True, timeout=0.1)
@@ -349,10 +340,10 @@ async def test_a_stall_probe_that_never_returns_stops_no_other_stream(
         with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
             await dev.aclose(timeout=0.1)
         assert any("probe" in r.getMessage() for r in caplog.records), caplog.records
-        assert probed[0] not in destroyed_while_probing
+        assert stuck.probed[0] not in stuck.destroyed_while_probing
         print(f"[figures] round trip beside a stuck probe: max {times[-1] * 1e3:.3f} ms")
     finally:
-        _unstick(release, runtime)
+        _unstick(stuck.release, runtime)
 
 
 def test_aclose_from_another_asyncio_loop_after_the_first_finished() -> None:
