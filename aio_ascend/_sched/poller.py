@@ -68,9 +68,9 @@ Shutdown. The stop request ends the thread at the next round, whatever is still 
 (``aclose`` waits for the work first, up to its timeout); the staging thread finishes the copy
 in progress, what it finished is :attr:`at_exit` (resolved by the close), and the batches never
 seen complete are :meth:`leftover_batches`. The device's close joins this thread first, before
-any stream is destroyed, so nothing done to the streams can be reported as a completion (only a
-poller stuck in a runtime call sees the other streams destroyed meanwhile: never the one its
-stall probe is on, and once the stop is asked it probes no other). After
+any stream is destroyed, so nothing done to the streams can be reported as a completion (the
+poller makes no call that waits on the device; a stall probe still under way is on the
+prober's thread, which the close joins too, and whose stream it never destroys). After
 ``Scheduler.abandon`` (a device collected unclosed), ``then`` closes the runtime from this
 thread once the other threads have exited (or 2 s each have passed).
 """
