@@ -75,13 +75,20 @@ class Settle:
         destroy(stream)
 
     def _idle(self, stream: int) -> bool:
-        name = "aclrtStreamQuery"
-        if not self._has(name):
-            return False  # (not known: as if busy)
+        fn = self._functions  # the library's own table: it works while the runtime closes
         status = c_int32(ACL_STREAM_STATUS_NOT_READY)
-        try:  # the library's own table: it works while the runtime closes
-            self._functions[name](stream, byref(status))
+        try:
+            if not self._has("aclrtStreamQuery"):
+                raise AscendError("aclrtStreamQuery is not in this release")
+            fn["aclrtStreamQuery"](stream, byref(status))
         except AscendError:
+            # A faulted or aborted context (the query checks it first: api_impl.cc:1778):
+            # the stream synchronize returns its failure at once, without timing out into the
+            # snapshot, and reads the stream's error completions before the destroy, as the
+            # old look did (a destroy without it aborted the process once, in a CI run of
+            # realrt after a kernel fault). A release without the query: the old look.
+            with contextlib.suppress(AscendError):
+                fn["aclrtSynchronizeStreamWithTimeout"](stream, 1)
             return False
         return status.value == ACL_STREAM_STATUS_COMPLETE
 
