@@ -122,9 +122,6 @@ ACL_ERROR_RT_STREAM_CAPTURE_INVALIDATED: Final[int] = AclCode.RT_STREAM_CAPTURE_
 # aclrtEventRecordedStatus (NOT the older aclrtEventStatus, whose values are the reverse)
 ACL_EVENT_RECORDED_STATUS_NOT_READY: Final = 0
 ACL_EVENT_RECORDED_STATUS_COMPLETE: Final = 1
-# aclrtStreamStatus (acl_rt.h:134 in hicann/runtime@681ef76)
-ACL_STREAM_STATUS_COMPLETE: Final = 0
-ACL_STREAM_STATUS_NOT_READY: Final = 1
 # event flags of aclrtCreateEventExWithFlag
 ACL_EVENT_SYNC: Final = 0x01
 ACL_EVENT_CAPTURE_STREAM_PROGRESS: Final = 0x02

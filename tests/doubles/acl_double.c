@@ -1546,22 +1546,6 @@ EXPORT aclError aclrtDestroyStreamForce(aclrtStream stream) {
     LEAVE_UNLOCK(destroy_stream(stream, 1));
 }
 
-/* A look at the stream's queue that never waits: COMPLETE (0) when nothing submitted is left
-   unfinished, else NOT_READY (1) (hicann/runtime@681ef76: aclrtStreamQueryImpl, stream.cpp:167-180;
-   Stream::Query, stream.cc:2119-2158: the pending count, or the queue's head against its tail). */
-EXPORT aclError aclrtStreamQuery(aclrtStream stream, int *status) {
-    ENTER("aclrtStreamQuery", 2, P(stream), P(status));
-    pthread_mutex_lock(&g_mu);
-    aclError rc = 0;
-    ctx_t *c = need_ctx(&rc);
-    if (!c) LEAVE_UNLOCK(rc);
-    stream_t *s = need_stream(stream, c, &rc);
-    if (!s) LEAVE_UNLOCK(rc);
-    if (!status) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "status is NULL"));
-    *status = s->completed >= s->submitted ? 0 : 1;
-    LEAVE_UNLOCK(0);
-}
-
 EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t timeout) {
     ENTER("aclrtSynchronizeStreamWithTimeout", 2, P(stream), I(timeout));
     pthread_mutex_lock(&g_mu);

@@ -228,8 +228,6 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
 #: release introduced each is not in the headers; the runtime refuses a call that needs a missing
 #: one with ``BackendUnavailableError`` instead of refusing the whole library.
 OPTIONAL_PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
-    # stream, aclrtStreamStatus * (a look at the stream's queue that never waits)
-    "aclrtStreamQuery": (_ERR, (_PTR, _PTR)),
     # stream, aclrtStreamAttr, aclrtStreamAttrValue *
     "aclrtSetStreamAttribute": (_ERR, (_PTR, _ENUM, _PTR)),
     # int32_t *leastPriority, int32_t *greatestPriority (cann-support.md row 44; not in the JSON)

@@ -21,11 +21,10 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from ctypes import byref, c_int32, c_void_p
+from ctypes import byref, c_void_p
 from typing import Any, Final
 
 from ..._errors import AscendError, DeviceFaultError
-from ..abi import ACL_STREAM_STATUS_COMPLETE, ACL_STREAM_STATUS_NOT_READY
 
 __all__ = ["LEAKED", "SETTLE_TIMEOUT_MS", "Settle"]
 
@@ -62,35 +61,14 @@ class Settle:
     def force(self, stream: int, destroy: Callable[[int], None]) -> None:
         """Destroy ``stream`` by force (``destroy``), noting whether work was left on it.
 
-        A stream whose queue reads empty had nothing running: forcing it frees nothing in
-        use. The look never waits (``aclrtStreamQuery``: the stream's pending count or its
-        queue's head and tail, ``stream.cc:2119-2158``). It used to be a 1 ms
-        ``aclrtSynchronizeStreamWithTimeout``, whose timeout runs the runtime's snapshot, a
-        control task waited for with no timeout (``api_impl.cc:1731-1733, 6360-6381``): over
-        our driver, once one busy stream had been forced, that wait spun for good, on the
-        event loop's thread (a device's close) or the poller's (a stream's).
+        A stream that drains within 1 ms had nothing running: forcing it frees nothing in use.
         """
-        if not self._idle(stream):
+        fn = self._functions  # the library's own table: it works while the runtime closes
+        try:
+            fn["aclrtSynchronizeStreamWithTimeout"](stream, 1)
+        except AscendError:
             self.unsettled = True  # still running, faulted or aborted: settle before frees
         destroy(stream)
-
-    def _idle(self, stream: int) -> bool:
-        fn = self._functions  # the library's own table: it works while the runtime closes
-        status = c_int32(ACL_STREAM_STATUS_NOT_READY)
-        try:
-            if not self._has("aclrtStreamQuery"):
-                raise AscendError("aclrtStreamQuery is not in this release")
-            fn["aclrtStreamQuery"](stream, byref(status))
-        except AscendError:
-            # A faulted or aborted context (the query checks it first: api_impl.cc:1778):
-            # the stream synchronize returns its failure at once, without timing out into the
-            # snapshot, and reads the stream's error completions before the destroy, as the
-            # old look did (a destroy without it aborted the process once, in a CI run of
-            # realrt after a kernel fault). A release without the query: the old look.
-            with contextlib.suppress(AscendError):
-                fn["aclrtSynchronizeStreamWithTimeout"](stream, 1)
-            return False
-        return status.value == ACL_STREAM_STATUS_COMPLETE
 
     def free(self, kind: str, address: int) -> bool:
         """During the device's life: True when ``address`` may be freed now; else it is
