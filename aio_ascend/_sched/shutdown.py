@@ -154,11 +154,9 @@ async def wait_set(
 def destroy_lanes(runtime: Runtime, lanes: Iterable[Lane], spared: Container[int] = ()) -> None:
     """Close ``lanes`` and destroy their runtime streams by force (not someone else's, nor
     one destroyed already, nor one in ``spared``: a stream a thread still alive may be inside
-    a call on, which the real runtime would free under it). Every lane is marked ``forced``:
-    the submitter, should it still be running, submits nothing more to any of them (the
-    scheduler marks them before it works out ``spared``, so that nothing slips between)."""
+    a call on, which the real runtime would free under it). The caller has marked them
+    ``forced`` before it worked out ``spared`` (see ``Scheduler._destroy_lanes``)."""
     for lane in lanes:
-        lane.forced = True
         lane.closed = True
         lane.admission.reset()
         if lane.external or lane.destroyed or lane.handle in spared:

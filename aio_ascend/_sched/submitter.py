@@ -262,9 +262,7 @@ class Submitter:
                 f"{req.kind} was not submitted within task_timeout={self._task_timeout:g}s "
                 "(it never reached the device)"
             )
-            req.on_refused(error)  # an event record never made: later waits on it are refused
-            deliveries.append((req, error, Outcome.FINISHED))
-        self._lifetimes.release(hop.requests)
+            self._refuse(req, error, deliveries)
         return deliveries
 
     # --- the thread ------------------------------------------------------------------------

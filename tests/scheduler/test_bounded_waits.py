@@ -6,9 +6,11 @@ Time bounds here are liveness bounds: at least 10x the expected time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -245,10 +247,25 @@ class _StuckFirstProbe:
         runtime.synchronize_stream = stuck_probe
         runtime.destroy_stream_force = destroy
 
-    async def wait_entered(self) -> None:
+
+@contextlib.asynccontextmanager
+async def _stuck_in_a_probe(
+    open_dev: OpenDevice,
+) -> AsyncIterator[tuple[aa.Device, _StuckFirstProbe, aa.Stream, aa.Task]]:
+    """A device whose first stall probe (of a stream with a hung kernel) never returns:
+    ``(device, stuck, that stream, its hung task)``; afterwards the probe is released, the
+    abandoned threads joined and the leaked runtime closed."""
+    dev = await open_dev(task_timeout=30)
+    stuck = _StuckFirstProbe(dev.runtime)
+    try:
+        hung = dev.stream()
+        task = await hung.launch(dev.function("hang"), 1)
         with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
-            while not self.entered.is_set():  # noqa: ASYNC110 - a thread's event
+            while not stuck.entered.is_set():  # noqa: ASYNC110 - a thread's event
                 await anyio.sleep(0.005)
+        yield dev, stuck, hung, task
+    finally:
+        _unstick(stuck.release, dev.runtime)
 
 
 async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
@@ -298,21 +315,13 @@ async def test_a_forced_close_never_destroys_the_stream_a_stuck_stall_probe_sync
     # and that thread then crashes the process (SIGSEGV, seen on tests/realrt when the stall
     # probe's 1 ms synchronize did not return). A close that finds the prober stuck in a
     # probe leaks that stream with the rest of what a stuck thread may touch.
-    dev = await open_dev(task_timeout=30)
-    runtime = dev.runtime
-    stuck = _StuckFirstProbe(runtime)
-    try:
-        hung, other = dev.stream(), dev.stream()
-        await hung.launch(dev.function("hang"), 1)
-        await other.launch(dev.function("hang"), 1)
-        await stuck.wait_entered()
+    async with _stuck_in_a_probe(open_dev) as (dev, stuck, _, _):
+        await dev.stream().launch(dev.function("hang"), 1)
         with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
             await dev.aclose(timeout=0.1)
         assert any("leaking" in r.getMessage() for r in caplog.records), caplog.records
         assert stuck.probed[0] not in stuck.destroyed_while_probing  # spared: the call is on it
         assert len(stuck.destroyed_while_probing) == 1  # the other stream went by force
-    finally:
-        _unstick(stuck.release, runtime)
 
 
 async def test_a_stall_probe_that_never_returns_stops_no_other_stream(
@@ -324,13 +333,8 @@ async def test_a_stall_probe_that_never_returns_stops_no_other_stream(
     # The probes now run on their own thread: the other streams flow, the probed stream's
     # forced close fails its work on time (its destroy waits for the probe), and the device
     # closes on time, leaking what the stuck probe may touch.
-    dev = await open_dev(task_timeout=30)
-    runtime = dev.runtime
-    stuck = _StuckFirstProbe(runtime)
-    try:
-        hung, other = dev.stream(), dev.stream()
-        task = await hung.launch(dev.function("hang"), 1)
-        await stuck.wait_entered()
+    async with _stuck_in_a_probe(open_dev) as (dev, stuck, hung, task):
+        other = dev.stream()
         times = await _round_trips(dev, other, 20)  # each bounded at 2 s: ~0.3 ms expected
         with anyio.fail_after(5):
             await hung.aclose(cancel=True, timeout=0.1)
@@ -342,8 +346,6 @@ async def test_a_stall_probe_that_never_returns_stops_no_other_stream(
         assert any("probe" in r.getMessage() for r in caplog.records), caplog.records
         assert stuck.probed[0] not in stuck.destroyed_while_probing
         print(f"[figures] round trip beside a stuck probe: max {times[-1] * 1e3:.3f} ms")
-    finally:
-        _unstick(stuck.release, runtime)
 
 
 def test_aclose_from_another_asyncio_loop_after_the_first_finished() -> None:
