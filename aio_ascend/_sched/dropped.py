@@ -69,13 +69,13 @@ class DroppedLanes:
             self.retiring = [lane for lane in self.retiring if lane.admission.in_flight]
         return done
 
-    def retire(self, lanes: list[Lane], destroy: Callable[[int], None]) -> None:
+    def retire(self, lanes: list[Lane], destroy: Callable[[Lane], None]) -> None:
         """(Loop thread) Destroy the runtime streams of the lanes :meth:`due` returns and take
         them out of ``lanes``; one whose destroy fails stays there, for the device's close."""
         for lane in self.due():
             if not lane.external:
                 try:
-                    destroy(lane.handle)
+                    destroy(lane)
                 except Exception:  # a loop callback must not raise
                     log.exception(
                         "device %d: destroying the runtime stream %#x of a dropped Stream "

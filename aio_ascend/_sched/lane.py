@@ -24,7 +24,8 @@ class Lane:
         requests are dropped)
     :ivar external: the runtime stream belongs to someone else (never destroyed here)
     :ivar forced: closed by force: the submitter fails its requests instead of submitting them
-    :ivar destroyed: its runtime stream was destroyed by force (by the poller thread)
+    :ivar destroyed: its runtime stream was destroyed, or is to be by the prober after its
+        probe (``Prober.retire``, the one place that sets it)
     :ivar owner: the device's scheduler (its tasks' loop and failure log: ``task.TaskOwner``)
     :ivar stream_ref: a weak reference to the public stream object (``None`` when it is gone)
     """

@@ -77,7 +77,6 @@ thread once the other threads have exited (or 2 s each have passed).
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import queue
 import threading
@@ -94,7 +93,6 @@ from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
 from .forcing import LaneForce, give_up, lost_records, stranded_by
-from .lane import Lane
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
 from .stalls import Probed, Prober, StallProbes
@@ -176,8 +174,6 @@ class Poller:
         self._stalls = StallProbes()
         self.prober = Prober(runtime, device_id, inbox.put)
         self._probe_out: int | None = None  # the stream of the probe not reported yet
-        #: a stream closed by force while being probed: destroyed once the probe has reported
-        self._destroy_later: dict[int, Lane] = {}
         self._stop_asked = False  # set by stop(), from any thread
         self._unstager = CopyWorker(f"aio_ascend-unstage-{device_id}")
         #: finished batches handed to the staging thread, oldest first, and per stream handle
@@ -327,18 +323,9 @@ class Poller:
 
     def _probed(self, probed: Probed) -> None:
         self._probe_out = None
-        lane = self._destroy_later.pop(probed.handle, None)
-        if lane is not None:  # closed by force meanwhile: its work was given up on then
-            self._destroy_stream(lane)
-            return
         if probed.error is not None:
             # a failure the probe found is the device's fault, as a failing query's is
             self._fail_all(probed.error)
-
-    def _destroy_stream(self, lane: Lane) -> None:
-        with contextlib.suppress(Exception):
-            self._runtime.destroy_stream_force(lane.handle)
-        lane.destroyed = True
 
     def _destroy(self, force: LaneForce) -> None:
         # Every batch of the stream is here already (it came behind them): none is reported
@@ -350,14 +337,10 @@ class Poller:
         self._pending -= len(batches)
         deliveries, held = give_up(batches)
         self.orphans.extend(held)
-        if lane.external:
-            pass
-        elif lane.handle == self._probe_out:
-            # never destroyed under the probe (the runtime would free it under that thread):
-            # once the probe has reported. Its work is given up on now all the same.
-            self._destroy_later[lane.handle] = lane
-        else:
-            self._destroy_stream(lane)
+        if not lane.external:
+            # (a stream being probed is destroyed after the probe: see stalls.py. Its work is
+            # given up on now all the same)
+            self.prober.retire_by_force(lane, self._runtime)
         # (after the destroy: nothing more runs on the stream, so what reads not complete
         # now was dropped; see forcing.py. A stream whose destroy waits for its probe: what
         # reads not complete is taken as dropped too, should it run later after all)

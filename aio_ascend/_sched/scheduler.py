@@ -467,7 +467,11 @@ class Scheduler:
     def retire_dropped(self) -> None:
         """Destroy the dropped streams whose work is done (a faulted device: at its close)."""
         if self.state is _OPEN and self.faults.first is None:
-            self.dropped_lanes.retire(self.lanes, self.bound().destroy_stream)
+            self.dropped_lanes.retire(self.lanes, self._destroy_stream)
+
+    def _destroy_stream(self, lane: Lane) -> None:
+        # (a stream whose stall probe is under way goes after the probe: see stalls.py)
+        self._poller.prober.retire(lane, self.bound().destroy_stream)
 
     # --- completions (loop thread) ---------------------------------------------------------
 
@@ -548,7 +552,7 @@ class Scheduler:
             return  # its work can no longer be observed normally: aclose destroys it by force
         self.lanes.remove(lane)
         if not lane.external:
-            self.bound().destroy_stream(lane.handle)
+            self._destroy_stream(lane)
 
     async def _force_lane(self, lane: Lane, waited: float | None) -> None:
         log_forced(self.device_id, f"stream {lane.handle:#x} still busy", waited, "it")
@@ -735,19 +739,14 @@ class Scheduler:
 
     def _destroy_lanes(self) -> None:
         # never a stream a library thread still running may be inside a call on (shutdown.py,
-        # step 5): the stall probe, the submitter's hop. The streams are marked forced
-        # before the hop is read: a submitter that looks at a stream after this refuses its
-        # work, and one that looked before is inside the hop read below.
+        # step 5): the submitter's hop (and the stall probe's stream, which the prober
+        # destroys after its probe). The streams are marked forced before the hop is read: a
+        # submitter that looks at a stream after this refuses its work, and one that looked
+        # before is inside the hop read below.
         for lane in self.lanes:
             lane.forced = True
-        spared: set[int] = set()
-        prober = self._poller.prober
-        probing = prober.probing
-        if prober.thread.is_alive() and probing is not None:
-            spared.add(probing)
-        if self._submitter.thread.is_alive():
-            spared |= self._submitter.busy_streams()
-        destroy_lanes(self.bound(), self.lanes, spared)
+        busy = self._submitter.busy_streams() if self._submitter.thread.is_alive() else set()
+        destroy_lanes(self.bound(), self.lanes, self._poller.prober, busy)
         self.lanes.clear()
 
     def abandon(self) -> None:

@@ -21,9 +21,10 @@ does not stop a close half-way; ``Device.__aexit__`` left by an exception closes
 5. When forced, faulted, or with the poller still alive: mark every stream ``forced`` (a
    submitter still running submits nothing more to any of them) and destroy the streams by
    force (:func:`destroy_lanes`), which ends their queued work and stops a hung kernel, except
-   a stream a library thread still alive may be inside a call on: the stream the poller is
-   probing (``Prober.probing``, on its own thread) and the streams of the hop the submitter is in
-   (``Submitter.busy_streams``). The real runtime frees a stream destroyed by force under a
+   a stream a library thread still alive may be inside a call on: the streams of the hop the
+   submitter is in (``Submitter.busy_streams``), and the stream of a stall probe under way,
+   which the prober destroys once its probe returns (``Prober.retire``, the one door every
+   stream destroy goes through). The real runtime frees a stream destroyed by force under a
    thread synchronizing on it, or waiting in a launch or an event record for room in its
    queue, and that thread then crashes the process (SIGSEGV, seen on ``tests/realrt`` both
    ways: a 1 ms probe can wait seconds in the runtime's timeout snapshot, and a submitting
@@ -83,6 +84,7 @@ from .events import BatchEvents, UserEvents
 from .graphs import GraphBook
 from .lane import Lane
 from .lifetimes import Lifetimes
+from .stalls import Prober
 from .work import Request
 
 __all__ = [
@@ -151,19 +153,19 @@ async def wait_set(
     return event.is_set()
 
 
-def destroy_lanes(runtime: Runtime, lanes: Iterable[Lane], spared: Container[int] = ()) -> None:
-    """Close ``lanes`` and destroy their runtime streams by force (not someone else's, nor
-    one destroyed already, nor one in ``spared``: a stream a thread still alive may be inside
-    a call on, which the real runtime would free under it). The caller has marked them
-    ``forced`` before it worked out ``spared`` (see ``Scheduler._destroy_lanes``)."""
+def destroy_lanes(
+    runtime: Runtime, lanes: Iterable[Lane], prober: Prober, spared: Container[int] = ()
+) -> None:
+    """Close ``lanes`` and destroy their runtime streams by force through ``prober`` (one
+    destroyed already is left alone, one being probed goes after its probe), not someone
+    else's, nor one in ``spared``: a stream the submitter, still alive, may be inside a call
+    on, which the real runtime would free under it. The caller has marked them ``forced``
+    before it worked out ``spared`` (see ``Scheduler._destroy_lanes``)."""
     for lane in lanes:
         lane.closed = True
         lane.admission.reset()
-        if lane.external or lane.destroyed or lane.handle in spared:
-            continue
-        with contextlib.suppress(Exception):
-            runtime.destroy_stream_force(lane.handle)
-        lane.destroyed = True
+        if not lane.external and lane.handle not in spared:
+            prober.retire_by_force(lane, runtime)
 
 
 def release_everything(

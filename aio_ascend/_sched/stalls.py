@@ -23,14 +23,25 @@ by force it never ended. Run by the poller, it froze every stream's completions 
 watchdog with it. So the probes run on a thread of their own, :class:`Prober`
 (``aio_ascend-probe-<device>``), one at a time, and report back through the poller's inbox
 (:class:`Probed`); the poller asks for the next one only once the last has reported, goes on
-completing the other streams' work meanwhile, and destroys a stream closed by force only when
-no probe is inside a call on it (a forced close of the stream being probed waits for the
-probe's report). A probe that never returns leaves stalls to the watchdog, and the thread to
-the device's close, which spares its stream (:attr:`Prober.probing`) and abandons it as stuck.
+completing the other streams' work meanwhile. A probe that never returns leaves stalls to the
+watchdog, and the thread to the device's close, which abandons it as stuck.
+
+Who destroys a probed stream. A probe is asked for on the poller thread and runs later on the
+prober's; meanwhile the stream's work may finish and the loop close it, or a forced close
+destroy it. Destroyed under the probe, the real runtime frees the stream under the thread
+synchronizing on it (``stream.cc:4682-4686``, ``docs/cann-support.md`` §13.3); destroyed
+before it, the probe reads "not a live stream", which is no fault of the device. So every
+destroy of a library stream, on any thread, goes through :meth:`Prober.retire`: a stream with
+a probe asked for and not over is destroyed by the prober right after that probe (whose report
+then carries no error: nobody waits on that stream's work), any other at once. A probe stuck
+for good thereby leaks its stream, never frees it under the call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import queue
 import threading
 from collections import deque
@@ -38,6 +49,7 @@ from collections.abc import Callable, Iterable
 
 from .._errors import StreamSyncTimeoutError
 from .._runtime import Runtime
+from .lane import Lane
 from .work import Batch
 
 __all__ = [
@@ -55,6 +67,8 @@ STALL_PROBE_S = 0.05
 STALL_PROBE_MAX_S = 1.0
 #: how long one probe may block the poller (ms; the runtime refuses 0: acl-runtime.md §2.1)
 STALL_PROBE_WAIT_MS = 1
+
+log = logging.getLogger("aio_ascend")
 
 
 class StallProbes:
@@ -107,48 +121,105 @@ class Probed:
 
 
 class Prober:
-    """The thread ``aio_ascend-probe-<device>``: one stall probe at a time, off the poller.
+    """The thread ``aio_ascend-probe-<device>``: one stall probe at a time, off the poller, and
+    the one place a library stream is destroyed (:meth:`retire`).
 
     :param report: where each :class:`Probed` goes (the poller's inbox)
     """
 
     def __init__(self, runtime: Runtime, device_id: int, report: Callable[[Probed], None]) -> None:
         self._runtime = runtime
+        self._device_id = device_id
         self._report = report
         self._jobs: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        #: guards the fields below: the poller asks for probes, the prober runs them, and the
+        #: loop, the poller and the close destroy streams
+        self._lock = threading.Lock()
         self._stop_asked = False
-        #: the stream a probe is synchronizing now, else None (read by the close: a stream is
-        #: never destroyed under a thread inside a call on it)
-        self.probing: int | None = None
+        self._target: int | None = None  # the stream of the probe asked for and not over
+        self._retired: dict[int, tuple[Lane, Callable[[int], None]]] = {}
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-probe-{device_id}", daemon=True
         )
 
     def probe(self, handle: int) -> None:
-        """Probe ``handle`` (the poller thread: once the last probe has reported). The thread
-        starts with the first probe: most devices never have a stream stall that long."""
-        if self.thread.ident is None:
-            self.thread.start()
-        self._jobs.put(handle)
+        """Probe ``handle`` (the poller thread: once the last probe has reported; nothing once
+        the stop is asked). The thread starts with the first probe: most devices never have a
+        stream stall that long."""
+        with self._lock:  # (a stop's None goes after the job, never before: see retire)
+            if self._stop_asked:
+                return
+            self._target = handle
+            if self.thread.ident is None:
+                self.thread.start()
+            self._jobs.put(handle)
+
+    def retire(self, lane: Lane, destroy: Callable[[int], None]) -> None:
+        """Destroy ``lane``'s runtime stream with ``destroy`` (any thread; a lane destroyed
+        already is left alone): at once (``destroy``'s error propagates), or, while a probe
+        of it is asked for and not over, by the prober right after that probe."""
+        with self._lock:
+            if lane.destroyed:
+                return
+            lane.destroyed = True  # (or as good as: nobody else may destroy it)
+            if lane.handle == self._target:
+                self._retired[lane.handle] = (lane, destroy)
+                return
+            try:
+                destroy(lane.handle)
+            except BaseException:
+                lane.destroyed = False  # still there: the device's close destroys it
+                raise
+
+    def retire_by_force(self, lane: Lane, runtime: Runtime) -> None:
+        """:meth:`retire` with ``runtime.destroy_stream_force`` (``aclrtDestroyStreamForce``),
+        its error ignored: the stream's work has been given up on, and the device may have
+        faulted. ``runtime`` binds the device's context on a shared thread (the loop's:
+        ``Scheduler.bound``)."""
+        self.retire(lane, functools.partial(_destroy_quietly, runtime))
 
     def stop(self) -> None:
-        """Exit before the next probe (any thread; a probe under way reports first)."""
-        self._stop_asked = True
+        """Exit before the next probe (any thread; a probe under way reports first, and the
+        streams retired meanwhile are destroyed)."""
+        with self._lock:
+            self._stop_asked = True
         self._jobs.put(None)
 
     def _main(self) -> None:
         self._runtime.set_current_context()
         while True:
             handle = self._jobs.get()
-            if handle is None or self._stop_asked:
+            if handle is None:
                 return
+            with self._lock:
+                skip = self._stop_asked or handle in self._retired
             error: BaseException | None = None
-            self.probing = handle
-            try:
-                self._runtime.synchronize_stream(handle, STALL_PROBE_WAIT_MS)
-            except StreamSyncTimeoutError:
-                pass  # still running
-            except BaseException as exc:
-                error = exc
-            self.probing = None
+            if not skip:
+                try:
+                    self._runtime.synchronize_stream(handle, STALL_PROBE_WAIT_MS)
+                except StreamSyncTimeoutError:
+                    pass  # still running
+                except BaseException as exc:
+                    error = exc
+            with self._lock:
+                self._target = None
+                retired = self._retired.pop(handle, None)
+                if retired is not None:
+                    error = None  # the stream was closed meanwhile: nobody waits on it
+                    self._destroy_retired(*retired)
             self._report(Probed(handle, error))
+
+    def _destroy_retired(self, lane: Lane, destroy: Callable[[int], None]) -> None:
+        try:
+            destroy(lane.handle)
+        except Exception:  # nobody to raise it to: the close's leak check shows the stream
+            log.exception(
+                "device %d: destroying runtime stream %#x after its stall probe failed",
+                self._device_id,
+                lane.handle,
+            )
+
+
+def _destroy_quietly(runtime: Runtime, handle: int) -> None:
+    with contextlib.suppress(Exception):
+        runtime.destroy_stream_force(handle)

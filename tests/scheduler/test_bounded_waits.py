@@ -230,7 +230,8 @@ class _StuckFirstProbe:
         self.release, self.entered = threading.Event(), threading.Event()
         self.probed: list[int] = []
         self.destroyed_while_probing: list[int] = []
-        real_sync, real_destroy = runtime.synchronize_stream, runtime.destroy_stream_force
+        self.destroyed: list[int] = []
+        real_sync = runtime.synchronize_stream
 
         def stuck_probe(stream: int, timeout_ms: int) -> None:
             if not self.probed:
@@ -239,13 +240,18 @@ class _StuckFirstProbe:
                 self.release.wait(30)
             real_sync(stream, timeout_ms)
 
-        def destroy(stream: int) -> None:
-            if self.entered.is_set() and not self.release.is_set():
-                self.destroyed_while_probing.append(stream)
-            real_destroy(stream)
+        def noting(real_destroy: Any) -> Any:
+            def destroy(stream: int) -> None:
+                if self.entered.is_set() and not self.release.is_set():
+                    self.destroyed_while_probing.append(stream)
+                real_destroy(stream)
+                self.destroyed.append(stream)
+
+            return destroy
 
         runtime.synchronize_stream = stuck_probe
-        runtime.destroy_stream_force = destroy
+        runtime.destroy_stream_force = noting(runtime.destroy_stream_force)
+        runtime.destroy_stream = noting(runtime.destroy_stream)
 
 
 @contextlib.asynccontextmanager
@@ -346,6 +352,40 @@ async def test_a_stall_probe_that_never_returns_stops_no_other_stream(
         assert any("probe" in r.getMessage() for r in caplog.records), caplog.records
         assert stuck.probed[0] not in stuck.destroyed_while_probing
         print(f"[figures] round trip beside a stuck probe: max {times[-1] * 1e3:.3f} ms")
+
+
+async def test_a_stream_closed_while_its_stall_probe_is_out_is_destroyed_after_the_probe(
+    open_dev: OpenDevice,
+) -> None:
+    # A probe is asked for on the poller and runs later on the prober. Meanwhile the kernel
+    # finished and the stream was closed; its destroy did not wait: the probe then read "not a
+    # live stream", taken for a device fault (a CI run, 1 in ~3,000 tests), and a destroy
+    # during the probe frees the stream under it on the real runtime. Now the prober
+    # destroys the stream after its probe.
+    dev = await open_dev()
+    stuck = _StuckFirstProbe(dev.runtime)
+    try:
+        s = dev.stream()
+        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(150_000))
+        with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
+            while not stuck.entered.is_set():  # noqa: ASYNC110 - a thread's event
+                await anyio.sleep(0.005)
+        with anyio.fail_after(10):  # the kernel ends while the probe is held
+            await task
+            await s.aclose()
+        assert stuck.probed == [s.handle]
+        assert s.handle not in stuck.destroyed  # not under (nor before) the probe
+        stuck.release.set()
+        with anyio.fail_after(10):  # ... but right after it
+            while s.handle not in stuck.destroyed:  # noqa: ASYNC110 - a thread's list
+                await anyio.sleep(0.005)
+        assert stuck.destroyed_while_probing == []
+        await (await dev.stream().launch(dev.function("noop"), 1))  # the device is fine
+        assert dev.fault is None
+        await dev.aclose()
+        assert_runtime_clean(dev)
+    finally:
+        _unstick(stuck.release, dev.runtime)
 
 
 def test_aclose_from_another_asyncio_loop_after_the_first_finished() -> None:

@@ -630,10 +630,10 @@ def test_retiring_dropped_lanes_destroys_theirs_and_keeps_a_failed_one() -> None
     lanes = [mine, refused, external]
     destroyed: list[int] = []
 
-    def destroy(handle: int) -> None:
-        if handle == 2:
+    def destroy(lane: Lane) -> None:
+        if lane.handle == 2:
             raise InvalidParamError("refused", code=107000)
-        destroyed.append(handle)
+        destroyed.append(lane.handle)
 
     for lane in lanes:
         dropped.drop(lane)
