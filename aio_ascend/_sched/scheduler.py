@@ -743,10 +743,12 @@ class Scheduler:
         # destroys after its probe). The streams are marked forced before the hop is read: a
         # submitter that looks at a stream after this refuses its work, and one that looked
         # before is inside the hop read below.
-        for lane in self.lanes:
+        prober = self._poller.prober
+        lanes = [*self.lanes, *prober.take_left()]
+        for lane in lanes:
             lane.forced = True
         busy = self._submitter.busy_streams() if self._submitter.thread.is_alive() else set()
-        destroy_lanes(self.bound(), self.lanes, self._poller.prober, busy)
+        destroy_lanes(self.bound(), lanes, prober, busy)
         self.lanes.clear()
 
     def abandon(self) -> None:

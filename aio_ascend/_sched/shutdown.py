@@ -18,19 +18,19 @@ does not stop a close half-way; ``Device.__aexit__`` left by an exception closes
 4. Ask the submitter, the poller and (block mode) the waiter to stop, and join the **poller
    first**: once it is gone nothing done to the streams below can be reported as a completion (a
    stream destroyed by force may read complete, or fail every query).
-5. When forced, faulted, or with the poller still alive: mark every stream ``forced`` (a
-   submitter still running submits nothing more to any of them) and destroy the streams by
-   force (:func:`destroy_lanes`), which ends their queued work and stops a hung kernel, except
-   a stream a library thread still alive may be inside a call on: the streams of the hop the
-   submitter is in (``Submitter.busy_streams``), and the stream of a stall probe under way,
-   which the prober destroys once its probe returns (``Prober.retire``, the one door every
-   stream destroy goes through). The real runtime frees a stream destroyed by force under a
-   thread synchronizing on it, or waiting in a launch or an event record for room in its
-   queue, and that thread then crashes the process (SIGSEGV, seen on ``tests/realrt`` both
-   ways: a 1 ms probe can wait seconds in the runtime's timeout snapshot, and a submitting
-   call spins without a timeout until room appears; ``docs/cann-support.md`` §13.3 cites the
-   lines). Those streams are leaked with the rest of what a stuck thread may touch (step 9),
-   and the thread is left to return when its stream moves. When forced, what the threads post
+5. When forced, faulted, or with the poller still alive: mark every stream ``forced`` (a submitter
+   still running submits nothing more to any of them) and destroy the streams by force
+   (:func:`destroy_lanes`), which ends their queued work and stops a hung kernel, except a stream a
+   library thread still alive may be inside a call on: the streams of the hop the submitter is in
+   (``Submitter.busy_streams``), and the stream of a stall probe under way, which is destroyed once
+   its probe has returned (``Prober.retire``, the one door every stream destroy goes through; the
+   stopped prober leaves it to step 7: ``Prober.take_left``). The real runtime frees a stream
+   destroyed by force under a thread synchronizing on it, or waiting in a launch or an event record
+   for room in its queue, and that thread then crashes the process (SIGSEGV, seen on
+   ``tests/realrt`` both ways: a 1 ms probe can wait seconds in the runtime's timeout snapshot, and
+   a submitting call spins without a timeout until room appears; ``docs/cann-support.md`` §13.3
+   cites the lines). Those streams are leaked with the rest of what a stuck thread may touch (step
+   9), and the thread is left to return when its stream moves. When forced, what the threads post
    from then on is held back: a refusal by a destroyed stream must not stand for the task's
    outcome, so a failure posted then is resolved in step 7 as the forced close's
    ``TaskTimeoutError``, caused by it (a success stays one).

@@ -33,8 +33,11 @@ synchronizing on it (``stream.cc:4682-4686``, ``docs/cann-support.md`` §13.3); 
 before it, the probe reads "not a live stream", which is no fault of the device. So every
 destroy of a library stream, on any thread, goes through :meth:`Prober.retire`: a stream with
 a probe asked for and not over is destroyed by the prober right after that probe (whose report
-then carries no error: nobody waits on that stream's work), any other at once. A probe stuck
-for good thereby leaks its stream, never frees it under the call.
+then carries no error: nobody waits on that stream's work), any other at once. Once the
+device's close has stopped the prober, such a stream is left to the close instead
+(:meth:`Prober.take_left`), which destroys it after joining the thread: a destroy by force
+first looks at the stream on acl, which can take seconds on the real runtime, and the join is
+bounded. A probe stuck for good thereby leaks its stream, never frees it under the call.
 """
 
 from __future__ import annotations
@@ -138,6 +141,7 @@ class Prober:
         self._stop_asked = False
         self._target: int | None = None  # the stream of the probe asked for and not over
         self._retired: dict[int, tuple[Lane, Callable[[int], None]]] = {}
+        self._left: list[Lane] = []  # retired, then left to the close by a stopping prober
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-probe-{device_id}", daemon=True
         )
@@ -178,9 +182,16 @@ class Prober:
         ``Scheduler.bound``)."""
         self.retire(lane, functools.partial(_destroy_quietly, runtime))
 
+    def take_left(self) -> list[Lane]:
+        """The lanes retired while a probe was out, whose destroy the prober left to the close
+        because it was stopping (their probe is over: any thread may destroy them)."""
+        with self._lock:
+            left, self._left = self._left, []
+        return left
+
     def stop(self) -> None:
         """Exit before the next probe (any thread; a probe under way reports first, and the
-        streams retired meanwhile are destroyed)."""
+        streams retired meanwhile are left to the close: :meth:`take_left`)."""
         with self._lock:
             self._stop_asked = True
         self._jobs.put(None)
@@ -206,7 +217,15 @@ class Prober:
                 retired = self._retired.pop(handle, None)
                 if retired is not None:
                     error = None  # the stream was closed meanwhile: nobody waits on it
-                    self._destroy_retired(*retired)
+                    if self._stop_asked:
+                        # The close destroys it once this thread has exited (take_left): a
+                        # destroy by force first looks at the stream (acl/settle.py), which
+                        # can take seconds on the real runtime, and the close's join of this
+                        # thread is bounded.
+                        retired[0].destroyed = False
+                        self._left.append(retired[0])
+                    else:
+                        self._destroy_retired(*retired)
             self._report(Probed(handle, error))
 
     def _destroy_retired(self, lane: Lane, destroy: Callable[[int], None]) -> None:

@@ -231,6 +231,8 @@ class _StuckFirstProbe:
         self.probed: list[int] = []
         self.destroyed_while_probing: list[int] = []
         self.destroyed: list[int] = []
+        #: by stream: the thread (ident) that destroyed it
+        self.destroyed_by: dict[int, int] = {}
         real_sync = runtime.synchronize_stream
 
         def stuck_probe(stream: int, timeout_ms: int) -> None:
@@ -246,6 +248,7 @@ class _StuckFirstProbe:
                     self.destroyed_while_probing.append(stream)
                 real_destroy(stream)
                 self.destroyed.append(stream)
+                self.destroyed_by[stream] = threading.get_ident()
 
             return destroy
 
@@ -386,6 +389,29 @@ async def test_a_stream_closed_while_its_stall_probe_is_out_is_destroyed_after_t
         assert_runtime_clean(dev)
     finally:
         _unstick(stuck.release, dev.runtime)
+
+
+async def test_a_probe_that_returns_during_a_forced_close_leaves_its_stream_to_the_close(
+    open_dev: OpenDevice,
+) -> None:
+    # On acl a destroy by force first looks at the stream, which can take seconds on the real
+    # runtime: done by the stopping prober after its probe, it counted against the close's
+    # 2 s join of that thread, and the close abandoned it and leaked the device (a realrt CI
+    # rehearsal under load). The close destroys that stream itself, after the join.
+    async with _stuck_in_a_probe(open_dev) as (dev, stuck, hung, task):
+
+        async def release_soon() -> None:
+            await anyio.sleep(0.3)  # the close has stopped the threads and waits on the prober
+            stuck.release.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(release_soon)
+            with anyio.fail_after(20):
+                await dev.aclose(timeout=0.1)
+        assert isinstance(task.exception(), aa.TaskTimeoutError)
+        assert stuck.destroyed_while_probing == []
+        assert stuck.destroyed_by[hung.handle] == threading.get_ident()  # by the close
+        assert_runtime_clean(dev)
 
 
 def test_aclose_from_another_asyncio_loop_after_the_first_finished() -> None:
