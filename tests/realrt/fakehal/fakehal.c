@@ -1308,7 +1308,10 @@ drvError_t halCqReportRecv(uint32_t devId, struct halReportRecvInfo* info)
     while (cq->valid && cq->count > 0 && n < info->cqe_num) {
         memcpy((void*)&outp[n], (const void*)&cq->ring[cq->head], sizeof(struct fh_cqe));
         if (outp[n].error_bit && outp[n].sq_id < FH_MAX_SQ) {
-            g_sq[outp[n].sq_id].halted = 0; /* read: the queue resumes past the failed SQE */
+            /* read: the queue resumes past the failed SQE. A simplification: the runtime
+             * resumes it only after handling the error, through halSqCqConfig, which this
+             * driver does not model (docs/cann-support.md §13.3) */
+            g_sq[outp[n].sq_id].halted = 0;
             pthread_cond_broadcast(&g_hold_cond);
         }
         cq->head = (cq->head + 1) % cq->depth;
