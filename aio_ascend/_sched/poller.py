@@ -62,7 +62,8 @@ thread has exited (or been abandoned).
 A forced stream close (``LaneForce``, :mod:`.forcing`) arrives behind every batch of its stream
 (see the submitter for a parked stream's carried batch): the poller drops those batches (their
 tasks fail as the forced close's, their requests become orphans), destroys the runtime stream by
-force and sets ``done``; no completion is ever reported for a stream destroyed under its work.
+force (through ``Prober.retire``: after its stall probe, if one is out) and sets ``done``; no
+completion is ever reported for a stream destroyed under its work.
 
 Shutdown. The stop request ends the thread at the next round, whatever is still outstanding
 (``aclose`` waits for the work first, up to its timeout); the staging thread finishes the copy
@@ -70,7 +71,7 @@ in progress, what it finished is :attr:`at_exit` (resolved by the close), and th
 seen complete are :meth:`leftover_batches`. The device's close joins this thread first, before
 any stream is destroyed, so nothing done to the streams can be reported as a completion (the
 poller makes no call that waits on the device; a stall probe still under way is on the
-prober's thread, which the close joins too, and whose stream it never destroys). After
+prober's thread, which the close joins too, and whose stream is destroyed only after it). After
 ``Scheduler.abandon`` (a device collected unclosed), ``then`` closes the runtime from this
 thread once the other threads have exited (or 2 s each have passed).
 """
