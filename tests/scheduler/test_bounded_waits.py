@@ -369,7 +369,9 @@ async def test_a_stream_closed_while_its_stall_probe_is_out_is_destroyed_after_t
     stuck = _StuckFirstProbe(dev.runtime)
     try:
         s = dev.stream()
-        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(150_000))
+        # (500 ms: 10x the 50 ms after which the stream is first probed, so the kernel is
+        # still running when the probe comes, however loaded the machine)
+        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(500_000))
         with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
             while not stuck.entered.is_set():  # noqa: ASYNC110 - a thread's event
                 await anyio.sleep(0.005)
