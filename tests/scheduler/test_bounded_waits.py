@@ -259,16 +259,20 @@ class _StuckFirstProbe:
 
 @contextlib.asynccontextmanager
 async def _stuck_in_a_probe(
-    open_dev: OpenDevice,
+    open_dev: OpenDevice, *, kernel_us: int | None = None
 ) -> AsyncIterator[tuple[aa.Device, _StuckFirstProbe, aa.Stream, aa.Task]]:
-    """A device whose first stall probe (of a stream with a hung kernel) never returns:
-    ``(device, stuck, that stream, its hung task)``; afterwards the probe is released, the
-    abandoned threads joined and the leaked runtime closed."""
+    """A device whose first stall probe (of a stream with a hung kernel, or with a kernel of
+    ``kernel_us``) does not return until ``stuck.release`` is set: ``(device, stuck, that
+    stream, its task)``; afterwards the probe is released, the abandoned threads joined and
+    the leaked runtime closed."""
     dev = await open_dev(task_timeout=30)
     stuck = _StuckFirstProbe(dev.runtime)
     try:
         hung = dev.stream()
-        task = await hung.launch(dev.function("hang"), 1)
+        if kernel_us is None:
+            task = await hung.launch(dev.function("hang"), 1)
+        else:
+            task = await hung.launch(dev.function("sleep"), 1, aa.HostArgs().u32(kernel_us))
         with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
             while not stuck.entered.is_set():  # noqa: ASYNC110 - a thread's event
                 await anyio.sleep(0.005)
@@ -365,16 +369,9 @@ async def test_a_stream_closed_while_its_stall_probe_is_out_is_destroyed_after_t
     # live stream", taken for a device fault (a CI run, 1 in ~3,000 tests), and a destroy
     # during the probe frees the stream under it on the real runtime. Now the prober
     # destroys the stream after its probe.
-    dev = await open_dev()
-    stuck = _StuckFirstProbe(dev.runtime)
-    try:
-        s = dev.stream()
-        # (500 ms: 10x the 50 ms after which the stream is first probed, so the kernel is
-        # still running when the probe comes, however loaded the machine)
-        task = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(500_000))
-        with anyio.fail_after(10):  # the first probe comes 50 ms after the batch
-            while not stuck.entered.is_set():  # noqa: ASYNC110 - a thread's event
-                await anyio.sleep(0.005)
+    # (500 ms: 10x the 50 ms after which the stream is first probed, so the kernel is still
+    # running when the probe comes, however loaded the machine)
+    async with _stuck_in_a_probe(open_dev, kernel_us=500_000) as (dev, stuck, s, task):
         with anyio.fail_after(10):  # the kernel ends while the probe is held
             await task
             await s.aclose()
@@ -389,8 +386,6 @@ async def test_a_stream_closed_while_its_stall_probe_is_out_is_destroyed_after_t
         assert dev.fault is None
         await dev.aclose()
         assert_runtime_clean(dev)
-    finally:
-        _unstick(stuck.release, dev.runtime)
 
 
 async def test_a_probe_that_returns_during_a_forced_close_leaves_its_stream_to_the_close(
