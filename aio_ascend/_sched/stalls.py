@@ -217,15 +217,16 @@ class Prober:
                 retired = self._retired.pop(handle, None)
                 if retired is not None:
                     error = None  # the stream was closed meanwhile: nobody waits on it
+                    lane, destroy = retired
                     if self._stop_asked:
                         # The close destroys it once this thread has exited (take_left): a
                         # destroy by force first looks at the stream (acl/settle.py), which
                         # can take seconds on the real runtime, and the close's join of this
                         # thread is bounded.
-                        retired[0].destroyed = False
-                        self._left.append(retired[0])
+                        lane.destroyed = False
+                        self._left.append(lane)
                     else:
-                        self._destroy_retired(*retired)
+                        self._destroy_retired(lane, destroy)
             self._report(Probed(handle, error))
 
     def _destroy_retired(self, lane: Lane, destroy: Callable[[int], None]) -> None:
