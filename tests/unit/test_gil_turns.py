@@ -107,15 +107,24 @@ def test_the_submitter_yields_to_a_starved_loop_only(
     runtime = _Runtime()
     batches: list[Batch] = []
     submitter = _submitter(runtime, batches, pulse)
-    # many small hops, each far shorter than a slice: their time adds up
-    deadline = time.perf_counter() + 5 * threads.GIL_SLICE_S
+    # many small hops, each far shorter than a slice: their time adds up. The starved case
+    # runs until the loop got three turns (a liveness bound, not a timing); the other runs
+    # for five slices' worth of hops at least. A preempted hop must not end the run early.
+    start = time.perf_counter()
     hops = 0
-    while time.perf_counter() < deadline:
+    while True:
         for hop in _hops(1, 64):
             submitter._hop(hop)
             hops += 1
+        elapsed = time.perf_counter() - start
+        if starved and (len(yields) >= 3 or elapsed > 10.0):
+            break
+        if not starved and hops >= 20 and elapsed > 5 * threads.GIL_SLICE_S:
+            break
     assert runtime.launches == 64 * hops and len(batches) == hops
     if starved:
-        assert len(yields) >= 2  # one per slice used up, across hops
+        assert len(yields) >= 3  # the loop gets its turns, across hops
+        # ... but at most one per slice used up: never one per hop or per offer
+        assert len(yields) <= elapsed / threads.GIL_SLICE_S + 1
     else:
         assert yields == []
