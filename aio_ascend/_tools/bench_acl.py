@@ -15,6 +15,7 @@ too (``realrt_raw``, ``realrt_poll``), beside the double's: the runtime's own pe
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib.util
 import os
@@ -69,6 +70,14 @@ def _compiler() -> str | None:
     return None
 
 
+def _scratch(prefix: str) -> Path:
+    # A folder for what the bench builds, removed when the process exits (the runtime keeps
+    # the library loaded from it until then)
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, home, True)
+    return home
+
+
 def _build() -> tuple[Path, Path] | str:
     if _built:
         return _built[0]
@@ -80,7 +89,7 @@ def _build() -> tuple[Path, Path] | str:
     elif compiler is None:
         why = "no C compiler (cc/gcc/clang) to build the acl test double"
     else:
-        home = Path(tempfile.mkdtemp(prefix="aio_ascend_bench_acl_"))
+        home = _scratch("aio_ascend_bench_acl_")
         (home / "lib64").mkdir()
         library = home / "lib64" / "libascendcl.so"
         command = [compiler, *DOUBLE_CFLAGS, "-o", str(library), str(DOUBLE_SOURCE)]
@@ -115,7 +124,7 @@ def _realrt_install() -> tuple[Path, Path] | str:
     lib = Path(folder)
     if not (lib / "libacl_rt.so").exists() or not _KERNEL_MAKER.exists():
         return f"no real runtime build in {lib}, or not a checkout"
-    home = Path(tempfile.mkdtemp(prefix="aio_ascend_bench_realrt_"))
+    home = _scratch("aio_ascend_bench_realrt_")
     (home / "lib64").mkdir()
     for item in lib.iterdir():
         (home / "lib64" / item.name).symlink_to(item)

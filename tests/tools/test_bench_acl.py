@@ -5,6 +5,9 @@ reported; skipped with the reason where the double cannot be built."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,19 @@ def test_the_acl_rows_and_their_ratio(tmp_path: Path, capsys: pytest.CaptureFixt
         KEY
     ]
     assert "the acl backend over its C test double" in out and KEY in out
+
+
+def test_the_bench_process_leaves_no_build_folder_behind(tmp_path: Path) -> None:
+    if bench_acl._compiler() is None:
+        pytest.skip("no C compiler to build the acl test double")
+    # its own temporary root, so that other processes' folders do not count
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    args = ["--scale", "0.002", "--repeats", "1", "--only", "acl_raw", "-q"]
+    code = [sys.executable, "-m", "aio_ascend", "bench", *args]
+    result = subprocess.run(code, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "(a) raw runtime loop" in result.stdout  # the double was built and ran
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_without_the_doubles_source_the_rows_say_why(
