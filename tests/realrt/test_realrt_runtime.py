@@ -31,6 +31,7 @@ from aio_ascend._runtime.abi import (
     ACL_MEMCPY_DEVICE_TO_DEVICE,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
+    ACL_STOP_ON_FAILURE,
 )
 from aio_ascend._runtime.hostmem import host_view
 
@@ -316,6 +317,34 @@ def test_an_error_completion_fails_the_synchronize_then_the_stream_runs_on(
     rt.free_host(src)
     rt.free(ptr)
     rt.destroy_stream(stream)
+
+
+def test_a_stream_that_stops_on_failure_stays_stopped_after_an_error_completion(
+    rt: Any, hal: FakeHal
+) -> None:
+    """In stop-on-failure mode the runtime handles a failed SQE's error CQE, moves the queue's
+    head past it and leaves the queue stopped (no ``EnableSq`` in abort-on-failure mode:
+    stars_engine.cc:1502-1514): the copy queued behind the failed one never runs. A stream in
+    the default mode runs on (the test above): the driver resumes a queue only where the
+    runtime says so (``halSqCqConfig``), not when the error CQE is read."""
+    stream = rt.create_stream()
+    rt.set_stream_failure_mode(stream, ACL_STOP_ON_FAILURE)
+    ptr = upload(rt, stream, b"\x00" * 64)
+    src = pinned(rt, b"\x22" * 64)
+    hal.fail_next(stream)
+    rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)  # fails
+    rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)  # behind it
+    with pytest.raises(RuntimeAPIError):
+        rt.synchronize_stream(stream, 2_000)
+    deadline = time.monotonic() + 30.0  # the runtime has read and handled the error CQE
+    while hal.unread_completions(stream) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert hal.unread_completions(stream) == 0
+    time.sleep(0.5)  # (a resumed queue runs a 64-byte copy in microseconds)
+    assert ctypes.string_at(ptr, 64) == b"\x00" * 64  # device memory is host memory here
+    rt.destroy_stream_force(stream)
+    rt.free_host(src)
+    rt.free(ptr)
 
 
 # --- close -----------------------------------------------------------------------------------

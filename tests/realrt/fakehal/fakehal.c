@@ -260,7 +260,8 @@ struct fh_sq {
     uint8_t* ring;
     uint8_t* regs; /* the queue's register page (SQ_REG_BASE); only device-side tasks use it */
     int stop;
-    int halted; /* an error CQE of this queue waits to be read: the head stays put */
+    int halted;  /* stopped at a failed SQE (STARS disables the queue): the head stays put */
+    int resumed; /* the runtime moved a halted queue's head past the failed SQE */
     pthread_t worker;
     pthread_cond_t more;
 };
@@ -1059,6 +1060,12 @@ static void* fh_worker(void* arg)
             while (sq->halted && !sq->stop) {
                 pthread_cond_wait(&g_hold_cond, &g_lock);
             }
+            if (sq->resumed) { /* the runtime set the head itself (fh_sq_config) */
+                sq->resumed = 0;
+                __atomic_add_fetch(&g_sqe_count, 1, __ATOMIC_RELEASE);
+                continue;
+            }
+            /* released by a test control (aio_fakehal_hold_stream) or stopped: skip it */
         } else if (h->wr_cqe) {
             fh_push_cqe_locked(sq_id, h, error_type, error_code);
         }
@@ -1211,6 +1218,13 @@ drvError_t halSqCqQuery(uint32_t devId, struct halSqCqQueryInfo* info)
     }
     memset(info->value, 0, sizeof(info->value));
     switch (info->prop) {
+        case DRV_SQCQ_PROP_SQ_STATUS:
+            /* 0, "disabled", always, a simplification: a stream's destroy then reclaims its
+             * tasks at once instead of waiting up to 30 s for a busy queue to drain
+             * (stream.cc:1509-1520), and the resume of a stopped queue finds it disabled at
+             * the first look (stars_engine.cc:1437-1449) */
+            info->value[0] = 0;
+            break;
         case DRV_SQCQ_PROP_SQ_HEAD: /* npu_driver_standard_soc.cc:413-425 */
             info->value[0] = sq->head;
             break;
@@ -1275,6 +1289,40 @@ drvError_t halSqTaskSend(uint32_t devId, struct halTaskSendInfo* info)
     return DRV_ERROR_NONE;
 }
 
+/* halSqCqConfig's model (sqconfig.c holds the entry point: the header declares it weak).
+ * A queue stopped at a failed SQE is resumed by the runtime after it handled the error CQE
+ * (stars_engine.cc:1667-1693 ProcLogicCqReport: StarsCqeReceive, then StarsResumeRtsq):
+ * the head moved past the failed SQE (:1497-1506 SetSqHead, npu_driver_res.cc:903-924
+ * DRV_SQCQ_PROP_SQ_HEAD), then the queue enabled again (stars_engine.cc:1508-1519, not in
+ * ABORT_ON_FAILURE mode; npu_driver_res.cc:2047-2066 EnableSq: DRV_SQCQ_PROP_SQ_STATUS 1).
+ * Only a stopped queue's head and status are modelled: the runtime moves no running queue's
+ * head in the paths these tests take. The rest answers "success, nothing to report". */
+int fh_sq_config(uint32_t sq_id, uint32_t prop, uint32_t value)
+{
+    if (sq_id >= FH_MAX_SQ) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&g_lock);
+    struct fh_sq* sq = &g_sq[sq_id];
+    if (!sq->valid) {
+        pthread_mutex_unlock(&g_lock);
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    if (prop == DRV_SQCQ_PROP_SQ_HEAD && sq->halted) {
+        sq->head = value % sq->depth;
+        sq->resumed = 1;
+        FH_TRACE("sq %u: head set to %u while stopped", sq_id, sq->head);
+    } else if (prop == DRV_SQCQ_PROP_SQ_STATUS && value == 1U && sq->halted) {
+        sq->halted = 0;
+        pthread_cond_broadcast(&g_hold_cond);
+        FH_TRACE("sq %u: enabled again", sq_id);
+    } else {
+        FH_TRACE("sq %u: config prop %u value %u (not modelled)", sq_id, prop, value);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return DRV_ERROR_NONE;
+}
+
 drvError_t halCqReportRecv(uint32_t devId, struct halReportRecvInfo* info)
 {
     /* npu_driver_res.cc:2287-2308 LogicCqReportV2: a logic CQ, a timeout in ms, room for
@@ -1307,13 +1355,8 @@ drvError_t halCqReportRecv(uint32_t devId, struct halReportRecvInfo* info)
     struct fh_cqe* outp = (struct fh_cqe*)info->cqe_addr;
     while (cq->valid && cq->count > 0 && n < info->cqe_num) {
         memcpy((void*)&outp[n], (const void*)&cq->ring[cq->head], sizeof(struct fh_cqe));
-        if (outp[n].error_bit && outp[n].sq_id < FH_MAX_SQ) {
-            /* read: the queue resumes past the failed SQE. A simplification: the runtime
-             * resumes it only after handling the error, through halSqCqConfig, which this
-             * driver does not model (docs/cann-support.md §13.3) */
-            g_sq[outp[n].sq_id].halted = 0;
-            pthread_cond_broadcast(&g_hold_cond);
-        }
+        /* An error CQE read leaves its queue stopped: the runtime resumes it once it has
+         * handled the error (fh_sq_config) */
         cq->head = (cq->head + 1) % cq->depth;
         cq->count--;
         n++;

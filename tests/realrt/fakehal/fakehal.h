@@ -11,6 +11,9 @@ int fh_valid_range(uintptr_t p, size_t n);
 /* Blocks the calling SQ worker until its queue `sq_id` is stopped (a hung kernel). */
 void fh_hang_until_stopped(uint32_t sq_id);
 
+/* halSqCqConfig of a normal queue (sqconfig.c -> fakehal.c): a drvError_t. */
+int fh_sq_config(uint32_t sq_id, uint32_t prop, uint32_t value);
+
 /* What a kernel's run reports: 0, or STARS error bits and the accelerator's status code. */
 struct fh_kernel_result {
     uint32_t error_type;
