@@ -15,7 +15,9 @@
  *   name; the host function of that name (kernels.c) runs over the args the runtime built.
  *   Anything else completes without effect. After each SQE the SQ head moves (what the
  *   runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a completion (CQE) is
- *   queued for the stream's logic CQ, read by halCqReportRecv;
+ *   queued for the stream's logic CQ, read by halCqReportRecv. A failed SQE stops its queue
+ *   until the runtime, having handled the error, moves the head past it and enables the queue
+ *   again (halSqCqConfig: sqconfig.c, fh_sq_config);
  * - controls for tests, exported as C functions (ctypes): a delay per SQE, an error completion
  *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters, and the
  *   last kernel launch as the device saw it (name, blocks, args buffer).
