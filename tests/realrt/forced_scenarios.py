@@ -2,9 +2,8 @@
 
 ``python -m realrt.forced_scenarios <scenario> <asyncio|uvloop|trio>`` from ``tests/``: prints
 ``scenario passed`` and exits 0, or fails with an assertion. Run by
-``test_realrt_scheduler.py::test_forced_closes_of_busy_streams_return_on_time`` (skipped: over our
-driver the look before the second busy stream's forced destroy spins in the runtime's snapshot
-for good; run by hand), in a process of its own so that a hang there touches no other test.
+``test_realrt_scheduler.py::test_forced_closes_of_busy_streams_return_on_time``, in a process of
+its own so that a hang there touches no other test.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from realrt.fixture import FakeHal, fakehal, open_realrt_runtime, realrt_library
+from realrt.fixture import FakeHal, fakehal, open_realrt_runtime, realrt_library, stream_id
 
 from aio_ascend._errors import (
     DeviceFaultError,
@@ -366,6 +366,27 @@ def test_force_destroy_a_stream_whose_work_is_stuck(rt: Any, hal: FakeHal) -> No
     while hal.live_queues() > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert hal.live_queues() == before
+    rt.free(ptr)
+
+
+def test_a_hold_ends_with_its_stream_when_the_runtime_reuses_its_id(rt: Any, hal: FakeHal) -> None:
+    """The runtime gives a destroyed stream's id to its next stream; the driver's hold (a
+    test's hung kernel) was on the old stream only, so the new one runs. Kept by id, the hold
+    once hung the runtime's own temporary stream (its timeout snapshot) for good."""
+    held = rt.create_stream()
+    held_id = stream_id(held)
+    ptr = rt.malloc(64)
+    hal.hold(held)
+    rt.memset_async(ptr, 64, 1, 64, held)
+    with pytest.raises(StreamSyncTimeoutError):
+        rt.synchronize_stream(held, 50)
+    rt.destroy_stream_force(held)
+    fresh = rt.create_stream()
+    assert stream_id(fresh) == held_id  # (the reuse this is about)
+    rt.memset_async(ptr, 64, 2, 64, fresh)
+    rt.synchronize_stream(fresh, SYNC_MS)
+    assert ctypes.string_at(ptr, 64) == b"\x02" * 64  # device memory is host memory here
+    rt.destroy_stream(fresh)
     rt.free(ptr)
 
 

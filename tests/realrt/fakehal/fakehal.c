@@ -1136,6 +1136,12 @@ drvError_t halSqCqAllocate(uint32_t devId, struct halSqCqInputInfo* in, struct h
         sq->ring = calloc(sq->depth, FH_SQE_SIZE);
         sq->regs = calloc(1, FH_SQ_REG_SIZE);
         sq->stream_id = in->info[0];
+        if (sq->stream_id < FH_MAX_ID) {
+            /* a hold is on a stream (aio_fakehal_hold_stream), not on its id: the runtime
+             * reuses a destroyed stream's id for its next stream (its timeout snapshot's
+             * temporary stream, api_impl.cc:6360-6381, took a held one's and waited for good) */
+            g_stream_held[sq->stream_id] = 0;
+        }
         sq->cq_id = ((in->flag & TSDRV_FLAG_SPECIFIED_CQ_ID) != 0) ? in->cqId : id;
         sq->valid = 1;
         pthread_cond_init(&sq->more, NULL);
@@ -1166,6 +1172,9 @@ drvError_t halSqCqFree(uint32_t devId, struct halSqCqFreeInfo* info)
             return DRV_ERROR_INVALID_VALUE;
         }
         sq->stop = 1;
+        if (sq->stream_id < FH_MAX_ID) {
+            g_stream_held[sq->stream_id] = 0; /* (see halSqCqAllocate) */
+        }
         pthread_cond_broadcast(&sq->more);
         pthread_cond_broadcast(&g_event_cond);
         pthread_cond_broadcast(&g_hold_cond);
