@@ -18,9 +18,9 @@ nothing but a dictionary entry per stream.
 
 Who probes. A probe's 1 ms is not a bound on the real runtime: when it times out, the runtime
 takes a snapshot, a control task it waits for with no timeout (``api_impl.cc:1731-1733,
-6360-6381``). Over our driver that wait took seconds, and once a busy stream had been destroyed
-by force it never ended. Run by the poller, it froze every stream's completions and the
-watchdog with it. So the probes run on a thread of their own, :class:`Prober`
+6360-6381``). Over our driver that wait took seconds (once 16.5 s), and the real runtime
+promises no bound. Run by the poller, it froze every stream's completions and the watchdog with
+it. So the probes run on a thread of their own, :class:`Prober`
 (``aio_ascend-probe-<device>``), one at a time, and report back through the poller's inbox
 (:class:`Probed`); the poller asks for the next one only once the last has reported, goes on
 completing the other streams' work meanwhile. A probe that never returns leaves stalls to the
