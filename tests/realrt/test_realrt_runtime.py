@@ -350,16 +350,23 @@ def test_a_stream_that_stops_on_failure_stays_stopped_after_an_error_completion(
 # --- close -----------------------------------------------------------------------------------
 
 
-def test_force_destroy_a_stream_whose_work_is_stuck(rt: Any, hal: FakeHal) -> None:
-    """aclrtDestroyStreamForce returns while the stream's SQE never runs, and frees its queue
-    (our driver stops the queue's worker in halSqCqFree)."""
-    before = hal.live_queues()
-    stream = rt.create_stream()
-    ptr = rt.malloc(64)
+def _stuck_stream(rt: Any, hal: FakeHal, ptr: int) -> int:
+    """A new stream whose memset of ``ptr`` the driver holds (a hung task): its synchronize
+    times out."""
+    stream: int = rt.create_stream()
     hal.hold(stream)
     rt.memset_async(ptr, 64, 1, 64, stream)
     with pytest.raises(StreamSyncTimeoutError):
         rt.synchronize_stream(stream, 50)
+    return stream
+
+
+def test_force_destroy_a_stream_whose_work_is_stuck(rt: Any, hal: FakeHal) -> None:
+    """aclrtDestroyStreamForce returns while the stream's SQE never runs, and frees its queue
+    (our driver stops the queue's worker in halSqCqFree)."""
+    before = hal.live_queues()
+    ptr = rt.malloc(64)
+    stream = _stuck_stream(rt, hal, ptr)
     rt.destroy_stream_force(stream)
     # the runtime may free the queue after the call returns (seen once in ~6 runs)
     deadline = time.monotonic() + 5.0
@@ -373,13 +380,9 @@ def test_a_hold_ends_with_its_stream_when_the_runtime_reuses_its_id(rt: Any, hal
     """The runtime gives a destroyed stream's id to its next stream; the driver's hold (a
     test's hung kernel) was on the old stream only, so the new one runs. Kept by id, the hold
     once hung the runtime's own temporary stream (its timeout snapshot) for good."""
-    held = rt.create_stream()
-    held_id = stream_id(held)
     ptr = rt.malloc(64)
-    hal.hold(held)
-    rt.memset_async(ptr, 64, 1, 64, held)
-    with pytest.raises(StreamSyncTimeoutError):
-        rt.synchronize_stream(held, 50)
+    held = _stuck_stream(rt, hal, ptr)
+    held_id = stream_id(held)
     rt.destroy_stream_force(held)
     fresh = rt.create_stream()
     assert stream_id(fresh) == held_id  # (the reuse this is about)
