@@ -384,12 +384,21 @@ def test_a_hold_ends_with_its_stream_when_the_runtime_reuses_its_id(rt: Any, hal
     held = _stuck_stream(rt, hal, ptr)
     held_id = stream_id(held)
     rt.destroy_stream_force(held)
+    # The driver hands out the lowest free id, and the runtime may give the held stream's back
+    # a moment after the call returns: streams made meanwhile take other ids (kept till the end)
+    others = []
     fresh = rt.create_stream()
+    deadline = time.monotonic() + 5.0
+    while stream_id(fresh) != held_id and time.monotonic() < deadline:
+        others.append(fresh)
+        time.sleep(0.05)
+        fresh = rt.create_stream()
     assert stream_id(fresh) == held_id  # (the reuse this is about)
     rt.memset_async(ptr, 64, 2, 64, fresh)
     rt.synchronize_stream(fresh, SYNC_MS)
     assert ctypes.string_at(ptr, 64) == b"\x02" * 64  # device memory is host memory here
-    rt.destroy_stream(fresh)
+    for stream in (fresh, *others):
+        rt.destroy_stream(stream)
     rt.free(ptr)
 
 
