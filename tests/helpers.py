@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import numpy as np
 
 import aio_ascend as aa
@@ -91,6 +92,16 @@ def on_real_runtime(dev: aa.Device) -> bool:
     except LookupError:
         return True
     return False
+
+
+async def wait_for_live_streams(dev: aa.Device, count: int) -> None:
+    """Wait until the runtime below ``dev`` holds ``count`` streams. A stream closed while the
+    library's stall probe was out on it is destroyed by the prober right after that probe
+    (``aio_ascend/_sched/stalls.py``), a moment after its close returned (a probe takes ~1 ms:
+    the bound is for a loaded machine)."""
+    with anyio.fail_after(5):
+        while live_resources(dev)["streams"] != count:  # noqa: ASYNC110 - a runtime counter
+            await anyio.sleep(0.005)
 
 
 def live_resources(dev: aa.Device) -> dict[str, int]:
