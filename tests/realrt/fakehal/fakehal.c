@@ -42,8 +42,6 @@
 #include "fakehal.h"
 #include "runtime/rt_external_ffts_define.h"
 
-#define FH_EXPORT __attribute__((visibility("default")))
-
 /* ---- SQE and CQE layouts, mirrored from the runtime's internal headers ------------------ */
 
 /* src/runtime/core/inc/task/task_info_base.hpp:42 (packed, task_info_base.hpp:40-41) */

@@ -5,6 +5,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Exported from libascend_hal.so: a driver entry point or a test control. */
+#define FH_EXPORT __attribute__((visibility("default")))
+
+/* Traces (AIO_FAKEHAL_TRACE) that a call is answered without a model; returns 0, success. */
+int aio_fakehal_unmodelled(const char* name);
+
 /* 1 when [p, p + n) lies inside one live allocation of the fake device (device or pinned). */
 int fh_valid_range(uintptr_t p, size_t n);
 

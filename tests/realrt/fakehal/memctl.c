@@ -13,9 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FH_EXPORT __attribute__((visibility("default")))
-
-int aio_fakehal_unmodelled(const char* name); /* fakehal.c */
+#include "fakehal.h"
 
 /* ascend_hal_define.h:891 CTRL_TYPE_ADDR_MAP, :937 ADDR_MAP_TYPE_REG_C2C_CTRL, :943-951 */
 #define FH_CTRL_TYPE_ADDR_MAP 0

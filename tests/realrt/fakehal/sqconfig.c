@@ -9,8 +9,6 @@
 
 #include "fakehal.h"
 
-#define FH_EXPORT __attribute__((visibility("default")))
-
 /* trs_pkg.h:36 DRV_NORMAL_TYPE, :95 SQCQ_CONFIG_INFO_LENGTH */
 #define FH_DRV_NORMAL_TYPE 0
 #define FH_SQCQ_CONFIG_INFO_LENGTH 8
@@ -23,8 +21,6 @@ struct fh_sqcq_config_info {
     int prop;
     uint32_t value[FH_SQCQ_CONFIG_INFO_LENGTH];
 };
-
-int aio_fakehal_unmodelled(const char* name); /* fakehal.c */
 
 FH_EXPORT int halSqCqConfig(uint32_t devId, struct fh_sqcq_config_info* info)
 {
