@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -79,6 +79,14 @@ def download(rt: Any, stream: int, ptr: int, size: int) -> bytes:
     out = bytes(host_view(dst, size))
     rt.free_host(dst)
     return out
+
+
+def _wait_for(condition: Callable[[], object], seconds: float) -> None:
+    """Poll ``condition`` every 10 ms until it holds or ``seconds`` have passed (the caller
+    asserts what it needs afterwards)."""
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 # --- the library in use is the source build ------------------------------------------------
@@ -336,9 +344,7 @@ def test_a_stream_that_stops_on_failure_stays_stopped_after_an_error_completion(
     rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)  # behind it
     with pytest.raises(RuntimeAPIError):
         rt.synchronize_stream(stream, 2_000)
-    deadline = time.monotonic() + 30.0  # the runtime has read and handled the error CQE
-    while hal.unread_completions(stream) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for(lambda: not hal.unread_completions(stream), 30.0)  # the runtime read the error
     assert hal.unread_completions(stream) == 0
     time.sleep(0.5)  # (a resumed queue runs a 64-byte copy in microseconds)
     assert ctypes.string_at(ptr, 64) == b"\x00" * 64  # device memory is host memory here
@@ -369,9 +375,7 @@ def test_force_destroy_a_stream_whose_work_is_stuck(rt: Any, hal: FakeHal) -> No
     stream = _stuck_stream(rt, hal, ptr)
     rt.destroy_stream_force(stream)
     # the runtime may free the queue after the call returns (seen once in ~6 runs)
-    deadline = time.monotonic() + 5.0
-    while hal.live_queues() > before and time.monotonic() < deadline:
-        time.sleep(0.01)
+    _wait_for(lambda: hal.live_queues() <= before, 5.0)
     assert hal.live_queues() == before
     rt.free(ptr)
 
