@@ -115,6 +115,14 @@ def _align_up(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
 
 
+def _check_cap(name: str, value: object, low: int, high: int, why: str) -> None:
+    # The refusal of a HostArgs cap (the constructor's test already failed, or the type does)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int")
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value} must be in {low}..{high}{why}")
+
+
 def _check_alignment(name: str, align: object) -> int:
     if isinstance(align, bool) or not isinstance(align, int):
         raise TypeError(f"{name} must be an int, got {type(align).__name__}")
@@ -174,7 +182,11 @@ class PackedArgs:
         self.table_offset = (self.nbytes + 7) & ~7
         self.placeholders = placeholders
         self.placeholder_count = len(placeholders)
-        self.table = b"".join(_PLACEHOLDER_ENTRY.pack(a, d) for a, d in placeholders)
+        self.table = (
+            b"".join([_PLACEHOLDER_ENTRY.pack(a, d) for a, d in placeholders])
+            if placeholders
+            else b""
+        )
         self.buffers = buffers
 
 
@@ -198,8 +210,6 @@ class HostArgs:
 
     __slots__ = (
         "_buffers",
-        "_count",
-        "_cursor",
         "_fields",
         "_image",
         "_items",
@@ -220,26 +230,26 @@ class HostArgs:
         max_nbytes: int = DEFAULT_MAX_NBYTES,
         max_placeholders: int = DEFAULT_MAX_PLACEHOLDERS,
     ) -> None:
-        self._layout_kind = _coerce_layout(layout)
-        self._min_align = _MIN_ALIGN[self._layout_kind]
-        if isinstance(max_nbytes, bool) or not isinstance(max_nbytes, int):
-            raise TypeError("max_nbytes must be an int")
-        if not 8 <= max_nbytes <= _ARGS_SIZE_LIMIT:
-            raise ValueError(f"max_nbytes={max_nbytes} must be in 8..{_ARGS_SIZE_LIMIT}")
-        if isinstance(max_placeholders, bool) or not isinstance(max_placeholders, int):
-            raise TypeError("max_placeholders must be an int")
-        if not 0 <= max_placeholders <= MAX_PLACEHOLDERS:
-            raise ValueError(
-                f"max_placeholders={max_placeholders} must be in 0..{MAX_PLACEHOLDERS} "
-                "(the runtime's placeholder limit)"
+        # (a builder is made per launch: the defaults take no call and no isinstance)
+        if layout is not ArgsLayout.ASCEND:
+            layout = _coerce_layout(layout)
+        self._layout_kind = layout
+        self._min_align = _MIN_ALIGN[layout]
+        if type(max_nbytes) is not int or not 8 <= max_nbytes <= _ARGS_SIZE_LIMIT:
+            _check_cap("max_nbytes", max_nbytes, 8, _ARGS_SIZE_LIMIT, "")
+        if type(max_placeholders) is not int or not 0 <= max_placeholders <= MAX_PLACEHOLDERS:
+            _check_cap(
+                "max_placeholders",
+                max_placeholders,
+                0,
+                MAX_PLACEHOLDERS,
+                " (the runtime's placeholder limit)",
             )
         self._max_nbytes = max_nbytes
         self._max_placeholders = max_placeholders
-        # (offset, bytes) of each argument in the argument area
-        # the argument area, laid out as arguments are added; tail data is placed by _layout
+        # the argument area, laid out as arguments are added (its length is where the next
+        # one may start); tail data is placed by _layout
         self._image = bytearray()
-        self._count = 0
-        self._cursor = 0
         # (slot offset, data, alignment) of each placeholder
         self._placeholder_data: list[tuple[int, bytes, int]] = []
         self._tail_size = 0  # worst-case bytes of tail data, for the early size check
@@ -258,20 +268,21 @@ class HostArgs:
     # --- builders ------------------------------------------------------------------------
 
     def _append(self, field: str, data: bytes, align: int) -> HostArgs:
-        align = max(align, self._min_align)
-        offset = (self._cursor + align - 1) & -align
-        end = offset + len(data)
+        if align < self._min_align:
+            align = self._min_align
+        image = self._image
+        cursor = len(image)
+        offset = (cursor + align - 1) & -align
+        size = len(data)
+        end = offset + size
         # Cheap upper bound first (every tail block padded by its full alignment); the exact
         # layout is computed only near the cap, so no valid layout is refused.
         if end + self._tail_size + 8 > self._max_nbytes:
             self._check_size(field, end, self._placeholder_data)
-        image = self._image
-        if offset != len(image):
-            image.extend(bytes(offset - len(image)))
+        if offset != cursor:
+            image.extend(bytes(offset - cursor))
         image += data
-        self._count += 1
-        self._cursor = end
-        self._fields.append((offset, len(data)))
+        self._fields.append((offset, size))
         self._items.append((data, align))
         self._packed = self._packed_for = None
         return self
@@ -423,14 +434,16 @@ class HostArgs:
             raise ValueError(
                 f"HostArgs.placeholder: more than {self._max_placeholders} placeholders"
             )
-        slot = _align_up(self._cursor, 8)
-        candidate = [*self._placeholder_data, (slot, payload, align)]
-        self._check_size("placeholder", slot + 8, candidate)
-        self._placeholder_data = candidate
-        self._tail_size += len(payload) + align - 1
-        self._image.extend(bytes(slot + 8 - len(self._image)))
-        self._count += 1
-        self._cursor = slot + 8
+        image = self._image
+        slot = (len(image) + 7) & -8
+        entry = (slot, payload, align)
+        tail_size = self._tail_size + len(payload) + align - 1
+        # the same cheap upper bound as _append's, the exact layout only near the cap
+        if slot + 8 + tail_size + 8 > self._max_nbytes:
+            self._check_size("placeholder", slot + 8, [*self._placeholder_data, entry])
+        self._placeholder_data.append(entry)
+        self._tail_size = tail_size
+        image.extend(bytes(slot + 8 - len(image)))
         self._fields.append((slot, 8))
         self._items.append((None, 8))
         self._packed = self._packed_for = None
@@ -471,8 +484,10 @@ class HostArgs:
             image.extend(bytes(data_offset - len(image)))
             image += data
             placeholders.append((slot, data_offset))
-        total = max((len(image) + 7) & -8, 8)
-        image.extend(bytes(total - len(image)))
+        size = len(image)
+        total = max((size + 7) & -8, 8)
+        if total != size:
+            image.extend(bytes(total - size))
         return PackedArgs(
             bytes(image), tuple(placeholders), tuple(self._buffers), tuple(self._fields)
         )
@@ -588,7 +603,7 @@ class HostArgs:
             else f"layout={self._layout_kind.value!r}, "
         )
         return (
-            f"HostArgs({layout}fields={self._count}, "
+            f"HostArgs({layout}fields={len(self._fields)}, "
             f"placeholders={len(self._placeholder_data)}, nbytes={self.nbytes})"
         )
 
