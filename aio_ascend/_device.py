@@ -479,8 +479,11 @@ class Device:
             by force and their unfinished tasks fail with ``TaskTimeoutError``. ``None`` waits
             until every task has finished or been failed by the ``task_timeout`` watchdog.
 
-        Afterwards no thread of the device is alive and nothing it allocated is left. Calling
-        it again is a no-op; it is shielded from cancellation once started.
+        Afterwards no thread of the device is alive and nothing it allocated is left. A call
+        while a close is under way waits for that close and holds it to its own arguments too
+        (its ``timeout`` can only bring the force nearer: a shutdown path can escalate from a
+        patient close to a forced one); once closed, a call is a no-op. It is shielded from
+        cancellation once started.
         """
         check_close_args(cancel, timeout)
         await self._scheduler.aclose(cancel=cancel, timeout=timeout)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
+
 from ._sched.graphs import GraphRecord
 
 __all__ = ["Graph"]
@@ -16,7 +19,8 @@ class Graph:
     replays have finished: the pinned copies of the captured launches' arguments and
     placeholder data, the bytes of the captured host-to-device copies (every replay copies the
     bytes given at capture time), and the device buffers the captured work uses (their
-    ``free()`` waits for the graph).
+    ``free()`` waits for the graph). A graph collected without :meth:`close` is closed then,
+    with a ``ResourceWarning``, as a dropped ``DeviceBuffer`` is.
 
     :ivar device: the device
     :ivar operations: how many operations were captured
@@ -24,10 +28,14 @@ class Graph:
 
     __slots__ = ("__weakref__", "_record", "device", "operations")
 
-    def __init__(self, device: object, record: GraphRecord) -> None:
+    def __init__(
+        self, device: object, record: GraphRecord, dropped: Callable[[GraphRecord], None]
+    ) -> None:
         self.device = device
         self._record = record
         self.operations = len(record.ops)
+        # collected unclosed (any thread): ``dropped`` closes it on the device's loop
+        weakref.finalize(self, dropped, record).atexit = False
 
     @property
     def record(self) -> GraphRecord:

@@ -332,7 +332,7 @@ class GraphCapture:
         except BaseException:
             record.registry.free(record)  # once the capture request is done with it
             raise
-        self.graph = Graph(self._stream.device, record)
+        self.graph = Graph(self._stream.device, record, scheduler.drop_graph)
 
 
 def check_close_args(cancel: object, timeout: object) -> None:
@@ -721,7 +721,12 @@ class Stream(StreamSync):
         cancel: bool = False,
         timeout: float | None = None,  # noqa: ASYNC109 - bounds the stream's work, not the call
     ) -> None:
-        """Wait for this stream's work, then destroy it. Idempotent.
+        """Wait for this stream's work, then destroy it.
+
+        A call while another close of the stream waits (or after one whose wait was
+        cancelled) waits as that one does, with its own ``cancel`` and ``timeout``: the first
+        deadline to pass forces the stream, and both return once it is gone. Once the stream
+        is gone, a call does nothing.
 
         :param cancel: drop this stream's requests not yet handed to the runtime (their tasks
             fail with ``ClosedError``) instead of submitting them; submitted work is still

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .admission import Admission
 
 if TYPE_CHECKING:
+    from .forcing import LaneForce
     from .task import Task
 
 __all__ = ["Lane"]
@@ -24,6 +25,7 @@ class Lane:
         requests are dropped)
     :ivar external: the runtime stream belongs to someone else (never destroyed here)
     :ivar forced: closed by force: the submitter fails its requests instead of submitting them
+    :ivar force: the forced close of the stream alone under way (``Scheduler.close_lane``)
     :ivar destroyed: its runtime stream was destroyed, or is to be by the prober after its
         probe (``Prober.retire``, the one place that sets it)
     :ivar owner: the device's scheduler (its tasks' loop and failure log: ``task.TaskOwner``)
@@ -36,6 +38,7 @@ class Lane:
         "destroyed",
         "external",
         "flushed",
+        "force",
         "forced",
         "handle",
         "last",
@@ -52,6 +55,7 @@ class Lane:
         self.admission = Admission(max_in_flight, entry_budget)
         self.closed = False
         self.forced = False
+        self.force: LaneForce | None = None
         self.destroyed = False
         self.last: Task | None = None
         self.flushed: Task | None = None

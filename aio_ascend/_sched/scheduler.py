@@ -78,11 +78,11 @@ from .binding import ContextBinding
 from .counters import Counters, total
 from .delivery import DeliveryQueue
 from .devpool import device_pool
-from .dropped import DroppedLanes
+from .dropped import DroppedLanes, warn_resource
 from .events import BatchEvents, UserEvents
 from .faults import FaultState
 from .forcing import LaneForce, gave_up
-from .graphs import GraphBook
+from .graphs import GraphBook, GraphRecord
 from .hooks import Source
 from .lane import Lane
 from .lifetimes import Allocation, FreedError, Lifetimes
@@ -196,6 +196,9 @@ class Scheduler:
         self.peak_in_flight = 0
         self._idle_waiters: list[Any] = []
         self._close_waiters: list[Any] = []
+        #: the wait of a close under way for the outstanding work (a later close's timeout
+        #: may bring its deadline nearer: _tighten_close)
+        self._close_wait: anyio.CancelScope | None = None
         batches: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pulse = pulse = LoopPulse()  # beats in flush() and after each drain
         self._submitter = Submitter(
@@ -459,6 +462,21 @@ class Scheduler:
         ``close()`` does (after its queued launches; idempotent)."""
         self.adapter.call_soon_threadsafe(record.registry.free, record)
 
+    def drop_graph(self, record: GraphRecord) -> None:
+        """A ``Graph`` was collected (any thread): unless it was closed, the loop warns and
+        closes it as ``close()`` does (destroyed once its queued replays have finished)."""
+        self.adapter.call_soon_threadsafe(self._graph_dropped, record)
+
+    def _graph_dropped(self, record: GraphRecord) -> None:
+        if record.free_requested or self.state is not _OPEN:
+            return  # closed by the user, or by the device's close
+        warn_resource(
+            f"a Graph of {len(record.ops)} operation(s) on device {self.device_id} was "
+            "garbage-collected without close(); it is destroyed once its queued replays "
+            "have finished"
+        )
+        record.registry.free(record)
+
     def drop_lane(self, lane: Lane) -> None:
         """A ``Stream`` was collected (any thread): the loop retires it soon, work or not."""
         self.dropped_lanes.drop(lane)
@@ -533,12 +551,18 @@ class Scheduler:
     ) -> None:
         """Drain ``lane`` (dropping its unsubmitted requests with ``cancel``), refuse new work
         on it and destroy its runtime stream; past ``timeout``, destroy it by force and fail
-        what never finished (see :mod:`.forcing`). Idempotent."""
-        if lane.closed:
+        what never finished (see :mod:`.forcing`).
+
+        A call while another close of the lane is under way (or after one whose wait was
+        cancelled) waits as the first does, with its own ``cancel`` and ``timeout``: whichever
+        deadline passes first forces the stream, once, and both return when it is gone. Once
+        the lane is gone (destroyed, or left to the device's close), a call does nothing."""
+        if not lane.closed:
+            lane.closed = True  # no new admission from here on
+            for waiter in lane.admission.refuse_all():
+                self.adapter.wake(waiter)
+        elif lane not in self.lanes or self.state is not _OPEN:
             return
-        lane.closed = True  # no new admission from here on
-        for waiter in lane.admission.refuse_all():
-            self.adapter.wake(waiter)
         if cancel:
             self._drop_pending(lane, "Stream.aclose(cancel=True)")
         with anyio.move_on_after(timeout):
@@ -555,11 +579,13 @@ class Scheduler:
             self._destroy_stream(lane)
 
     async def _force_lane(self, lane: Lane, waited: float | None) -> None:
-        log_forced(self.device_id, f"stream {lane.handle:#x} still busy", waited, "it")
-        self.flush()  # its pending requests go first: the submitter fails them
-        lane.forced = True
-        force = LaneForce(lane)
-        self._submitter.force(force)
+        force = lane.force
+        if force is None:  # (else another close of it is forcing it: wait for that one)
+            log_forced(self.device_id, f"stream {lane.handle:#x} still busy", waited, "it")
+            self.flush()  # its pending requests go first: the submitter fails them
+            lane.forced = True
+            force = lane.force = LaneForce(lane)
+            self._submitter.force(force)
         deadline = time.monotonic() + JOIN_TIMEOUT_S
         if not await wait_set(force.done, deadline, lambda: self.state is not _OPEN):
             return  # the device is closing, or a thread is stuck: left to the device's close
@@ -618,6 +644,7 @@ class Scheduler:
                 self._adopt_loop()
         if self.state is not _OPEN:
             if self.state is DeviceState.CLOSING:  # another caller is closing: wait for it
+                self._tighten_close(cancel, timeout)
                 waiter = self.adapter.new_waiter()
                 self._close_waiters.append(waiter)
                 await self.adapter.wait(waiter)
@@ -634,12 +661,24 @@ class Scheduler:
             forced = False
             if self.unsettled:
                 with anyio.move_on_after(timeout) as scope:
+                    self._close_wait = scope
                     await self._wait_idle()
+                self._close_wait = None
                 forced = scope.cancelled_caught or self.unsettled > 0
                 if forced:
                     busy = f"{self.unsettled} task(s) still unfinished"
                     log_forced(self.device_id, busy, timeout, "the streams")
             await self._shutdown(forced=forced)
+
+    def _tighten_close(self, cancel: bool, timeout: float | None) -> None:
+        # A close called while another is under way holds to its own arguments too: its
+        # cancel drops what is not yet submitted, its timeout can only bring the force nearer
+        # (the caller that asked least patiently decides; nobody waits longer than it asked).
+        if cancel:
+            self._drop_pending(None, "aclose(cancel=True)")
+        scope = self._close_wait
+        if scope is not None and timeout is not None:
+            scope.deadline = min(scope.deadline, anyio.current_time() + timeout)
 
     def _drop_pending(self, lane: Lane | None, by: str) -> None:
         # Requests not yet handed to the submitter (`lane`'s, all for None): ClosedError.

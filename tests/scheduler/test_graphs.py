@@ -7,6 +7,7 @@ and trio.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -169,10 +170,47 @@ async def test_graphs_left_open_are_released_at_close(open_dev: Callable[..., An
     async with open_dev() as dev:
         s = dev.stream()
         buf = dev.malloc(1 << 20)
+        kept = []  # left open, not dropped (a dropped graph is closed when collected)
         for _ in range(3):
             async with s.capture() as capture:
                 capture.copy_to_device(buf, np.ones(1 << 20, np.uint8))
                 capture.launch(dev.function("noop"), 1)
             await s.launch_graph(capture.graph)
+            kept.append(capture.graph)
         assert dev.stats()["graphs"] == 3
+    assert_runtime_clean(dev)
+    assert all(graph.closed for graph in kept)
+
+
+async def _drop_and_wait_for_no_graph(dev: aa.Device, held: list[Any]) -> None:
+    held.clear()
+    gc.collect()
+    with anyio.fail_after(10):
+        while dev.stats()["graphs"]:  # noqa: ASYNC110 - the loop closes it
+            await anyio.sleep(0.001)
+
+
+async def test_a_graph_dropped_unclosed_is_closed_with_a_warning_after_its_replays(
+    open_dev: Callable[..., Any],
+) -> None:
+    """Dropped without ``close()`` right after queuing a replay: the replay still runs (the
+    graph goes once it has finished), then the graph and what it held are gone, with a
+    ResourceWarning; they stayed until the device closed before."""
+    async with open_dev() as dev:
+        s = dev.stream()
+        buf = dev.malloc(4096)
+        out = np.zeros(1024, np.float32)
+        async with s.capture() as capture:
+            capture.copy_to_device(buf, np.full(1024, 3.0, np.float32))
+        replay = await s.launch_graph(capture.graph)
+        held = [capture]
+        del capture
+        with pytest.warns(ResourceWarning, match="Graph of 1 operation"):
+            await _drop_and_wait_for_no_graph(dev, held)
+        await replay
+        await s.download(buf, out=out)
+        assert (out == 3.0).all()
+        buf.free()
+        assert dev.stats()["device_buffers"] == 0
+        assert dev.stats()["graphs"] == 0
     assert_runtime_clean(dev)

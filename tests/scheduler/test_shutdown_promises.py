@@ -385,3 +385,94 @@ async def test_a_forced_stream_close_racing_the_device_close(open_dev: OpenDevic
     assert time.perf_counter() - started < 2.0
     assert isinstance(hung.exception(), aa.TaskTimeoutError)
     assert_runtime_clean(dev)
+
+
+# --- a second close while one is under way ---------------------------------------------------
+
+
+async def _closing_twice(first: Any, second: Any) -> tuple[float, float]:
+    """Start ``first()``, then ``second()`` 50 ms later; how long each took."""
+    took: dict[str, float] = {}
+
+    async def timed(name: str, close: Any) -> None:
+        started = time.perf_counter()
+        await close()
+        took[name] = time.perf_counter() - started
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(timed, "first", first)
+            await anyio.sleep(0.05)
+            tg.start_soon(timed, "second", second)
+    return took["first"], took["second"]
+
+
+async def test_a_second_device_close_with_a_timeout_forces_a_patient_close_on_time(
+    open_dev: OpenDevice,
+) -> None:
+    """A plain ``aclose()`` waits for a hung kernel; a second ``aclose(timeout=0.2)`` must
+    still return on time: it brings the running close's force nearer (it waited for the
+    watchdog's task_timeout with the first, before), and both return."""
+    dev = await open_dev(task_timeout=60)
+    hung = await inject_hang(dev.stream())
+    first, second = await _closing_twice(dev.aclose, functools.partial(dev.aclose, timeout=0.2))
+    assert 0.2 <= second < 2.0, second  # liveness: 10x margin under load
+    assert first < 2.5, first
+    assert isinstance(hung.exception(), aa.TaskTimeoutError)
+    assert "did not finish before aclose() gave up" in str(hung.exception())
+    assert_runtime_clean(dev)
+
+
+async def test_a_second_device_close_never_makes_a_hurried_close_wait_longer(
+    open_dev: OpenDevice,
+) -> None:
+    """The first close's timeout (0.2 s) stands when a second close allows more (30 s)."""
+    dev = await open_dev(task_timeout=60)
+    hung = await inject_hang(dev.stream())
+    first, second = await _closing_twice(
+        functools.partial(dev.aclose, timeout=0.2), functools.partial(dev.aclose, timeout=30)
+    )
+    assert first < 2.0 and second < 2.0, (first, second)
+    assert isinstance(hung.exception(), aa.TaskTimeoutError)
+    assert_runtime_clean(dev)
+
+
+async def test_a_second_stream_close_waits_for_the_stream_and_forces_it_on_time(
+    open_dev: OpenDevice,
+) -> None:
+    """A plain ``s.aclose()`` waits for a hung kernel; a second ``s.aclose(timeout=0.2)`` used
+    to return at once with the stream still there: it waits, forces the stream at its
+    deadline (once), and both closes return; the device carries on."""
+    dev = await open_dev(task_timeout=60)
+    s = dev.stream()
+    hung = await inject_hang(s)
+    first, second = await _closing_twice(s.aclose, functools.partial(s.aclose, timeout=0.2))
+    assert 0.2 <= second < 2.0, second
+    assert first < 2.5, first
+    assert isinstance(hung.exception(), aa.TaskTimeoutError)
+    assert dev.stats()["streams"] == 0
+    other = dev.stream()
+    await (await other.memset(dev.malloc(64), 1))
+    with anyio.fail_after(10):
+        await dev.aclose()
+    assert_runtime_clean(dev)
+
+
+async def test_a_stream_close_whose_wait_was_cancelled_can_be_finished_by_another(
+    open_dev: OpenDevice,
+) -> None:
+    """A close cancelled while it waits leaves the stream closed to new work, not destroyed;
+    a later ``aclose(timeout=)`` finishes the job instead of doing nothing."""
+    dev = await open_dev(task_timeout=60)
+    s = dev.stream()
+    hung = await inject_hang(s)
+    with anyio.move_on_after(0.05):
+        await s.aclose()
+    assert s.closed and dev.stats()["streams"] == 1
+    with anyio.fail_after(10):
+        await s.aclose(timeout=0.1)
+    assert isinstance(hung.exception(), aa.TaskTimeoutError)
+    assert dev.stats()["streams"] == 0
+    with anyio.fail_after(10):
+        await dev.aclose()
+    assert_runtime_clean(dev)
