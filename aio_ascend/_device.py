@@ -20,7 +20,13 @@ from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._hostfunc import close_host_funcs, observed_as
 from ._interop import ExternalEvent, TorchOrder, event_handle, stream_handle
 from ._module import Function, Module
-from ._runtime import Runtime, check_runtime_options, choose_backend, open_runtime
+from ._runtime import (
+    Runtime,
+    check_device_id,
+    check_runtime_options,
+    choose_backend,
+    open_runtime,
+)
 from ._runtime import device_count as _runtime_device_count
 from ._runtime.abi import PTR_MAX, check_load_options
 from ._runtime.base import FunctionInfo
@@ -609,9 +615,10 @@ def open_device(
         to load instead of searching the CANN install), ``stream_capacity``; cuda
         ``block_dim``, ``staging_bytes`` (see the backends guide)
     """
+    # Every argument is checked here, in the call, not when the device is opened.
+    check_device_id(device_id)
     if backend != "auto":
         choose_backend(backend)  # validate the name early, with a clear error
-    # Every option is checked here, in the call, not when the device is opened.
     _completion_mode(completion)
     _check_seconds("task_timeout", task_timeout)
     _check_seconds("close_timeout", close_timeout)

@@ -26,6 +26,7 @@ __all__ = [
     "BACKENDS",
     "Runtime",
     "available_backends",
+    "check_device_id",
     "check_runtime_options",
     "choose_backend",
     "open_runtime",
@@ -186,10 +187,18 @@ def check_runtime_options(backend: str, options: dict[str, Any]) -> None:
             )
 
 
+def check_device_id(device_id: object) -> int:
+    """A device id: an int (``TypeError``) of at least 0 (``ValueError``)."""
+    if isinstance(device_id, bool) or not isinstance(device_id, int):
+        raise TypeError(f"device_id must be an int, got {type(device_id).__name__}")
+    if device_id < 0:
+        raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
+    return device_id
+
+
 def open_runtime(backend: str, device_id: int, **options: Any) -> Runtime:
     """Open ``backend`` (a name or ``"auto"``) on ``device_id`` and return its runtime."""
-    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-        raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
+    check_device_id(device_id)
     name, _ = choose_backend(backend)
     runtime: Runtime = _factory(name)(device_id, **options)
     return runtime

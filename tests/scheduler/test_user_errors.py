@@ -300,6 +300,18 @@ def test_runtime_options_are_checked_in_the_open_device_call(
         aa.open_device(0, backend=backend, runtime_options=options)
 
 
+@pytest.mark.parametrize(
+    ("device_id", "error"),
+    [("0", TypeError), (1.0, TypeError), (True, TypeError), (None, TypeError), (-1, ValueError)],
+)
+def test_a_bad_device_id_is_refused_in_the_open_device_call(
+    device_id: Any, error: type[Exception]
+) -> None:
+    # typed, in the call (a str id was a ValueError, and only once the device was opened)
+    with pytest.raises(error, match="device_id must be"):
+        aa.open_device(device_id)
+
+
 async def test_a_bad_runtime_option_with_auto_fails_before_the_runtime_opens(
     anyio_backend: object, monkeypatch: pytest.MonkeyPatch
 ) -> None:
