@@ -25,6 +25,7 @@ from .._host.hostargs import PackedArgs
 from .._host.pool import HostBufferPool
 from .._launch_config import LaunchConfig
 from .compiled import interpreted
+from .dropped import warn_resource
 from .lifetimes import Allocation, Lifetimes
 from .work import CopyDevice, CopyToDevice, Launch, LaunchSpec, Memset, Request
 
@@ -190,6 +191,19 @@ class GraphBook:
     def discard(self, ops: list[Request]) -> None:
         """Recorded operations that never became a graph: release what they hold."""
         self._lifetimes.release(ops)
+
+    def dropped(self, record: GraphRecord, device_id: int) -> None:
+        """A ``Graph`` was collected without ``close()`` (loop thread): warn, and close it as
+        ``close()`` does (destroyed once its queued replays have finished). Nothing if it was
+        closed, by the user or by the device's close."""
+        if record.free_requested:
+            return
+        warn_resource(
+            f"a Graph of {len(record.ops)} operation(s) on device {device_id} was "
+            "garbage-collected without close(); it is destroyed once its queued replays "
+            "have finished"
+        )
+        record.registry.free(record)
 
     def _forget(self, record: GraphRecord) -> None:
         with self._lock:

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from .admission import Admission
 
 if TYPE_CHECKING:
-    from .forcing import LaneForce
     from .task import Task
 
 __all__ = ["Lane"]
@@ -55,7 +54,7 @@ class Lane:
         self.admission = Admission(max_in_flight, entry_budget)
         self.closed = False
         self.forced = False
-        self.force: LaneForce | None = None
+        self.force: Any = None  # a forcing.LaneForce (forcing.py imports this module)
         self.destroyed = False
         self.last: Task | None = None
         self.flushed: Task | None = None

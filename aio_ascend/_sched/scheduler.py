@@ -78,7 +78,7 @@ from .binding import ContextBinding
 from .counters import Counters, total
 from .delivery import DeliveryQueue
 from .devpool import device_pool
-from .dropped import DroppedLanes, warn_resource
+from .dropped import DroppedLanes
 from .events import BatchEvents, UserEvents
 from .faults import FaultState
 from .forcing import LaneForce, gave_up
@@ -196,8 +196,7 @@ class Scheduler:
         self.peak_in_flight = 0
         self._idle_waiters: list[Any] = []
         self._close_waiters: list[Any] = []
-        #: the wait of a close under way for the outstanding work (a later close's timeout
-        #: may bring its deadline nearer: _tighten_close)
+        #: a close's wait for the outstanding work (a later close may tighten it)
         self._close_wait: anyio.CancelScope | None = None
         batches: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pulse = pulse = LoopPulse()  # beats in flush() and after each drain
@@ -463,19 +462,8 @@ class Scheduler:
         self.adapter.call_soon_threadsafe(record.registry.free, record)
 
     def drop_graph(self, record: GraphRecord) -> None:
-        """A ``Graph`` was collected (any thread): unless it was closed, the loop warns and
-        closes it as ``close()`` does (destroyed once its queued replays have finished)."""
-        self.adapter.call_soon_threadsafe(self._graph_dropped, record)
-
-    def _graph_dropped(self, record: GraphRecord) -> None:
-        if record.free_requested or self.state is not _OPEN:
-            return  # closed by the user, or by the device's close
-        warn_resource(
-            f"a Graph of {len(record.ops)} operation(s) on device {self.device_id} was "
-            "garbage-collected without close(); it is destroyed once its queued replays "
-            "have finished"
-        )
-        record.registry.free(record)
+        """A ``Graph`` was collected (any thread): the loop closes it (``GraphBook.dropped``)."""
+        self.adapter.call_soon_threadsafe(self.graphs.dropped, record, self.device_id)
 
     def drop_lane(self, lane: Lane) -> None:
         """A ``Stream`` was collected (any thread): the loop retires it soon, work or not."""
@@ -553,10 +541,9 @@ class Scheduler:
         on it and destroy its runtime stream; past ``timeout``, destroy it by force and fail
         what never finished (see :mod:`.forcing`).
 
-        A call while another close of the lane is under way (or after one whose wait was
-        cancelled) waits as the first does, with its own ``cancel`` and ``timeout``: whichever
-        deadline passes first forces the stream, once, and both return when it is gone. Once
-        the lane is gone (destroyed, or left to the device's close), a call does nothing."""
+        A call while another close of the lane waits (or after one whose wait was cancelled)
+        waits as that one does, with its own arguments: the first deadline to pass forces the
+        stream, once. Once the lane is gone (or left to the device's close), nothing."""
         if not lane.closed:
             lane.closed = True  # no new admission from here on
             for waiter in lane.admission.refuse_all():
@@ -643,8 +630,13 @@ class Scheduler:
             if self.state is not DeviceState.CLOSED:
                 self._adopt_loop()
         if self.state is not _OPEN:
-            if self.state is DeviceState.CLOSING:  # another caller is closing: wait for it
-                self._tighten_close(cancel, timeout)
+            if self.state is DeviceState.CLOSING:  # another caller is closing: wait for it,
+                # held to this call's arguments too (a timeout only brings the force nearer)
+                if cancel:
+                    self._drop_pending(None, "aclose(cancel=True)")
+                scope = self._close_wait
+                if scope is not None and timeout is not None:
+                    scope.deadline = min(scope.deadline, anyio.current_time() + timeout)
                 waiter = self.adapter.new_waiter()
                 self._close_waiters.append(waiter)
                 await self.adapter.wait(waiter)
@@ -669,16 +661,6 @@ class Scheduler:
                     busy = f"{self.unsettled} task(s) still unfinished"
                     log_forced(self.device_id, busy, timeout, "the streams")
             await self._shutdown(forced=forced)
-
-    def _tighten_close(self, cancel: bool, timeout: float | None) -> None:
-        # A close called while another is under way holds to its own arguments too: its
-        # cancel drops what is not yet submitted, its timeout can only bring the force nearer
-        # (the caller that asked least patiently decides; nobody waits longer than it asked).
-        if cancel:
-            self._drop_pending(None, "aclose(cancel=True)")
-        scope = self._close_wait
-        if scope is not None and timeout is not None:
-            scope.deadline = min(scope.deadline, anyio.current_time() + timeout)
 
     def _drop_pending(self, lane: Lane | None, by: str) -> None:
         # Requests not yet handed to the submitter (`lane`'s, all for None): ClosedError.
