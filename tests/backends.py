@@ -102,16 +102,13 @@ def _open_realrt() -> Runtime:
     return runtime
 
 
-#: a kernel's error completion is handled on the runtime's monitor thread, which first polls the
-#: device's error ringbuffer for the exception record (device_error_proc.cc:640-683, up to
-#: 50000 reads or 12 s: ~6 s twice here, as our fake driver writes no record); the queue stays
-#: stopped at the failed kernel until then (stars_engine.cc:1667-1693), so the stream's
-#: synchronize right after the launch ends by its timeout (507046); later calls fail (507035,
-#: sticky) and the exception callback names the task (tests/realrt/test_realrt_kernels.py)
-_LATE_KERNEL_FAULT = (
-    "a kernel fault reaches the stream only after the monitor thread polled the device's error "
-    "ringbuffer (~12 s: device_error_proc.cc:640-683), its queue stopped until then; the "
-    "synchronize right after times out (507046)"
+#: the ``fault`` kernel of our kernel object is a vector (AIV) kernel: the real runtime fails it
+#: with 507035 ACL_ERROR_RT_VECTOR_CORE_EXCEPTION (davinci_kernel_task_v100.cc:540-562,
+#: error_code.cc:121), where the doubles answer 507015; and aclGetRecentErrMsg is empty after
+#: it over our build (see test_a_thread_needs_set_current_context)
+_AIV_FAULT = (
+    "a faulting AIV kernel fails with 507035 ACL_ERROR_RT_VECTOR_CORE_EXCEPTION "
+    "(davinci_kernel_task_v100.cc:540-562), not 507015, and aclGetRecentErrMsg is empty after it"
 )
 
 #: contract tests the real runtime answers differently (findings, docs/cann-support.md §13.3):
@@ -129,14 +126,9 @@ REALRT_DIVERGENCES = {
         "fake driver: a captured task runs when the runtime puts it on the model stream's queue "
         "(our driver does not model a bound SQ that waits for the model's execution)"
     ),
-    "test_device_fault_is_sticky_for_every_stream": _LATE_KERNEL_FAULT,
-    "test_a_new_runtime_after_a_fault_works": _LATE_KERNEL_FAULT,
+    "test_device_fault_is_sticky_for_every_stream": _AIV_FAULT,
     # the scheduler suites of tests/scheduler (REALRT_TOO)
-    "test_device_fault_is_sticky_and_reopen_works": (
-        "a faulting AIV kernel fails with 507035 ACL_ERROR_RT_VECTOR_CORE_EXCEPTION "
-        "(davinci_kernel_task_v100.cc:540-562), not 507015, and only after the monitor thread "
-        "polled the error ringbuffer (device_error_proc.cc:640-683)"
-    ),
+    "test_device_fault_is_sticky_and_reopen_works": _AIV_FAULT,
 }
 
 
@@ -163,13 +155,7 @@ REALRT_DIVERGENCES.update(
 
 #: tests whose outcome on realrt depends on a race or the timing of the runtime over our
 #: driver: non-strict xfails (docs/cann-support.md §13.3): test name -> why
-REALRT_UNRELIABLE = {
-    "test_a_device_fault_is_logged_once_with_its_count": (
-        "over our driver a kernel fault reaches the stream only after ~12 s (the runtime polls "
-        "an error ringbuffer the driver never writes: device_error_proc.cc:640-683), past the "
-        "test's 10 s bound and the default task timeout; passes where the polling is quicker"
-    ),
-}
+REALRT_UNRELIABLE: dict[str, str] = {}
 #: it passes only when our driver happened to run the captured copy at capture (once)
 REALRT_UNRELIABLE["test_the_graph_keeps_its_buffers_until_closed_and_replayed"] = (
     _NO_REPLAY + "; the test passes only when the driver ran the captured copy at capture"

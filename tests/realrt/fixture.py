@@ -156,6 +156,8 @@ class FakeHal:
         cdll.aio_fakehal_unread_cqes_of.restype = ctypes.c_uint
         cdll.aio_fakehal_unread_cqes_of.argtypes = (ctypes.c_int,)
         cdll.aio_fakehal_launch_count.restype = ctypes.c_uint64
+        cdll.aio_fakehal_ringbuffer.restype = ctypes.c_uint64
+        cdll.aio_fakehal_ringbuffer.argtypes = (ctypes.POINTER(ctypes.c_uint32),) * 3
         cdll.aio_fakehal_last_launch.restype = ctypes.c_uint32
         cdll.aio_fakehal_last_launch.argtypes = (
             ctypes.c_char_p,
@@ -222,6 +224,16 @@ class FakeHal:
             int(info[5]),
             args.raw[:n],
         )
+
+    def error_ringbuffer(self) -> tuple[int, int, int, int]:
+        """The device's error ringbuffer: its length in elements (0: the runtime handed none
+        over), its head (the runtime's read index) and tail (the driver's write index), and
+        how many elements the driver has written in all."""
+        length, head, tail = ctypes.c_uint32(), ctypes.c_uint32(), ctypes.c_uint32()
+        written = self._cdll.aio_fakehal_ringbuffer(
+            ctypes.byref(length), ctypes.byref(head), ctypes.byref(tail)
+        )
+        return length.value, head.value, tail.value, int(written)
 
     def live_queues(self) -> int:
         """Submission queues allocated now."""

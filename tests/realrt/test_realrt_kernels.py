@@ -43,10 +43,10 @@ F32 = np.float32
 #: ACL_ERROR_RT_VECTOR_CORE_EXCEPTION: what a vector kernel's exception becomes
 #: (davinci_kernel_task_v100.cc:546-562 TS_ERROR_VECTOR_CORE_EXCEPTION, error_code.cc:121)
 VECTOR_CORE_EXCEPTION = 507035
-#: a fault is reported after the runtime's monitor thread gave up on the device's error
-#: ringbuffer (backends._LATE_KERNEL_FAULT): ~12 s here, at most 12 s twice by the runtime's
-#: own bound (device_error_proc.cc:655-672)
-FAULT_REPORT_S = 60.0
+#: how long the runtime may take to report a fault: milliseconds once it has read the error
+#: CQE and found the driver's element in the error ringbuffer (fakehal.c,
+#: fh_ringbuffer_report_locked); a liveness bound
+FAULT_REPORT_S = 10.0
 #: the synchronize that has the runtime read a stream's completions: it need not wait for them
 LOOK_MS = 1_000
 
@@ -362,11 +362,11 @@ def test_a_hung_kernel_times_out_and_its_stream_is_destroyed_by_force(kit: Kit) 
 
 def _wait_for_site(rt: Any, stream: int) -> tuple[int, int] | None:
     """The fault site, once the runtime reported it. A synchronize first: the runtime reads a
-    stream's completions when it synchronizes it (its monitor thread then handles the error
-    CQE). That synchronize does not wait for the fault: the kit's stream stops on failure, and
-    the runtime leaves its queue stopped at the failed SQE (no ``EnableSq`` in abort-on-failure
-    mode: stars_engine.cc:1508-1514), so it ends by its timeout, or with the fault once that is
-    handled (backends._LATE_KERNEL_FAULT)."""
+    stream's completions when it synchronizes it, and handles the error CQE there (reading the
+    driver's element in the error ringbuffer: device_error_proc.cc:638-744). It ends with the
+    fault, or by its timeout: the kit's stream stops on failure, and the runtime leaves its
+    queue stopped at the failed SQE (no ``EnableSq`` in abort-on-failure mode:
+    stars_engine.cc:1508-1514)."""
     with contextlib.suppress(DeviceFaultError, StreamSyncTimeoutError):
         rt.synchronize_stream(stream, LOOK_MS)
     deadline = time.monotonic() + FAULT_REPORT_S
@@ -376,6 +376,27 @@ def _wait_for_site(rt: Any, stream: int) -> tuple[int, int] | None:
             return site
         time.sleep(0.02)
     return None
+
+
+def test_a_kernel_fault_reaches_the_runtime_through_the_error_ringbuffer(
+    kit: Kit, hal: FakeHal
+) -> None:
+    """The runtime hands the device its error ringbuffer at open; a faulting kernel gets the
+    firmware's element there, and the runtime reads it (its head catches up with the tail) when
+    it handles the error CQE: the fault is reported at once, not after the runtime's 12 s of
+    polling for a record (device_error_proc.cc:638-744)."""
+    length, _, _, before = hal.error_ringbuffer()
+    assert length == 10  # RINGBUFFER_LEN elements (device_error_info.hpp:46)
+    image, _ = kit.packed("fault", HostArgs().u32(0))
+    args = kit.pinned(image)
+    kit.rt.launch_kernel_with_host_args(
+        kit.fn("fault"), 1, kit.stream, None, args, len(image), 0, 0
+    )
+    task = kit.rt.last_task_id()
+    assert _wait_for_site(kit.rt, kit.stream) == (kit.stream, task)
+    _, head, tail, written = hal.error_ringbuffer()
+    assert written == before + 1
+    assert head == tail  # the runtime consumed it
 
 
 def test_an_error_completion_on_a_chosen_launch_is_blamed_on_that_task(

@@ -303,10 +303,9 @@ def test_an_error_completion_fails_the_synchronize_then_the_stream_runs_on(
     # together with the error CQE, it hid the error in ~1 of 10 runs of this file (not yet
     # understood). A second synchronize reads it (our driver says a CQE waits); in a full
     # `-m realrt` run (the kernel tests before it) it took more than one now and then: a few
-    # more, bounded. The bound is long: after an earlier test's kernel fault the runtime's
-    # recycle thread may still be polling the error ringbuffer our driver never writes (~6 s a
-    # call by the source's own comment, and two calls: device_error_proc.cc:655-657;
-    # stars_engine.cc:1625-1628), and reads no CQE meanwhile (a 5 s bound failed a CI run).
+    # more, bounded (a liveness bound: a 5 s one failed a CI run when our driver wrote no
+    # error ringbuffer and the runtime's recycle thread polled it for ~6 s a call after an
+    # earlier test's kernel fault, reading no CQE meanwhile: device_error_proc.cc:655-657).
     deadline = time.monotonic() + 30.0
     rt.synchronize_stream(stream, SYNC_MS)
     while hal.unread_completions(stream) and time.monotonic() < deadline:

@@ -221,6 +221,76 @@ _Static_assert(sizeof(struct fh_kernel_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_ffts_plus_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_cqe) == 32, "rtCqReport_t is 32 bytes");
 
+/* ---- the device error ringbuffer (what TS firmware writes when a task fails) -----------
+ * The runtime allocates it in device memory, hands its address to the device with a place
+ * holder SQE of task type DEVICE_RINGBUFFER_CONTROL (device_error_proc.cc:385-437, 459-488;
+ * ringbuffer_maintain_task_v100.cc:22-62), and, on every error CQE, polls it (copying it to
+ * the host) until an element names the failed task, for up to 6 s twice
+ * (device_error_proc.cc:638-744; stars_engine.cc:1625-1629). Layouts from
+ * src/runtime/core/inc/device/device_error_info.hpp and device_error_inner_data.hpp. */
+#pragma pack(push, 1)
+/* stars_sqe.hpp:222-229 RtRingBufferControl inside :265-305 RtStarsPhSqe */
+struct fh_ringbuffer_sqe {
+    struct fh_sqe_header header; /* type 3; task_type where block_dim sits */
+    uint8_t res[8];
+    uint64_t ringbuffer_offset; /* the buffer's address (drvMemAddressTranslate: identity) */
+    uint64_t ringbuffer_phy_addr;
+    uint64_t pid;
+    uint32_t total_len; /* a count of elements (RINGBUFFER_LEN), not bytes */
+    uint8_t del_flag;   /* 1: the runtime stops using it (task_base.hpp:32) */
+    uint8_t reserved[19];
+};
+#pragma pack(pop)
+#define FH_TASK_TYPE_RINGBUFFER_CONTROL 83U /* task_base.hpp:165 */
+#define FH_RB_MAGIC 0xA55A2020U             /* device_error_info.hpp:43 */
+#define FH_RB_ELEMENT_SIZE 12288U           /* :45; fixed on STARS v1, device_error_proc.cc:1806 */
+#define FH_RB_MAX_LEN 10U                   /* GetRingbufferElementNum, v100/device_error_proc.cc:52 */
+enum { FH_RB_AICORE_ERROR = 0, FH_RB_AIVECTOR_ERROR = 1, FH_RB_SDMA_ERROR = 2 }; /* :53-74 */
+/* device_error_info.hpp:212-220 DevRingBufferCtlInfo: the runtime writes magic and head back
+ * (device_error_proc.cc:700-708), the device the rest; elements follow it
+ * (GetRingBufferElement, :1640-1648) */
+struct fh_rb_ctl {
+    uint32_t magic, head, tail, ring_len;
+    uint64_t pid;
+    uint32_t element_size, reserved;
+};
+/* device_error_info.hpp:202-209 RingBufferElementInfo */
+struct fh_rb_element {
+    uint64_t pid;
+    uint32_t info_len;
+    uint32_t error_type;
+    uint64_t error_number;
+    uint16_t vf_id;
+    uint8_t reserved[6];
+};
+/* device_error_inner_data.hpp:67-77 StarsErrorCommonInfo: the failed task's ids, which the
+ * runtime looks up (device_error_core_proc.cc:1501-1504, setting isRingbufferGet) */
+struct fh_rb_comm {
+    uint16_t type, core_num, exception_slot_id;
+    uint8_t flag, slot_num; /* flag 1 would take the MTE/RAS path (:1510-1525) */
+    uint32_t chip_id, die_id;
+    uint16_t stream_id, task_id;
+};
+/* device_error_inner_data.hpp:263-285 StarsOneCoreErrorInfoRingBuffer */
+struct fh_rb_core {
+    uint64_t core_id, aic_error[3], pc_start, current_pc;
+    uint64_t vec_err, mte_err, ifu_err, ccu_err, cube_err, biu_err;
+    uint32_t fixp_error0, fixp_error1;
+    uint64_t aic_error_mask, para_base;
+    uint32_t fsm_id, fsm_tslot, fsm_thread, fsm_cxt, fsm_blk, fsm_sublk, sub_err_type;
+};
+/* device_error_inner_data.hpp:287-290 StarsCoreErrorInfoRingBuffer (one core filled in) */
+struct fh_rb_core_error {
+    struct fh_rb_comm comm;
+    struct fh_rb_core info[1];
+};
+_Static_assert(sizeof(struct fh_ringbuffer_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_rb_ctl) == 32, "DevRingBufferCtlInfo is 32 bytes");
+_Static_assert(sizeof(struct fh_rb_element) == 32, "RingBufferElementInfo is 32 bytes");
+_Static_assert(sizeof(struct fh_rb_comm) == 20, "StarsErrorCommonInfo is 20 bytes");
+_Static_assert(sizeof(struct fh_rb_core) == 152, "StarsOneCoreErrorInfoRingBuffer is 152 bytes");
+_Static_assert(__builtin_offsetof(struct fh_rb_core_error, info) == 24, "core info at 24");
+
 /* src/runtime/core/inc/sqe/v100/stars_sqe.hpp:25-45 */
 enum {
     FH_SQE_FFTS = 0,
@@ -320,6 +390,12 @@ struct fh_launch {
 };
 static struct fh_launch g_last_launch;
 static uint64_t g_launch_count;
+
+/* the error ringbuffer the runtime handed over (0: none), its length in elements, and the
+ * serial number of the last element written */
+static uintptr_t g_rb_base;
+static uint32_t g_rb_len;
+static uint64_t g_rb_serial;
 
 static int fh_trace_on(void)
 {
@@ -439,6 +515,20 @@ FH_EXPORT unsigned aio_fakehal_live_sqs(void)
 }
 
 /* Kernel launches run so far (SQEs whose PC held one of our kernels' markers). */
+/* The error ringbuffer: its length in elements (0: the runtime handed none over), head and tail
+ * as the runtime and the driver last wrote them; returns how many elements the driver wrote. */
+FH_EXPORT uint64_t aio_fakehal_ringbuffer(uint32_t* len, uint32_t* head, uint32_t* tail)
+{
+    pthread_mutex_lock(&g_lock);
+    const struct fh_rb_ctl* ctl = (const struct fh_rb_ctl*)g_rb_base;
+    *len = (ctl != NULL) ? g_rb_len : 0U;
+    *head = (ctl != NULL) ? ctl->head : 0U;
+    *tail = (ctl != NULL) ? ctl->tail : 0U;
+    const uint64_t written = g_rb_serial;
+    pthread_mutex_unlock(&g_lock);
+    return written;
+}
+
 FH_EXPORT uint64_t aio_fakehal_launch_count(void)
 {
     pthread_mutex_lock(&g_lock);
@@ -619,6 +709,18 @@ static size_t fh_bytes_left(uintptr_t p)
     size_t n = (a != NULL) ? (size_t)(a->base + a->size - p) : 0U;
     pthread_mutex_unlock(&g_lock);
     return n;
+}
+
+/* Device addresses are host addresses here: what the runtime puts into SQEs as the device's
+ * view of a buffer (npu_driver_mem.cc:754-765; the error ringbuffer's, ringbuffer_maintain_task_
+ * v100.cc:49-54) is the buffer's own address. */
+DVresult drvMemAddressTranslate(DVdeviceptr vptr, UINT64* pptr)
+{
+    if (pptr == NULL) {
+        return DRV_ERROR_INVALID_VALUE;
+    }
+    *pptr = (UINT64)vptr;
+    return DRV_ERROR_NONE;
 }
 
 drvError_t halMemAlloc(void** pp, unsigned long long size, unsigned long long flag)
@@ -862,40 +964,62 @@ void fh_hang_until_stopped(uint32_t sq_id)
 
 /* A kernel launch (SQE type FFTS): find the kernel by the marker at its PC address, run its host
  * function over the args at the SQE's (or MIX context's) args address. g_lock is NOT held. */
-static uint32_t fh_run_launch(uint32_t sq_id, const uint8_t* raw, uint32_t* error_code)
-{
-    const struct fh_sqe_header* h = (const struct fh_sqe_header*)raw;
-    const struct fh_kernel_sqe* k = (const struct fh_kernel_sqe*)raw;
+/* What a kernel SQE launches: its code (PC), args address and size, blocks, and whether it is
+ * a MIX kernel's FFTS+ SQE. 0 when a MIX SQE's context is not in device memory. g_lock is NOT
+ * held. */
+struct fh_kernel_launch {
     uintptr_t pc;
     uintptr_t args;
     size_t args_len;
-    uint32_t block_dim = h->block_dim;
-    int mix = 0;
+    uint32_t block_dim;
+    int mix;
+};
+
+static int fh_decode_launch(const uint8_t* raw, struct fh_kernel_launch* out)
+{
+    const struct fh_kernel_sqe* k = (const struct fh_kernel_sqe*)raw;
+    out->block_dim = k->header.block_dim;
+    out->mix = 0;
     if (k->ffts_type == FH_FFTS_PLUS_TYPE) {
         /* davinci_kernel_task_v100.cc:649-769 FillFftsAicAivCtxForDavinciTask: the PCs, the args
          * address and size (TaskParamPtrOffset), the block count */
         const struct fh_ffts_plus_sqe* f = (const struct fh_ffts_plus_sqe*)raw;
         uintptr_t ctx_addr = ((uintptr_t)f->context_address_base_high << 32) | f->context_address_base_low;
         if (!fh_valid_range(ctx_addr, sizeof(rtFftsPlusMixAicAivCtx_t))) {
-            FH_TRACE("sq %u: FFTS+ SQE with no context at %#lx", sq_id, (unsigned long)ctx_addr);
-            *error_code = 0x800U;
-            return 1U;
+            return 0;
         }
         rtFftsPlusMixAicAivCtx_t ctx;
         memcpy(&ctx, (const void*)ctx_addr, sizeof(ctx));
-        pc = ((uintptr_t)ctx.nonTailAicTaskStartPcH << 32) | ctx.nonTailAicTaskStartPcL;
-        if (pc == 0) {
-            pc = ((uintptr_t)ctx.nonTailAivTaskStartPcH << 32) | ctx.nonTailAivTaskStartPcL;
+        out->pc = ((uintptr_t)ctx.nonTailAicTaskStartPcH << 32) | ctx.nonTailAicTaskStartPcL;
+        if (out->pc == 0) {
+            out->pc = ((uintptr_t)ctx.nonTailAivTaskStartPcH << 32) | ctx.nonTailAivTaskStartPcL;
         }
-        args = ((uintptr_t)ctx.aicTaskParamPtrH << 32) | ctx.aicTaskParamPtrL;
-        args_len = ctx.aicTaskParamPtrOffset;
-        block_dim = ctx.nonTailBlockdim;
-        mix = 1;
+        out->args = ((uintptr_t)ctx.aicTaskParamPtrH << 32) | ctx.aicTaskParamPtrL;
+        out->args_len = ctx.aicTaskParamPtrOffset;
+        out->block_dim = ctx.nonTailBlockdim;
+        out->mix = 1;
     } else {
-        pc = ((uintptr_t)k->pc_addr_high << 32) | k->pc_addr_low;
-        args = ((uintptr_t)(k->param_addr_high & 0xFFFFFU) << 32) | k->param_addr_low;
-        args_len = fh_bytes_left(args); /* the SQE does not carry the size */
+        out->pc = ((uintptr_t)k->pc_addr_high << 32) | k->pc_addr_low;
+        out->args = ((uintptr_t)(k->param_addr_high & 0xFFFFFU) << 32) | k->param_addr_low;
+        out->args_len = fh_bytes_left(out->args); /* the SQE does not carry the size */
     }
+    return 1;
+}
+
+static uint32_t fh_run_launch(uint32_t sq_id, const uint8_t* raw, uint32_t* error_code)
+{
+    const struct fh_sqe_header* h = (const struct fh_sqe_header*)raw;
+    struct fh_kernel_launch kl;
+    if (!fh_decode_launch(raw, &kl)) {
+        FH_TRACE("sq %u: FFTS+ SQE with no context in device memory", sq_id);
+        *error_code = 0x800U;
+        return 1U;
+    }
+    const uintptr_t pc = kl.pc;
+    const uintptr_t args = kl.args;
+    const size_t args_len = kl.args_len;
+    const uint32_t block_dim = kl.block_dim;
+    const int mix = kl.mix;
     if (!fh_valid_range(pc, FH_CODE_SIZE) || memcmp((const void*)pc, FH_MARKER, FH_MARKER_LEN) != 0) {
         FH_TRACE("sq %u: kernel SQE with PC %#lx: not one of ours, completes without effect", sq_id,
                  (unsigned long)pc);
@@ -925,6 +1049,87 @@ static uint32_t fh_run_launch(uint32_t sq_id, const uint8_t* raw, uint32_t* erro
         fh_run_kernel(sq_id, name, (const uint8_t*)args, (args != 0) ? args_len : 0U, block_dim, mix);
     *error_code = r.error_code;
     return r.error_type;
+}
+
+/* The runtime's ringbuffer control task (place holder SQE, task type 83): take the buffer and
+ * write the header the firmware writes (the runtime sends it zeroed: device_error_proc.cc:
+ * 404-414, and checks magic, length and indexes before reading elements: :612-634), or forget
+ * it (del_flag). g_lock is NOT held. */
+static void fh_ringbuffer_control(uint32_t sq_id, const struct fh_ringbuffer_sqe* c)
+{
+    pthread_mutex_lock(&g_lock);
+    if (c->del_flag) {
+        g_rb_base = 0;
+        FH_TRACE("sq %u: error ringbuffer released", sq_id);
+    } else {
+        const uintptr_t base = (uintptr_t)c->ringbuffer_offset;
+        const size_t need = sizeof(struct fh_rb_ctl) + (size_t)c->total_len * FH_RB_ELEMENT_SIZE;
+        const struct fh_alloc* a = fh_find_locked(base);
+        if (c->total_len == 0 || c->total_len > FH_RB_MAX_LEN || a == NULL || a->base + a->size - base < need) {
+            g_rb_base = 0;
+            FH_TRACE("sq %u: error ringbuffer at %#lx (%u elements) not in device memory: ignored", sq_id,
+                     (unsigned long)base, c->total_len);
+        } else {
+            const struct fh_rb_ctl ctl = {FH_RB_MAGIC, 0, 0, c->total_len, (uint64_t)getpid(), FH_RB_ELEMENT_SIZE, 0};
+            memcpy((void*)base, &ctl, sizeof(ctl));
+            g_rb_base = base;
+            g_rb_len = c->total_len;
+            FH_TRACE("sq %u: error ringbuffer at %#lx, %u elements", sq_id, (unsigned long)base, c->total_len);
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* The firmware's report of a failed SQE in the error ringbuffer, written before its error CQE
+ * (so the runtime's first look, on reading the CQE, finds it; its once-a-second monitor may
+ * find it first and reclaim the stream, as on a device: device_error_proc.cc:905-941): a kernel
+ * as an AI Core (or vector) error naming its stream, task and code (ProcessStarsCoreErrorInfo,
+ * device_error_core_proc.cc:1492-1552), a copy as an SDMA error
+ * (device_error_proc.cc:1347-1370). Other SQEs get no element: the runtime then polls for its
+ * 12 s, as it would for a report that never came. Called with g_lock held. */
+static void fh_ringbuffer_report_locked(const uint8_t* raw, uint32_t error_code, const struct fh_kernel_launch* kl)
+{
+    const struct fh_sqe_header* h = (const struct fh_sqe_header*)raw;
+    if (g_rb_base == 0 || (h->type != FH_SQE_FFTS && h->type != FH_SQE_SDMA && h->type != FH_SQE_PCIE_DMA)) {
+        return;
+    }
+    const struct fh_alloc* a = fh_find_locked(g_rb_base); /* (the runtime frees it apart from the
+                                                             release SQE: :440-456) */
+    struct fh_rb_ctl* ctl = (struct fh_rb_ctl*)g_rb_base;
+    if (a == NULL || ctl->magic != FH_RB_MAGIC || (ctl->tail + 1U) % g_rb_len == ctl->head % g_rb_len) {
+        FH_TRACE("error ringbuffer gone or full: no element for stream %u task %u", h->rt_stream_id, h->task_id);
+        return;
+    }
+    uint8_t* slot = (uint8_t*)g_rb_base + sizeof(struct fh_rb_ctl) + (size_t)ctl->tail * FH_RB_ELEMENT_SIZE;
+    memset(slot, 0, FH_RB_ELEMENT_SIZE);
+    struct fh_rb_element* e = (struct fh_rb_element*)slot;
+    struct fh_rb_core_error* body = (struct fh_rb_core_error*)(slot + sizeof(*e));
+    e->pid = (uint64_t)getpid();
+    e->error_number = ++g_rb_serial;
+    if (h->type == FH_SQE_FFTS) {
+        const struct fh_kernel_sqe* k = (const struct fh_kernel_sqe*)raw;
+        /* a plain kernel SQE of type AIV (stars.hpp:28) fails on a vector core */
+        e->error_type = (k->ffts_type == 1U) ? FH_RB_AIVECTOR_ERROR : FH_RB_AICORE_ERROR;
+        e->info_len = 7624U; /* sizeof StarsCoreErrorInfoRingBuffer (never read) */
+        body->comm.core_num = 1;
+        /* the error bits name the cause (device_error_core_proc.cc:155-200): a bad access is bit
+         * 23, "MTE accesses an invalid GM address" (with no MTE bits, off the link-error path:
+         * :1230-1253) */
+        body->info[0].aic_error[0] = (error_code == 0x800U) ? (1ULL << 23) : error_code;
+        if (kl != NULL) {
+            body->info[0].pc_start = body->info[0].current_pc = kl->pc;
+            body->info[0].para_base = kl->args;
+        }
+    } else {
+        e->error_type = FH_RB_SDMA_ERROR;
+        e->info_len = 532U;
+    }
+    body->comm.type = (uint16_t)e->error_type;
+    body->comm.stream_id = h->rt_stream_id;
+    body->comm.task_id = h->task_id;
+    __atomic_store_n(&ctl->tail, (ctl->tail + 1U) % g_rb_len, __ATOMIC_RELEASE);
+    FH_TRACE("error ringbuffer: element %lu for stream %u task %u (type %u)", (unsigned long)g_rb_serial,
+             h->rt_stream_id, h->task_id, e->error_type);
 }
 
 /* Runs one SQE; g_lock is NOT held. Returns the STARS error bits (0: success) and sets
@@ -1002,6 +1207,13 @@ static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw, uint32_t* error_c
             FH_TRACE("sq %u: write value sub_type %u", sq_id, s->sub_type);
             return 0;
         }
+        case FH_SQE_PLACE_HOLDER:
+            if (h->block_dim == FH_TASK_TYPE_RINGBUFFER_CONTROL) { /* (the task type sits there) */
+                fh_ringbuffer_control(sq_id, (const struct fh_ringbuffer_sqe*)raw);
+                return 0;
+            }
+            FH_TRACE("sq %u: place holder SQE of task type %u completes without effect", sq_id, h->block_dim);
+            return 0;
         default:
             FH_TRACE("sq %u: SQE type %u completes without effect", sq_id, h->type);
             return 0;
@@ -1047,9 +1259,12 @@ static void* fh_worker(void* arg)
         if (error_type == 0) {
             error_type = fh_run_sqe(sq_id, sqe, &error_code);
         }
+        struct fh_kernel_launch kl;
+        const int decoded = (error_type != 0 && head->type == FH_SQE_FFTS) ? fh_decode_launch(sqe, &kl) : 0;
         pthread_mutex_lock(&g_lock);
         const struct fh_sqe_header* h = (const struct fh_sqe_header*)sqe;
         if (error_type != 0) {
+            fh_ringbuffer_report_locked(sqe, error_code, decoded ? &kl : NULL);
             /* STARS stops a queue at a failed SQE: its head stays there until the runtime has
              * read the error CQE and resumed the queue past it (stars_engine.cc:1398-1470
              * StarsResumeRtsq, "skip the error sqe"). Moving the head first let the runtime
