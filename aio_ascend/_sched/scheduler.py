@@ -196,8 +196,8 @@ class Scheduler:
         self.peak_in_flight = 0
         self._idle_waiters: list[Any] = []
         self._close_waiters: list[Any] = []
-        #: a close's wait for the outstanding work (a later close may tighten it)
-        self._close_wait: anyio.CancelScope | None = None
+        #: a close's wait for the outstanding work and its timeout (a later close may tighten it)
+        self._close_wait: tuple[anyio.CancelScope, float | None] | None = None
         batches: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pulse = pulse = LoopPulse()  # beats in flush() and after each drain
         self._submitter = Submitter(
@@ -634,9 +634,10 @@ class Scheduler:
                 # held to this call's arguments too (a timeout only brings the force nearer)
                 if cancel:
                     self._drop_pending(None, "aclose(cancel=True)")
-                scope = self._close_wait
-                if scope is not None and timeout is not None:
-                    scope.deadline = min(scope.deadline, anyio.current_time() + timeout)
+                wait, due = self._close_wait, anyio.current_time() + (timeout or 0)
+                if wait is not None and timeout is not None and due < wait[0].deadline:
+                    wait[0].deadline = due
+                    self._close_wait = (wait[0], timeout)  # (what the close logs if forced)
                 waiter = self.adapter.new_waiter()
                 self._close_waiters.append(waiter)
                 await self.adapter.wait(waiter)
@@ -653,8 +654,9 @@ class Scheduler:
             forced = False
             if self.unsettled:
                 with anyio.move_on_after(timeout) as scope:
-                    self._close_wait = scope
+                    self._close_wait = (scope, timeout)
                     await self._wait_idle()
+                timeout = self._close_wait[1] if self._close_wait is not None else timeout
                 self._close_wait = None
                 forced = scope.cancelled_caught or self.unsettled > 0
                 if forced:

@@ -408,7 +408,7 @@ async def _closing_twice(first: Any, second: Any) -> tuple[float, float]:
 
 
 async def test_a_second_device_close_with_a_timeout_forces_a_patient_close_on_time(
-    open_dev: OpenDevice,
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A plain ``aclose()`` waits for a hung kernel; a second ``aclose(timeout=0.2)`` must
     still return on time: it brings the running close's force nearer (it waited for the
@@ -418,6 +418,8 @@ async def test_a_second_device_close_with_a_timeout_forces_a_patient_close_on_ti
     first, second = await _closing_twice(dev.aclose, functools.partial(dev.aclose, timeout=0.2))
     assert 0.2 <= second < 2.0, second  # liveness: 10x margin under load
     assert first < 2.5, first
+    forced = [m for r in caplog.records if "destroying the streams" in (m := r.getMessage())]
+    assert len(forced) == 1 and "aclose(timeout=0.2)" in forced[0], forced  # the one that forced
     assert isinstance(hung.exception(), aa.TaskTimeoutError)
     assert "did not finish before aclose() gave up" in str(hung.exception())
     assert_runtime_clean(dev)
