@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import operator
+import time
 import warnings
 import weakref
 from collections.abc import Generator, Mapping
@@ -492,8 +493,13 @@ class Device:
         cancellation once started.
         """
         check_close_args(cancel, timeout)
+        started = time.monotonic()
         await self._scheduler.aclose(cancel=cancel, timeout=timeout)
-        # host functions whose earlier work completed still run: bounded like the device's work
+        # Host functions whose earlier work completed still run, bounded like the device's
+        # work: within what is left of ``timeout`` (the close returns within it), else within
+        # task_timeout.
+        if timeout is not None:
+            timeout = max(0.0, started + timeout - time.monotonic())
         await close_host_funcs(self, self.task_timeout if timeout is None else timeout)
         self._finalizer.detach()
 

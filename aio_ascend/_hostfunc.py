@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._errors import ClosedError, derived_error
+from ._sched.forcing import gave_up
 from ._sched.hooks import HOOKS, HostCall, Source
 from ._sched.loop import LoopAdapter
 from ._sched.shutdown import join
@@ -173,22 +174,24 @@ class HostFuncs:
     async def aclose(self, timeout: float | None) -> None:  # noqa: ASYNC109 - bounds fn, not us
         """Wait for the host functions queued so far (after the device's own close), then stop
         the thread; past ``timeout`` (or :data:`STUCK_AFTER_S` with none) a host function still
-        running is abandoned with an ERROR log and its task fails with ``ClosedError``."""
+        running is abandoned with an ERROR log, its task fails with ``TaskTimeoutError`` as the
+        tasks a forced close gives up on do, and its thread is left to exit when it returns
+        (a callback cannot be interrupted: the close does not wait for it)."""
         self.closed = True
         with anyio.move_on_after(STUCK_AFTER_S if timeout is None else max(timeout, 0.0)):
             while self.pending:
                 waiter = self._adapter.new_waiter()
                 self._idle.append(waiter)
                 await self._adapter.wait(waiter)
+        abandoned = bool(self._running)
         if self.pending:
             log.error("a host function did not return when its device closed; it is abandoned")
             for waiter in self._running:  # their coroutines end (a trio run can then end)
                 self._adapter.wake(waiter)
             for task in list(self.pending):
-                error = ClosedError("the device closed while the host function ran")
-                self._finish(task, error, [])
+                self._finish(task, gave_up(task.kind), [])
         self.stop()
-        if self._thread.ident is not None:
+        if self._thread.ident is not None and not abandoned:
             await join(self._thread, time.monotonic() + STUCK_AFTER_S)
 
     def stop(self) -> None:

@@ -283,10 +283,12 @@ async def test_a_close_abandons_a_host_function_past_its_timeout(
     start = time.monotonic()
     await dev.aclose(timeout=0.1)
     waited = time.monotonic() - start
-    assert waited < 10  # bounded: the timeout, then the thread's own 2 s
+    # within its timeout (plus a 10x liveness margin): it waited 0.1 s for the device, 0.1 s
+    # more for the host function, then 2 s for the thread the function holds, before
+    assert waited < 1.9, waited
     assert "did not return" in caplog.text
-    with pytest.raises(aa.ClosedError, match="while the host function ran"):
-        await host
+    with pytest.raises(aa.TaskTimeoutError, match="did not finish before aclose"):
+        await host  # as a forced close's tasks fail (it was a ClosedError)
     release.set()  # the abandoned function returns; its thread exits
     for thread in threading.enumerate():
         if thread.name.startswith("aio_ascend-hostfunc"):
