@@ -780,6 +780,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BaseExceptionGroup as group:
+        # trio raises Ctrl-C from inside a nursery wrapped in a group (with the cancellations
+        # it caused): the same interruption
+        if group.subgroup(KeyboardInterrupt) is None:
+            raise
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # e.g. `aio-ascend info | head`
         try:
             devnull = os.open(os.devnull, os.O_WRONLY)

@@ -58,6 +58,40 @@ def test_usage_errors_return_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
 
 
+@pytest.mark.parametrize(
+    "raised",
+    [
+        KeyboardInterrupt(),
+        # what trio raises from a nursery: Ctrl-C with the cancellations it caused
+        BaseExceptionGroup("Exceptions from Trio nursery", [KeyboardInterrupt(), ValueError()]),
+    ],
+)
+def test_ctrl_c_is_one_line_and_status_130_on_every_loop(
+    raised: BaseException, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A group holding the KeyboardInterrupt (trio) is the same interruption: it printed a
+    traceback and exited 1 before."""
+    from aio_ascend._tools import cli
+
+    def interrupted(args: object) -> int:
+        raise raised
+
+    monkeypatch.setattr(cli, "cmd_demo", interrupted)
+    assert main(["demo", "--loop", "trio"]) == 130
+    assert capsys.readouterr().err.strip() == "aio-ascend: interrupted"
+
+
+def test_a_group_without_ctrl_c_is_not_swallowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aio_ascend._tools import cli
+
+    def failed(args: object) -> int:
+        raise BaseExceptionGroup("boom", [ValueError("a bug")])
+
+    monkeypatch.setattr(cli, "cmd_demo", failed)
+    with pytest.raises(BaseExceptionGroup):
+        main(["demo"])
+
+
 def test_python_dash_m() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "aio_ascend", "info"],
