@@ -52,7 +52,7 @@ from typing import Any
 
 from .hooks import HOOKS, Source
 from .task import MAX_WAKES_PER_TURN, resolve_task
-from .work import Arrival, Batch, Outcome, expand
+from .work import Arrival, Batch, Outcome, Request, expand
 
 __all__ = ["MAX_RESOLVED_PER_TURN", "MAX_WAKES_PER_TURN", "DeliveryQueue"]
 
@@ -109,6 +109,16 @@ class DeliveryQueue:
         self._queue.extend(items)
         if not self._drain_scheduled:
             self.drain()
+
+    def resolve_outside(self, outcomes: Sequence[tuple[Request, BaseException | None]]) -> None:
+        """Resolve requests that never came through the queue (dropped before the hand-over,
+        or left over by a close; their slots and holdings are the caller's to give back),
+        telling observers first, as :meth:`deliver` does: a task failed by a close is traced
+        and counted as any other."""
+        if HOOKS.observers:
+            HOOKS.delivered(self._source, [(r, e, Outcome.FINISHED) for r, e in outcomes])
+        for request, error in outcomes:
+            resolve_task(request, error)
 
     def _release(self, lane: Any, entries: int, count: int) -> int:
         # ``count`` finished requests of ``lane`` give back their admission: wake who now fits

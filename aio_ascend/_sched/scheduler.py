@@ -98,7 +98,7 @@ from .shutdown import (
     wait_set,
 )
 from .submitter import Submitter
-from .task import Task, resolve_task
+from .task import Task
 from .unseen import FailureLog
 from .waiter import Waiter
 from .work import Arrival, Request, expand
@@ -124,6 +124,7 @@ class DeviceState(enum.Enum):
 # An enum member read as a module global: ``DeviceState.OPEN`` goes through the enum's
 # metaclass (0.2 us on CPython 3.11, timeit), and check_usable compares with it per request.
 _OPEN = DeviceState.OPEN
+DROPPED = "was dropped when the device closed"  # (a request left over by a plain close)
 
 
 class Scheduler:
@@ -678,10 +679,10 @@ class Scheduler:
             # never recorded: another stream's wait on it is refused, not passed unrecorded
             request.on_refused(error)
         self.lifetimes.release(dropped)
-        for request, error in zip(dropped, errors, strict=True):
+        for request in dropped:
             self.unsettled -= 1
             self._release_slot(request.lane, request.entries)
-            resolve_task(request, error)
+        self._delivery.resolve_outside(list(zip(dropped, errors, strict=True)))
 
     async def _shutdown(self, *, forced: bool) -> None:
         runtime = self.bound()
@@ -719,13 +720,10 @@ class Scheduler:
             leftovers.extend(self._submitter.in_progress())
         else:
             self.lifetimes.release(leftovers)
-        for request in leftovers:
-            resolve_task(
-                request,
-                gave_up(request.kind)
-                if forced or stuck
-                else ClosedError(f"{request.kind} was dropped when the device closed"),
-            )
+        outcomes: list[tuple[Request, BaseException | None]] = [
+            (r, gave_up(r.kind) if forced or stuck else ClosedError(f"{r.kind} {DROPPED}"))
+            for r in leftovers
+        ]
         with self._post_lock:
             held, self._undelivered = self._undelivered + self._poller.at_exit, []
         for request, error, _ in expand(held):
@@ -733,7 +731,8 @@ class Scheduler:
                 timeout = gave_up(request.kind)
                 timeout.__cause__ = error
                 error = timeout
-            resolve_task(request, error)
+            outcomes.append((request, error))
+        self._delivery.resolve_outside(outcomes)
         self._delivery.drain(budget=False)  # completions delivered but not yet resolved
         self.unsettled = 0
         if stuck:

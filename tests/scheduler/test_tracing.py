@@ -123,6 +123,34 @@ async def test_failures_and_tasks_nobody_awaited(sim_device: Any) -> None:
     assert [e["name"] for e in instants] == [f"failed: {type(error).__name__}"]
 
 
+@pytest.mark.parametrize("close", ["cancel", "forced", "stream cancel"])
+async def test_tasks_a_close_fails_are_traced_as_failures(sim_device: Any, close: str) -> None:
+    """Dropped by ``aclose(cancel=True)`` (the device's or the stream's) or failed by a forced
+    close: each is a record with its error, as any failed task is (they reached no observer:
+    traces, metrics and spans lost them)."""
+    with tracing.record() as tracer:
+        dev = await sim_device()
+        s = dev.stream()
+        if close == "forced":
+            await testing.inject_hang(s)
+        else:
+            await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(100_000))
+            await anyio.sleep(0.02)  # submitted: it runs to the end
+        behind = [await s.launch(dev.function("noop"), 1) for _ in range(3)]
+        if close == "forced":
+            await dev.aclose(timeout=0.1)
+        elif close == "cancel":
+            await dev.aclose(cancel=True)
+        else:
+            await s.aclose(cancel=True)
+            await dev.aclose()
+    errors = {type(task.exception()).__name__ for task in behind}
+    assert errors == {"TaskTimeoutError" if close == "forced" else "ClosedError"}, errors
+    assert len(tracer.records) == 4
+    noops = [r for r in tracer.records if r.kernel == "noop"]
+    assert [r.error for r in noops] == [errors.pop()] * 3
+
+
 async def test_host_functions_are_slices_on_their_streams_track(sim_device: Any) -> None:
     """A host function is a slice of its stream (handed to its thread -> returned), between
     the work before it and the work after it; one that raised is marked failed."""
