@@ -777,13 +777,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code if isinstance(code, int) else (0 if code is None else 2)
     try:
         status: int = args.func(args)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    except BaseExceptionGroup as group:
-        # trio raises Ctrl-C from inside a nursery wrapped in a group (with the cancellations
-        # it caused): the same interruption
-        if group.subgroup(KeyboardInterrupt) is None:
+    except (KeyboardInterrupt, BaseExceptionGroup) as exc:
+        # trio raises Ctrl-C from inside a nursery, in a group with the cancellations it caused
+        if isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is None:
             raise
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
