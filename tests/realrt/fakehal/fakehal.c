@@ -17,7 +17,9 @@
  *   runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a completion (CQE) is
  *   queued for the stream's logic CQ, read by halCqReportRecv. A failed SQE stops its queue
  *   until the runtime, having handled the error, moves the head past it and enables the queue
- *   again (halSqCqConfig: sqconfig.c, fh_sq_config);
+ *   again (halSqCqConfig: sqconfig.c, fh_sq_config). Before a failed SQE's CQE, the firmware's
+ *   record of the failure goes into the error ringbuffer the runtime handed over at open,
+ *   where the runtime looks for it (fh_ringbuffer_report_locked);
  * - controls for tests, exported as C functions (ctypes): a delay per SQE, an error completion
  *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters, and the
  *   last kernel launch as the device saw it (name, blocks, args buffer).
