@@ -19,6 +19,7 @@ import typing
 from typing import Any
 
 from .._errors import BackendUnavailableError
+from .abi import check_device_id
 from .base import Runtime
 
 __all__ = [
@@ -185,15 +186,6 @@ def check_runtime_options(backend: str, options: dict[str, Any]) -> None:
                 f"runtime_options[{key!r}] of the {backend} backend must be "
                 f"{_hint_text(hint)}, got {type(value).__name__}"
             )
-
-
-def check_device_id(device_id: object) -> int:
-    """A device id: an int (``TypeError``) of at least 0 (``ValueError``)."""
-    if isinstance(device_id, bool) or not isinstance(device_id, int):
-        raise TypeError(f"device_id must be an int, got {type(device_id).__name__}")
-    if device_id < 0:
-        raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
-    return device_id
 
 
 def open_runtime(backend: str, device_id: int, **options: Any) -> Runtime:

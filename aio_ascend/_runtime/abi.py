@@ -79,6 +79,7 @@ __all__ = [
     "UINT64_MAX",
     "check_alloc_size",
     "check_args",
+    "check_device_id",
     "check_event_flags",
     "check_failure_mode",
     "check_load_options",
@@ -320,6 +321,17 @@ def param_error(func: str, message: str) -> InvalidParamError:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_device_id(device_id: object) -> int:
+    """A device id, the library's rule for every backend: an int (``TypeError``) of at least 0
+    (``ValueError``)."""
+    if not _is_int(device_id):
+        raise TypeError(f"device_id must be an int, got {type(device_id).__name__}")
+    assert isinstance(device_id, int)
+    if device_id < 0:
+        raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
+    return device_id
 
 
 def check_timeout(func: str, timeout_ms: object) -> int:

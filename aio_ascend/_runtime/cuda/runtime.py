@@ -77,6 +77,7 @@ from ..abi import (
     PTR_MAX,
     SIZE_MAX,
     check_args,
+    check_device_id,
     check_num_blocks,
     check_placeholder_table,
 )
@@ -620,8 +621,7 @@ def open_cuda_runtime(
     :param compiler: ``(cuda_source, capability) -> image`` (default: NVRTC)
     :raises BackendUnavailableError: cuda-bindings or the NVIDIA driver is missing, or no device
     """
-    if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-        raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
+    check_device_id(device_id)
     if isinstance(block_dim, bool) or not isinstance(block_dim, int) or not 1 <= block_dim <= 1024:
         raise ValueError(f"block_dim={block_dim!r} must be an int in 1..1024")
     if (

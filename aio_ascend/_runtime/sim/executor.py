@@ -29,6 +29,7 @@ from ..abi import (
     ACL_ERROR_RT_STREAM_SYNC_TIMEOUT,
     ACL_MEMCPY_DEVICE_TO_HOST,
     ACL_MEMCPY_HOST_TO_DEVICE,
+    check_device_id,
 )
 from ..emulation import AclEmulation, Fault
 from ..threads import GIL_SLICE_S, yield_gil
@@ -266,8 +267,7 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
             raise TypeError("memory_bytes must be an int")
         if memory_bytes < 1:
             raise ValueError(f"memory_bytes={memory_bytes} must be >= 1")
-        if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0:
-            raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
+        check_device_id(device_id)
         if isinstance(max_queue_depth, bool) or not isinstance(max_queue_depth, int):
             raise TypeError("max_queue_depth must be an int")
         if max_queue_depth < 1:
