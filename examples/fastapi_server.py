@@ -568,15 +568,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.load < 1 or args.concurrency < 1 or args.streams < 1:
         parser.error("--load, --concurrency and --streams must be >= 1")
-    report = anyio.run(
-        lambda: load_test(
-            args.load,
-            args.concurrency,
-            backend=args.backend,
-            streams=args.streams,
-            quiet=args.quiet,
+    try:
+        report = anyio.run(
+            lambda: load_test(
+                args.load,
+                args.concurrency,
+                backend=args.backend,
+                streams=args.streams,
+                quiet=args.quiet,
+            )
         )
-    )
+    except KeyboardInterrupt:  # (the server and the device were shut down on the way out)
+        print("interrupted", file=sys.stderr)
+        return 130
     print(format_report(report))
     return 0 if report.ok else 1
 

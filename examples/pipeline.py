@@ -73,30 +73,38 @@ async def run(
     rng = np.random.default_rng(0)
     ok = done = 0
     step = max(requests // 10, 1)
-    limiter = anyio.CapacityLimiter(concurrency)
     async with aa.open_device(0, backend="sim") as dev:
         stages = Stages(dev, streams)
+        indices = iter(range(requests))
 
-        async def request(index: int) -> None:
-            nonlocal ok
-            x = rng.standard_normal(n, dtype=np.float32)
-            y = rng.standard_normal(n, dtype=np.float32)
-            a, f = float(rng.uniform(-2, 2)), float(rng.uniform(0.5, 2))
-            async with limiter:
+        # ``concurrency`` workers, each taking the next request when it is done with one: at
+        # most that many requests (and their inputs) exist at once, however many are asked for
+        async def worker() -> None:
+            nonlocal ok, done
+            for index in indices:
+                x = rng.standard_normal(n, dtype=np.float32)
+                y = rng.standard_normal(n, dtype=np.float32)
+                a, f = float(rng.uniform(-2, 2)), float(rng.uniform(0.5, 2))
                 matched = await one_request(dev, stages, index, x, y, a, f)
-            ok += matched  # (not `ok += await ...`: that reads `ok` before the await)
-            nonlocal done
-            done += 1
-            if progress and (done % step == 0 or done == requests):
-                print(f"  {done}/{requests} requests done", file=sys.stderr)
+                ok += matched  # (not `ok += await ...`: that reads `ok` before the await)
+                done += 1
+                if progress and (done % step == 0 or done == requests):
+                    print(f"  {done}/{requests} requests done", file=sys.stderr)
 
         started = time.perf_counter()
         async with anyio.create_task_group() as tg:
-            for index in range(requests):
-                tg.start_soon(request, index)
+            for _ in range(min(concurrency, requests)):
+                tg.start_soon(worker)
         elapsed = time.perf_counter() - started
         opened = dev.stats()["streams"]
     return ok, elapsed, opened
+
+
+def _interrupted(exc: BaseException) -> bool:
+    # Ctrl-C: on trio it arrives inside the task group's BaseExceptionGroup
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.split(KeyboardInterrupt)[0] is not None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,16 +124,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if not args.quiet:
         print(f"running {args.requests} requests on {args.loop} ...", file=sys.stderr)
-    ok, elapsed, streams = anyio.run(
-        run,
-        args.requests,
-        args.streams,
-        args.concurrency,
-        args.size,
-        not args.quiet,
-        backend=backend,
-        backend_options=options,
-    )
+    try:
+        ok, elapsed, streams = anyio.run(
+            run,
+            args.requests,
+            args.streams,
+            args.concurrency,
+            args.size,
+            not args.quiet,
+            backend=backend,
+            backend_options=options,
+        )
+    except BaseException as exc:
+        if not _interrupted(exc):
+            raise
+        print("interrupted", file=sys.stderr)  # (the device was closed on the way out)
+        return 130
     print(
         f"{ok}/{args.requests} results match numpy; {streams} streams; "
         f"{args.requests / elapsed:,.0f} requests/s ({elapsed:.2f} s)"

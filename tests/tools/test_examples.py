@@ -29,6 +29,73 @@ def _load(name: str) -> ModuleType:
     return module
 
 
+def test_pipeline_holds_at_most_concurrency_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many requests are asked for, only ``--concurrency`` of them (and their input
+    vectors) exist at once: it made every request's inputs up front (2M requests: 24 GiB)."""
+    pipeline = _load("pipeline")
+    made = finished = peak = 0
+    real_rng = np.random.default_rng
+
+    class CountingRng:
+        def __init__(self, seed: int) -> None:
+            self._rng = real_rng(seed)
+
+        def standard_normal(self, n: int, dtype: Any) -> Any:
+            nonlocal made, peak
+            made += 1
+            peak = max(peak, made // 2 - finished)  # (two vectors per request)
+            return self._rng.standard_normal(n, dtype=dtype)
+
+        def uniform(self, low: float, high: float) -> float:
+            return float(self._rng.uniform(low, high))
+
+    real_request = pipeline.one_request
+
+    async def counted(*args: Any) -> bool:
+        nonlocal finished
+        try:
+            return bool(await real_request(*args))
+        finally:
+            finished += 1
+
+    monkeypatch.setattr(pipeline.np.random, "default_rng", CountingRng)
+    monkeypatch.setattr(pipeline, "one_request", counted)
+    ok, _, _ = anyio.run(pipeline.run, 120, 1, 4, 256, False)
+    assert (ok, finished) == (120, 120)
+    assert peak <= 4
+
+
+@pytest.mark.parametrize(
+    "raised",
+    [
+        KeyboardInterrupt(),
+        BaseExceptionGroup("Exceptions from Trio nursery", [KeyboardInterrupt(), ValueError()]),
+    ],
+)
+def test_pipeline_ctrl_c_is_one_line_and_status_130(
+    raised: BaseException, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline = _load("pipeline")
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise raised
+
+    monkeypatch.setattr(pipeline.anyio, "run", interrupted)
+    assert pipeline.main(["--requests", "10", "--loop", "trio", "-q"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_pipeline_does_not_swallow_a_bug(monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = _load("pipeline")
+
+    def failed(*args: Any, **kwargs: Any) -> Any:
+        raise BaseExceptionGroup("boom", [ValueError("a bug")])
+
+    monkeypatch.setattr(pipeline.anyio, "run", failed)
+    with pytest.raises(BaseExceptionGroup):
+        pipeline.main(["--requests", "10", "-q"])
+
+
 def test_script(capsys: pytest.CaptureFixture[str]) -> None:
     assert _load("script").main(["--n", "4096"]) == 0
     out = capsys.readouterr().out

@@ -304,3 +304,17 @@ def test_ray_serve_two_replicas_one_npu_each(tmp_path: Path) -> None:
         launches += stats["launches"]
     # @serve.batch stacked concurrent requests into shared device runs (4 launches each)
     assert launches % 4 == 0 and launches < 4 * RAY_REQUESTS, replicas
+
+
+def test_fastapi_load_test_ctrl_c_is_one_line_and_status_130(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C during ``--load`` printed asyncio's KeyboardInterrupt traceback."""
+    server = _fastapi_server()
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(server.anyio, "run", interrupted)
+    assert server.main(["--load", "10", "-q"]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
