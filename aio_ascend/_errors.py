@@ -126,7 +126,9 @@ class AscendError(Exception):
         return head or self.message
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (_rebuild, (type(self), self.message, self.code, self.func))
+        # (with what was set after construction, such as ``TaskTimeoutError.by_close``)
+        state = {k: v for k, v in vars(self).items() if k not in ("code", "message", "func")}
+        return (_rebuild, (type(self), self.message, self.code, self.func), state or None)
 
 
 def _rebuild(
@@ -155,7 +157,13 @@ class TaskTimeoutError(AscendError, TimeoutError):
 
     The device work itself may still be running: its buffers stay retained until the device
     reports completion or the device is closed.
+
+    :ivar by_close: True when a forced close (``aclose(timeout=...)`` of the device or the
+        stream) gave up on the task, False for the watchdog's ``task_timeout``. The close's
+        WARNING reports those tasks, so they are not logged again one by one as unretrieved.
     """
+
+    by_close: bool = False
 
 
 class BackendUnavailableError(AscendError):

@@ -125,6 +125,10 @@ class Admission:
             self.in_flight < self.limit and self.entries + ENTRIES_PER_REQUEST <= self.entry_budget
         )
 
+    def unsettled(self) -> int:
+        """Requests admitted and not finished (the prepaid slots not used yet left out)."""
+        return self.in_flight - self.prepaid
+
     def try_enter(self) -> bool:
         """Admit at once: on a slot prepaid for this caller, or if the request fits and nobody
         is queued ahead (FIFO fairness)."""

@@ -52,7 +52,9 @@ class LaneForce:
 
 def gave_up(kind: str) -> TaskTimeoutError:
     """The error of a task a forced close (of its stream or its device) gave up on."""
-    return TaskTimeoutError(f"{kind} did not finish before aclose() gave up")
+    error = TaskTimeoutError(f"{kind} did not finish before aclose() gave up")
+    error.by_close = True
+    return error
 
 
 def give_up(batches: Iterable[Batch]) -> tuple[list[Delivery], list[Request]]:

@@ -569,7 +569,8 @@ class Scheduler:
     async def _force_lane(self, lane: Lane, waited: float | None) -> None:
         force = lane.force
         if force is None:  # (else another close of it is forcing it: wait for that one)
-            log_forced(self.device_id, f"stream {lane.handle:#x} still busy", waited, "it")
+            busy = f"stream {lane.handle:#x}: {lane.admission.unsettled()} task(s) unfinished"
+            log_forced(self.device_id, busy, waited, "it")
             self.flush()  # its pending requests go first: the submitter fails them
             lane.forced = True
             force = lane.force = LaneForce(lane)

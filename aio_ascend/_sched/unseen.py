@@ -10,7 +10,9 @@ whose task was being awaited when it failed is left to its awaiters at close (lo
 do not retrieve it, when the task is collected). ``ClosedError`` (work dropped by
 ``aclose(cancel=True)`` or a close) does not count. Tasks failed by a device fault are not
 reported one by one: the fault is logged once, with the number of tasks it failed, when the
-device closes.
+device closes. Tasks a forced close gave up on (``TaskTimeoutError.by_close``) are reported by
+that close's WARNING, with their number: they are held like any failure (a ``synchronize()``
+raises them), but never logged one by one.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .._errors import ClosedError
+from .._errors import ClosedError, TaskTimeoutError
 from .faults import FaultState
 
 __all__ = ["MAX_LOGGED_AT_CLOSE", "Claim", "FailureLog", "Unseen", "raise_failures"]
@@ -35,7 +37,7 @@ MAX_LOGGED_AT_CLOSE = 10
 class Unseen:
     """One failed task's unretrieved error (it holds no reference to the task)."""
 
-    __slots__ = ("__weakref__", "exc", "finalizer", "kind", "stream_ref", "waited")
+    __slots__ = ("__weakref__", "exc", "finalizer", "kind", "quiet", "stream_ref", "waited")
 
     def __init__(
         self, exc: BaseException, kind: str, stream_ref: Callable[[], Any], waited: bool = False
@@ -46,6 +48,8 @@ class Unseen:
         #: coroutines were awaiting the task when it failed (they will retrieve it, unless
         #: cancelled first)
         self.waited = waited
+        #: reported already (a forced close's WARNING counted it): never logged
+        self.quiet = isinstance(exc, TaskTimeoutError) and exc.by_close
         self.finalizer: weakref.finalize[Any, Any] | None = None
 
 
@@ -154,7 +158,7 @@ class FailureLog:
     def _collected(self, record: Unseen) -> None:
         # A task was garbage-collected (any thread) with its error unretrieved.
         with self._lock:
-            if self._open.pop(id(record), None) is None:
+            if self._open.pop(id(record), None) is None or record.quiet:
                 return
         log.error(
             "device %d: a %s task failed and its error was never retrieved (await the task, "
@@ -178,7 +182,7 @@ class FailureLog:
                 del self._open[id(record)]
             self._hand_to_claims(claimed)
         self._detach(claimed + orphaned)
-        remaining = [record.exc for record in orphaned]
+        remaining = [record.exc for record in orphaned if not record.quiet]
         for exc in remaining[:MAX_LOGGED_AT_CLOSE]:
             log.error(
                 "device %d closed with a failed task whose error was never retrieved",

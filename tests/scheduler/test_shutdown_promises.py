@@ -94,15 +94,69 @@ async def test_awaited_failures_of_a_forced_close_are_not_logged(
     assert never_retrieved(caplog) == []
 
 
-async def test_a_forced_close_still_logs_what_nobody_waits_for(
+async def test_a_forced_close_reports_what_it_gave_up_on_once(
     open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The other side: a failed task nobody waits for, alive at close, is logged then."""
+    """Tasks nobody waits for that a forced close gives up on: its WARNING counts them, and
+    they are not logged again one by one as never retrieved (30 tracebacks under the
+    WARNING before, for errors the user could not have retrieved earlier); the error says it
+    came from the close."""
+    caplog.set_level(logging.WARNING, LOGGER)
     dev = await open_dev()
     s = dev.stream()
-    kept = await s.launch(dev.function("hang"), 1)
+    await inject_hang(s)
+    kept = [await s.launch(dev.function("noop"), 1) for _ in range(30)]
+    await anyio.sleep(0.05)  # (flushed: submitted behind the hang)
     await dev.aclose(timeout=0.1)
-    assert isinstance(kept.exception(), aa.TaskTimeoutError)  # retrieved, but after close
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("31 task(s) still unfinished" in m and "by force" in m for m in warnings)
+    assert never_retrieved(caplog) == []
+    errors = [task.exception() for task in kept]  # retrievable after the close
+    assert all(isinstance(e, aa.TaskTimeoutError) and e.by_close for e in errors), errors
+    del kept, errors
+    gc.collect()
+    assert never_retrieved(caplog) == []
+
+
+async def test_a_forced_stream_close_holds_its_failures_but_logs_them_once(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stream forced while its device stays open: the WARNING counts its tasks; their errors
+    are still raised by the device's synchronize() (held, not swallowed), and one collected
+    unretrieved is not logged."""
+    caplog.set_level(logging.WARNING, LOGGER)
+    async with open_dev() as dev:
+        s = dev.stream()
+        await inject_hang(s)
+        kept = [await s.launch(dev.function("noop"), 1) for _ in range(3)]
+        await anyio.sleep(0.05)
+        with anyio.fail_after(20):
+            await s.aclose(timeout=0.1)
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("4 task(s) unfinished" in m and "by force" in m for m in warnings), warnings
+        with pytest.raises(ExceptionGroup) as group:
+            await dev.synchronize()
+        assert len(group.value.exceptions) == 4
+        assert all(e.by_close for e in group.value.exceptions)
+        await (await dev.stream().launch(dev.function("noop"), 1))  # the device goes on
+        del kept, group
+        gc.collect()
+    assert never_retrieved(caplog) == []
+
+
+async def test_a_watchdog_timeout_nobody_retrieves_is_still_logged_at_close(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The other side: ``task_timeout`` failed it (not a close): logged, and ``by_close``
+    is False."""
+    dev = await open_dev(task_timeout=0.1)
+    s = dev.stream()
+    kept = await s.launch(dev.function("hang"), 1)
+    with anyio.fail_after(10):
+        await kept.wait_finished()
+    await dev.aclose(timeout=0.1)
+    error = kept.exception()
+    assert isinstance(error, aa.TaskTimeoutError) and not error.by_close
     assert len(never_retrieved(caplog)) == 1
 
 

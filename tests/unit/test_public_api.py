@@ -170,3 +170,24 @@ def test_task_timestamps_are_documented() -> None:
     doc = aa.Task.__doc__ or ""
     for name in ("admitted_at", "submitted_at", "completed_at", "resumed_at"):
         assert f":ivar {name}:" in doc
+
+
+def test_errors_survive_pickling_with_what_was_set_on_them() -> None:
+    """Errors cross process boundaries (Ray, multiprocessing): their code, message, function
+    and ``TaskTimeoutError.by_close`` come back."""
+    import pickle
+
+    from aio_ascend._sched.forcing import gave_up
+
+    refused = aa.RuntimeAPIError("no such stream", code=107000, func="aclrtRecordEvent")
+    back = pickle.loads(pickle.dumps(refused))
+    assert type(back) is type(refused)
+    assert (back.code, back.message, back.func, str(back)) == (
+        107000,
+        "no such stream",
+        "aclrtRecordEvent",
+        str(refused),
+    )
+    forced = pickle.loads(pickle.dumps(gave_up("launch")))
+    assert isinstance(forced, aa.TaskTimeoutError) and forced.by_close
+    assert not pickle.loads(pickle.dumps(aa.TaskTimeoutError("watchdog"))).by_close
