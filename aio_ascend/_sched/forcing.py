@@ -19,7 +19,11 @@ lost (:func:`lost_records`: ``EventRecord.error``), and a wait on it submitted a
 refused (``WaitEvent.submit``) instead of blocking its stream; other streams' batches already
 behind a wait on it are failed at once (:func:`stranded_by`), as the watchdog would fail them at
 their deadline, with an error that says why. Their slots and holdings stay taken (``TIMED_OUT``):
-should the record run after all, they finish late.
+should the record run after all, they finish late. Such a stream is *stranded*
+(``Lane.stranded``, :func:`strand`): its queue can run nothing more, so new requests on it are
+refused in the call (``Scheduler.check_usable``, with that error as cause), and a batch of it
+the poller receives later fails at once the same way; closing it and opening a new one is the
+way out (its close does not wait for what can never finish).
 """
 
 from __future__ import annotations
@@ -110,14 +114,27 @@ def stranded_by(lost: set[int], queues: Iterable[Iterable[Batch]]) -> tuple[int,
                     type(req) is WaitEvent and req.event is not None and req.event.handle in lost
                     for req in batch.requests
                 )
+                if stranded:
+                    strand(batch.lane)
             if not stranded or batch.timed_out:
                 continue
             failed += 1
-            deliveries.extend(
-                time_out(
-                    batch,
-                    "will not run: its stream waits for an event whose record was dropped by "
-                    "the forced close of another stream (close this stream and open a new one)",
-                )
-            )
+            deliveries.extend(time_out(batch, STRANDED))
     return failed, deliveries
+
+
+#: why the work of a stranded stream fails (after its kind)
+STRANDED = (
+    "will not run: its stream waits for an event whose record was dropped by the forced close "
+    "of another stream (close this stream and open a new one)"
+)
+
+
+def strand(lane: Lane) -> None:
+    """``lane``'s queue waits for a record that will never run (poller thread, once): from now
+    on its requests fail with this error as cause (see the module docstring)."""
+    if lane.stranded is None:
+        lane.stranded = TaskTimeoutError(
+            "the stream waits for an event whose record was dropped by the forced close of "
+            "another stream: it can run nothing more (close it and open a new one)"
+        )

@@ -24,6 +24,9 @@ class Lane:
         requests are dropped)
     :ivar external: the runtime stream belongs to someone else (never destroyed here)
     :ivar forced: closed by force: the submitter fails its requests instead of submitting them
+    :ivar stranded: ``None``, or why its queue can run nothing more (it waits for an event whose
+        record a forced close dropped: ``forcing.strand``, on the poller thread): new requests
+        are refused with it as cause
     :ivar force: the forced close of the stream alone under way (``Scheduler.close_lane``)
     :ivar destroyed: its runtime stream was destroyed, or is to be by the prober after its
         probe (``Prober.retire``, the one place that sets it)
@@ -42,6 +45,7 @@ class Lane:
         "handle",
         "last",
         "owner",
+        "stranded",
         "stream_ref",
         "submitted",
     )
@@ -54,6 +58,7 @@ class Lane:
         self.admission = Admission(max_in_flight, entry_budget)
         self.closed = False
         self.forced = False
+        self.stranded: BaseException | None = None
         self.force: Any = None  # a forcing.LaneForce (forcing.py imports this module)
         self.destroyed = False
         self.last: Task | None = None

@@ -93,11 +93,11 @@ from .._runtime.threads import GilTurns, LoopPulse, reduce_timer_slack
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
-from .forcing import LaneForce, give_up, lost_records, stranded_by
+from .forcing import STRANDED, LaneForce, give_up, lost_records, stranded_by
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
 from .stalls import Probed, Prober, StallProbes
-from .watchdog import expire, log_expired
+from .watchdog import expire, log_expired, time_out
 from .work import STAGE_AT_HAND_BYTES, Arrival, Batch, Delivery, Outcome, Request
 
 __all__ = ["POKE", "CompletionMode", "Poller"]
@@ -264,6 +264,9 @@ class Poller:
         assert isinstance(item, Batch)
         self._outstanding.setdefault(item.lane.handle, deque()).append(item)
         self._pending += 1
+        if item.lane.stranded is not None:  # queued behind a wait that never ends: fails now
+            self.counters.timeouts += 1
+            self._post(time_out(item, STRANDED), self.counters)
         return True
 
     def _round(self) -> bool:

@@ -256,7 +256,7 @@ class Scheduler:
         (``RuntimeError``), no fault (the fault's error). Every request checks it."""
         # One flat test: every launch makes it (the error is worked out only on a refusal)
         if (
-            (lane is not None and lane.closed)
+            (lane is not None and (lane.closed or lane.stranded is not None))
             or self.state is not _OPEN
             or self.faults.first is not None
             or not self.adapter.is_current()
@@ -271,6 +271,8 @@ class Scheduler:
             return ClosedError(f"the device is {self.state.value}")
         if not self.adapter.is_current():
             return RuntimeError(OTHER_THREAD)
+        if self.faults.first is None and lane is not None and lane.stranded is not None:
+            return derived_error(lane.stranded, "refused")
         return self.fault_error()
 
     def fault_error(self) -> BaseException:
@@ -334,11 +336,9 @@ class Scheduler:
         return True
 
     async def admit(self, lane: Lane) -> None:
-        """Admit a request on ``lane``, waiting for a slot (FIFO) when it is full.
-
-        Cancelled while waiting: nothing is admitted. Raises if the device or stream is not
-        usable (checked again after the wait).
-        """
+        """Admit a request on ``lane``, waiting for a slot (FIFO) when it is full. Cancelled
+        while waiting: nothing is admitted. Raises as :meth:`check_usable` (again after the
+        wait)."""
         if self.yield_due:
             # A tight launch loop never suspends otherwise: once per flushed batch, let the
             # loop run (this bounds loop lag at a few ms however fast the caller launches).

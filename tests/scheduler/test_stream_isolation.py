@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from helpers import OpenDevice, assert_runtime_clean, live_resources, wait_for_l
 
 import aio_ascend as aa
 from aio_ascend._errors import MemoryAllocationError
+from aio_ascend.testing import inject_hang
 
 #: the open_dev tests also run on realrt (tests/conftest.py)
 REALRT_TOO = True
@@ -456,6 +458,51 @@ async def test_a_wait_on_an_event_a_forced_close_dropped_fails_at_once_and_says_
             await other.run(noop, 1)
         await s2.aclose(timeout=0.05)  # blocked on the device: destroyed by force
         await other.aclose()
+
+
+@pytest.mark.backends("sim", "acl")
+@pytest.mark.anyio
+async def test_a_stream_stranded_by_another_streams_forced_close_refuses_new_work(
+    open_dev: OpenDevice,
+) -> None:
+    """s2 waits for an event s1 (hung) was to record; s1 is closed by force. s2 can run
+    nothing more: a launch on it is refused in the call, saying why (before: accepted, never
+    run, and the device's plain close then waited task_timeout for it), one made while the
+    force is under way fails at once either way, and s2's plain close and the device's return
+    at once, leaving nothing behind."""
+    dev = await open_dev(task_timeout=30.0)
+    noop = dev.function("noop")
+    s1, s2, other = dev.stream(), dev.stream(), dev.stream()
+    await inject_hang(s1)
+    ev = await s1.record_event()
+    await s2.wait_event(ev)
+    await anyio.sleep(0.05)  # s2's batch has reached the poller
+    racing: list[BaseException | None] = []
+
+    async def launch_during_the_force() -> None:
+        while not s1._lane.forced:  # the close has sent the force on its way
+            await anyio.lowlevel.checkpoint()
+        try:
+            task = await s2.launch(noop, 1)
+        except aa.TaskTimeoutError as exc:  # stranded already: refused in the call
+            racing.append(exc)
+            return
+        racing.append(await task.wait_finished() or task.exception())
+
+    with anyio.fail_after(3):  # a tenth of task_timeout: not the watchdog's doing
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(launch_during_the_force)
+            await s1.aclose(timeout=0.05)
+        assert isinstance(racing[0], aa.TaskTimeoutError), racing
+        with pytest.raises(aa.TaskTimeoutError, match="can run nothing more") as refused:
+            await s2.launch(noop, 1)
+        assert "forced close of another stream" in str(refused.value.__cause__)
+        with pytest.raises(aa.TaskTimeoutError, match="can run nothing more"):
+            await s2.copy_to_device(dev.malloc(64), np.ones(16, np.float32))
+        await other.run(noop, 1)  # the other streams go on
+        await s2.aclose()
+        await dev.aclose()
+    assert_runtime_clean(dev)
 
 
 @pytest.mark.anyio
