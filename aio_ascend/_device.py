@@ -468,7 +468,10 @@ class Device:
     async def synchronize(self) -> None:
         """Wait until everything queued on every stream has finished; then raise, as
         :meth:`Stream.synchronize` does, the unretrieved failures of every stream's tasks and
-        the device's fault."""
+        the device's fault.
+
+        :raises ClosedError: the device is closed (or closing) when it is called
+        """
         scheduler = self._scheduler
         await synchronize(scheduler, list(scheduler.lanes), None, "tasks of this device")
 

@@ -26,6 +26,7 @@ the runner, not by the scheduler's delivery queue: plain launches pay nothing fo
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import threading
@@ -47,9 +48,15 @@ from ._sched.work import Outcome
 if TYPE_CHECKING:
     from ._event import Event
 
-__all__ = ["HostFuncs", "host_funcs", "observed_as", "spawn"]
+__all__ = ["ASYNC_FN", "HostFuncs", "host_funcs", "observed_as", "spawn"]
 
 log = logging.getLogger("aio_ascend")
+
+#: the error of a host function that is a coroutine function (its coroutine would never run)
+ASYNC_FN = (
+    "launch_host_func() runs fn() on a thread and cannot await it: pass a plain function (for "
+    "async work after the stream's work, await a record_event() of the stream on the loop)"
+)
 
 #: how long a close waits for a host function still running once the device's own work is done
 #: (a callback cannot be interrupted): past it the thread is abandoned, logged at ERROR
@@ -129,7 +136,10 @@ class HostFuncs:
 
         def job() -> None:
             try:
-                fn()
+                result = fn()
+                if inspect.iscoroutine(result):  # an async callable: nothing would await it
+                    result.close()
+                    raise TypeError(ASYNC_FN)
                 outcome.append(None)
             except BaseException as exc:  # fails the task, not the thread
                 outcome.append(exc)

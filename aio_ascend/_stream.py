@@ -25,6 +25,7 @@ from ._plan import LaunchPlan
 from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.graphs import CaptureGraph, LaunchGraph
 from ._sched.lane import Lane
+from ._sched.loop import OTHER_THREAD
 from ._sched.scheduler import Scheduler
 from ._sched.task import Task
 from ._sched.unseen import raise_failures
@@ -352,7 +353,14 @@ def check_close_args(cancel: object, timeout: object) -> None:
 async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, what: str) -> None:
     """Wait for the work queued on ``lanes`` so far; then raise the unretrieved failures of
     one stream's tasks (every stream's for None), once, and the device's fault, every time.
-    A close while it waits cannot take those failures from it (they are claimed)."""
+    A close while it waits cannot take those failures from it (they are claimed); one called
+    once the stream or device is closed (or closing) raises ``ClosedError``: it has nothing
+    left to wait for, and returning would read as success for work the close may have failed."""
+    if not scheduler.adapter.is_current():
+        raise RuntimeError(OTHER_THREAD)
+    scheduler.check_open()
+    if stream_ref is not None and lanes[0].closed:
+        raise ClosedError("the stream is closed")
     failures = scheduler.failures
     claim = failures.claim(stream_ref)
     try:
@@ -712,6 +720,8 @@ class Stream(StreamSync):
         whose errors were never retrieved (one as itself, several as an ``ExceptionGroup``;
         each only once, and ``ClosedError`` from a cancelling close does not count), and the
         device's fault if it has one (every time).
+
+        :raises ClosedError: the stream or the device is closed (or closing) when it is called
         """
         await synchronize(self._scheduler, [self._lane], self._ref, "tasks of this stream")
 

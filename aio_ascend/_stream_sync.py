@@ -4,6 +4,7 @@ host function holds later work; an external torch stream does its handshake)."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from ._buffer import DeviceBuffer, byte_range
 from ._errors import ClosedError
-from ._hostfunc import host_funcs
+from ._hostfunc import ASYNC_FN, host_funcs
 from ._sched.task import HostFunctionTask, Task
 
 if TYPE_CHECKING:
@@ -108,10 +109,13 @@ class StreamSync:
         waits for a running ``fn`` (up to ``aclose``'s timeout, else ``task_timeout``). On a
         stream of torch_npu's, torch's own later ops are not held by it.
 
-        :raises TypeError: ``fn`` is not callable
+        :raises TypeError: ``fn`` is not callable, or is a coroutine function (an async
+            callable's coroutine fails the Task with ``TypeError`` when it is called)
         """
         if not callable(fn):
             raise TypeError(f"launch_host_func() takes a callable, got {type(fn).__name__}")
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError(ASYNC_FN)
         scheduler = self._scheduler
         scheduler.check_usable()
         if self._lane.closed:

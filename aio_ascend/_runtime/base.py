@@ -153,9 +153,10 @@ class Runtime(Protocol):
         by force since the device last settled)."""
         ...
 
-    def wait_settled(self) -> None:
-        """Before :meth:`close` frees memory: wait, up to a limit of the backend's, until no
-        work of a stream destroyed by force can still touch it (a no-op where none can).
+    def wait_settled(self, limit_s: float | None = None) -> None:
+        """Before :meth:`close` frees memory: wait, up to ``limit_s`` (``None``: a limit of the
+        backend's, and never longer), until no work of a stream destroyed by force can still
+        touch it (a no-op where none can).
 
         May block: the scheduler calls it from a worker thread, never on the event loop.
         Where the wait runs out, :meth:`close` leaks instead of freeing.

@@ -181,7 +181,7 @@ class AclEmulation(ABC, Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
         """See the protocol: never on an emulation."""
         return False
 
-    def wait_settled(self) -> None:
+    def wait_settled(self, limit_s: float | None = None) -> None:
         """See the protocol: nothing of a stream destroyed by force outlives it here."""
 
     # --- handles ------------------------------------------------------------------------

@@ -89,6 +89,7 @@ from .lifetimes import Allocation, FreedError, Lifetimes
 from .loop import OTHER_THREAD, LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
+    SETTLE_AFTER_FORCE_S,
     close_after,
     destroy_lanes,
     join,
@@ -336,9 +337,8 @@ class Scheduler:
         return True
 
     async def admit(self, lane: Lane) -> None:
-        """Admit a request on ``lane``, waiting for a slot (FIFO) when it is full. Cancelled
-        while waiting: nothing is admitted. Raises as :meth:`check_usable` (again after the
-        wait)."""
+        """Admit a request on ``lane``, waiting for a slot (FIFO) when full (cancelled while
+        waiting: nothing admitted). Raises as :meth:`check_usable` (again after the wait)."""
         if self.yield_due:
             # A tight launch loop never suspends otherwise: once per flushed batch, let the
             # loop run (this bounds loop lag at a few ms however fast the caller launches).
@@ -742,7 +742,8 @@ class Scheduler:
             log_stuck(self.device_id, stuck, JOIN_TIMEOUT_S)
         else:
             if runtime.must_settle():  # a forced stream's kernel may still run: wait off-loop
-                await anyio.to_thread.run_sync(runtime.wait_settled)
+                limit = SETTLE_AFTER_FORCE_S if forced else None  # (past the close's deadline)
+                await anyio.to_thread.run_sync(runtime.wait_settled, limit)
             release_everything(
                 runtime,
                 graphs=self.graphs,

@@ -88,6 +88,7 @@ from .stalls import Prober
 from .work import Request
 
 __all__ = [
+    "SETTLE_AFTER_FORCE_S",
     "close_after",
     "destroy_lanes",
     "join",
@@ -98,6 +99,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("aio_ascend")
+
+#: how long a close forced by its timeout (so past its deadline) lets the device settle before
+#: it leaks what a forced stream's work may still touch: its caller was promised a return
+SETTLE_AFTER_FORCE_S = 0.01
 
 
 def log_forced(device_id: int, busy: str, timeout: float | None, victim: str) -> None:

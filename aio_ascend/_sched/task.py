@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from .admission import ENTRIES_PER_REQUEST
 from .hooks import HOOKS
-from .loop import LoopAdapter
+from .loop import OTHER_THREAD, LoopAdapter
 
 __all__ = [
     "MAX_WAKES_PER_TURN",
@@ -220,7 +220,7 @@ class Task:
         # The one wait for the task to finish (``await task`` and ``wait_finished``).
         adapter = self.lane.owner.adapter
         if not adapter.is_current():
-            raise RuntimeError("this Task belongs to a device opened in a different event loop")
+            raise RuntimeError(OTHER_THREAD)
         waiter = adapter.new_waiter()
         # ``_waiters``: None, the one waiter (the usual case: no list made), or a list
         waiters = self._waiters

@@ -95,7 +95,7 @@ class FailureLog:
         if isinstance(exc, ClosedError):
             return None
         first = self._faults.first
-        if first is not None and (exc is first or exc.__cause__ is first):
+        if first is not None and _caused_by(exc, first):
             self.fault_failed += 1
             return None
         record = Unseen(exc, kind, stream_ref, waited)
@@ -204,6 +204,19 @@ class FailureLog:
                 first,
                 self.fault_failed,
             )
+
+
+def _caused_by(exc: BaseException, first: BaseException) -> bool:
+    # ``first`` is ``exc`` or on its chain of causes (a host function's error is caused by
+    # the failure of the work before it, itself caused by the fault): a few links at most
+    cause: BaseException | None = exc
+    for _ in range(8):
+        if cause is None:
+            return False
+        if cause is first:
+            return True
+        cause = cause.__cause__
+    return False
 
 
 def raise_failures(errors: list[BaseException], what: str) -> None:

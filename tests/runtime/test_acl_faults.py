@@ -263,8 +263,9 @@ async def test_a_forced_close_frees_nothing_a_running_kernel_uses() -> None:
 async def test_waiting_for_a_hung_device_at_close_never_blocks_the_loop(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # The close waits up to 0.5 s for the device before it leaks (settle.py): in a worker
-    # thread, so the loop keeps ticking meanwhile (before: one 0.5 s stall).
+    # A plain close waits up to 0.5 s for the device a forced stream left busy before it
+    # leaks (settle.py): in a worker thread, so the loop keeps ticking meanwhile (before: one
+    # 0.5 s stall).
     gaps: list[float] = []
 
     async def tick(stop: anyio.Event) -> None:
@@ -279,12 +280,14 @@ async def test_waiting_for_a_hung_device_at_close_never_blocks_the_loop(
         dev = await open_backend("acl")
         s = dev.stream()
         await s.launch(dev.function("hang"), 1)
+        await anyio.sleep(0.02)
+        await s.aclose(timeout=0.05)
         stop = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(tick, stop)
             await anyio.sleep(0.02)
             start = time.monotonic()
-            await dev.aclose(timeout=0.05)
+            await dev.aclose()
             elapsed = time.monotonic() - start
             stop.set()
     assert elapsed >= 0.4, "the close did not wait for the hung device at all"
@@ -404,3 +407,30 @@ async def test_a_full_queue_refusal_fails_its_batch_in_order_and_no_other_stream
     finally:
         control.set_full_refusal(0)
         control.set_max_depth(2013)
+
+
+async def test_a_close_forced_by_its_timeout_gives_the_device_moments_not_half_a_second(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``aclose(timeout=0.1)`` with a hung kernel: past its deadline already, the close asks
+    the device to settle for ``SETTLE_AFTER_FORCE_S`` (10 ms), then leaks; it waited the full
+    500 ms on top of the caller's timeout (1.01 s for ``timeout=0.5``). A plain close of a
+    device whose forced stream left a hung kernel still waits the 500 ms: no deadline."""
+    from aio_ascend._runtime.acl.settle import SETTLE_TIMEOUT_MS
+    from aio_ascend._sched.shutdown import SETTLE_AFTER_FORCE_S
+
+    control = double_control()
+    for close_forced, waited_ms in ((True, int(SETTLE_AFTER_FORCE_S * 1000)), (False, None)):
+        dev = await open_backend("acl").__aenter__()
+        s = dev.stream()
+        await s.launch(dev.function("hang"), 1)
+        await anyio.sleep(0.05)
+        if not close_forced:
+            await s.aclose(timeout=0.05)  # the device's own close has nothing left to force
+        mark = control.mark()
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"):
+            await dev.aclose(timeout=0.1)
+        calls = control.calls(mark, "aclrtSynchronizeDeviceWithTimeout")
+        waits = [call.signed(0) for call in calls if call.signed(0) > 1]  # (1 ms: frees' probes)
+        assert waits == [waited_ms or SETTLE_TIMEOUT_MS], calls
+        control.drop_zombies()

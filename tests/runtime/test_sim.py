@@ -769,3 +769,12 @@ def test_args_inside_a_pinned_slab_are_read_when_the_kernel_runs(
         rt.launch_kernel_with_host_args(fn, 1, h.stream, None, slab + 240, 24, 0, 0)
     rt.free_host(slab)
     assert rt._pinned.last_hit is None  # the cache must not outlive the slab
+
+
+def test_a_source_no_backend_loads_is_a_type_error(rt: SimRuntime) -> None:
+    """``load_module(123)``: a ``TypeError`` in the call, as acl and cuda answer it (it was
+    the runtime's InvalidParamError); a path or bytes stay the runtime's refusal."""
+    with pytest.raises(TypeError, match="KernelLibrary"):
+        rt.load_binary(123)
+    with pytest.raises(InvalidParamError):
+        rt.load_binary("/tmp/kernels.o")

@@ -532,3 +532,26 @@ async def test_a_stream_close_whose_wait_was_cancelled_can_be_finished_by_anothe
     with anyio.fail_after(10):
         await dev.aclose()
     assert_runtime_clean(dev)
+
+
+async def test_synchronize_after_a_forced_close_is_never_a_success(
+    open_dev: OpenDevice,
+) -> None:
+    """Called after a forced close failed work nobody retrieved, ``synchronize()`` of the
+    stream and of the device raised nothing (read as: all went well); now ``ClosedError``,
+    as every call needing the open device. The same for a stream closed by force while its
+    device stays open."""
+    dev = await open_dev()
+    s, t = dev.stream(), dev.stream()
+    await inject_hang(t)
+    await anyio.sleep(0.05)
+    with anyio.fail_after(10):
+        await t.aclose(timeout=0.05)
+        with pytest.raises(aa.ClosedError, match="stream is closed"):
+            await t.synchronize()
+        await inject_hang(s)
+        await anyio.sleep(0.05)
+        await dev.aclose(timeout=0.05)
+    for sync in (s.synchronize, dev.synchronize):
+        with pytest.raises(aa.ClosedError, match="device is closed"):
+            await sync()

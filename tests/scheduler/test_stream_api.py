@@ -193,6 +193,33 @@ async def test_an_exception_in_a_host_function_fails_its_task_not_the_stream(
         assert dev.fault is None
 
 
+async def test_an_async_host_function_is_refused_not_left_unawaited(
+    open_dev: Callable[..., Any],
+) -> None:
+    """``fn`` runs on a thread: a coroutine function is refused in the call, and an async
+    callable object (not recognisable before it is called) fails its Task. Both were
+    accepted: the coroutine was never awaited (a RuntimeWarning) and the Task succeeded."""
+    import warnings
+
+    async def handler() -> None:
+        raise AssertionError("never runs")
+
+    class AsyncCallable:
+        async def __call__(self) -> None:
+            raise AssertionError("never runs")
+
+    async with open_dev() as dev:
+        s = dev.stream()
+        with pytest.raises(TypeError, match="cannot await"):
+            await s.launch_host_func(handler)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (no "coroutine was never awaited")
+            task = await s.launch_host_func(AsyncCallable())
+            with pytest.raises(TypeError, match="cannot await"):
+                await task
+        await s.run(dev.function("noop"), 1)  # the stream goes on
+
+
 async def test_host_functions_run_in_stream_order_and_synchronize_waits_for_them(
     open_dev: Callable[..., Any],
 ) -> None:

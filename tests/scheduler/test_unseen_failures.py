@@ -138,6 +138,31 @@ async def test_a_device_fault_is_logged_once_with_its_count(
     assert "21 task(s)" in message
 
 
+@pytest.mark.backends("sim")  # (testing.paused)
+async def test_host_functions_failed_by_a_fault_are_counted_not_logged(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A host function queued when the device faults fails with an error caused by the failure
+    of the work before it, itself caused by the fault: it is counted in the fault's one line
+    too (each logged a traceback at close before)."""
+    from aio_ascend import testing
+
+    async with open_dev() as dev:
+        s, others = dev.stream(), [dev.stream() for _ in range(3)]
+        with testing.paused(dev):
+            fault = await testing.inject_fault(s)
+            tasks = [await s.launch(dev.function("noop"), 1) for _ in range(2)]
+            tasks += [await other.launch_host_func(lambda: None) for other in others]
+        with anyio.fail_after(10), pytest.raises(aa.DeviceFaultError):
+            await fault
+        with anyio.fail_after(10):
+            for task in tasks:  # (their errors are left unretrieved)
+                await task.wait_finished()
+    logged = errors(caplog)
+    assert len(logged) == 1, [r.getMessage() for r in logged]
+    assert "faulted" in logged[0].getMessage()
+
+
 async def test_work_dropped_by_a_cancelling_close_is_not_reported(
     open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
 ) -> None:

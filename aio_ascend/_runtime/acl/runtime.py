@@ -242,10 +242,10 @@ class AclRuntime:
         """See the protocol."""
         return self.settle.unsettled and not self._closed
 
-    def wait_settled(self) -> None:
+    def wait_settled(self, limit_s: float | None = None) -> None:
         """See the protocol: ``Settle.wait_in`` this thread, bound to this context meanwhile."""
         if not self._closed:
-            self.settle.wait_in(self._context)
+            self.settle.wait_in(self._context, limit_s)
 
     def close(self) -> None:
         with self._close_lock:

@@ -10,9 +10,11 @@ are freed only when ``aclrtSynchronizeDeviceWithTimeout`` says the device is idl
 - during the device's life a free asks with a 1 ms timeout and, while the device is busy,
   defers the free (done by the first later free that finds it idle, or at close), so that a
   free never waits for other streams' work;
-- at close it waits up to :data:`SETTLE_TIMEOUT_MS`; when that runs out (a hung kernel), or the
-  release lacks the call, everything is leaked instead, with one ERROR log: returning on time
-  wins over freeing, as for a thread stuck in a runtime call.
+- at close it waits up to :data:`SETTLE_TIMEOUT_MS` (a close forced by its own timeout, whose
+  deadline has passed already, only ``SETTLE_AFTER_FORCE_S``: its caller was promised a return
+  within that timeout); when that runs out (a hung kernel), or the release lacks the call,
+  everything is leaked instead, with one ERROR log: returning on time wins over freeing, as for
+  a thread stuck in a runtime call.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ class Settle:
         self.unsettled = False
         return True
 
-    def wait_in(self, context: int) -> None:
+    def wait_in(self, context: int, limit_s: float | None = None) -> None:
         """:meth:`wait` in the calling thread (off the event loop), bound to ``context`` for
         the call and given its own context back."""
         if not self.unsettled:
@@ -109,7 +111,7 @@ class Settle:
         try:
             fn["aclrtGetCurrentContext"](byref(previous))
             fn["aclrtSetCurrentContext"](context)
-            self.wait()
+            self.wait(limit_s)
         except AscendError:
             pass  # the close decides (and waits itself if nothing was learnt here)
         finally:
@@ -117,11 +119,13 @@ class Settle:
                 with contextlib.suppress(AscendError):
                     fn["aclrtSetCurrentContext"](previous.value)
 
-    def wait(self) -> None:
-        """Wait up to :data:`SETTLE_TIMEOUT_MS` for the device (the calling thread bound to
-        its context), so that :meth:`release` at close does not: called off the event loop."""
+    def wait(self, limit_s: float | None = None) -> None:
+        """Wait up to :data:`SETTLE_TIMEOUT_MS` (or ``limit_s``, if shorter: a close whose
+        deadline has passed) for the device (the calling thread bound to its context), so
+        that :meth:`release` at close does not: called off the event loop."""
         if self.unsettled and self._verdict is None:
-            self._verdict = self._settled(SETTLE_TIMEOUT_MS)
+            limit_ms = SETTLE_TIMEOUT_MS if limit_s is None else int(limit_s * 1000)
+            self._verdict = self._settled(max(1, min(SETTLE_TIMEOUT_MS, limit_ms)))
 
     def release(self, attempt: Callable[..., Any], **kinds: Iterable[int]) -> bool:
         """At close: free every address of each kind (``binary=``, ``device=``, ``host=``) and

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib.metadata
+import os
 import struct
 import threading
 from collections.abc import Callable
@@ -513,11 +514,13 @@ class SimRuntime(DeviceExecutor):
         elif isinstance(source, KernelLibrary):
             library = source
         else:
-            raise self._param(
-                func,
-                f"the sim backend loads an aio_ascend.sim.KernelLibrary (or None for the built-in "
-                f"kernels), got {type(source).__name__}",
+            why = (
+                "the sim backend loads an aio_ascend.sim.KernelLibrary (or None for the built-in "
+                f"kernels), got {type(source).__name__}"
             )
+            if not isinstance(source, str | os.PathLike | bytes | bytearray | memoryview):
+                raise TypeError(why)  # no backend loads it: a TypeError, as on acl and cuda
+            raise self._param(func, why)  # a binary the runtime would read: it refuses it
         return new_handle(BINARY_HANDLE), SimBinary(library.snapshot())
 
     def _device_unload(self, b: SimBinary, func: str) -> None:
