@@ -312,7 +312,15 @@ def error_class_for_code(code: int) -> type[RuntimeAPIError]:
 
 
 def error_for_code(code: int, func: str | None = None, message: str = "") -> RuntimeAPIError:
-    """Build the typed error for a non-zero runtime return code. The number is always kept."""
+    """Build the typed error for a non-zero runtime return code. The number is always kept;
+    without the runtime's text (``aclGetRecentErrMsg`` often has none) the code's name says
+    what it means."""
+    if not message:
+        try:
+            name = f"ACL_ERROR_{AclCode(code).name}"
+        except ValueError:
+            name = "an ACL error code aio_ascend does not know by name"
+        message = f"{name} (the runtime gave no message)"
     return error_class_for_code(code)(message, code=code, func=func)
 
 

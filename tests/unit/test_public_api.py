@@ -191,3 +191,17 @@ def test_errors_survive_pickling_with_what_was_set_on_them() -> None:
     forced = pickle.loads(pickle.dumps(gave_up("launch")))
     assert isinstance(forced, aa.TaskTimeoutError) and forced.by_close
     assert not pickle.loads(pickle.dumps(aa.TaskTimeoutError("watchdog"))).by_close
+
+
+def test_a_runtime_error_without_the_runtimes_text_names_its_code() -> None:
+    """``aclGetRecentErrMsg`` is often empty (always over the real runtime built here): the
+    error said only ``aclrtQueryEventStatus [507035]``, and errors derived from it ended in a
+    dangling colon. The code's ACL name stands in; the runtime's text wins where there is one."""
+    from aio_ascend._errors import derived_error, error_for_code
+
+    fault = error_for_code(507035, "aclrtQueryEventStatus")
+    assert isinstance(fault, aa.DeviceFaultError)
+    assert "ACL_ERROR_RT_VECTOR_CORE_EXCEPTION" in fault.message
+    assert not str(derived_error(fault, "device faulted")).endswith(": ")
+    assert "does not know" in error_for_code(987654, "aclrtX").message
+    assert error_for_code(507035, "aclrtX", "vector core trap").message == "vector core trap"
