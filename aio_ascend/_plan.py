@@ -6,6 +6,8 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from ._errors import ClosedError
 from ._host.snapshot import shareable, shared_image
 from ._sched.plans import PlanRecord
@@ -59,6 +61,7 @@ class LaunchPlan:
         "_ref",
         "_scheduler",
         "_spec",
+        "_waiting",
         "blocks",
         "function",
         "stream",
@@ -87,6 +90,8 @@ class LaunchPlan:
         # every launch holds the plan's record (one tuple for all of them)
         self._spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, (self._record,))
         self._record.spec = self._spec
+        #: the cancel scopes of launches waiting for admission (close() turns them away)
+        self._waiting: set[anyio.CancelScope] | None = None
         # Dropped without close(): released as close() would, on the loop (collection may
         # happen on any thread; frees belong to the loop's)
         weakref.finalize(self, scheduler.drop_plan, self._record).atexit = False
@@ -107,14 +112,31 @@ class LaunchPlan:
         # The stream's own admission (a plan is part of its stream's facade): after a pending
         # host function, with an external torch stream's queue drained first.
         if not (stream._plain and scheduler.try_admit(lane)):  # noqa: SLF001
-            await stream._admit()  # noqa: SLF001
-            if record.free_requested:  # closed while this launch waited for its slot
-                scheduler.unadmit(lane)
-                raise ClosedError("the launch plan is closed")
+            await self._admit(stream)
         task = scheduler.enqueue(Launch(lane, self._spec))
         if stream._order is None:  # noqa: SLF001 - no torch handshake to wait for
             return task
         return await stream._queued(task)  # noqa: SLF001
+
+    async def _admit(self, stream: StreamSync) -> None:
+        # The wait for a slot, which close() turns away with ClosedError (as a stream's close
+        # turns away its waiters): a wait cancelled before its grant holds nothing, and one
+        # granted as the close came gives its slot back.
+        scope = anyio.CancelScope()
+        waiting = self._waiting
+        if waiting is None:
+            waiting = self._waiting = set()
+        waiting.add(scope)
+        try:
+            with scope:
+                await stream._admit()  # noqa: SLF001
+        finally:
+            waiting.discard(scope)
+        if scope.cancelled_caught:
+            raise ClosedError("the launch plan was closed while the launch waited for its slot")
+        if self._record.free_requested:  # (granted just as the close came)
+            self._scheduler.unadmit(self._lane)
+            raise ClosedError("the launch plan was closed while the launch waited for its slot")
 
     async def run(self) -> None:
         """:meth:`launch` and wait until the kernel has finished (cancelled after the launch
@@ -122,10 +144,13 @@ class LaunchPlan:
         await (await self.launch())
 
     def close(self) -> None:
-        """Launch no more: what the plan holds is released once its queued launches have
+        """Launch no more: launches waiting for admission fail with ``ClosedError`` (nothing
+        of them is queued), and what the plan holds is released once its queued launches have
         finished (then the buffers' deferred frees proceed). Idempotent."""
         record = self._record
         record.registry.free(record)
+        for scope in self._waiting or ():
+            scope.cancel()
 
     @property
     def closed(self) -> bool:

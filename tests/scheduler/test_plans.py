@@ -263,3 +263,38 @@ async def test_a_buffer_freed_while_its_launch_waits_for_admission_refuses_the_l
         await s.synchronize()
         assert s.in_flight == 0
     assert_runtime_clean(dev)
+
+
+async def test_closing_a_plan_turns_away_its_launches_waiting_for_admission(
+    open_dev: OpenDevice,
+) -> None:
+    """Launches of a plan waiting for a slot behind a hung kernel: ``plan.close()`` fails them
+    at once with ``ClosedError`` and nothing of them is queued (they waited until a slot came
+    free, so behind a hung kernel until the stream's close); other launchers on the stream
+    keep their place."""
+    async with open_dev(task_timeout=30.0) as dev:
+        s = dev.stream(max_in_flight=1)
+        hung = await testing.inject_hang(s)
+        plan = s.plan(dev.function("noop"), 1)
+        outcomes: list[BaseException | None] = []
+
+        async def launch() -> None:
+            try:
+                await plan.launch()
+            except aa.ClosedError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+
+        with anyio.fail_after(3):  # a tenth of task_timeout: not the watchdog's doing
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(launch)
+                await anyio.sleep(0.05)
+                assert outcomes == []  # all three wait for the hung kernel's slot
+                plan.close()
+        assert len(outcomes) == 3 and all(isinstance(o, aa.ClosedError) for o in outcomes)
+        assert s.in_flight == 1  # only the hung kernel: nothing of the plan was queued
+        await s.aclose(timeout=0.05)
+        with pytest.raises(aa.TaskTimeoutError):
+            await hung
