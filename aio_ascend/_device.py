@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 import time
 import warnings
 import weakref
@@ -16,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._buffer import DeviceBuffer
-from ._host.hostdata import dims_of, host_array
+from ._host.hostdata import dims_of, host_array, integer
 from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._hostfunc import close_host_funcs, observed_as
 from ._interop import ExternalEvent, TorchOrder, event_handle, stream_handle
@@ -55,19 +54,6 @@ def _completion_mode(completion: object) -> CompletionMode:
         raise ValueError(f"completion={completion!r}: expected 'poll' or 'block'") from None
 
 
-def _integer(what: str, value: object) -> int:
-    """``value`` as an int: any integer type (``operator.index``: numpy's included), never a
-    bool (``TypeError`` naming ``what``)."""
-    if type(value) is int:
-        return value
-    if not isinstance(value, bool | np.bool_):
-        try:
-            return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-    raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
-
-
 #: the runtime options that set a stream's runtime queue capacity (sim, acl)
 _CAPACITY_OPTIONS = ("max_queue_depth", "stream_capacity")
 
@@ -95,7 +81,7 @@ def _check_seconds(name: str, seconds: object) -> float:
 
 
 def _check_pool_bytes(value: object) -> int:
-    nbytes = _integer("pinned_pool_bytes", value)
+    nbytes = integer("pinned_pool_bytes", value)
     if nbytes < 0:
         raise ValueError(f"pinned_pool_bytes={nbytes} must be >= 0")
     return nbytes
@@ -104,21 +90,21 @@ def _check_pool_bytes(value: object) -> int:
 def _check_pool_limit(value: object) -> int | None:
     if value is None:
         return None
-    limit = _integer("pool_limit_bytes (an int or None)", value)
+    limit = integer("pool_limit_bytes (an int or None)", value)
     if limit <= 0:
         raise ValueError(f"pool_limit_bytes={limit} must be > 0 (or None: no limit)")
     return limit
 
 
 def _check_max_in_flight(value: object) -> int:
-    max_in_flight = _integer("max_in_flight", value)
+    max_in_flight = integer("max_in_flight", value)
     if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
         raise ValueError(f"max_in_flight={max_in_flight} is out of range 1..{MAX_IN_FLIGHT}")
     return max_in_flight
 
 
 def _check_batch_cap(value: object) -> int:
-    batch_cap = _integer("batch_cap", value)
+    batch_cap = integer("batch_cap", value)
     if not 1 <= batch_cap <= MAX_IN_FLIGHT:
         raise ValueError(f"batch_cap={batch_cap} is out of range 1..{MAX_IN_FLIGHT}")
     return batch_cap
@@ -223,7 +209,7 @@ class Device:
         """
         if not isinstance(pool, bool):
             raise TypeError(f"malloc(pool=...) must be a bool, got {type(pool).__name__}")
-        nbytes = _integer("malloc(nbytes)", nbytes)
+        nbytes = integer("malloc(nbytes)", nbytes)
         if nbytes <= 0:
             raise ValueError(f"malloc(nbytes={nbytes}): nbytes must be > 0")
         if nbytes > PTR_MAX:
@@ -365,8 +351,8 @@ class Device:
         is let go once the wrapper is freed (after the work queued on it completes) or
         collected. The memory must stay valid for as long as work uses it.
         """
-        ptr = _integer("wrap(ptr)", ptr)
-        nbytes = _integer("wrap(nbytes)", nbytes)
+        ptr = integer("wrap(ptr)", ptr)
+        nbytes = integer("wrap(nbytes)", nbytes)
         if ptr <= 0 or ptr >= 1 << 64:
             raise ValueError(f"wrap(ptr={ptr:#x}): not a device address")
         if nbytes <= 0 or ptr + nbytes > 1 << 64:
@@ -383,7 +369,7 @@ class Device:
         """
         max_in_flight = _check_max_in_flight(max_in_flight)
         if priority is not None:
-            priority = _integer("priority (an int or None)", priority)
+            priority = integer("priority (an int or None)", priority)
             self._scheduler.check_usable()
             least, greatest = self._scheduler.bound().stream_priority_range()
             if not greatest <= priority <= least:

@@ -15,7 +15,7 @@ from ._errors import ClosedError
 from ._event import Event, event_flags
 from ._graph import Graph
 from ._host.hostargs import HostArgs, PackedArgs
-from ._host.hostdata import destination_bytes, dims_of, source_bytes
+from ._host.hostdata import destination_bytes, dims_of, integer, source_bytes
 from ._host.pinned import PinnedArrays, pinned_owner
 from ._host.snapshot import shareable, shared_image
 from ._interop import ExternalEvent, TorchOrder
@@ -71,15 +71,16 @@ def _pack_for(fn: Function, args: object) -> PackedArgs:
 
 def launch_args(
     device: object, scheduler: Scheduler, fn: object, blocks: object, args: object, config: object
-) -> tuple[Function, PackedArgs, LaunchConfig | None, tuple[DeviceBuffer, ...]]:
+) -> tuple[Function, int, PackedArgs, LaunchConfig | None, tuple[DeviceBuffer, ...]]:
     """A launch's input, checked (the one definition, for launches, plans and captures):
-    ``(fn, args packed for it, config, the device buffers the args point to)``."""
+    ``(fn, blocks as an int, args packed for it, config, the device buffers the args point
+    to)``."""
     if not isinstance(fn, Function):
         raise TypeError(f"fn must be a Function, got {type(fn).__name__}")
     if fn.device is not device:
         raise ValueError(f"{fn!r} belongs to a different device")
     if type(blocks) is not int or not 1 <= blocks <= MAX_NUM_BLOCKS:
-        _check_blocks(blocks)  # (an int subclass may still pass)
+        blocks = _checked_blocks(blocks)
     if args is None:
         packed = fn.no_args  # (packed once per kernel)
         if packed is None:  # it declares parameters: the error names them
@@ -88,12 +89,12 @@ def launch_args(
         packed = _pack_for(fn, args)
     cfg = None if config is None else LaunchConfig.coerce(config)  # type: ignore[arg-type]
     if not packed.buffers:
-        return fn, packed, cfg, ()
+        return fn, blocks, packed, cfg, ()
     scheduler.check_open()
     buffers = allocations_of(
         packed.buffers, scheduler.lifetimes, "HostArgs.ptr", others_allowed=True
     )
-    return fn, packed, cfg, buffers
+    return fn, blocks, packed, cfg, buffers
 
 
 def _launch_spec(
@@ -101,26 +102,26 @@ def _launch_spec(
 ) -> LaunchSpec:
     """A launch's input checked and packed (:func:`launch_args`); without args or config it
     is kept on the kernel for its next launches with as many blocks (``Function.launch_specs``)."""
-    fn, packed, cfg, buffers = launch_args(device, scheduler, fn, blocks, args, config)
+    fn, blocks, packed, cfg, buffers = launch_args(device, scheduler, fn, blocks, args, config)
     if args is not None:
-        return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers, once=True)  # type: ignore[arg-type]
+        return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers, once=True)
     host = fn.no_args_image
     if host is None and shareable(packed, fn.info):
         # one pinned image per kernel, shared by its launches without args (kept until the
         # device closes; the pool closes with it)
         scheduler.check_open()
         host = fn.no_args_image = shared_image(scheduler.pool, packed)
-    spec = LaunchSpec(fn.handle, blocks, cfg, packed, host)  # type: ignore[arg-type]
+    spec = LaunchSpec(fn.handle, blocks, cfg, packed, host)
     if cfg is None:
-        fn.launch_specs[blocks] = spec  # type: ignore[index]
+        fn.launch_specs[blocks] = spec
     return spec
 
 
-def _check_blocks(blocks: object) -> None:
-    if isinstance(blocks, bool) or not isinstance(blocks, int):
-        raise TypeError(f"blocks must be an int, got {type(blocks).__name__}")
-    if not 1 <= blocks <= MAX_NUM_BLOCKS:
-        raise ValueError(f"blocks={blocks} is out of range 1..{MAX_NUM_BLOCKS}")
+def _checked_blocks(blocks: object) -> int:
+    count = integer("blocks", blocks)  # (numpy's integers too; never a bool)
+    if not 1 <= count <= MAX_NUM_BLOCKS:
+        raise ValueError(f"blocks={count} is out of range 1..{MAX_NUM_BLOCKS}")
+    return count
 
 
 def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.ndarray[Any, Any]:
@@ -270,7 +271,7 @@ class GraphCapture:
         """Record a kernel launch (see :meth:`Stream.launch`); ``args`` is snapshotted now."""
         self._recording()
         scheduler = self._scheduler
-        fn, packed, cfg, buffers = launch_args(
+        fn, blocks, packed, cfg, buffers = launch_args(
             self._stream.device, scheduler, fn, blocks, args, config
         )
         self._ops.append(
@@ -473,7 +474,9 @@ class Stream(StreamSync):
         """
         scheduler = self._scheduler
         scheduler.check_usable(self._lane)
-        fn, packed, cfg, buffers = launch_args(self.device, scheduler, fn, blocks, args, config)
+        fn, blocks, packed, cfg, buffers = launch_args(
+            self.device, scheduler, fn, blocks, args, config
+        )
         return LaunchPlan(self, self._ref, scheduler, self._lane, fn, blocks, cfg, packed, buffers)
 
     async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:

@@ -26,7 +26,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DLPACK_CPU", "destination_bytes", "dims_of", "host_array", "source_bytes"]
+__all__ = ["DLPACK_CPU", "destination_bytes", "dims_of", "host_array", "integer", "source_bytes"]
+
+
+def integer(what: str, value: object) -> int:
+    """``value`` as an int: any integer type (``operator.index``: numpy's included, as sizes
+    and counts are often worked out from array shapes), never a bool (``TypeError`` naming
+    ``what``)."""
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool | np.bool_):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
+
 
 #: ``kDLCPU``: the DLPack device type of host memory
 DLPACK_CPU = 1

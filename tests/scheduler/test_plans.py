@@ -154,7 +154,7 @@ async def test_plan_misuse_is_refused_with_typed_errors(open_dev: OpenDevice) ->
             s.plan("noop", 1)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="different device"):
             s.plan(other.function("noop"), 1)
-        with pytest.raises(TypeError, match="blocks must be an int"):
+        with pytest.raises(TypeError, match="blocks: expected an int"):
             s.plan(noop, 1.0)  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="out of range"):
             s.plan(noop, 0)

@@ -244,11 +244,21 @@ async def test_numpy_integers_are_integers_and_bools_are_not(anyio_backend: obje
         assert isinstance(least, int)
         s = dev.stream(priority=np.int16(least), max_in_flight=np.int64(8))
         await s.run(dev.function("noop"), 1)
+        noop = dev.function("noop")
+        await s.run(noop, np.int64(2))  # (a block count worked out with numpy: refused before)
+        assert noop.launch_specs.keys() == {1, 2}
+        assert all(type(blocks) is int for blocks in noop.launch_specs)
+        plan = s.plan(noop, np.int32(3))
+        assert plan.blocks == 3 and type(plan.blocks) is int
+        await plan.run()
+        plan.close()
         for call in (
             lambda: dev.malloc(True),
             lambda: dev.wrap(buf.ptr, np.bool_(True)),
             lambda: dev.stream(priority=False),
             lambda: dev.stream(max_in_flight=np.float64(2.0)),
+            lambda: s.plan(noop, np.bool_(True)),
+            lambda: s.plan(noop, True),
         ):
             with pytest.raises(TypeError, match="expected an int"):
                 call()
