@@ -252,8 +252,8 @@ class Scheduler:
             raise ClosedError(f"the device is {self.state.value}")
 
     def check_usable(self, lane: Lane | None = None) -> None:
-        """Raise unless new work may be queued (on ``lane``): the stream is open (else
-        ``ClosedError``), the device open (``ClosedError``), this is its loop
+        """Raise unless new work may be queued (on ``lane``): the stream open (``ClosedError``)
+        and not stranded (``TaskTimeoutError``), the device open (``ClosedError``), its loop
         (``RuntimeError``), no fault (the fault's error). Every request checks it."""
         # One flat test: every launch makes it (the error is worked out only on a refusal)
         if (

@@ -24,6 +24,7 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
+import hypothesis
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -426,7 +427,7 @@ def _ref_config(fields: dict[str, Any]) -> list[tuple[type[Exception], str]]:
 _blocks = st.one_of(
     st.integers(1, 65535),
     st.integers(-3, 0) | st.integers(65536, 70000),
-    st.sampled_from([True, 1.0, "1", None, np.int32(4)]),
+    st.sampled_from([True, 1.0, "1", None, np.int32(4), np.int64(70000), np.bool_(True)]),
 )
 
 
@@ -462,6 +463,9 @@ def test_launch_fuzz_against_the_reference() -> None:
             ),
             as_object=st.booleans(),
         )
+        # numpy's integers are block counts, its bools are not: in every run
+        @hypothesis.example(ops=[], blocks=np.int32(4), config=None, as_object=False)
+        @hypothesis.example(ops=[], blocks=np.bool_(True), config=None, as_object=False)
         def example(
             ops: list[tuple[str, Any, Any]], blocks: Any, config: Any, as_object: bool
         ) -> None:
@@ -480,7 +484,8 @@ def test_launch_fuzz_against_the_reference() -> None:
                     continue  # builder refusals: test_hostargs_against_the_reference_validator
                 _call(args, kind, value, align)
             problems: list[tuple[type[Exception], str]] = []
-            if isinstance(blocks, bool) or not isinstance(blocks, int):
+            # any integer type (numpy's too), never a bool
+            if isinstance(blocks, bool | np.bool_) or not isinstance(blocks, int | np.integer):
                 problems.append((TypeError, "blocks"))
             elif not 1 <= blocks <= 65535:
                 problems.append((ValueError, "blocks"))
