@@ -132,11 +132,11 @@ class LaunchPlan:
                 await stream._admit()  # noqa: SLF001
         finally:
             waiting.discard(scope)
-        if scope.cancelled_caught:
-            raise ClosedError("the launch plan was closed while the launch waited for its slot")
-        if self._record.free_requested:  # (granted just as the close came)
-            self._scheduler.unadmit(self._lane)
-            raise ClosedError("the launch plan was closed while the launch waited for its slot")
+        if not scope.cancelled_caught:
+            if not self._record.free_requested:
+                return
+            self._scheduler.unadmit(self._lane)  # (granted just as the close came)
+        raise ClosedError("the launch plan was closed while the launch waited for its slot")
 
     async def run(self) -> None:
         """:meth:`launch` and wait until the kernel has finished (cancelled after the launch
