@@ -256,7 +256,7 @@ class GraphCapture:
         self.graph: Graph | None = None
 
     def _recording(self) -> None:
-        self._scheduler.check_usable()
+        self._scheduler.check_usable(self._lane)
         if self._state is not _CaptureState.RECORDING:
             raise RuntimeError("record operations inside `async with stream.capture() as c:`")
 
@@ -303,7 +303,7 @@ class GraphCapture:
     async def __aenter__(self) -> GraphCapture:
         if self._state is not _CaptureState.NEW:
             raise RuntimeError("a GraphCapture is entered once")
-        self._scheduler.check_usable()  # a capture made before the device closed: ClosedError
+        self._scheduler.check_usable(self._lane)  # made before the device closed: ClosedError
         self._state = _CaptureState.RECORDING
         return self
 
@@ -657,9 +657,7 @@ class Stream(StreamSync):
         host-to-device copies, device copies and memsets can be captured; copies to host,
         events and waits cannot (download after the replay instead).
         """
-        self._scheduler.check_usable()
-        if self._lane.closed:
-            raise ClosedError("the stream is closed")
+        self._scheduler.check_usable(self._lane)
         return GraphCapture(self, self._scheduler, self._lane, self._admit)
 
     async def launch_graph(self, graph: Graph) -> Task:

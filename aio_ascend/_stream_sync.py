@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._buffer import DeviceBuffer, byte_range
-from ._errors import ClosedError
 from ._hostfunc import ASYNC_FN, host_funcs
 from ._sched.task import HostFunctionTask, Task
 
@@ -77,9 +76,7 @@ class StreamSync:
                 "wait_stream(): the streams belong to different devices (an event of one "
                 "device cannot be waited for on another: await other.synchronize() instead)"
             )
-        self._scheduler.check_usable()
-        if self._lane.closed:
-            raise ClosedError("the stream is closed")
+        self._scheduler.check_usable(self._lane)
         return await self.wait_event(await other.record_event())
 
     def query(self) -> bool:
@@ -117,9 +114,7 @@ class StreamSync:
         if inspect.iscoroutinefunction(fn):
             raise TypeError(ASYNC_FN)
         scheduler = self._scheduler
-        scheduler.check_usable()
-        if self._lane.closed:
-            raise ClosedError("the stream is closed")
+        scheduler.check_usable(self._lane)
         # The fence without the torch handshake: the hold must be in place before this call
         # awaits anything after queueing the record (else later work overtakes it); torch's
         # own later ops are not held by a host function (they reach the runtime stream

@@ -265,11 +265,11 @@ class Scheduler:
             raise self._refusal(lane)
 
     def _refusal(self, lane: Lane | None) -> BaseException:
-        # Why check_usable refused, in its order: the caller's own object first
-        if lane is not None and lane.closed:
-            return ClosedError("the stream is closed")
+        # Why check_usable refused: the device's close (it closes every stream) first
         if self.state is not _OPEN:
             return ClosedError(f"the device is {self.state.value}")
+        if lane is not None and lane.closed:
+            return ClosedError("the stream is closed")
         if not self.adapter.is_current():
             return RuntimeError(OTHER_THREAD)
         if self.faults.first is None and lane is not None and lane.stranded is not None:

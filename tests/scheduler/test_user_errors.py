@@ -491,8 +491,46 @@ async def test_every_public_call_after_close_raises_closed_error(
         if inspect.isawaitable(result):
             await result
 
-    with pytest.raises(aa.ClosedError):
+    # The same words on every backend: the device's close comes first (it closed the
+    # streams too); a stream's own enter speaks of the stream.
+    words = "stream is closed" if call == "Stream.__aenter__" else "the device is closed"
+    with pytest.raises(aa.ClosedError, match=words):
         await make_the_call()
+
+
+#: the calls on a stream that need it open (its device staying open)
+ON_A_CLOSED_STREAM: dict[str, Callable[[_Closed], object]] = {
+    name: call
+    for name, call in AFTER_CLOSE.items()
+    if name.startswith("Stream.")
+}
+
+
+@pytest.mark.backends("sim", "acl")
+@pytest.mark.parametrize("call", sorted(ON_A_CLOSED_STREAM))
+async def test_a_closed_stream_refuses_every_call_that_needs_it_open(
+    call: str, device_backend: str, anyio_backend: object
+) -> None:
+    """Each says "the stream is closed", its device still open (one rule for all of them:
+    ``check_usable(lane)``), and the device keeps working."""
+    import inspect
+
+    async with await open_backend(device_backend) as dev:
+        c = _Closed()
+        c.dev = dev
+        c.s, c.s2 = dev.stream(), dev.stream()
+        c.buf, c.other = dev.malloc(64), dev.malloc(64)
+        c.event = await c.s2.record_event()
+        c.fn = dev.function("noop")
+        async with c.s2.capture() as capture:
+            capture.memset(c.buf, 0)
+        c.graph = capture.graph
+        await c.s.aclose()
+        with pytest.raises(aa.ClosedError, match="stream is closed"):
+            result = ON_A_CLOSED_STREAM[call](c)
+            if inspect.isawaitable(result):
+                await result
+        await c.s2.run(c.fn, 1)
 
 
 async def test_the_calls_that_still_answer_after_close(anyio_backend: object) -> None:
