@@ -422,8 +422,12 @@ class HostArgs:
     def placeholder(self, data: BytesLike | np.ndarray[Any, Any], align: int = 32) -> HostArgs:
         """An 8-byte slot (addrOffset) the runtime fills with the device address of ``data``.
 
-        ``data`` itself is placed in the tail after all arguments (dataOffset), aligned to
-        ``align`` (at least 8).
+        ``data`` itself is placed in the tail after all arguments (dataOffset), at an offset
+        aligned to ``align`` (at least 8) from the start of the args buffer. Its device
+        address is aligned as far as the runtime aligns the buffer's device copy, which it
+        chooses: on the real runtime at least 8 bytes (its stream pool hands out args space in
+        8-byte steps, ``stars_arg_manager.cc:131``), so data a kernel must read with a larger
+        alignment belongs in a device buffer (:meth:`ptr`).
         """
         align = max(_check_alignment("HostArgs.placeholder align", align), 8)
         payload = _as_bytes("HostArgs.placeholder", data)

@@ -535,3 +535,28 @@ def test_bind_skips_missing_optional_functions() -> None:
         "aclrtExceptionInfoCallbackRegister", "aclrtExceptionInfoCallbackUnregister",
     }  # fmt: skip
     assert set(functions) == (set(ffi.PROTOTYPES) | set(ffi.OPTIONAL_PROTOTYPES)) - legacy_lacks
+
+
+RUNTIME_TARBALL = ABI_DIR.parents[1] / "third_party/cann-runtime/hicann-runtime-681ef76.tar.xz"
+
+
+@pytest.mark.skipif(not RUNTIME_TARBALL.is_file(), reason=f"no {RUNTIME_TARBALL}")
+def test_every_runtime_error_code_is_known_by_its_headers_name() -> None:
+    """``rt_error_codes.h`` of the pinned runtime source, read out of its tarball: every code
+    is an ``AclCode`` of the same number and name, so an error without the runtime's text
+    still says what it means (``507000`` said "a code aio_ascend does not know by name")."""
+    import tarfile
+
+    with tarfile.open(RUNTIME_TARBALL, "r|xz") as tar:
+        for member in tar:
+            if member.name.endswith("include/external/acl/error_codes/rt_error_codes.h"):
+                extracted = tar.extractfile(member)
+                assert extracted is not None
+                header = extracted.read().decode()
+                break
+        else:
+            pytest.fail("rt_error_codes.h is not in the tarball")
+    codes = re.findall(r"^#define ACL_ERROR_(\w+)\s+(\d+)", header, re.M)
+    assert len(codes) > 100
+    for name, number in codes:
+        assert AclCode(int(number)).name in (name, name.removeprefix("RT_")), (name, number)

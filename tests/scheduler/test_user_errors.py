@@ -500,9 +500,7 @@ async def test_every_public_call_after_close_raises_closed_error(
 
 #: the calls on a stream that need it open (its device staying open)
 ON_A_CLOSED_STREAM: dict[str, Callable[[_Closed], object]] = {
-    name: call
-    for name, call in AFTER_CLOSE.items()
-    if name.startswith("Stream.")
+    name: call for name, call in AFTER_CLOSE.items() if name.startswith("Stream.")
 }
 
 
@@ -526,10 +524,14 @@ async def test_a_closed_stream_refuses_every_call_that_needs_it_open(
             capture.memset(c.buf, 0)
         c.graph = capture.graph
         await c.s.aclose()
-        with pytest.raises(aa.ClosedError, match="stream is closed"):
+
+        async def make_the_call() -> None:
             result = ON_A_CLOSED_STREAM[call](c)
             if inspect.isawaitable(result):
                 await result
+
+        with pytest.raises(aa.ClosedError, match="stream is closed"):
+            await make_the_call()
         await c.s2.run(c.fn, 1)
 
 
