@@ -906,11 +906,17 @@ drvError_t halResourceIdFree(uint32_t devId, struct halResourceIdInputInfo* in)
 
 /* ---- submission and completion -------------------------------------------------------- */
 
-static uint64_t fh_now_ns(void)
+/* A CQE's timestamp counts the device's timestamp clock, not nanoseconds: the runtime divides
+ * two of them by the chip's eventTimestampFreq (ticks per ms) for aclrtEventElapsedTime
+ * (event.cc:1272-1276), 50000 on a 910B (config/910_B_93/dev_info_reg.cc:186,
+ * task_base.hpp:40): a 50 MHz clock, one tick per 20 ns. */
+#define FH_NS_PER_TIMESTAMP_TICK 20ULL
+
+static uint64_t fh_now_ticks(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+    return ((uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec) / FH_NS_PER_TIMESTAMP_TICK;
 }
 
 static void fh_push_cqe_locked(uint32_t sq_id, const struct fh_sqe_header* h, uint32_t error_type,
@@ -948,7 +954,7 @@ static void fh_push_cqe_locked(uint32_t sq_id, const struct fh_sqe_header* h, ui
     e->sq_id = (uint16_t)sq_id;
     e->sq_head = (uint16_t)sq->head;
     e->error_bit = (error_type != 0) ? 1 : 0;
-    e->timestamp = fh_now_ns();
+    e->timestamp = fh_now_ticks();
     cq->count++;
     FH_TRACE("CQE for stream %u task %u (sq %u, error %u) -> logic cq %u", h->rt_stream_id,
              h->task_id, sq_id, error_type, target);
