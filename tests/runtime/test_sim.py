@@ -778,3 +778,33 @@ def test_a_source_no_backend_loads_is_a_type_error(rt: SimRuntime) -> None:
         rt.load_binary(123)
     with pytest.raises(InvalidParamError):
         rt.load_binary("/tmp/kernels.o")
+
+
+def test_args_regions_are_only_as_aligned_as_the_real_runtime_promises(
+    rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
+) -> None:
+    """The real runtime's stream pool hands out args space in 8-byte steps
+    (stars_arg_manager.cc:131): the sim's regions sit 8 bytes past a large boundary, so a
+    kernel relying on more alignment of its placeholder data sees it here. The bytes before
+    a region are no one's."""
+    lib = KernelLibrary()
+    seen: list[int] = []
+
+    @lib.kernel("where")
+    def where(ctx: KernelContext) -> None:
+        seen.append(ctx.args_addr)
+        seen.append(ctx.ptr(0))  # the placeholder's data, align=64 in the args buffer
+
+    @lib.kernel("before")
+    def before(ctx: KernelContext) -> None:
+        ctx.read(ctx.args_addr - 8, 8)
+
+    h = make_kit(rt, library=lib)
+    h.launch("where", HostArgs().placeholder(b"z" * 8, align=64))
+    rt.synchronize_stream(h.stream, SYNC_MS)
+    region, data = seen
+    assert region % 8 == 0 and region % 16 == 8
+    assert (data - region) % 64 == 0 and data % 64 == 8
+    h.launch("before", HostArgs().placeholder(b"w" * 8))
+    with pytest.raises(DeviceFaultError, match="not inside any live device allocation"):
+        rt.synchronize_stream(h.stream, SYNC_MS)

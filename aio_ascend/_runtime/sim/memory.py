@@ -44,6 +44,8 @@ _ARGS_SLOT_BITS = 32
 _ARGS_SLOT_MASK = (1 << _ARGS_SLOT_BITS) - 1
 _ARGS_SLOTS = 1 << 20
 ARGS_LIMIT = ARGS_BASE + (_ARGS_SLOTS << _ARGS_SLOT_BITS)
+#: where in its slot a region starts (see DeviceMemory.reserve_region)
+_ARGS_SKEW = 8
 _ALIGN = 64
 #: gap left between device allocations, so that an overrun never lands in a neighbour
 _GUARD = 4096
@@ -162,18 +164,22 @@ class DeviceMemory:
         return True
 
     def reserve_region(self) -> int:
-        """The device address of a new args region (any size up to 4 GiB)."""
-        return ARGS_BASE + ((next(self._region_seq) & (_ARGS_SLOTS - 1)) << _ARGS_SLOT_BITS)
+        """The device address of a new args region (any size up to 4 GiB): 8 bytes past its
+        slot's start, the least alignment the real runtime promises (its stream pool hands
+        out args space in 8-byte steps, ``stars_arg_manager.cc:131``), so that placeholder
+        data is never more aligned here than there."""
+        slot = ARGS_BASE + ((next(self._region_seq) & (_ARGS_SLOTS - 1)) << _ARGS_SLOT_BITS)
+        return slot + _ARGS_SKEW
 
     def map_region(self, addr: int, args: bytes) -> None:
         """Back the region at ``addr`` with a copy of ``args`` (the launch's H2D args copy)."""
         data = np.empty(len(args), dtype=np.uint8)
         data.data[:] = args
-        self._regions[addr] = data
+        self._regions[addr & ~_ARGS_SLOT_MASK] = data
 
     def unmap_region(self, addr: int) -> None:
         """Release a region after its kernel ran."""
-        self._regions.pop(addr, None)
+        self._regions.pop(addr & ~_ARGS_SLOT_MASK, None)
 
     def user_count(self) -> int:
         """Live allocations made by the user (args regions are the runtime's own)."""
@@ -195,9 +201,10 @@ class DeviceMemory:
         if data is not None and 0 <= nbytes <= data.shape[0]:
             return data, 0
         if ARGS_BASE <= addr < ARGS_LIMIT:
-            base = addr & ~_ARGS_SLOT_MASK
-            data = self._regions.get(base)
-            if data is not None:
+            slot = addr & ~_ARGS_SLOT_MASK
+            data = self._regions.get(slot)
+            base = slot + _ARGS_SKEW
+            if data is not None and addr >= base:  # (the skew before it is no one's)
                 offset = addr - base
                 if nbytes >= 0 and offset + nbytes <= data.shape[0]:
                     return data, offset
