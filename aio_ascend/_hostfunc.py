@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._errors import ClosedError, derived_error
+from ._errors import ClosedError, TaskTimeoutError, derived_error
 from ._sched.forcing import gave_up
 from ._sched.hooks import HOOKS, HostCall, Source
 from ._sched.loop import LoopAdapter
 from ._sched.shutdown import join
-from ._sched.task import Task, resolve_task
+from ._sched.task import HostFunctionTask, resolve_task
 from ._sched.work import Outcome
 
 if TYPE_CHECKING:
@@ -91,26 +91,33 @@ class HostFuncs:
     :param source: the device as observers know it (None: observers are not told)
     """
 
-    def __init__(self, device_id: int, adapter: LoopAdapter, source: Source | None = None) -> None:
+    def __init__(
+        self,
+        device_id: int,
+        adapter: LoopAdapter,
+        task_timeout: float,
+        source: Source | None = None,
+    ) -> None:
         self._adapter = adapter
+        self._task_timeout = task_timeout
         self._source = source
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._main, name=f"aio_ascend-hostfunc-{device_id}", daemon=True
         )
-        # host-function tasks not resolved yet -> their stream's handle (loop thread)
-        self.pending: dict[Task, int] = {}
-        self._running: list[Any] = []  # waiters of functions handed to the thread
+        # host functions not returned yet -> their stream's handle (loop thread)
+        self.pending: dict[HostFunctionTask, int] = {}
+        self._running: list[anyio.Event] = []  # set when a function handed over returns
         self.closed = False
         self._idle: list[Any] = []
 
-    def start(self, recorded: Event, task: Task, fn: Callable[[], object]) -> None:
+    def start(self, recorded: Event, task: HostFunctionTask, fn: Callable[[], object]) -> None:
         """Run ``fn`` once ``recorded`` has completed, then resolve ``task`` (loop thread)."""
         stream: Any = recorded.stream
         self.pending[task] = stream.handle
         spawn(self._adapter, lambda: self._run(recorded, task, fn))
 
-    async def _run(self, recorded: Event, task: Task, fn: Callable[[], object]) -> None:
+    async def _run(self, recorded: Event, task: HostFunctionTask, fn: Callable[[], object]) -> None:
         error: BaseException | None = None
         stamps: list[float] = []  # handed to the thread, returned
         try:
@@ -123,15 +130,17 @@ class HostFuncs:
             else:
                 if self.closed:
                     error = ClosedError("the device closed before the host function ran")
-                else:
-                    error = await self._call(fn, stamps)
+                elif not task.done():  # (else its stream's forced close gave up on it)
+                    error = await self._call(task, fn, stamps)
         except BaseException:  # the loop is ending (trio cancels its system tasks)
             error = ClosedError("the event loop ended before the host function finished")
         self._finish(task, error, stamps)
 
-    async def _call(self, fn: Callable[[], object], stamps: list[float]) -> BaseException | None:
+    async def _call(
+        self, task: HostFunctionTask, fn: Callable[[], object], stamps: list[float]
+    ) -> BaseException | None:
         adapter = self._adapter
-        waiter = adapter.new_waiter()
+        returned = anyio.Event()
         outcome: list[BaseException | None] = []
 
         def job() -> None:
@@ -144,29 +153,44 @@ class HostFuncs:
             except BaseException as exc:  # fails the task, not the thread
                 outcome.append(exc)
             stamps.append(time.perf_counter())
-            adapter.call_soon_threadsafe(adapter.wake, waiter)
+            adapter.call_soon_threadsafe(returned.set)
 
         if self._thread.ident is None:
             self._thread.start()
         stamps.append(time.perf_counter())
         self._jobs.put(job)
-        self._running.append(waiter)
+        self._running.append(returned)
         try:
             with anyio.CancelScope(shield=True):  # fn runs whatever happens: wait for it
-                await adapter.wait(waiter)
+                with anyio.move_on_after(self._task_timeout):
+                    await returned.wait()
+                if not returned.is_set():
+                    # The watchdog's rule for device work: the task fails now; the stream
+                    # stays held until fn returns (it cannot be interrupted).
+                    resolve_task(
+                        task,
+                        TaskTimeoutError(
+                            f"host_func did not return within task_timeout={self._task_timeout:g}s "
+                            "(it still runs: the stream's later work waits for it)"
+                        ),
+                    )
+                    await returned.wait()
         finally:
-            self._running.remove(waiter)
+            self._running.remove(returned)
         if not outcome:  # abandoned by the close: it still runs, unobserved
             return ClosedError("the device closed while the host function ran")
         return outcome[0]
 
-    def _finish(self, task: Task, error: BaseException | None, stamps: list[float]) -> None:
+    def _finish(
+        self, task: HostFunctionTask, error: BaseException | None, stamps: list[float]
+    ) -> None:
         handle = self.pending.pop(task, None)
         if HOOKS.observers and handle is not None and self._source is not None:
             ran = len(stamps) == 2  # (an abandoned one is still running: not yet returned)
             call = HostCall(task, handle, *(stamps if ran else (None, None)))
             HOOKS.delivered(self._source, [(call, error, Outcome.FINISHED)])
-        resolve_task(task, error)
+        resolve_task(task, error)  # (nothing if the watchdog or a close failed it already)
+        task.returned.set()
         if not self.pending:
             idle, self._idle = self._idle, []
             for waiter in idle:
@@ -196,8 +220,8 @@ class HostFuncs:
         abandoned = bool(self._running)
         if self.pending:
             log.error("a host function did not return when its device closed; it is abandoned")
-            for waiter in self._running:  # their coroutines end (a trio run can then end)
-                self._adapter.wake(waiter)
+            for returned in self._running:  # their coroutines end (a trio run can then end)
+                returned.set()
             for task in list(self.pending):
                 self._finish(task, gave_up(task.kind), [])
         self.stop()
@@ -210,12 +234,15 @@ class HostFuncs:
         self._jobs.put(None)
 
 
-def host_funcs(device: object, device_id: int, adapter: LoopAdapter) -> HostFuncs:
+def host_funcs(
+    device: object, device_id: int, adapter: LoopAdapter, task_timeout: float
+) -> HostFuncs:
     """The host-function runner of ``device``, created with its first host function; it stops
     when the device closes, or when the device is collected without a close."""
     runner = _RUNNERS.get(device)
     if runner is None:
-        runner = _RUNNERS[device] = HostFuncs(device_id, adapter, _SOURCES.get(device))
+        runner = HostFuncs(device_id, adapter, task_timeout, _SOURCES.get(device))
+        _RUNNERS[device] = runner
         weakref.finalize(device, runner.stop).atexit = False
     return runner
 

@@ -34,8 +34,8 @@ class StreamSync:
     _ref: Callable[[], object]
     #: the handshake with the framework owning this (external) stream, if any
     _order: TorchOrder | None
-    #: the latest host function: later operations wait until it is done
-    _hold: Task | None
+    #: the latest host function: later operations wait until it has returned
+    _hold: HostFunctionTask | None
     #: neither of them: an operation may take the fast path of admission
     _plain: bool
 
@@ -102,9 +102,13 @@ class StreamSync:
         (``aio_ascend-hostfunc-<id>``), one at a time per device: it must not block on this
         event loop, and should not call the device (use the loop for that). If the earlier
         work fails, ``fn`` does not run and the Task fails with an error caused by that
-        failure. Emulated on every backend (an event, then the thread); the device's close
-        waits for a running ``fn`` (up to ``aclose``'s timeout, else ``task_timeout``). On a
-        stream of torch_npu's, torch's own later ops are not held by it.
+        failure. An ``fn`` still running after the device's ``task_timeout`` fails its Task
+        with ``TaskTimeoutError``, as the watchdog fails device work, and so does one running
+        when its stream's ``aclose(timeout=...)`` gives up; it cannot be interrupted, so the
+        stream's later work still waits until it returns. Emulated on every backend (an
+        event, then the thread); the device's close waits for a running ``fn`` (up to
+        ``aclose``'s timeout, else ``task_timeout``). On a stream of torch_npu's, torch's own
+        later ops are not held by it.
 
         :raises TypeError: ``fn`` is not callable, or is a coroutine function (an async
             callable's coroutine fails the Task with ``TypeError`` when it is called)
@@ -126,7 +130,8 @@ class StreamSync:
         self._plain = False
         self._lane.hold_for(task)
         device = self.device
-        host_funcs(device, scheduler.device_id, scheduler.adapter).start(recorded, task, fn)
+        runner = host_funcs(device, scheduler.device_id, scheduler.adapter, scheduler.task_timeout)
+        runner.start(recorded, task, fn)
         return task
 
     async def _copy_from_peer(
@@ -160,8 +165,8 @@ class StreamSync:
         while True:
             hold = self._hold
             if hold is not None:
-                if not hold.done():  # a host function: later work starts after it
-                    await hold.wait_finished()
+                if not hold.returned.is_set():  # a host function: later work starts after it
+                    await hold.returned.wait()
                     continue
                 self._hold = None
                 self._plain = self._order is None
@@ -169,7 +174,7 @@ class StreamSync:
                 self._order.before()
             if not scheduler.try_admit(lane):
                 await scheduler.admit(lane)
-            if self._hold is None or self._hold.done():
+            if self._hold is None or self._hold.returned.is_set():
                 return
             # a host function was queued while this call waited for admission: after it
             scheduler.unadmit(lane)

@@ -8,6 +8,8 @@ import types
 from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
+import anyio
+
 from .admission import ENTRIES_PER_REQUEST
 from .hooks import HOOKS
 from .loop import OTHER_THREAD, LoopAdapter
@@ -287,10 +289,28 @@ class Task:
 
 
 class HostFunctionTask(Task):
-    """A host function's task (``Stream.host_func``): no batch, resolved when it returned."""
+    """A host function's task (``Stream.launch_host_func``): no batch, resolved when ``fn``
+    returned, or earlier when it runs past ``task_timeout`` or a close gives up on it.
 
-    __slots__ = ()
+    :ivar returned: set once ``fn`` has returned (or will never run, or its stream or device
+        was closed under it): the stream's later work waits for this, not for the task, so a
+        host function failed by the watchdog while it still runs keeps its place in order
+    """
+
+    __slots__ = ("returned",)
     kind = "host_func"
+
+    def __init__(self, lane: TaskLane) -> None:
+        super().__init__(lane)
+        self.returned = anyio.Event()
+
+    def give_up(self, error: BaseException) -> None:
+        """Its stream's forced close gives up on it (unless it is done): failed with ``error``
+        and no longer holding the stream, though ``fn`` may run on (a thread cannot be
+        stopped; the device's close waits for it)."""
+        if not self._done:
+            self._resolve(error)
+            self.returned.set()
 
 
 def _wake_rest(adapter: LoopAdapter, waiters: list[Any], start: int) -> None:

@@ -336,6 +336,74 @@ async def test_a_stream_close_waits_for_its_host_function(open_dev: Callable[...
         assert ran.is_set() and host.done()
 
 
+async def test_the_watchdog_fails_a_host_function_that_does_not_return(
+    open_dev: Callable[..., Any],
+) -> None:
+    """``task_timeout`` bounds a host function's task as it bounds device work (it never
+    fired: a stuck ``fn`` left its task, and every wait on it, pending for good). As with a
+    timed-out kernel, what comes after it on the stream still waits for it: it runs once
+    ``fn`` returns, never beside it."""
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def stuck() -> None:
+        started.set()
+        release.wait(30)
+        order.append("fn returned")
+
+    async with open_dev(task_timeout=0.2) as dev:
+        s = dev.stream()
+        host = await s.launch_host_func(stuck)
+        with anyio.fail_after(10):  # 0.2 s expected
+            with pytest.raises(aa.TaskTimeoutError, match="did not return within task_timeout"):
+                await host
+        assert not release.is_set()
+        later_done = anyio.Event()
+
+        async def later() -> None:
+            await s.launch_host_func(lambda: order.append("later ran"))
+            later_done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(later)
+            await anyio.sleep(0.1)
+            assert not later_done.is_set()  # held behind the running fn
+            release.set()
+        await s.synchronize()
+        assert order == ["fn returned", "later ran"]
+
+
+async def test_a_forced_stream_close_gives_up_on_a_running_host_function(
+    open_dev: Callable[..., Any],
+) -> None:
+    """``s.aclose(timeout=...)`` waited for a host function that never returned, shielded,
+    for good (it logged "0 task(s) unfinished"). It now returns within its timeout; the
+    task fails as the forced close's tasks do, and the function's thread is the device
+    close's to wait for (which abandons it past its own timeout)."""
+    started, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        started.set()
+        release.wait(30)
+
+    dev = await open_dev()
+    try:
+        s = dev.stream()
+        host = await s.launch_host_func(stuck)
+        await anyio.to_thread.run_sync(started.wait, 10)
+        with anyio.fail_after(10):  # 0.2 s expected
+            await s.aclose(timeout=0.2)
+        with pytest.raises(aa.TaskTimeoutError, match="did not finish before aclose") as caught:
+            await host
+        assert caught.value.by_close
+        await dev.stream().run(dev.function("noop"), 1)  # the device works on
+    finally:
+        release.set()
+        with anyio.fail_after(10):
+            await dev.aclose()
+    assert not [t for t in threading.enumerate() if t.name.startswith("aio_ascend-hostfunc")]
+
+
 # --- copy_device from another device ------------------------------------------------------------
 
 
