@@ -7,6 +7,7 @@ asyncio, uvloop and trio; the few that need the sim's controls say so.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -317,6 +318,49 @@ async def test_a_close_abandons_a_host_function_past_its_timeout(
     with pytest.raises(aa.TaskTimeoutError, match="did not finish before aclose"):
         await host  # as a forced close's tasks fail (it was a ClosedError)
     release.set()  # the abandoned function returns; its thread exits
+    for thread in threading.enumerate():
+        if thread.name.startswith("aio_ascend-hostfunc"):
+            await anyio.to_thread.run_sync(thread.join, 10)
+
+
+async def test_an_escalated_close_ends_the_patient_one_too_with_a_host_function_running(
+    open_dev: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain ``aclose()`` waiting for a running host function, then ``aclose(timeout=0.2)``:
+    the earliest deadline wins for both. The patient close, woken by the other's abandonment,
+    went on to join the thread the abandoned function holds (``STUCK_AFTER_S`` more; made
+    long here so that this shows)."""
+    from aio_ascend import _hostfunc
+
+    monkeypatch.setattr(_hostfunc, "STUCK_AFTER_S", 20.0)
+    started, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        started.set()
+        release.wait(30)
+
+    dev = await open_dev()
+    s = dev.stream()
+    host = await s.launch_host_func(stuck)
+    await anyio.to_thread.run_sync(started.wait, 10)
+    returned: dict[str, float] = {}
+    start = time.monotonic()
+
+    async def close(name: str, **kwargs: Any) -> None:
+        await dev.aclose(**kwargs)
+        returned[name] = time.monotonic() - start
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(close, "patient")
+            await anyio.sleep(0.1)
+            tg.start_soon(functools.partial(close, "escalated", timeout=0.2))
+    finally:
+        release.set()
+    # both at about 0.3 s (10x margin); the patient one took 20 s more
+    assert returned["patient"] < 5.0 and returned["escalated"] < 5.0, returned
+    with pytest.raises(aa.TaskTimeoutError):
+        await host
     for thread in threading.enumerate():
         if thread.name.startswith("aio_ascend-hostfunc"):
             await anyio.to_thread.run_sync(thread.join, 10)
