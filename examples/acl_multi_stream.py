@@ -22,6 +22,7 @@ loads a binary with ``LongOPf`` and ``ShortOPf``.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 
@@ -140,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--library", help="the ACL library to load (--backend acl), e.g. a CANN runtime's .so"
     )
     args = parser.parse_args(argv)
+    for flag, value in (("--long-ms", args.long_ms), ("--wait-ms", args.wait_ms)):
+        if not (value > 0 and math.isfinite(value)):
+            parser.error(f"{flag} must be a number of milliseconds > 0, got {value}")
     ok = anyio.run(
         run, args.backend, args.kernels, args.long_ms / 1e3, args.wait_ms / 1e3, args.library
     )

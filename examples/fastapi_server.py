@@ -42,6 +42,7 @@ import argparse
 import contextlib
 import functools
 import itertools
+import math
 import socket
 import struct
 import sys
@@ -523,10 +524,17 @@ def format_report(
 
 
 async def load_test(
-    requests: int, concurrency: int, *, backend: str = "sim", streams: int = 4, quiet: bool = False
+    requests: int,
+    concurrency: int,
+    *,
+    backend: str = "sim",
+    streams: int = 4,
+    quiet: bool = False,
+    close_timeout: float = CLOSE_TIMEOUT,
 ) -> LoadReport:
     """Serve a fresh app on 127.0.0.1 in this process and run the load test against it."""
-    async with serve_in_process(create_app(backend=backend, streams=streams)) as url:
+    app = create_app(backend=backend, streams=streams, close_timeout=close_timeout)
+    async with serve_in_process(app) as url:
         return await run_load(url, requests, concurrency, progress=not quiet)
 
 
@@ -549,11 +557,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
 
+    if not (args.close_timeout > 0 and math.isfinite(args.close_timeout)):
+        parser.error("--close-timeout must be a number of seconds > 0")
     if args.serve:
         if args.host not in LOOPBACK:
             parser.error(f"--host {args.host}: this example only listens on loopback")
-        if not args.close_timeout > 0:
-            parser.error("--close-timeout must be > 0")
         serve(
             host=args.host,
             port=args.port,
@@ -576,6 +584,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 backend=args.backend,
                 streams=args.streams,
                 quiet=args.quiet,
+                close_timeout=args.close_timeout,
             )
         )
     except KeyboardInterrupt:  # (the server and the device were shut down on the way out)

@@ -137,11 +137,18 @@ class _Slot:
             buf.free()
 
 
+#: host memory the demo's precomputed inputs may take
+INPUTS_BUDGET_BYTES = 1 << 30
+
+
 def make_inputs(cfg: DemoConfig) -> list[tuple[F32Array, F32Array, F32Array]]:
-    """The ``(x, y, expected)`` triples the requests cycle over (``expected`` from numpy)."""
+    """The ``(x, y, expected)`` triples the requests cycle over (``expected`` from numpy):
+    ``distinct_inputs`` of them, but no more than there are requests, nor more than fit in
+    :data:`INPUTS_BUDGET_BYTES` (at least one: ``--size 100000000`` made 19 GB of them)."""
     rng = np.random.default_rng(cfg.seed)
     pairs = []
-    for _ in range(cfg.distinct_inputs):
+    fit = max(1, INPUTS_BUDGET_BYTES // (3 * 4 * cfg.n))
+    for _ in range(min(cfg.distinct_inputs, cfg.requests, fit)):
         x = rng.standard_normal(cfg.n, dtype=np.float32)
         y = rng.standard_normal(cfg.n, dtype=np.float32)
         expected = np.float32(FACTOR) * (np.float32(A) * x + y)

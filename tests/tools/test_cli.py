@@ -180,6 +180,19 @@ def test_demo_wrong_result_exits_1(
     assert "ERROR" in out
 
 
+def test_demo_inputs_are_bounded_by_the_requests_and_a_memory_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``demo --size 100000000 --requests 2`` was killed for memory: it made its 16 input
+    triples whatever the size (19 GB). No more than the requests, nor than the budget."""
+    assert len(demo.make_inputs(demo.DemoConfig(requests=3, n=64))) == 3
+    assert len(demo.make_inputs(demo.DemoConfig(requests=100, n=64))) == 16
+    monkeypatch.setattr(demo, "INPUTS_BUDGET_BYTES", 5 * 3 * 4 * 64)
+    assert len(demo.make_inputs(demo.DemoConfig(requests=100, n=64))) == 5
+    monkeypatch.setattr(demo, "INPUTS_BUDGET_BYTES", 1)
+    assert len(demo.make_inputs(demo.DemoConfig(requests=100, n=64))) == 1
+
+
 # --- bench --------------------------------------------------------------------------------------
 
 

@@ -184,6 +184,15 @@ def test_acl_launch_kernel_sample_lays_out_args_as_the_ascend_kernel_takes_them(
     assert example.kernel_args("simple", 0x10, 0x20, 0x30).pack().placeholder_count == 0
 
 
+@pytest.mark.parametrize("flag", ["--long-ms", "--wait-ms"])
+@pytest.mark.parametrize("value", ["-5", "0", "nan", "inf"])
+def test_acl_multi_stream_refuses_durations_that_are_not(flag: str, value: str) -> None:
+    """``--long-ms inf`` ran until the watchdog; each is refused at the command line."""
+    with pytest.raises(SystemExit) as exited:
+        _load("acl_multi_stream").main([flag, value])
+    assert exited.value.code == 2
+
+
 def test_acl_multi_stream_sample(capsys: pytest.CaptureFixture[str]) -> None:
     # LongOP 300 ms, the bounded wait 20 ms: a 15x margin for "the wait gives up"
     assert _load("acl_multi_stream").main(["--long-ms", "300", "--wait-ms", "20"]) == 0

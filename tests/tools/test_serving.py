@@ -120,6 +120,34 @@ def test_fastapi_server_refuses_non_loopback_hosts() -> None:
         server.main(["--serve", "--host", "0.0.0.0"])
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf"])
+@pytest.mark.parametrize("mode", [["--load", "5"], ["--serve"]])
+def test_fastapi_server_refuses_a_close_timeout_that_is_not_a_duration(
+    mode: list[str], value: str
+) -> None:
+    """``--load`` took any ``--close-timeout`` (it ignored it); both modes check it first."""
+    server = _fastapi_server()
+    with pytest.raises(SystemExit) as exited:
+        server.main([*mode, "--close-timeout", value])
+    assert exited.value.code == 2
+
+
+def test_fastapi_load_test_passes_its_close_timeout_to_the_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _fastapi_server()
+    seen: list[float] = []
+
+    def create_app(**kwargs: Any) -> Any:
+        seen.append(kwargs["close_timeout"])
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(server, "create_app", create_app)
+    with pytest.raises(RuntimeError, match="stop here"):
+        server.main(["--load", "1", "-q", "--close-timeout", "1.5"])
+    assert seen == [1.5]
+
+
 #: the example under uvicorn in a child process, with a hang injected by a marker request
 _HANGING_SERVER = """
 import importlib.util
