@@ -295,19 +295,27 @@ async def test_the_close_waits_for_a_running_host_function(open_dev: Callable[..
     assert not [t for t in threading.enumerate() if t.name.startswith("aio_ascend-hostfunc")]
 
 
-async def test_a_close_abandons_a_host_function_past_its_timeout(
-    open_dev: Callable[..., Any], caplog: pytest.LogCaptureFixture
-) -> None:
+async def launch_stuck(s: aa.Stream, after: Callable[[], object] = lambda: None) -> Any:
+    """A host function on ``s`` that runs until ``release`` is set (then calls ``after``), once
+    it has started: ``(its task, release)``."""
     started, release = threading.Event(), threading.Event()
 
     def stuck() -> None:
         started.set()
         release.wait(30)
+        after()
 
-    dev = await open_dev()
-    s = dev.stream()
     host = await s.launch_host_func(stuck)
     await anyio.to_thread.run_sync(started.wait, 10)
+    return host, release
+
+
+async def test_a_close_abandons_a_host_function_past_its_timeout(
+    open_dev: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    dev = await open_dev()
+    s = dev.stream()
+    host, release = await launch_stuck(s)
     start = time.monotonic()
     await dev.aclose(timeout=0.1)
     waited = time.monotonic() - start
@@ -333,16 +341,9 @@ async def test_an_escalated_close_ends_the_patient_one_too_with_a_host_function_
     from aio_ascend import _hostfunc
 
     monkeypatch.setattr(_hostfunc, "STUCK_AFTER_S", 20.0)
-    started, release = threading.Event(), threading.Event()
-
-    def stuck() -> None:
-        started.set()
-        release.wait(30)
-
     dev = await open_dev()
     s = dev.stream()
-    host = await s.launch_host_func(stuck)
-    await anyio.to_thread.run_sync(started.wait, 10)
+    host, release = await launch_stuck(s)
     returned: dict[str, float] = {}
     start = time.monotonic()
 
@@ -387,17 +388,10 @@ async def test_the_watchdog_fails_a_host_function_that_does_not_return(
     fired: a stuck ``fn`` left its task, and every wait on it, pending for good). As with a
     timed-out kernel, what comes after it on the stream still waits for it: it runs once
     ``fn`` returns, never beside it."""
-    started, release = threading.Event(), threading.Event()
     order: list[str] = []
-
-    def stuck() -> None:
-        started.set()
-        release.wait(30)
-        order.append("fn returned")
-
     async with open_dev(task_timeout=0.2) as dev:
         s = dev.stream()
-        host = await s.launch_host_func(stuck)
+        host, release = await launch_stuck(s, lambda: order.append("fn returned"))
         with anyio.fail_after(10):  # 0.2 s expected
             with pytest.raises(aa.TaskTimeoutError, match="did not return within task_timeout"):
                 await host
@@ -424,17 +418,10 @@ async def test_a_forced_stream_close_gives_up_on_a_running_host_function(
     for good (it logged "0 task(s) unfinished"). It now returns within its timeout; the
     task fails as the forced close's tasks do, and the function's thread is the device
     close's to wait for (which abandons it past its own timeout)."""
-    started, release = threading.Event(), threading.Event()
-
-    def stuck() -> None:
-        started.set()
-        release.wait(30)
-
     dev = await open_dev()
     try:
         s = dev.stream()
-        host = await s.launch_host_func(stuck)
-        await anyio.to_thread.run_sync(started.wait, 10)
+        host, release = await launch_stuck(s)
         with anyio.fail_after(10):  # 0.2 s expected
             await s.aclose(timeout=0.2)
         with pytest.raises(aa.TaskTimeoutError, match="did not finish before aclose") as caught:
