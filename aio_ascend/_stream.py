@@ -752,7 +752,13 @@ class Stream(StreamSync):
         cancellation; cancelling the wait before it leaves the stream closed to new work.
         """
         check_close_args(cancel, timeout)
-        await self._scheduler.close_lane(self._lane, cancel=cancel, timeout=timeout)
+        closing = self._scheduler.close_lane(self._lane, cancel=cancel, timeout=timeout)
+        if self._hold is not None:
+            # Calls held behind a host function (one the watchdog failed may run for long)
+            # are refused now, not after it: the close marks the stream closed before it
+            # first waits, so they wake to a closed stream.
+            self._hold.returned.set()
+        await closing
 
     async def __aenter__(self) -> Stream:
         if self.closed:

@@ -411,6 +411,35 @@ async def test_the_watchdog_fails_a_host_function_that_does_not_return(
         assert order == ["fn returned", "later ran"]
 
 
+async def test_a_stream_close_refuses_calls_held_behind_a_host_function_at_once(
+    open_dev: Callable[..., Any],
+) -> None:
+    """A call waiting behind a host function the watchdog failed (``fn`` runs on) stayed
+    blocked after its stream's close until ``fn`` returned; it is refused with the close."""
+    async with open_dev(task_timeout=0.2) as dev:
+        s = dev.stream()
+        host, release = await launch_stuck(s)
+        try:
+            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+                await host
+            refused = anyio.Event()
+
+            async def held() -> None:
+                with pytest.raises(aa.ClosedError):
+                    await s.launch(dev.function("noop"), 1)
+                refused.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(held)
+                await anyio.sleep(0.05)
+                await s.aclose()
+                with anyio.fail_after(10):  # at once expected; before: when fn returned
+                    await refused.wait()
+                assert not release.is_set()
+        finally:
+            release.set()
+
+
 async def test_a_forced_stream_close_gives_up_on_a_running_host_function(
     open_dev: Callable[..., Any],
 ) -> None:
