@@ -172,7 +172,7 @@ class HostFuncs:
                         task,
                         TaskTimeoutError(
                             f"host_func did not return within task_timeout={self._task_timeout:g}s "
-                            "(it still runs: the stream's later work waits for it)"
+                            "(it cannot be stopped: the stream's later work waits for it)"
                         ),
                     )
                     await returned.wait()
