@@ -359,9 +359,7 @@ async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, 
     left to wait for, and returning would read as success for work the close may have failed."""
     if not scheduler.adapter.is_current():
         raise RuntimeError(OTHER_THREAD)
-    scheduler.check_open()
-    if stream_ref is not None and lanes[0].closed:
-        raise ClosedError("the stream is closed")
+    scheduler.check_open(lanes[0] if stream_ref is not None else None)
     failures = scheduler.failures
     claim = failures.claim(stream_ref)
     try:

@@ -243,10 +243,12 @@ class Scheduler:
         """The runtime, with the calling thread bound to this device's context first."""
         return self._binding.bound()
 
-    def check_open(self) -> None:
-        """Raise ClosedError unless the device is open."""
+    def check_open(self, lane: Lane | None = None) -> None:
+        """Raise ClosedError unless the device (then ``lane``'s stream: it closes them) is open."""
         if self.state is not _OPEN:
             raise ClosedError(f"the device is {self.state.value}")
+        if lane is not None and lane.closed:
+            raise ClosedError("the stream is closed")
 
     def check_usable(self, lane: Lane | None = None) -> None:
         """Raise unless new work may be queued (on ``lane``): the stream open (``ClosedError``)
@@ -262,11 +264,11 @@ class Scheduler:
             raise self._refusal(lane)
 
     def _refusal(self, lane: Lane | None) -> BaseException:
-        # Why check_usable refused: the device's close (it closes every stream) first
-        if self.state is not _OPEN:
-            return ClosedError(f"the device is {self.state.value}")
-        if lane is not None and lane.closed:
-            return ClosedError("the stream is closed")
+        # Why check_usable refused, in this order
+        try:
+            self.check_open(lane)
+        except ClosedError as closed:
+            return closed
         if not self.adapter.is_current():
             return RuntimeError(OTHER_THREAD)
         if self.faults.first is None and lane is not None and lane.stranded is not None:
@@ -284,9 +286,8 @@ class Scheduler:
     def open_lane(
         self, max_in_flight: int, *, priority: int | None = None, external: int | None = None
     ) -> Lane:
-        """A new runtime stream in stop-on-failure mode, or (``external``) a stream handle
-        someone else created: scheduled alike, but its failure mode is left as it is and it is
-        never destroyed here."""
+        """A new runtime stream in stop-on-failure mode, or (``external``) someone else's
+        stream handle: scheduled alike, its failure mode left as it is, never destroyed here."""
         self.check_usable()
         if self.dropped_lanes.collected:
             self.retire_dropped()
@@ -778,9 +779,8 @@ class Scheduler:
     def abandon(self) -> None:
         """The device was collected without ``aclose()``: stop the threads, close the runtime.
 
-        Called from a finalizer (any thread, during garbage collection): it does not wait. The
-        runtime is closed by the poller thread once both threads have exited; outstanding
-        tasks are never resolved.
+        From a finalizer (any thread, during a collection): it does not wait. The poller closes
+        the runtime once both threads have exited; outstanding tasks are never resolved.
         """
         if self.state is DeviceState.CLOSED:
             return
