@@ -778,13 +778,14 @@ class Stream(StreamSync):
 
     @property
     def in_flight(self) -> int:
-        """Requests admitted on this stream and not yet finished on the device."""
-        return self._lane.admission.in_flight
+        """Requests admitted on this stream and not yet finished on the device (slots granted
+        ahead for a caller's next calls are not requests yet: not counted)."""
+        return self._lane.admission.unsettled()
 
     def __repr__(self) -> str:
         lane = self._lane
         state = "closed" if lane.closed else "open"
         return (
-            f"<Stream {self.handle:#x} {state} in_flight={lane.admission.in_flight}/"
+            f"<Stream {self.handle:#x} {state} in_flight={lane.admission.unsettled()}/"
             f"{self.max_in_flight} waiting={len(lane.admission.queue)}>"
         )

@@ -94,6 +94,7 @@ class Admission:
         "entries",
         "entry_budget",
         "generation",
+        "granted_ahead",
         "in_flight",
         "limit",
         "owner",
@@ -114,6 +115,9 @@ class Admission:
         self.entries = 0
         self.queue: deque[Ticket] = deque()
         self.prepaid = 0
+        #: slots granted to queued callers for their later calls, before they resume (they
+        #: become ``prepaid`` then): counted in ``in_flight``, used by no request yet
+        self.granted_ahead = 0
         self.owner: object = None
         #: who is calling (the running task): set with the first prepaid slots
         self.current: Callable[[], object] = _nobody
@@ -126,8 +130,9 @@ class Admission:
         )
 
     def unsettled(self) -> int:
-        """Requests admitted and not finished (the prepaid slots not used yet left out)."""
-        return self.in_flight - self.prepaid
+        """Requests admitted and not finished: ``in_flight`` without the slots granted for
+        calls not made yet (prepaid, or granted ahead to a caller that has not resumed)."""
+        return self.in_flight - self.prepaid - self.granted_ahead
 
     def try_enter(self) -> bool:
         """Admit at once: on a slot prepaid for this caller, or if the request fits and nobody
@@ -153,6 +158,7 @@ class Admission:
         A ticket granted in the meantime holds its admission: it passes on to those in line.
         """
         if ticket.granted:
+            self.granted_ahead -= ticket.extra
             slots, ticket.extra = 1 + ticket.extra, 0
             return self.release(ENTRIES_PER_REQUEST * slots, slots)
         if not ticket.refused:
@@ -190,6 +196,7 @@ class Admission:
             self.in_flight += slots
             self.entries += ENTRIES_PER_REQUEST * slots
             ticket.extra = slots - 1
+            self.granted_ahead += slots - 1
             woken.append(ticket.waiter)
         return woken
 
@@ -198,6 +205,7 @@ class Admission:
         one): its extra slots are prepaid for its next calls, and the slots an earlier owner
         left unused go to the queue. Returns whom to wake."""
         woken = self.expire() if self.prepaid else _NOBODY
+        self.granted_ahead -= ticket.extra
         self.prepaid, ticket.extra = ticket.extra, 0
         self.owner = owner
         self.current = current

@@ -595,7 +595,7 @@ class Scheduler:
         pool = self.pool.stats()
         return {
             **{key: counters[key] for key in ("launches", "copies", "batches", "wakeups")},
-            "in_flight": sum(lane.admission.in_flight for lane in self.lanes),
+            "in_flight": sum(lane.admission.unsettled() for lane in self.lanes),
             "peak_in_flight": self.peak_in_flight,
             **{key: counters[key] for key in ("timeouts", "sync_timeouts")},
             "streams": len(self.lanes),

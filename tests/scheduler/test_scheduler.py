@@ -164,6 +164,35 @@ async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: Ope
 
 
 @pytest.mark.sim_only("pause/resume")
+async def test_in_flight_counts_requests_not_the_slots_granted_ahead(open_dev: OpenDevice) -> None:
+    # A launcher woken from the admission queue is granted slots for its next calls as well;
+    # until it makes them they are no requests, and in_flight (the stream's, the device's
+    # stats, the repr) must not count them.
+    async with open_dev() as dev:
+        s = dev.stream(max_in_flight=8)
+        noop = dev.function("noop")
+        seen: list[tuple[int, int, int]] = []
+
+        async def late() -> None:
+            task = await s.launch(noop, 1)  # waits for a slot, then gets several
+            unfinished = sum(not t.done() for t in (*first, task))
+            seen.append((s.in_flight, dev.stats()["in_flight"], unfinished))
+            assert f"in_flight={unfinished}/8" in repr(s)
+
+        async with anyio.create_task_group() as tg:
+            with testing.paused(dev):
+                first = [await s.launch(noop, 1) for _ in range(8)]
+                tg.start_soon(late)
+                await anyio.wait_all_tasks_blocked()
+                assert s.in_flight == 8
+        assert len(seen) == 1
+        in_flight, device_in_flight, unfinished = seen[0]
+        assert in_flight == device_in_flight == unfinished
+        await s.synchronize()
+        assert s.in_flight == 0 and dev.stats()["in_flight"] == 0
+
+
+@pytest.mark.sim_only("pause/resume")
 async def test_admission_is_first_come_first_served(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)

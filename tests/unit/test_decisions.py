@@ -120,8 +120,10 @@ def test_prepaid_slots_serve_only_their_owner_and_go_back_when_it_suspends() -> 
     first = admission.enqueue("owner")
     assert admission.release(2 * GRANT_PER_WAKE, GRANT_PER_WAKE) == ["owner"]
     assert first.extra == GRANT_PER_WAKE - 1 and admission.in_flight == GRANT_PER_WAKE
+    assert admission.unsettled() == 1  # the owner's call; the rest, granted ahead: no requests
     running = ["owner"]
     assert admission.adopt(first, "owner", lambda: running[0]) == []
+    assert admission.unsettled() == 1 and admission.granted_ahead == 0
     generation = admission.generation
     admission.enqueue("late")
     running[0] = "newcomer"  # another coroutine: it queues behind "late" (FIFO holds)
@@ -129,6 +131,7 @@ def test_prepaid_slots_serve_only_their_owner_and_go_back_when_it_suspends() -> 
     running[0] = "owner"  # the owner's next calls need no wait
     assert admission.try_enter() and admission.try_enter()
     assert admission.prepaid == GRANT_PER_WAKE - 3 and admission.in_flight == GRANT_PER_WAKE
+    assert admission.unsettled() == 3
     assert admission.expire(generation - 1) == []  # an earlier owner's expiry: not this one
     assert admission.expire(generation) == ["late"]  # the owner suspended: the rest goes on
     assert admission.prepaid == 0 and admission.owner is None
@@ -142,7 +145,9 @@ def test_a_cancelled_or_refused_grant_gives_back_every_slot_it_held() -> None:
     ticket = admission.enqueue("a")
     admission.release(2 * GRANT_PER_WAKE, GRANT_PER_WAKE)
     assert ticket.granted and ticket.extra == GRANT_PER_WAKE - 1
+    assert admission.unsettled() == full - GRANT_PER_WAKE + 1
     assert admission.withdraw(ticket) == []  # cancelled after the grant: all of it back
+    assert admission.granted_ahead == 0
     assert (admission.in_flight, admission.entries) == (
         full - GRANT_PER_WAKE,
         2 * full - 2 * GRANT_PER_WAKE,
