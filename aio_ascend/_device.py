@@ -281,7 +281,9 @@ class Device:
         - counts since the open: ``allocations`` (``malloc`` calls), ``pool_hits`` (served
           from the cache), ``runtime_allocations`` and ``runtime_frees`` (calls to the
           runtime's malloc and free), ``oom_retries`` (out-of-memory answers retried after
-          emptying the cache).
+          emptying the cache), ``runtime_leaks`` (blocks whose free the backend took but
+          leaked at the close instead, since work of a stream destroyed by force might still
+          use them and the device never settled: acl only; the close logs an ERROR then).
 
         ``stats()["device_buffers"]`` counts the live buffers themselves.
         """

@@ -135,7 +135,8 @@ class PrometheusMetrics(_Observing):
       counters (launches, copies, batches, wakeups, timeouts, ...), ``<namespace>_<key>`` for
       the gauges (in_flight, streams, host_pool_bytes, ...), read at each scrape; and its
       ``memory_stats()`` as ``<namespace>_memory_<key>`` (``_total`` for the counters:
-      allocations, pool_hits, runtime_allocations, runtime_frees, oom_retries), e.g.
+      allocations, pool_hits, runtime_allocations, runtime_frees, runtime_leaks, oom_retries),
+      e.g.
       ``aio_ascend_memory_reserved_bytes``;
     - once :meth:`start`-ed, histograms of every device's tasks, also labelled by ``kind``:
       ``<namespace>_task_queued_seconds``, ``..._task_device_seconds``,

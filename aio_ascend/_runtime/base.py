@@ -163,6 +163,12 @@ class Runtime(Protocol):
         """
         ...
 
+    def leaked_device_blocks(self) -> int:
+        """Device allocations this runtime leaked instead of freeing them (their :meth:`free`
+        or :meth:`close` came while work of a stream destroyed by force might still use them,
+        and the device never settled): 0 where nothing is ever leaked."""
+        ...
+
     # --- streams ---------------------------------------------------------------------------
 
     def create_stream(self, priority: int | None = None) -> int:

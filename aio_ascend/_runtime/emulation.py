@@ -184,6 +184,10 @@ class AclEmulation(ABC, Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
     def wait_settled(self, limit_s: float | None = None) -> None:
         """See the protocol: nothing of a stream destroyed by force outlives it here."""
 
+    def leaked_device_blocks(self) -> int:
+        """See the protocol: never on an emulation."""
+        return 0
+
     # --- handles ------------------------------------------------------------------------
 
     def _stream(self, stream: int, func: str) -> StreamT:

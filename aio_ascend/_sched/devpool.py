@@ -52,7 +52,14 @@ MAX_OVERSIZE = 2
 
 #: the ``memory_stats()`` keys that only grow (exported as counters)
 COUNTER_KEYS = frozenset(
-    {"allocations", "pool_hits", "runtime_allocations", "runtime_frees", "oom_retries"}
+    {
+        "allocations",
+        "pool_hits",
+        "runtime_allocations",
+        "runtime_frees",
+        "runtime_leaks",
+        "oom_retries",
+    }
 )
 
 
@@ -75,6 +82,7 @@ class DevicePool:
     :param extent: ``(address, nbytes)``: a pooled block goes to a request of ``nbytes`` (the
         sim faults on an access past them, as in an allocation of that size); None: nothing
     :param limit: the most bytes held from the runtime (in use and cached); None: no limit
+    :param leaks: how many blocks the runtime leaked instead of freeing (None: it never does)
     """
 
     def __init__(
@@ -85,8 +93,10 @@ class DevicePool:
         poison: Callable[[int], None] | None = None,
         extent: Callable[[int, int], None] | None = None,
         limit: int | None = None,
+        leaks: Callable[[], int] | None = None,
     ) -> None:
         self._malloc = malloc
+        self._leaks = leaks
         self._free = free
         self._poison = poison
         self._extent = extent
@@ -268,6 +278,7 @@ class DevicePool:
                 "pool_hits": self._hits,
                 "runtime_allocations": self._runtime_allocations,
                 "runtime_frees": self._runtime_frees,
+                "runtime_leaks": 0 if self._leaks is None else self._leaks(),
                 "oom_retries": self._oom_retries,
             }
 
@@ -286,4 +297,5 @@ def device_pool(binding: ContextBinding, limit: int | None) -> DevicePool:
         poison=poison,
         extent=extent,
         limit=limit,
+        leaks=runtime.leaked_device_blocks,
     )

@@ -155,6 +155,28 @@ async def test_a_cancelled_device_block_with_a_hung_kernel_exits_within_close_ti
     assert_runtime_clean(dev)
 
 
+async def test_memory_stats_count_the_blocks_a_forced_close_leaked(
+    open_dev: OpenDevice, device_backend: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A forced close over a kernel that never ends: the sim frees everything (nothing of its
+    # streams outlives the close); on acl the kernel may still run, so the backend leaks the
+    # memory rather than free it under the kernel, and memory_stats() says how much, where
+    # runtime_frees (the calls to the backend's free) alone would read "all given back".
+    async with open_dev() as dev:
+        s = dev.stream()
+        buffers = [dev.malloc(4096) for _ in range(3)]
+        await s.launch(dev.function("hang"), 1)
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
+            await dev.aclose(timeout=0.1)
+    stats = dev.memory_stats()
+    assert stats["runtime_frees"] == stats["runtime_allocations"] == len(buffers), stats
+    leaked = any("leaking" in r.getMessage() for r in caplog.records)
+    assert stats["runtime_leaks"] == (len(buffers) if leaked else 0), (stats, caplog.records)
+    # the C double's hang outlives its stream's forced destroy, as a real kernel may; the
+    # real runtime over our fake driver aborts it (the device settles: all freed)
+    assert leaked is (device_backend == "acl")
+
+
 async def test_an_exception_in_the_device_block_drops_unsubmitted_work(
     open_dev: OpenDevice,
 ) -> None:

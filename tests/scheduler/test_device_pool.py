@@ -288,6 +288,7 @@ async def test_memory_stats_after_close(open_dev: Callable[..., Any]) -> None:
     stats = dev.memory_stats()
     assert stats["allocated_bytes"] == stats["reserved_bytes"] == stats["cached_bytes"] == 0
     assert stats["runtime_frees"] == stats["runtime_allocations"] == 3, stats
+    assert stats["runtime_leaks"] == 0, stats  # (nothing was forced)
     assert dev.stats()["device_buffers"] == 0
     assert_runtime_clean(dev)
     live.free()  # freed by the close already: nothing happens

@@ -247,6 +247,10 @@ class AclRuntime:
         if not self._closed:
             self.settle.wait_in(self._context, limit_s)
 
+    def leaked_device_blocks(self) -> int:
+        """See the protocol: what the close's ``Settle.release`` leaked (any thread)."""
+        return sum(kind == "device" for kind, _ in tuple(self.settle.leaked))
+
     def close(self) -> None:
         with self._close_lock:
             if self._closed:
