@@ -3,11 +3,11 @@ calls."""
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
 
 from ._errors import ClosedError
 from ._sched.lifetimes import Allocation, Lifetimes
+from ._values import integer
 
 __all__ = ["DeviceBuffer", "allocations_of", "byte_range"]
 
@@ -15,12 +15,7 @@ __all__ = ["DeviceBuffer", "allocations_of", "byte_range"]
 def _index(name: str, value: object, nbytes: int, default: int) -> int:
     if value is None:
         return default
-    try:
-        index = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(
-            f"DeviceBuffer slice {name} must be an int or None, got {type(value).__name__}"
-        ) from None
+    index = integer(f"DeviceBuffer slice {name} (an int or None)", value)
     return index + nbytes if index < 0 else index
 
 
@@ -79,7 +74,7 @@ class DeviceBuffer(Allocation):
                 f"a DeviceBuffer is sliced by bytes (buf[start:stop]), not indexed by "
                 f"{type(key).__name__}"
             )
-        if key.step is not None and key.step != 1:
+        if key.step is not None and integer("DeviceBuffer slice step", key.step) != 1:
             raise ValueError(f"DeviceBuffer slice step must be 1 or None, got {key.step!r}")
         start = _index("start", key.start, self.nbytes, 0)
         stop = _index("stop", key.stop, self.nbytes, self.nbytes)
@@ -165,10 +160,8 @@ def byte_range(
     assert isinstance(buffer, DeviceBuffer)
     if nbytes is None:
         count = buffer.nbytes
-    elif isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(f"nbytes must be an int or None, got {type(nbytes).__name__}")
     else:
-        count = nbytes
+        count = integer("nbytes", nbytes)
         if count > buffer.nbytes:
             raise ValueError(f"nbytes={count} exceeds {field}'s {buffer.nbytes} bytes")
     if count <= 0:

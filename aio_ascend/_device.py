@@ -35,6 +35,7 @@ from ._sched.loop import current_loop_adapter
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
 from ._stream import Stream, check_close_args, synchronize
+from ._values import seconds as seconds_of
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -73,11 +74,10 @@ def _check_runtime_options(backend: str, options: dict[str, Any]) -> None:
 
 
 def _check_seconds(name: str, seconds: object) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {type(seconds).__name__}")
-    if not (seconds > 0 and math.isfinite(seconds)):
+    value = seconds_of(name, seconds)
+    if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name}={seconds!r} must be a finite number > 0")
-    return float(seconds)
+    return value
 
 
 def _check_pool_bytes(value: object) -> int:
@@ -401,8 +401,6 @@ class Device:
         comes from ``dev.runtime.create_stream()``.
         """
         handle, owner = stream_handle(handle)
-        if handle <= 0:
-            raise ValueError(f"external_stream(handle={handle}): not a stream handle")
         max_in_flight = _check_max_in_flight(max_in_flight)
         self._scheduler.retire_dropped()  # a wrapper of it dropped, its work done, is gone
         if any(lane.handle == handle for lane in self._scheduler.lanes):

@@ -29,7 +29,7 @@ from typing import Any
 import anyio
 
 from ._errors import ClosedError, DeviceFaultError
-from ._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
+from ._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE, PTR_MAX
 from ._sched.events import EventRecord
 from ._sched.loop import LoopAdapter
 from ._sched.scheduler import DeviceState, Scheduler
@@ -56,18 +56,27 @@ def stream_handle(stream: object) -> tuple[int, object | None]:
             value = getattr(stream, attr, None)
             if value is not None:
                 try:
-                    return operator.index(value), stream
+                    handle = operator.index(value)
                 except TypeError:
                     raise TypeError(
                         f"external_stream(): {type(stream).__name__}.{attr} is not an int"
                     ) from None
+                return _checked_handle("external_stream", handle, "stream"), stream
     try:
-        return operator.index(stream), None  # type: ignore[arg-type]
+        handle = operator.index(stream)  # type: ignore[arg-type]
     except TypeError:
         raise TypeError(
             "external_stream() takes a stream handle (an int) or a stream object with an "
             f"npu_stream or cuda_stream attribute, got {type(stream).__name__}"
         ) from None
+    return _checked_handle("external_stream", handle, "stream"), None
+
+
+def _checked_handle(call: str, handle: int, what: str) -> int:
+    # A runtime handle is a pointer: 1..PTR_MAX (checked here, before anything is queued)
+    if not 0 < handle <= PTR_MAX:
+        raise ValueError(f"{call}(): {handle} is not a {what} handle (1..{PTR_MAX:#x})")
+    return handle
 
 
 def event_handle(event: object) -> int:
@@ -93,7 +102,7 @@ def event_handle(event: object) -> int:
             f"external_event(): {handle} is not an event handle (a torch event has none until "
             "it is first recorded)"
         )
-    return handle
+    return _checked_handle("external_event", handle, "event")
 
 
 def _read_handle(owner: object) -> object:

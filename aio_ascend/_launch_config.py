@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import struct
 from dataclasses import dataclass, field
 from typing import Literal, TypedDict
+
+from ._values import integer
 
 __all__ = [
     "LAUNCH_ATTR_SIZE",
@@ -39,10 +40,7 @@ _ENGINE_TYPES = {"aic": 0, "aiv": 1}
 
 
 def _check_uint(name: str, value: object, bits: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and (math.isnan(value) or not value.is_integer()):
-            raise TypeError(f"LaunchConfig.{name} must be an integer, got {value!r}")
-        raise TypeError(f"LaunchConfig.{name} must be an int, got {type(value).__name__}")
+    value = integer(f"LaunchConfig.{name}", value)
     if not 0 <= value < 2**bits:
         raise ValueError(f"LaunchConfig.{name}={value} is out of range 0..{2**bits - 1}")
     return value

@@ -26,7 +26,7 @@ from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.graphs import CaptureGraph, LaunchGraph
 from ._sched.lane import Lane
 from ._sched.loop import OTHER_THREAD
-from ._sched.scheduler import Scheduler
+from ._sched.scheduler import DeviceState, Scheduler
 from ._sched.task import Task
 from ._sched.unseen import raise_failures
 from ._sched.work import (
@@ -42,6 +42,7 @@ from ._sched.work import (
     WaitEvent,
 )
 from ._stream_sync import StreamSync
+from ._values import seconds
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -343,11 +344,7 @@ def check_close_args(cancel: object, timeout: object) -> None:
         raise TypeError(f"cancel must be a bool, got {type(cancel).__name__}")
     if timeout is None:
         return
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(
-            f"timeout must be None or a number of seconds, got {type(timeout).__name__}"
-        )
-    if not timeout >= 0:  # NaN too
+    if not seconds("timeout (None or seconds)", timeout) >= 0:  # NaN too
         raise ValueError(f"timeout={timeout!r} must be None or >= 0")
 
 
@@ -750,7 +747,12 @@ class Stream(StreamSync):
         cancellation; cancelling the wait before it leaves the stream closed to new work.
         """
         check_close_args(cancel, timeout)
-        closing = self._scheduler.close_lane(self._lane, cancel=cancel, timeout=timeout)
+        scheduler, lane = self._scheduler, self._lane
+        if not scheduler.adapter.is_current() and not (
+            lane.closed and (lane not in scheduler.lanes or scheduler.state is not DeviceState.OPEN)
+        ):
+            raise RuntimeError(OTHER_THREAD)  # before anything changes (once gone: nothing)
+        closing = scheduler.close_lane(lane, cancel=cancel, timeout=timeout)
         if self._hold is not None:
             # Calls held behind a host function (one the watchdog failed may run for long)
             # are refused now, not after it: the close marks the stream closed before it

@@ -37,6 +37,7 @@ import numpy as np
 
 from .._runtime.abi import MAX_PLACEHOLDERS, PLACEHOLDER_INFO_SIZE, UINT32_MAX
 from .._runtime.base import FunctionInfo
+from .._values import integer
 
 BytesLike = bytes | bytearray | memoryview
 
@@ -117,15 +118,13 @@ def _align_up(value: int, alignment: int) -> int:
 
 def _check_cap(name: str, value: object, low: int, high: int, why: str) -> None:
     # The refusal of a HostArgs cap (the constructor's test already failed, or the type does)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int")
+    value = integer(name, value)
     if not low <= value <= high:
         raise ValueError(f"{name}={value} must be in {low}..{high}{why}")
 
 
 def _check_alignment(name: str, align: object) -> int:
-    if isinstance(align, bool) or not isinstance(align, int):
-        raise TypeError(f"{name} must be an int, got {type(align).__name__}")
+    align = integer(name, align)
     if align <= 0 or align & (align - 1) or align > 4096:
         raise ValueError(f"{name}={align} must be a power of two in 1..4096")
     return align

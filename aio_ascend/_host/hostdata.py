@@ -21,26 +21,13 @@ What is accepted, in this order (the first that applies):
 from __future__ import annotations
 
 import ctypes
-import operator
 from typing import Any
 
 import numpy as np
 
+from .._values import integer
+
 __all__ = ["DLPACK_CPU", "destination_bytes", "dims_of", "host_array", "integer", "source_bytes"]
-
-
-def integer(what: str, value: object) -> int:
-    """``value`` as an int: any integer type (``operator.index``: numpy's included, as sizes
-    and counts are often worked out from array shapes), never a bool (``TypeError`` naming
-    ``what``)."""
-    if type(value) is int:
-        return value
-    if not isinstance(value, bool | np.bool_):
-        try:
-            return operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-    raise TypeError(f"{what}: expected an int, got {type(value).__name__}")
 
 
 #: ``kDLCPU``: the DLPack device type of host memory
@@ -93,9 +80,9 @@ def dims_of(shape: object, what: str) -> tuple[int, ...]:
     """An array shape given as an int or a tuple of ints (any integer type), none negative."""
     try:
         dims = (
-            (operator.index(shape),)  # type: ignore[arg-type]
+            (integer(what, shape),)
             if not isinstance(shape, tuple)
-            else tuple(operator.index(d) for d in shape)
+            else tuple(integer(what, d) for d in shape)
         )
     except TypeError:
         raise TypeError(f"{what} shape must be an int or a tuple of ints, got {shape!r}") from None

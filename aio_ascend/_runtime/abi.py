@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from .._errors import AclCode, InvalidParamError
+from .._values import integer
 
 __all__ = [
     "hex_or_repr",
@@ -326,9 +327,7 @@ def _is_int(value: object) -> bool:
 def check_device_id(device_id: object) -> int:
     """A device id, the library's rule for every backend: an int (``TypeError``) of at least 0
     (``ValueError``)."""
-    if not _is_int(device_id):
-        raise TypeError(f"device_id must be an int, got {type(device_id).__name__}")
-    assert isinstance(device_id, int)
+    device_id = integer("device_id", device_id)
     if device_id < 0:
         raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
     return device_id

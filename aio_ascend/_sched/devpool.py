@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 
 from .._errors import AclCode, MemoryAllocationError
+from .._runtime.abi import UINT64_MAX
 from .binding import ContextBinding
 
 __all__ = [
@@ -69,7 +70,9 @@ def block_size(nbytes: int) -> int:
         return MIN_BLOCK
     # (2**k, 2**(k+1)] in steps of 2**(k-2)
     step = LARGE_STEP if nbytes > LARGE_BLOCK else 1 << ((nbytes - 1).bit_length() - 3)
-    return -(-nbytes // step) * step
+    # (never past what a runtime can be asked for: such a request gets its out-of-memory
+    # answer, not a refusal of a size nobody asked for)
+    return min(-(-nbytes // step) * step, UINT64_MAX)
 
 
 class DevicePool:

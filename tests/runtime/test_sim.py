@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import struct
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -344,6 +345,47 @@ def test_time_model_charges_kernel_cost_and_streams_overlap(
         assert time.perf_counter() - began < 1.0, "cost is ignored without time_model"
     finally:
         untimed.close()
+
+
+@pytest.mark.parametrize(
+    ("body", "cost", "said"),
+    [
+        (sys.exit, None, "SystemExit"),
+        (KeyboardInterrupt, None, "KeyboardInterrupt"),
+        (None, float("nan"), "cost returned nan"),
+        (None, -1.0, "cost returned -1.0"),
+    ],
+    ids=["sys.exit", "KeyboardInterrupt", "nan-cost", "negative-cost"],
+)
+def test_a_kernel_that_exits_or_costs_no_time_faults_the_device_and_it_lives_on(
+    make_kit: Callable[..., RuntimeKit], body: Any, cost: float | None, said: str
+) -> None:
+    # A user's kernel that raised SystemExit or KeyboardInterrupt ended the device thread
+    # with no fault: every later task on every stream waited for the watchdog. A NaN cost
+    # (time_model) left its kernel running for good.
+    lib = KernelLibrary("rude")
+
+    @lib.kernel("rude", cost=None if cost is None else (lambda ctx: cost))
+    def rude(ctx: KernelContext) -> None:
+        if body is not None:
+            raise body()
+
+    @lib.kernel("fine")
+    def fine(ctx: KernelContext) -> None:
+        pass
+
+    for _ in range(2):  # and a reopened device works
+        rt = open_sim_runtime(0, time_model=True)
+        try:
+            h = make_kit(rt, library=lib)
+            h.launch("fine", HostArgs().u32(0))
+            rt.synchronize_stream(h.stream, SYNC_MS)
+            h.launch("rude", HostArgs().u32(0))
+            with pytest.raises(AICoreExceptionError, match=said):
+                rt.synchronize_stream(h.stream, SYNC_MS)
+            assert any(t.name.startswith("aio_ascend-sim") for t in threading.enumerate())
+        finally:
+            rt.close()
 
 
 def test_hang_ends_with_destroy_stream_force(

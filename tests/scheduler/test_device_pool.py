@@ -201,6 +201,24 @@ async def test_out_of_memory_empties_the_cache_and_retries_once(
     assert_runtime_clean(dev)
 
 
+async def test_a_request_near_the_largest_size_is_out_of_memory_pooled_or_not(
+    open_dev: Callable[..., Any],
+) -> None:
+    # The pool rounds a request up to its block: just below 2**64 that rounding went past
+    # what a runtime can be asked for, and the error named a size nobody passed
+    async with open_dev() as dev:
+        for nbytes in (2**64 - 1, 2**64 - 4096, 2**63 + 1):
+            for pooled in (True, False):
+                with pytest.raises(aa.MemoryAllocationError) as info:
+                    dev.malloc(nbytes, pool=pooled)
+                assert str(2**64) not in str(info.value)
+        assert dev.memory_stats()["allocated_bytes"] == 0
+        buf = dev.malloc(64)  # and the device goes on
+        await dev.stream().memset(buf, 1)
+        buf.free()
+    assert_runtime_clean(dev)
+
+
 async def test_pool_limit_bytes_caps_what_the_device_holds(open_dev: Callable[..., Any]) -> None:
     async with open_dev(pool_limit_bytes=1 * MiB) as dev:
         a = dev.malloc(600 * KiB)

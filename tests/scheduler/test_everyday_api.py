@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -407,6 +408,15 @@ async def test_bad_external_streams_are_refused(open_dev: Callable[..., Any]) ->
             dev.external_stream("0x1234")  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="handle"):
             dev.external_stream(0)
+        # a handle is a pointer: one past 64 bits is refused in the call, never queued (it
+        # failed in the submitter, as an InternalError on acl)
+        streams = dev.stats()["streams"]
+        for call in (dev.external_stream, dev.external_event):
+            with pytest.raises(ValueError, match="handle"):
+                call(2**64)
+        with pytest.raises(ValueError, match="handle"):
+            dev.external_stream(SimpleNamespace(npu_stream=2**64 + 5))
+        assert dev.stats()["streams"] == streams
 
 
 async def test_stream_priorities_in_range_work(open_dev: Callable[..., Any]) -> None:

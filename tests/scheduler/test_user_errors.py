@@ -8,6 +8,7 @@ matters, on asyncio, uvloop and trio.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from helpers import open_backend
 
 import aio_ascend as aa
+from aio_ascend import testing
 from aio_ascend.sim import KernelContext, KernelLibrary
 
 pytestmark = pytest.mark.anyio
@@ -175,6 +177,31 @@ async def test_a_call_from_another_thread_raises_runtime_error_and_changes_nothi
         await s.run(dev.function("noop"), 1)
 
 
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+async def test_stream_aclose_from_another_event_loop_raises_and_changes_nothing(
+    busy: bool, anyio_backend: object
+) -> None:
+    # It destroyed an idle stream from the foreign thread, and marked a busy one closed
+    # before refusing (its owner's next launch got ClosedError)
+    import asyncio
+
+    import anyio
+
+    async with open_backend("sim") as dev:
+        s = dev.stream()
+        streams = dev.stats()["streams"]
+        with testing.paused(dev) if busy else contextlib.nullcontext():
+            if busy:
+                await s.launch(dev.function("noop"), 1)
+            with pytest.raises(RuntimeError, match="different event loop \\(or thread\\)"):
+                await anyio.to_thread.run_sync(lambda: asyncio.run(s.aclose()))
+        assert not s.closed and dev.stats()["streams"] == streams
+        await s.run(dev.function("noop"), 1)  # the owner's stream works on
+        await s.aclose()
+        assert s.closed
+        await anyio.to_thread.run_sync(lambda: asyncio.run(s.aclose()))  # gone: nothing to do
+
+
 async def test_stats_and_state_may_be_read_from_any_thread(anyio_backend: object) -> None:
     """What metrics collectors read (stats, fault, closed) is not bound to the loop."""
     import anyio
@@ -252,6 +279,22 @@ async def test_numpy_integers_are_integers_and_bools_are_not(anyio_backend: obje
         assert plan.blocks == 3 and type(plan.blocks) is int
         await plan.run()
         plan.close()
+        # the same rule for every size, field, id and shape (some refused numpy's integers,
+        # some took a bool)
+        other = dev.malloc(64)
+        await s.memset(buf, 7, nbytes=np.int64(16))
+        await s.copy_device(other, buf, nbytes=np.uint32(16))
+        assert (await s.download(other[: np.int8(16)], np.uint8)).tolist() == [7] * 16
+        assert (await s.download(buf, np.uint8, shape=np.int64(4))).shape == (4,)
+        assert buf[np.int64(8) : 16 : np.int64(1)].nbytes == 8
+        config = aa.LaunchConfig(block_dim_offset=np.uint16(0))
+        await s.run(noop, 1, config=config)
+        packed = aa.HostArgs(max_nbytes=np.int64(64)).raw(b"abcd", align=np.int64(8)).pack()
+        assert packed.nbytes == 8
+        async with aa.open_device(np.int64(0), backend="sim", task_timeout=np.float32(5)):
+            pass
+        await s.aclose(timeout=np.float32(1))
+        s = dev.stream()
         for call in (
             lambda: dev.malloc(True),
             lambda: dev.wrap(buf.ptr, np.bool_(True)),
@@ -259,9 +302,24 @@ async def test_numpy_integers_are_integers_and_bools_are_not(anyio_backend: obje
             lambda: dev.stream(max_in_flight=np.float64(2.0)),
             lambda: s.plan(noop, np.bool_(True)),
             lambda: s.plan(noop, True),
+            lambda: buf[True:8],
+            lambda: buf[0:8:True],
+            lambda: buf[0:8:1.0],
+            lambda: dev.pinned_empty(True, np.float32),
+            lambda: aa.LaunchConfig(block_dim_offset=True),
+            lambda: aa.HostArgs().raw(b"ab", align=True),
+            lambda: aa.HostArgs(max_nbytes=np.bool_(True)),
         ):
-            with pytest.raises(TypeError, match="expected an int"):
+            with pytest.raises(TypeError, match="an int"):
                 call()
+        for coroutine in (
+            lambda: s.memset(buf, 0, nbytes=True),
+            lambda: s.download(buf, np.uint8, shape=(True, 2)),
+        ):
+            with pytest.raises(TypeError, match="an int"):
+                await coroutine()
+        await s.run(noop, 1)  # nothing of those reached the stream
+        assert dev.stats()["in_flight"] == 0
 
 
 async def test_malloc_beyond_the_address_space_is_refused_before_the_runtime(
@@ -318,7 +376,7 @@ def test_a_bad_device_id_is_refused_in_the_open_device_call(
     device_id: Any, error: type[Exception]
 ) -> None:
     # typed, in the call (a str id was a ValueError, and only once the device was opened)
-    with pytest.raises(error, match="device_id must be"):
+    with pytest.raises(error, match="device_id"):
         aa.open_device(device_id)
 
 

@@ -3,7 +3,7 @@
 Every import counts, ``TYPE_CHECKING`` and function-level ones included (the AST is walked,
 nothing is imported). Layers, bottom up (see docs/architecture.md):
 
-L0 leaves ``_errors``, ``_launch_config``, ``_version``; L1 ``_runtime``; L2 ``_host``;
+L0 leaves ``_errors``, ``_launch_config``, ``_values``, ``_version``; L1 ``_runtime``; L2 ``_host``;
 L3 ``_sched``; L4 the public facades (``tracing`` and ``metrics`` among them: public modules
 over the scheduler's observation hooks); L5 ``_tools`` and ``testing`` (the pytest plugin),
 which use the public API.
@@ -47,7 +47,7 @@ def layer_of(module: str) -> int:
     parts = module.split(".")
     assert parts[0] == "aio_ascend", module
     top = parts[1] if len(parts) > 1 else "__init__"
-    if top in ("_errors", "_launch_config", "_version"):
+    if top in ("_errors", "_launch_config", "_values", "_version"):
         return L0
     if top == "_runtime":
         return L1

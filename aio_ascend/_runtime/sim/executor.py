@@ -589,10 +589,14 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
             spec.fn(ctx)
             busy = ctx.busy_seconds
             if self.time_model and spec.cost is not None:
-                busy += float(spec.cost(ctx))
+                cost = float(spec.cost(ctx))
+                if not cost >= 0:  # (inf is a kernel that never ends: the model's hang)
+                    raise ValueError(f"its cost returned {cost!r}: expected seconds >= 0")
+                busy += cost
         except DeviceFault as exc:
             fault = exc
-        except Exception as exc:
+        except BaseException as exc:
+            # thread is the device, and a device outlives its kernels (the fault reports it)
             fault = DeviceFault(ACL_ERROR_RT_AICORE_EXCEPTION, describe_exception(spec.name, exc))
         finally:
             if region:
