@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import warnings
 import weakref
@@ -15,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._buffer import DeviceBuffer
-from ._host.hostdata import dims_of, host_array, integer
+from ._host.hostdata import dims_of, host_array, integer, plain_dtype
 from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._hostfunc import close_host_funcs, observed_as
 from ._interop import ExternalEvent, TorchOrder, event_handle, stream_handle
@@ -57,6 +58,12 @@ def _completion_mode(completion: object) -> CompletionMode:
 
 #: the runtime options that set a stream's runtime queue capacity (sim, acl)
 _CAPACITY_OPTIONS = ("max_queue_depth", "stream_capacity")
+
+
+def _options_of(runtime_options: object) -> dict[str, Any]:
+    if runtime_options is not None and not isinstance(runtime_options, Mapping):
+        raise TypeError(f"runtime_options must be a mapping, got {type(runtime_options).__name__}")
+    return dict(runtime_options or {})
 
 
 def _check_runtime_options(backend: str, options: dict[str, Any]) -> None:
@@ -251,12 +258,7 @@ class Device:
         dims = dims_of(shape, "pinned_empty")
         if dtype is None:  # (np.dtype(None) is float64: say it)
             raise TypeError("pinned_empty: dtype is required (np.float32, 'u1', ...)")
-        try:
-            kind = np.dtype(dtype)
-        except TypeError as exc:
-            raise TypeError(f"pinned_empty dtype={dtype!r}: {exc}") from None
-        if kind.hasobject or kind.itemsize == 0:
-            raise TypeError(f"pinned_empty dtype={kind}: not a fixed-size type of plain bytes")
+        kind = plain_dtype("pinned_empty", dtype)
         if math.prod(dims) * kind.itemsize > PTR_MAX:
             raise ValueError(f"pinned_empty: shape {dims} of {kind} exceeds the address space")
         return self._owned().pinned.empty(dims, kind)
@@ -314,10 +316,12 @@ class Device:
             ``ACL_RT_BINARY_LOAD_OPT_MAGIC``; sim and cuda check it and ignore it.
         :param lazy: ``ACL_RT_BINARY_LOAD_OPT_LAZY_LOAD``: register the binary now, copy it to
             the device at first use (``None``: the runtime's default)
-        :raises ValueError: a bad ``kernel_type``, or one given for a file
+        :raises ValueError: a bad ``kernel_type``, or one given for a file; an empty path
         :raises TypeError: ``lazy`` that is not a bool
         """
         kind, lazy = check_load_options(kernel_type, lazy)
+        if isinstance(source, str | os.PathLike) and not os.fspath(source):
+            raise ValueError("load_module: the path is empty")  # (not the current directory)
         handle = self._owned().load_binary(source, kernel_type=kind, lazy=lazy)
         kind_name = None if kind is None else kind.value
         return Module(self, handle, source, self._get_function, kind_name, self._owned)
@@ -622,10 +626,9 @@ def open_device(
     pool_limit_bytes = _check_pool_limit(pool_limit_bytes)
     if not isinstance(debug, bool):
         raise TypeError(f"debug must be a bool, got {type(debug).__name__}")
-    if runtime_options is not None and not isinstance(runtime_options, Mapping):
-        raise TypeError(f"runtime_options must be a mapping, got {type(runtime_options).__name__}")
+    options = _options_of(runtime_options)
     if backend != "auto":
-        _check_runtime_options(backend, dict(runtime_options or {}))
+        _check_runtime_options(backend, options)
     kwargs = {
         "completion": completion,
         "task_timeout": task_timeout,
@@ -634,7 +637,7 @@ def open_device(
         "close_timeout": close_timeout,
         "pinned_pool_bytes": pinned_pool_bytes,
         "pool_limit_bytes": pool_limit_bytes,
-        "runtime_options": dict(runtime_options or {}),
+        "runtime_options": options,
     }
     return _DeviceOpener(kwargs, device_id, backend)
 
@@ -650,7 +653,7 @@ def device_count(backend: str = "auto", *, runtime_options: Mapping[str, Any] | 
     """
     if not isinstance(backend, str):
         raise TypeError(f"backend must be a str, got {type(backend).__name__}")
-    options = dict(runtime_options or {})
+    options = _options_of(runtime_options)
     name, _ = choose_backend(backend)
     _check_runtime_options(name, options)
     return _runtime_device_count(name, **options)

@@ -178,7 +178,7 @@ class LaunchConfig:
         if value is None or isinstance(value, LaunchConfig):
             return value
         if isinstance(value, dict):
-            unknown = sorted(set(value) - set(LaunchConfigDict.__annotations__))
+            unknown = sorted(map(repr, set(value) - set(LaunchConfigDict.__annotations__)))
             if unknown:
                 raise TypeError(
                     f"config: unknown LaunchConfig field(s) {unknown}; expected some of "

@@ -15,7 +15,7 @@ from ._errors import ClosedError
 from ._event import Event, event_flags
 from ._graph import Graph
 from ._host.hostargs import HostArgs, PackedArgs
-from ._host.hostdata import destination_bytes, dims_of, integer, source_bytes
+from ._host.hostdata import destination_bytes, dims_of, integer, plain_dtype, source_bytes
 from ._host.pinned import PinnedArrays, pinned_owner
 from ._host.snapshot import shareable, shared_image
 from ._interop import ExternalEvent, TorchOrder
@@ -138,12 +138,7 @@ def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.nd
             "download(src, dtype=None, shape=None, *, out=None) reads the DeviceBuffer src "
             f"into a new array: src must be a DeviceBuffer, got {type(src).__name__}{hint}"
         )
-    try:
-        kind = np.dtype(np.uint8 if dtype is None else dtype)
-    except TypeError as exc:
-        raise TypeError(f"download dtype={dtype!r}: {exc}") from None
-    if kind.hasobject or kind.itemsize == 0:
-        raise TypeError(f"download dtype={kind}: has no fixed-size device representation")
+    kind = plain_dtype("download", np.uint8 if dtype is None else dtype)
     if shape is None:
         if src.nbytes % kind.itemsize:
             raise ValueError(

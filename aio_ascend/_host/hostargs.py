@@ -381,6 +381,8 @@ class HostArgs:
             number = float(value)
         except OverflowError:
             raise ValueError(f"HostArgs.{kind}: {value!r} does not fit {kind}") from None
+        if math.isinf(number) and value != number:  # a finite longdouble or Decimal past it
+            raise ValueError(f"HostArgs.{kind}: {value!r} does not fit {kind}")
         try:
             data = packer.pack(number)
         except (OverflowError, struct.error):

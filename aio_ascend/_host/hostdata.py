@@ -27,7 +27,15 @@ import numpy as np
 
 from .._values import integer
 
-__all__ = ["DLPACK_CPU", "destination_bytes", "dims_of", "host_array", "integer", "source_bytes"]
+__all__ = [
+    "DLPACK_CPU",
+    "destination_bytes",
+    "dims_of",
+    "host_array",
+    "integer",
+    "plain_dtype",
+    "source_bytes",
+]
 
 
 #: ``kDLCPU``: the DLPack device type of host memory
@@ -74,6 +82,21 @@ class _LegacyExport:
     def __init__(self, capsule: object, interface: dict[str, object]) -> None:
         self.capsule = capsule
         self.__array_interface__ = interface
+
+
+def plain_dtype(what: str, dtype: object) -> np.dtype[Any]:
+    """``dtype`` as a numpy dtype of plain, fixed-size bytes (``TypeError`` naming ``what``):
+    no Python objects, no zero-size items, no datetime without a unit (its values have no
+    meaning: numpy cannot even print them)."""
+    try:
+        kind: np.dtype[Any] = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError as exc:
+        raise TypeError(f"{what} dtype={dtype!r}: {exc}") from None
+    if kind.hasobject or kind.itemsize == 0:
+        raise TypeError(f"{what} dtype={kind}: not a fixed-size type of plain bytes")
+    if kind.kind in "mM" and np.datetime_data(kind)[0] == "generic":
+        raise TypeError(f"{what} dtype={kind}: a datetime/timedelta needs a unit (e.g. 'M8[ns]')")
+    return kind
 
 
 def dims_of(shape: object, what: str) -> tuple[int, ...]:

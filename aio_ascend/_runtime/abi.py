@@ -325,11 +325,11 @@ def _is_int(value: object) -> bool:
 
 
 def check_device_id(device_id: object) -> int:
-    """A device id, the library's rule for every backend: an int (``TypeError``) of at least 0
-    (``ValueError``)."""
+    """A device id, the library's rule for every backend: an int (``TypeError``) in
+    0..INT32_MAX (``ValueError``: ``aclrtSetDevice`` takes an ``int32_t``)."""
     device_id = integer("device_id", device_id)
-    if device_id < 0:
-        raise ValueError(f"device_id must be a non-negative int, got {device_id!r}")
+    if not 0 <= device_id <= INT32_MAX:
+        raise ValueError(f"device_id must be an int in 0..{INT32_MAX}, got {device_id!r}")
     return device_id
 
 

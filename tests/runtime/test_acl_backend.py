@@ -28,6 +28,7 @@ from doubles.acl_double import (
     double_control,
 )
 
+import aio_ascend as aa
 from aio_ascend._errors import (
     AICoreExceptionError,
     BackendUnavailableError,
@@ -903,6 +904,14 @@ def test_a_library_without_the_symbols_is_refused() -> None:
     with pytest.raises(BackendUnavailableError, match="lacks functions every CANN release") as info:
         open_acl_runtime(0, library_path=libc)
     assert "aclrtCreateContext" in str(info.value)
+
+
+def test_an_empty_library_path_is_refused_not_the_process_itself() -> None:
+    # dlopen("") is the running program: it "loaded", then lacked every ACL function
+    with pytest.raises(ValueError, match="library_path is empty"):
+        _acl.library_candidates("")
+    with pytest.raises(ValueError, match="library_path is empty"):
+        aa.device_count("acl", runtime_options={"library_path": ""})
 
 
 def test_probe_finds_the_library_through_ascend_home_path(

@@ -248,6 +248,38 @@ def test_tracing_record_never_masks_the_blocks_exception(
     assert "could not write the trace" in caplog.text
 
 
+def test_rough_inputs_get_clear_typed_errors_in_the_call(tmp_path: Any) -> None:
+    import decimal
+
+    with pytest.raises(TypeError, match=r"unknown LaunchConfig field.*1"):
+        aa.LaunchConfig.coerce({1: 2, "x": 3})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="runtime_options must be a mapping"):
+        aa.device_count("sim", runtime_options=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"device_id must be an int in 0\.\."):
+        aa.open_device(2**31)
+    for value in (np.longdouble("1e4000"),):
+        with pytest.raises(ValueError, match="does not fit"):
+            aa.HostArgs().f64(value)
+    with pytest.raises(TypeError, match="real number"):
+        aa.HostArgs().f32(decimal.Decimal("1e400"))  # type: ignore[arg-type]
+    assert aa.HostArgs().f64(np.longdouble("inf")).pack().nbytes == 8  # inf is inf
+
+
+async def test_rough_inputs_of_an_open_device(anyio_backend: object) -> None:
+    async with open_backend("sim") as dev:
+        buf = dev.malloc(64)
+        s = dev.stream()
+        for dtype in ("M8", "m8", np.dtype("M8")):
+            with pytest.raises(TypeError, match="needs a unit"):
+                await s.download(buf, dtype)
+            with pytest.raises(TypeError, match="needs a unit"):
+                dev.pinned_empty(4, dtype)
+        assert (await s.download(buf, "M8[ns]")).dtype == np.dtype("M8[ns]")
+        with pytest.raises(ValueError, match="the path is empty"):
+            dev.load_module("")
+        assert dev.stats()["in_flight"] == 0
+
+
 @pytest.mark.parametrize("setter", ["raw", "placeholder"])
 @pytest.mark.parametrize(
     "array",

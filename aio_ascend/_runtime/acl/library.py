@@ -58,7 +58,10 @@ def library_candidates(library_path: str | os.PathLike[str] | None = None) -> li
     (``ctypes.util.find_library("ascendcl")`` and the bare ``libascendcl.so``).
     """
     if library_path is not None:
-        return [os.fspath(library_path)]
+        path = os.fspath(library_path)
+        if not path:  # (dlopen of "" is the process itself)
+            raise ValueError("library_path is empty: give the path of libascendcl.so")
+        return [path]
     candidates: list[str] = []
     for var in HOME_ENV_VARS:
         home = os.environ.get(var, "").strip()
