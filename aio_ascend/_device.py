@@ -483,7 +483,9 @@ class Device:
         while a close is under way waits for that close and holds it to its own arguments too
         (its ``timeout`` can only bring the force nearer: a shutdown path can escalate from a
         patient close to a forced one); once closed, a call is a no-op. It is shielded from
-        cancellation once started.
+        cancellation once started, asyncio's own included (``asyncio.wait_for``,
+        ``asyncio.timeout``, ``Task.cancel``): the close finishes, then the cancellation is
+        raised. To bound it, give ``timeout`` (or escalate with a second call that does).
         """
         check_close_args(cancel, timeout)
         started = time.monotonic()

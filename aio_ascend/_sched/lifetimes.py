@@ -174,7 +174,8 @@ class Lifetimes:
     ) -> None:
         #: the device's caching allocator (``Device.malloc`` takes its blocks from it)
         self.memory = memory
-        self._check_thread = check_thread
+        #: (replaced when a close from a later event loop adopts the device)
+        self.check_thread = check_thread
         self._device_id = device_id
         self._pool = pool
         self._lock = threading.Lock()
@@ -265,8 +266,8 @@ class Lifetimes:
         :raises RuntimeError: called off the loop thread while the device is open (after the
             close it does nothing, from anywhere: everything has been released)
         """
-        if self._check_thread is not None and not self._closed:
-            self._check_thread()
+        if self.check_thread is not None and not self._closed:
+            self.check_thread()
         if self.request_free(allocation):
             self._dispose(allocation)
 

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import sys
 import threading
 from abc import ABC, abstractmethod
 from asyncio import events as asyncio_events
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import anyio
 
 __all__ = ["OTHER_THREAD", "LoopAdapter", "current_loop_adapter"]
+
+_T = TypeVar("_T")
 
 #: what a call from another event loop or thread than the device's gets (a RuntimeError)
 OTHER_THREAD = (
@@ -46,10 +51,13 @@ class LoopAdapter(ABC):
     thread: int = 0
 
     def check_thread(self) -> None:
-        """``RuntimeError`` unless called on the loop's thread: the device's synchronous calls
-        (allocation, modules, facts) belong to its loop as much as its awaitable ones do, and
-        an id comparison is all it costs."""
-        if threading.get_ident() != self.thread:
+        """``RuntimeError`` unless called from this loop: the device's synchronous calls
+        (allocation, modules, facts) belong to its loop as much as its awaitable ones do. On
+        the loop's thread, while it runs or between its runs (``run_until_complete``), never
+        while another loop runs there nor once it has finished."""
+        if self.is_current():
+            return
+        if threading.get_ident() != self.thread or _a_loop_runs() or self.is_closed():
             raise RuntimeError(OTHER_THREAD)
 
     @abstractmethod
@@ -87,6 +95,13 @@ class LoopAdapter(ABC):
     @abstractmethod
     async def checkpoint(self) -> None:
         """Let the loop run other callbacks (and honour cancellation) once."""
+
+    async def shielded(self, fn: Callable[..., Coroutine[Any, Any, _T]], *args: Any) -> _T:
+        """``await fn(*args)`` to its end whatever cancels the caller meanwhile; a cancellation
+        that arrived is raised afterwards (anyio's and trio's are held off by the shield)."""
+        with anyio.CancelScope(shield=True):
+            result = await fn(*args)
+        return result
 
 
 class _AsyncioAdapter(LoopAdapter):
@@ -142,6 +157,26 @@ class _AsyncioAdapter(LoopAdapter):
 
     async def checkpoint(self) -> None:
         await asyncio.sleep(0)
+
+    async def shielded(self, fn: Callable[..., Coroutine[Any, Any, _T]], *args: Any) -> _T:
+        # anyio's shield holds off anyio's cancellation only: asyncio's own (task.cancel(),
+        # as asyncio.wait_for and asyncio.timeout use it) would still stop ``fn`` half way
+        # (a close that never finished, and that no later close could take over). So ``fn``
+        # runs as a task of its own, waited for through asyncio.shield until it is done.
+        work = self.loop.create_task(fn(*args))
+        cancelled: BaseException | None = None
+        with anyio.CancelScope(shield=True):
+            while not work.done():
+                try:
+                    await asyncio.shield(work)
+                except asyncio.CancelledError as exc:
+                    if work.cancelled():  # the work itself (the loop is shutting down)
+                        raise
+                    cancelled = exc  # finish first
+        result = work.result()
+        if cancelled is not None:
+            raise cancelled
+        return result
 
 
 class _TrioAdapter(LoopAdapter):
@@ -199,6 +234,20 @@ class _TrioAdapter(LoopAdapter):
 
 def _nothing() -> None:
     pass
+
+
+def _a_loop_runs() -> bool:
+    # Whether an event loop runs on this thread now: asyncio's (uvloop's too), or trio's
+    if _running_loop() is not None:
+        return True
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return False
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
 
 
 def current_loop_adapter() -> LoopAdapter:

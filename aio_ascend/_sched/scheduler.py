@@ -456,8 +456,7 @@ class Scheduler:
             self.retire_dropped()
 
     def drop_plan(self, record: Allocation) -> None:
-        """A ``LaunchPlan`` was collected (any thread): the loop releases its holdings as its
-        ``close()`` does (after its queued launches; idempotent)."""
+        """A ``LaunchPlan`` was collected (any thread): the loop releases it as ``close()``."""
         self.adapter.call_soon_threadsafe(record.registry.free, record)
 
     def drop_graph(self, record: GraphRecord) -> None:
@@ -498,6 +497,7 @@ class Scheduler:
         adapter = current_loop_adapter()
         with self._post_lock:
             self.adapter = adapter
+            self.lifetimes.check_thread = adapter.check_thread
             self._delivery.rebind(adapter.wake, adapter.call_soon)
             undelivered, self._undelivered = self._undelivered, []
         log.info("device %d: closing from another loop (the first one finished)", self.device_id)
@@ -619,11 +619,9 @@ class Scheduler:
         cancel: bool,
         timeout: float | None,  # noqa: ASYNC109 - bounds the work
     ) -> None:
-        """Finish or drop outstanding work, stop the threads, release everything (shielded).
-
-        From another event loop: allowed once the opening loop has finished (the device
-        continues on this one); while that loop still runs, RuntimeError and nothing changes.
-        """
+        """Finish or drop outstanding work, stop the threads, release everything (shielded
+        from any cancellation). From another event loop: allowed once the opening loop has
+        finished (the device continues on this one); else RuntimeError and nothing changes."""
         if not self.adapter.is_current():
             if not self.adapter.is_closed():
                 raise RuntimeError(
@@ -646,26 +644,28 @@ class Scheduler:
                 await self.adapter.wait(waiter)
             return
         self.state = DeviceState.CLOSING
-        with anyio.CancelScope(shield=True):
-            if cancel:
-                self._drop_pending(None, "aclose(cancel=True)")
-            else:
-                self.flush()
-            for lane in self.lanes:
-                for waiter in lane.admission.refuse_all():
-                    self.adapter.wake(waiter)
-            forced = False
-            if self.unsettled:
-                with anyio.move_on_after(timeout) as scope:
-                    self._close_wait = (scope, timeout)
-                    await self._wait_idle()
-                timeout = self._close_wait[1] if self._close_wait is not None else timeout
-                self._close_wait = None
-                forced = scope.cancelled_caught or self.unsettled > 0
-                if forced:
-                    busy = f"{self.unsettled} task(s) still unfinished"
-                    log_forced(self.device_id, busy, timeout, "the streams")
-            await self._shutdown(forced=forced)
+        if cancel:  # (at once: before the loop runs the tick's flush)
+            self._drop_pending(None, "aclose(cancel=True)")
+        else:
+            self.flush()
+        for lane in self.lanes:
+            for waiter in lane.admission.refuse_all():
+                self.adapter.wake(waiter)
+        await self.adapter.shielded(self._close, timeout)
+
+    async def _close(self, timeout: float | None) -> None:  # noqa: ASYNC109
+        forced = False
+        if self.unsettled:
+            with anyio.move_on_after(timeout) as scope:
+                self._close_wait = (scope, timeout)
+                await self._wait_idle()
+            timeout = self._close_wait[1] if self._close_wait is not None else timeout
+            self._close_wait = None
+            forced = scope.cancelled_caught or self.unsettled > 0
+            if forced:
+                busy = f"{self.unsettled} task(s) still unfinished"
+                log_forced(self.device_id, busy, timeout, "the streams")
+        await self._shutdown(forced=forced)
 
     def _drop_pending(self, lane: Lane | None, by: str) -> None:
         # Requests not yet handed to the submitter (`lane`'s, all for None): ClosedError.

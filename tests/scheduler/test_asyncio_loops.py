@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
+import anyio
 import pytest
 from helpers import open_sim
 
@@ -78,3 +80,77 @@ async def test_cancelling_one_waiter_leaves_the_others_waiting() -> None:
         first.cancel()
         await second
         assert first.cancelled() and task.done() and task.exception() is None
+
+
+async def _close_cancelled_by_asyncio(dev: aa.Device, cancel_with: str) -> None:
+    if cancel_with == "wait_for":
+        await asyncio.wait_for(dev.aclose(), 0.05)
+    elif cancel_with == "timeout":
+        async with asyncio.timeout(0.05):
+            await dev.aclose()
+    else:
+        closing = asyncio.ensure_future(dev.aclose())
+        await asyncio.sleep(0.05)
+        closing.cancel()
+        await closing
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("cancel_with", ["wait_for", "timeout", "task.cancel"])
+async def test_asyncio_own_cancellation_never_leaves_a_device_close_half_done(
+    cancel_with: str,
+) -> None:
+    # The close is shielded; anyio's shield held off only anyio's cancellation. asyncio's own
+    # (wait_for, asyncio.timeout, task.cancel(): what shutdown hooks use) stopped the close
+    # half way: the device stayed "closing" with its threads running, and every later close
+    # (even aclose(timeout=...)) waited for a wake-up nobody would send.
+    dev = await aa.open_device(0, backend="sim")
+    s = dev.stream()
+    await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(300_000))  # 0.3 s
+    t0 = time.perf_counter()
+    with pytest.raises((TimeoutError, asyncio.CancelledError)):
+        await _close_cancelled_by_asyncio(dev, cancel_with)
+    elapsed = time.perf_counter() - t0
+    assert dev.closed, dev  # finished first (shielded), then the cancellation was raised
+    assert 0.2 < elapsed < 5, elapsed  # (the kernel's 0.3 s: expected ~0.3 s)
+    assert not [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]
+    with anyio.fail_after(5):
+        await dev.aclose()  # closed: returns at once
+
+
+def test_synchronous_calls_from_another_loop_on_the_same_thread_are_refused() -> None:
+    # The rule compared thread ids only: a second asyncio.run (or trio.run) on the thread,
+    # or no loop at all once the first had finished, allocated and loaded through a device
+    # whose loop was gone. Between two runs of its own loop (run_until_complete) they work.
+    import trio
+
+    async def opened() -> aa.Device:
+        return await aa.open_device(0, backend="sim")
+
+    loop = asyncio.new_event_loop()
+    dev = loop.run_until_complete(opened())
+    dev.malloc(64).free()  # its own loop, between runs: allowed
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+    calls = {
+        "malloc": lambda: dev.malloc(64),
+        "function": lambda: dev.function("noop"),
+        "info": lambda: dev.info,
+        "empty_cache": dev.empty_cache,
+    }
+
+    async def in_a_loop() -> list[str]:
+        refused = []
+        for name, call in calls.items():
+            with pytest.raises(RuntimeError, match="different event loop"):
+                call()
+            refused.append(name)
+        return refused
+
+    assert asyncio.run(in_a_loop()) == list(calls)
+    assert trio.run(in_a_loop) == list(calls)
+    for call in calls.values():  # no loop at all: the device's has finished
+        with pytest.raises(RuntimeError, match="different event loop"):
+            call()
+    asyncio.run(dev.aclose())  # a later loop may close it
+    assert dev.closed
