@@ -33,6 +33,7 @@ from ._runtime.abi import PTR_MAX, check_load_options
 from ._runtime.base import FunctionInfo
 from ._sched.admission import ENTRIES_PER_REQUEST
 from ._sched.loop import current_loop_adapter
+from ._sched.owned import OwnedFinalizers
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
 from ._stream import Stream, check_close_args, synchronize
@@ -172,6 +173,8 @@ class Device:
         # daemon threads may be inside runtime calls then).
         self._finalizer = weakref.finalize(self, scheduler.abandon)
         self._finalizer.atexit = False
+        #: the finalizers of its streams, plans, events and graphs (detached at its close)
+        self._object_finalizers = OwnedFinalizers()
 
     # --- public API ----------------------------------------------------------------------
 
@@ -497,6 +500,7 @@ class Device:
             timeout = max(0.0, started + timeout - time.monotonic())
         await close_host_funcs(self, self.task_timeout if timeout is None else timeout)
         self._finalizer.detach()
+        self._object_finalizers.detach_all()
 
     async def __aenter__(self) -> Device:
         self._scheduler.check_open()

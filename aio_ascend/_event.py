@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Generator
 from typing import Any
 
@@ -53,7 +52,7 @@ class Event(EventRecord):
         self.timing = timing
         self._scheduler = scheduler
         self._record_task = record_task
-        weakref.finalize(self, scheduler.retire_event, handle, self.flags)
+        device._object_finalizers.finalize(self, scheduler.retire_event, handle, self.flags)  # type: ignore[attr-defined]  # noqa: SLF001
 
     def __await__(self) -> Generator[Any, None, None]:
         return self._record_task.wait().__await__()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 
 from ._sched.graphs import GraphRecord
@@ -35,7 +34,7 @@ class Graph:
         self._record = record
         self.operations = len(record.ops)
         # collected unclosed (any thread): ``dropped`` closes it on the device's loop
-        weakref.finalize(self, dropped, record).atexit = False
+        device._object_finalizers.finalize(self, dropped, record)  # type: ignore[attr-defined]  # noqa: SLF001
 
     @property
     def record(self) -> GraphRecord:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +93,7 @@ class LaunchPlan:
         self._waiting: set[anyio.CancelScope] | None = None
         # Dropped without close(): released as close() would, on the loop (collection may
         # happen on any thread; frees belong to the loop's)
-        weakref.finalize(self, scheduler.drop_plan, self._record).atexit = False
+        stream.device._object_finalizers.finalize(self, scheduler.drop_plan, self._record)  # noqa: SLF001
 
     async def launch(self) -> Task:
         """Queue the launch on the plan's stream; return its :class:`Task`.

@@ -402,7 +402,7 @@ class Stream(StreamSync):
         self._plain = order is None
         # Collected without aclose(): the scheduler destroys its runtime stream once its queued
         # work is done (the lane is the scheduler's, so nothing else would)
-        weakref.finalize(self, scheduler.drop_lane, lane).atexit = False
+        device._object_finalizers.finalize(self, scheduler.drop_lane, lane)  # type: ignore[attr-defined]  # noqa: SLF001
 
     # --- operations ----------------------------------------------------------------------
 

@@ -96,6 +96,7 @@ from .shutdown import (
     log_forced,
     log_stuck,
     release_everything,
+    settle_off_loop,
     wait_set,
 )
 from .submitter import Submitter
@@ -379,8 +380,7 @@ class Scheduler:
             adapter.call_soon(self._expire_prepaid, lane, admission.generation)
 
     def _expire_prepaid(self, lane: Lane, generation: int) -> None:
-        # A loop turn after a waiter resumed with prepaid slots: it has suspended since, and
-        # what it did not use goes to the next in line.
+        # A turn after a waiter resumed with prepaid slots: what it did not use goes on.
         for waiter in lane.admission.expire(generation):
             self.adapter.wake(waiter)
 
@@ -744,7 +744,7 @@ class Scheduler:
         else:
             if runtime.must_settle():  # a forced stream's kernel may still run: wait off-loop
                 limit = SETTLE_AFTER_FORCE_S if forced else None  # (past the close's deadline)
-                await anyio.to_thread.run_sync(runtime.wait_settled, limit)
+                await settle_off_loop(runtime, limit)
             release_everything(
                 runtime,
                 graphs=self.graphs,

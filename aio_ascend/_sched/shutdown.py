@@ -146,6 +146,19 @@ async def join(thread: threading.Thread, deadline: float) -> None:
         await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
 
 
+async def settle_off_loop(runtime: Runtime, limit: float | None) -> None:
+    """``runtime.wait_settled(limit)`` on a worker thread that keeps no reference to the
+    runtime afterwards: anyio's idle workers keep their last job's until they take another,
+    and through the runtime's first fault (its traceback: the frames it was raised into) that
+    would keep a closed device and its objects from being collected meanwhile."""
+    held = [runtime]
+
+    def wait() -> None:
+        held.pop().wait_settled(limit)
+
+    await anyio.to_thread.run_sync(wait)
+
+
 async def wait_set(
     event: threading.Event, deadline: float, give_up: Callable[[], bool] | None = None
 ) -> bool:

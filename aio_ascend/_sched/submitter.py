@@ -53,6 +53,13 @@ open is *carried* (submitted, its event not recorded yet); the other streams go 
 thread's ``_Staged`` report comes back through the inbox, behind the hops queued meanwhile, and
 resumes the stream; what waited past its deadline is not submitted.
 
+Waits across streams. A stream's ``wait_event`` whose event's record is parked on another
+stream would not wait if submitted first: an event never recorded reads complete
+(``docs/acl-runtime.md``, "Unrecorded events"), so the wait's work would run before what it
+waits for. Its stream is parked too, at that wait, until the record has reached the runtime or
+failed (:meth:`_unblock`, whose report resumes it through the inbox like a staging report).
+Records precede their waits in loop order, so such parks never wait on each other in a cycle.
+
 Ordering in the inbox (one FIFO): a ``LaneForce`` is passed on to the poller only after every
 hop handed over before it, so it reaches the poller behind every batch those hops gave its
 stream (a stream parked at that moment is the exception: the poller may destroy it before the
@@ -98,14 +105,14 @@ from .._runtime.pybatch import PythonBatch
 from .._runtime.threads import GilTurns, LoopPulse
 from .batching import Hop
 from .counters import Counters
-from .events import BatchEvents
+from .events import BatchEvents, EventRecord
 from .faults import FaultState, classify_refusal
 from .forcing import LaneForce, gave_up
 from .lane import Lane
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
 from .watchdog import log_expired
-from .work import Arrival, Batch, Delivery, Launch, Outcome, Request
+from .work import Arrival, Batch, Delivery, Launch, Outcome, RecordEvent, Request, WaitEvent
 
 __all__ = ["Submitter"]
 
@@ -118,7 +125,7 @@ _RESUMABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_CORO
 
 class _Staged:
     """The staging thread's report: the big copy parked first on ``lane`` is staged (or
-    failed to be, with ``error``)."""
+    failed to be, with ``error``); or the record a wait parked ``lane`` for has been made."""
 
     __slots__ = ("error", "lane")
 
@@ -177,6 +184,9 @@ class Submitter:
         self._parked: dict[Lane, list[tuple[Request, float]]] = {}
         #: the batch a parked stream had open: submitted, its event not yet recorded
         self._carried: dict[Lane, list[Request]] = {}
+        #: streams parked at a wait until the event's record (parked on another stream)
+        #: reaches the runtime: by event
+        self._blocked: dict[EventRecord, list[Lane]] = {}
         self._stager = CopyWorker(f"aio_ascend-stage-{device_id}")
         #: runtime errors caught in the hop being submitted (see _forget_frames)
         self._caught: list[BaseException] = []
@@ -425,6 +435,10 @@ class Submitter:
                         if req.host is None and req.staged:  # a big copy: staged aside
                             self._park(req, deadline, open_batches)
                             continue
+                        if type(req) is WaitEvent and req.record_pending():  # its record is
+                            self._hold(req, deadline, open_batches)  # parked: so is this stream
+                            self._blocked.setdefault(req.event, []).append(lane)
+                            continue
                         req.submit(runtime, lane.handle)
                         if req.is_copy:
                             counters.copies += 1
@@ -535,6 +549,8 @@ class Submitter:
                     open_batches[lane] = [req]
                 else:
                     batch.append(req)
+                if self._blocked and type(req) is RecordEvent:
+                    self._unblock(req.event)
             if req.closes_batch:
                 batch = open_batches.pop(lane, None)
                 if batch:
@@ -543,12 +559,22 @@ class Submitter:
     # --- big copies: staged aside while their stream waits ----------------------------------
 
     def _park(self, req: Request, deadline: float, open_batches: dict[Lane, list[Request]]) -> None:
+        self._hold(req, deadline, open_batches)
+        self._stager.put(lambda: self._prepare(req, deadline))
+
+    def _hold(self, req: Request, deadline: float, open_batches: dict[Lane, list[Request]]) -> None:
+        # Park ``req``'s stream at ``req``: its later requests queue behind it, in order.
         lane = req.lane
         self._parked[lane] = [(req, deadline)]
         batch = open_batches.pop(lane, None)
         if batch:  # its event is recorded after the stream resumes, with the rest
             self._carried[lane] = batch
-        self._stager.put(lambda: self._prepare(req, deadline))
+
+    def _unblock(self, event: EventRecord) -> None:
+        # ``event``'s record reached the runtime (or failed): the streams parked at a wait for
+        # it resume, after the hops already in the inbox (whose requests queue behind)
+        for lane in self._blocked.pop(event, ()):
+            self._inbox.put(_Staged(lane, None))
 
     def _prepare(self, req: Request, deadline: float) -> None:
         # The staging thread: allocate and fill (an upload) the copy's pinned buffer. Never
@@ -613,6 +639,8 @@ class Submitter:
     def _refuse(self, req: Request, error: BaseException, failures: list[Delivery]) -> None:
         # never reaching the device: what it holds goes back now, and its task fails
         req.on_refused(error)
+        if self._blocked and type(req) is RecordEvent:
+            self._unblock(req.event)  # (a wait for it fails: the event was never recorded)
         self._lifetimes.release((req,))
         failures.append((req, error, Outcome.FINISHED))
 

@@ -60,6 +60,8 @@ class TaskLane(Protocol):
 
     owner: TaskOwner
     stream_ref: Callable[[], Any]
+    last: Any
+    flushed: Any
 
 
 class Task:
@@ -255,6 +257,13 @@ class Task:
         self._exc = exc
         if exc is not None:
             lane = self.lane
+            # The stream's latest task is kept for its waits only while unfinished: a failed
+            # one's traceback may reach the user's frames (and the stream, and its device),
+            # which the lane (the scheduler's, for as long as the device is open) would keep
+            if lane.last is self:
+                lane.last = None
+            if lane.flushed is self:
+                lane.flushed = None
             failures = lane.owner.failures
             if failures is not None:
                 self._unseen = failures.note(

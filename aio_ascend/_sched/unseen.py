@@ -201,7 +201,7 @@ class FailureLog:
                 "device %d faulted: %s; the fault failed %d task(s) (each raised "
                 "DeviceFaultError, caused by this one for all but the first)",
                 self._device_id,
-                first,
+                str(first),  # (a record that keeps no traceback: a handler may keep records)
                 self.fault_failed,
             )
 

@@ -471,6 +471,13 @@ class WaitEvent(_EventRequest):
             raise derived_error(record_error, "the event this wait depends on was never recorded")
         runtime.stream_wait_event(stream, self.event.handle)
 
+    def record_pending(self) -> bool:
+        """Whether the event's record has not reached the runtime yet, nor failed (its stream
+        is parked in the submitter): a wait submitted now would not wait for it. (An event
+        made elsewhere is recorded by its owner: never pending here.)"""
+        event = self.event
+        return isinstance(event, EventRecord) and not event.recorded and event.error is None
+
 
 @mypyc_attr(acyclic=True)
 class Batch:

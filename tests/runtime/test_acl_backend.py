@@ -1288,9 +1288,10 @@ def test_a_missing_set_attribute_leaves_no_stream(
     # loader puts in place of a missing symbol, in an otherwise complete table
     from aio_ascend._runtime.acl.library import _missing_function
 
-    fn = dict(rt._fn)
-    fn["aclrtSetStreamAttribute"] = _missing_function("aclrtSetStreamAttribute", rt.library_path)
-    monkeypatch.setattr(rt, "_fn", fn)
+    # (in the table itself: a copy would hold only the symbols bound so far in this process,
+    # and the test failed whenever it ran before anything had bound the priority range query)
+    missing = _missing_function("aclrtSetStreamAttribute", rt.library_path)
+    monkeypatch.setitem(rt._fn, "aclrtSetStreamAttribute", missing)
     before = ctl.live_counts()["streams"]
     with pytest.raises(BackendUnavailableError, match="aclrtSetStreamAttribute"):
         rt.create_stream(1)

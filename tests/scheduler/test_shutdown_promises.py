@@ -555,3 +555,85 @@ async def test_synchronize_after_a_forced_close_is_never_a_success(
     for sync in (s.synchronize, dev.synchronize):
         with pytest.raises(aa.ClosedError, match="device is closed"):
             await sync()
+
+
+# --- nothing of a closed device outlives it because a task failed ------------------------------
+
+
+def _boom() -> None:
+    raise KeyError("the host function's own")
+
+
+async def _fail_in_a_frame_that_holds(dev: aa.Device, how: str) -> list[Any]:
+    # The failure is raised into this frame, whose locals (the stream, an event, a plan, the
+    # device) its traceback keeps; returns weak references to those objects.
+    import weakref
+
+    from aio_ascend.testing import inject_fault
+
+    s = dev.stream()
+    event = await s.record_event()
+    plan = s.plan(dev.function("noop"), 1)
+    await plan.run()
+    try:
+        if how == "host_func":
+            await (await s.launch_host_func(_boom))
+        else:
+            await (await inject_fault(s))
+    except (KeyError, aa.DeviceFaultError):
+        pass
+    return [weakref.ref(obj) for obj in (s, event, plan)]
+
+
+@pytest.mark.parametrize("how", ["host_func", "fault"])
+async def test_a_closed_device_and_its_objects_are_collected_after_a_failure(
+    open_dev: OpenDevice, how: str, device_backend: str
+) -> None:
+    # The finalizers of its streams, plans and events held the scheduler; the scheduler the
+    # failure (the fault, the stream's last task); the failure's traceback the frame it was
+    # raised into, and that frame the device and its objects: never collected, since the
+    # finalizers' registry is a root. A server that reopens a device after each fault leaked
+    # a device per fault.
+    import weakref
+
+    if how == "fault" and device_backend == "realrt":
+        pytest.skip("a fault on the real runtime: tests/realrt's own")
+    dev = await open_dev()
+    refs = await _fail_in_a_frame_that_holds(dev, how)
+    await dev.aclose()
+    refs.append(weakref.ref(dev))
+    del dev
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * len(refs)
+
+
+async def _collect_then_let_the_loop_run() -> None:
+    gc.collect()
+    await anyio.sleep(0.05)  # (a dropped stream is retired on the loop)
+
+
+async def test_a_closed_stream_is_collected_after_its_host_function_failed(
+    open_dev: OpenDevice,
+) -> None:
+    # (its lane kept the failed task, the last one queued, for as long as the device was open)
+    import weakref
+
+    async with open_dev() as dev:
+        refs = []
+        for close in (True, False):
+            s = dev.stream()
+            try:
+                await (await s.launch_host_func(_boom))
+            except KeyError:
+                pass
+            if close:
+                await s.aclose()
+            refs.append(weakref.ref(s))
+            del s
+        streams = dev.stats()["streams"]
+        with pytest.warns(ResourceWarning, match="without aclose"):
+            await _collect_then_let_the_loop_run()
+        assert [ref() for ref in refs] == [None, None]
+        with anyio.fail_after(10):
+            while dev.stats()["streams"] != streams - 1:  # noqa: ASYNC110 - retired on the loop
+                await anyio.sleep(0.01)
