@@ -227,7 +227,9 @@ async def test_host_functions_run_in_stream_order_and_synchronize_waits_for_them
     async with open_dev() as dev:
         a, b = dev.stream(), dev.stream()
         order: list[str] = []
-        await a.launch(dev.function("sleep"), 1, sleep_args(SLOW_US))
+        # (10x SLOW_US: b1 must run before the kernel ends even on a loaded machine, where
+        # the host-function thread's first start took longer than SLOW_US on realrt)
+        await a.launch(dev.function("sleep"), 1, sleep_args(10 * SLOW_US))
         await a.launch_host_func(lambda: order.append("a1"))
         await b.launch_host_func(lambda: order.append("b1"))  # b has nothing before it
         await a.launch_host_func(lambda: order.append("a2"))
