@@ -490,7 +490,7 @@ class Device:
         ``asyncio.timeout``, ``Task.cancel``): the close finishes, then the cancellation is
         raised. To bound it, give ``timeout`` (or escalate with a second call that does).
         """
-        check_close_args(cancel, timeout)
+        timeout = check_close_args(cancel, timeout)
         started = time.monotonic()
         await self._scheduler.aclose(cancel=cancel, timeout=timeout)
         # Host functions whose earlier work completed still run, bounded like the device's
@@ -621,12 +621,12 @@ def open_device(
         ``block_dim``, ``staging_bytes`` (see the backends guide)
     """
     # Every argument is checked here, in the call, not when the device is opened.
-    check_device_id(device_id)
+    device_id = check_device_id(device_id)
     if backend != "auto":
         choose_backend(backend)  # validate the name early, with a clear error
     _completion_mode(completion)
-    _check_seconds("task_timeout", task_timeout)
-    _check_seconds("close_timeout", close_timeout)
+    task_timeout = _check_seconds("task_timeout", task_timeout)
+    close_timeout = _check_seconds("close_timeout", close_timeout)
     batch_cap = _check_batch_cap(batch_cap)
     pinned_pool_bytes = _check_pool_bytes(pinned_pool_bytes)
     pool_limit_bytes = _check_pool_limit(pool_limit_bytes)

@@ -110,13 +110,13 @@ class LaunchConfig:
             mode = _check_choice("schedule_mode", self.schedule_mode, _SCHEDULE_MODES)
             attrs.append((LaunchAttrId.SCHEM_MODE, struct.pack("<B", mode)))
         if self.dyn_ubuf_size is not None:
-            size = _check_uint("dyn_ubuf_size", self.dyn_ubuf_size, 32)
+            size = self._uint("dyn_ubuf_size", 32)
             attrs.append((LaunchAttrId.DYN_UBUF_SIZE, struct.pack("<I", size)))
         if self.engine_type is not None:
             engine = _check_choice("engine_type", self.engine_type, _ENGINE_TYPES)
             attrs.append((LaunchAttrId.ENGINE_TYPE, struct.pack("<i", engine)))
         if self.block_dim_offset is not None:
-            offset = _check_uint("block_dim_offset", self.block_dim_offset, 32)
+            offset = self._uint("block_dim_offset", 32)
             attrs.append((LaunchAttrId.BLOCKDIM_OFFSET, struct.pack("<I", offset)))
         for name, attr_id in (
             ("prefetch_disabled", LaunchAttrId.BLOCK_TASK_PREFETCH),
@@ -130,18 +130,24 @@ class LaunchConfig:
         if self.timeout_s is not None and self.timeout_us is not None:
             raise ValueError("LaunchConfig.timeout_s and timeout_us are mutually exclusive")
         if self.timeout_s is not None:
-            seconds = _check_uint("timeout_s", self.timeout_s, 16)
+            seconds = self._uint("timeout_s", 16)
             attrs.append((LaunchAttrId.TIMEOUT, struct.pack("<H", seconds)))
         if self.timeout_us is not None:
-            micros = _check_uint("timeout_us", self.timeout_us, 64)
+            micros = self._uint("timeout_us", 64)
             attrs.append(
                 (LaunchAttrId.TIMEOUT_US, struct.pack("<II", micros & 0xFFFFFFFF, micros >> 32))
             )
         if self.block_dim is not None:
-            dim = _check_uint("block_dim", self.block_dim, 32)
+            dim = self._uint("block_dim", 32)
             if not 1 <= dim <= 1024:
                 raise ValueError(f"LaunchConfig.block_dim={dim} is out of range 1..1024")
         object.__setattr__(self, "_attrs", tuple(attrs))
+
+    def _uint(self, name: str, bits: int) -> int:
+        # a field checked, and kept as a Python int (numpy's integers are taken too)
+        value = _check_uint(name, getattr(self, name), bits)
+        object.__setattr__(self, name, value)
+        return value
 
     @property
     def kernel_timeout(self) -> float | None:

@@ -25,7 +25,6 @@ from ._plan import LaunchPlan
 from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.graphs import CaptureGraph, LaunchGraph
 from ._sched.lane import Lane
-from ._sched.loop import OTHER_THREAD
 from ._sched.scheduler import DeviceState, Scheduler
 from ._sched.task import Task
 from ._sched.unseen import raise_failures
@@ -333,14 +332,17 @@ class GraphCapture:
         self.graph = Graph(self._stream.device, record, scheduler.drop_graph)
 
 
-def check_close_args(cancel: object, timeout: object) -> None:
-    """The arguments of ``aclose`` (a stream's or a device's): a bool, and None or seconds."""
+def check_close_args(cancel: object, timeout: object) -> float | None:
+    """The arguments of ``aclose`` (a stream's or a device's): a bool, and None or seconds
+    (returned as a float)."""
     if not isinstance(cancel, bool):
         raise TypeError(f"cancel must be a bool, got {type(cancel).__name__}")
     if timeout is None:
-        return
-    if not seconds("timeout (None or seconds)", timeout) >= 0:  # NaN too
+        return None
+    value = seconds("timeout (None or seconds)", timeout)
+    if not value >= 0:  # NaN too
         raise ValueError(f"timeout={timeout!r} must be None or >= 0")
+    return value
 
 
 async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, what: str) -> None:
@@ -350,7 +352,7 @@ async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, 
     once the stream or device is closed (or closing) raises ``ClosedError``: it has nothing
     left to wait for, and returning would read as success for work the close may have failed."""
     if not scheduler.adapter.is_current():
-        raise RuntimeError(OTHER_THREAD)
+        raise scheduler.adapter.foreign()
     scheduler.check_open(lanes[0] if stream_ref is not None else None)
     failures = scheduler.failures
     claim = failures.claim(stream_ref)
@@ -741,12 +743,12 @@ class Stream(StreamSync):
         device closes: the device may still be running it. The forced part is shielded from
         cancellation; cancelling the wait before it leaves the stream closed to new work.
         """
-        check_close_args(cancel, timeout)
+        timeout = check_close_args(cancel, timeout)
         scheduler, lane = self._scheduler, self._lane
         if not scheduler.adapter.is_current() and not (
             lane.closed and (lane not in scheduler.lanes or scheduler.state is not DeviceState.OPEN)
         ):
-            raise RuntimeError(OTHER_THREAD)  # before anything changes (once gone: nothing)
+            raise scheduler.adapter.foreign()  # before anything changes (once gone: nothing)
         closing = scheduler.close_lane(lane, cancel=cancel, timeout=timeout)
         if self._hold is not None:
             # Calls held behind a host function (one the watchdog failed may run for long)

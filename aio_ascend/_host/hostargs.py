@@ -116,11 +116,12 @@ def _align_up(value: int, alignment: int) -> int:
     return (value + alignment - 1) // alignment * alignment
 
 
-def _check_cap(name: str, value: object, low: int, high: int, why: str) -> None:
-    # The refusal of a HostArgs cap (the constructor's test already failed, or the type does)
-    value = integer(name, value)
-    if not low <= value <= high:
-        raise ValueError(f"{name}={value} must be in {low}..{high}{why}")
+def _check_cap(name: str, value: object, low: int, high: int, why: str) -> int:
+    # A HostArgs cap that is no plain int in range: as an int, or refused
+    number = integer(name, value)
+    if not low <= number <= high:
+        raise ValueError(f"{name}={number} must be in {low}..{high}{why}")
+    return number
 
 
 def _check_alignment(name: str, align: object) -> int:
@@ -235,9 +236,9 @@ class HostArgs:
         self._layout_kind = layout
         self._min_align = _MIN_ALIGN[layout]
         if type(max_nbytes) is not int or not 8 <= max_nbytes <= _ARGS_SIZE_LIMIT:
-            _check_cap("max_nbytes", max_nbytes, 8, _ARGS_SIZE_LIMIT, "")
+            max_nbytes = _check_cap("max_nbytes", max_nbytes, 8, _ARGS_SIZE_LIMIT, "")
         if type(max_placeholders) is not int or not 0 <= max_placeholders <= MAX_PLACEHOLDERS:
-            _check_cap(
+            max_placeholders = _check_cap(
                 "max_placeholders",
                 max_placeholders,
                 0,

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from asyncio import events as asyncio_events
 from collections.abc import Awaitable, Callable, Coroutine
@@ -18,7 +20,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-__all__ = ["OTHER_THREAD", "LoopAdapter", "current_loop_adapter"]
+__all__ = ["FORKED", "OTHER_THREAD", "LoopAdapter", "current_loop_adapter"]
 
 _T = TypeVar("_T")
 
@@ -27,6 +29,12 @@ OTHER_THREAD = (
     "aio_ascend device used from a different event loop (or thread) than the one that opened "
     "it: call it from that loop (from another thread, hand the call to the loop, e.g. with "
     "asyncio.run_coroutine_threadsafe or trio.from_thread.run)"
+)
+
+#: what any call gets in a process forked from the one that opened the device (a RuntimeError)
+FORKED = (
+    "aio_ascend device used in a process forked from the one that opened it: its threads and "
+    "its runtime stayed in the parent; open a device in this process instead"
 )
 
 #: the running loop or None, without raising: ``asyncio.get_running_loop`` raises when there is
@@ -50,6 +58,13 @@ class LoopAdapter(ABC):
     #: ``threading.get_ident()`` of the thread the loop runs on (recorded when it is adapted)
     thread: int = 0
 
+    #: set in a forked child (see _after_fork_in_child)
+    forked = False
+
+    def foreign(self) -> RuntimeError:
+        """The error for a call from anywhere but this loop (or in a forked child)."""
+        return RuntimeError(FORKED if self.forked else OTHER_THREAD)
+
     def check_thread(self) -> None:
         """``RuntimeError`` unless called from this loop: the device's synchronous calls
         (allocation, modules, facts) belong to its loop as much as its awaitable ones do. On
@@ -57,8 +72,10 @@ class LoopAdapter(ABC):
         while another loop runs there nor once it has finished."""
         if self.is_current():
             return
-        if threading.get_ident() != self.thread or _a_loop_runs() or self.is_closed():
-            raise RuntimeError(OTHER_THREAD)
+        if self.forked or threading.get_ident() != self.thread or _a_loop_runs():
+            raise self.foreign()
+        if self.is_closed():
+            raise self.foreign()
 
     @abstractmethod
     def is_current(self) -> bool:
@@ -108,6 +125,7 @@ class _AsyncioAdapter(LoopAdapter):
     name = "asyncio"
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        _ADAPTERS.add(self)
         self.loop = loop
         self.thread = threading.get_ident()
         # asyncio's own loops record the thread they run on (``None`` while not running); a
@@ -185,6 +203,7 @@ class _TrioAdapter(LoopAdapter):
     def __init__(self) -> None:
         import trio
 
+        _ADAPTERS.add(self)
         self._trio = trio
         self.token = trio.lowlevel.current_trio_token()
         self.thread = threading.get_ident()
@@ -234,6 +253,27 @@ class _TrioAdapter(LoopAdapter):
 
 def _nothing() -> None:
     pass
+
+
+#: every adapter made in this process (a forked child refuses them all)
+_ADAPTERS: weakref.WeakSet[LoopAdapter] = weakref.WeakSet()
+
+
+def _never() -> bool:
+    return False
+
+
+def _after_fork_in_child() -> None:
+    # The loop may run on in the child (a fork inside it), but the device's threads and its
+    # runtime did not come along: every call is refused, launches included (is_current is
+    # the one check they make), instead of queueing work nothing would ever submit.
+    for adapter in list(_ADAPTERS):
+        adapter.forked = True
+        adapter.is_current = _never  # type: ignore[method-assign]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _a_loop_runs() -> bool:

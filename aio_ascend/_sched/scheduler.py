@@ -86,7 +86,7 @@ from .graphs import GraphBook, GraphRecord
 from .hooks import Source
 from .lane import Lane
 from .lifetimes import Allocation, FreedError, Lifetimes
-from .loop import OTHER_THREAD, LoopAdapter, current_loop_adapter
+from .loop import LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
     SETTLE_AFTER_FORCE_S,
@@ -271,7 +271,7 @@ class Scheduler:
         except ClosedError as closed:
             return closed
         if not self.adapter.is_current():
-            return RuntimeError(OTHER_THREAD)
+            return self.adapter.foreign()
         if self.faults.first is None and lane is not None and lane.stranded is not None:
             return derived_error(lane.stranded, "refused")
         return self.fault_error()

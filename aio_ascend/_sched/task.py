@@ -12,7 +12,7 @@ import anyio
 
 from .admission import ENTRIES_PER_REQUEST
 from .hooks import HOOKS
-from .loop import OTHER_THREAD, LoopAdapter
+from .loop import LoopAdapter
 
 __all__ = [
     "MAX_WAKES_PER_TURN",
@@ -224,7 +224,7 @@ class Task:
         # The one wait for the task to finish (``await task`` and ``wait_finished``).
         adapter = self.lane.owner.adapter
         if not adapter.is_current():
-            raise RuntimeError(OTHER_THREAD)
+            raise adapter.foreign()
         waiter = adapter.new_waiter()
         # ``_waiters``: None, the one waiter (the usual case: no list made), or a list
         waiters = self._waiters

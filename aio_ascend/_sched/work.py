@@ -138,7 +138,8 @@ class Request(Task):
 Delivery = tuple[Request, BaseException | None, Outcome]
 
 
-@mypyc_attr(acyclic=True)
+# (not acyclic: a LaunchPlan's spec and its record hold each other, spec.buffers being the
+# record, and a cycle through an object the collector cannot see is never collected)
 class LaunchSpec:
     """What every launch of one kernel with one set of args has in common: made once (per
     kernel and block count for its launches without args or config, once per ``LaunchPlan``,

@@ -637,3 +637,19 @@ async def test_a_closed_stream_is_collected_after_its_host_function_failed(
         with anyio.fail_after(10):
             while dev.stats()["streams"] != streams - 1:  # noqa: ASYNC110 - retired on the loop
                 await anyio.sleep(0.01)
+
+
+async def test_a_closed_device_with_a_plan_left_open_is_collected(open_dev: OpenDevice) -> None:
+    # A plan's launch spec and its record hold each other; with the spec untracked by the
+    # collector (the compiled build's acyclic classes) the pair, and through the record's
+    # registry the closed device's pool and runtime, were never collected
+    import weakref
+
+    dev = await open_dev()
+    plan = dev.stream().plan(dev.function("noop"), 1)
+    await plan.run()
+    await dev.aclose()
+    refs = [weakref.ref(dev), weakref.ref(plan)]
+    del dev, plan
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
