@@ -313,3 +313,30 @@ def in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, list[BaseExcepti
     thread = threading.Thread(target=run, name="contract-helper", daemon=True)
     thread.start()
     return thread, errors, results
+
+
+def in_forked_child(child: Callable[[], list[str]]) -> list[str]:
+    """Fork; the child runs ``child()`` and sends back the lines it returns (exit status 0, or
+    1 if it raised). Returns those lines once the child has exited with status 0."""
+    import os
+    import warnings
+
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        status = 1
+        try:
+            os.write(write_end, "\n".join(child()).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    chunks = []
+    while chunk := os.read(read_end, 65536):
+        chunks.append(chunk)
+    os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0, "the child failed"
+    return b"".join(chunks).decode().split("\n")

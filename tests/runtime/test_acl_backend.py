@@ -12,7 +12,6 @@ import os
 import struct
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from doubles.acl_double import (
     build_legacy_double,
     double_control,
 )
+from helpers import in_forked_child
 
 import aio_ascend as aa
 from aio_ascend._errors import (
@@ -938,39 +938,24 @@ def test_probe_finds_the_library_through_ascend_home_path(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_a_forked_child_refuses_clearly(rt: AclRuntime) -> None:
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - runs in the child
-        status = 1
-        try:
-            lines = []
-            for attempt in (
-                rt.create_stream,
-                lambda: open_acl_runtime(0, library_path=rt.library_path),
-            ):
-                try:
-                    attempt()
-                    lines.append("no error")
-                except BackendUnavailableError as exc:
-                    lines.append(f"refused: {exc}")
-                except BaseException as exc:
-                    lines.append(f"wrong error: {type(exc).__name__}: {exc}")
-            rt.close()  # must not touch ACL, must not raise
-            lines.append("closed")
-            os.write(write_end, "\n".join(lines).encode())
-            status = 0
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    chunks = []
-    while chunk := os.read(read_end, 65536):
-        chunks.append(chunk)
-    os.close(read_end)
-    _, status = os.waitpid(pid, 0)
-    assert os.WEXITSTATUS(status) == 0
-    lines = b"".join(chunks).decode().split("\n")
+    def child() -> list[str]:  # pragma: no cover - runs in the child
+        lines = []
+        for attempt in (
+            rt.create_stream,
+            lambda: open_acl_runtime(0, library_path=rt.library_path),
+        ):
+            try:
+                attempt()
+                lines.append("no error")
+            except BackendUnavailableError as exc:
+                lines.append(f"refused: {exc}")
+            except BaseException as exc:
+                lines.append(f"wrong error: {type(exc).__name__}: {exc}")
+        rt.close()  # must not touch ACL, must not raise
+        lines.append("closed")
+        return lines
+
+    lines = in_forked_child(child)
     assert len(lines) == 3, lines
     assert all(line.startswith("refused: ") and "fork" in line for line in lines[:2]), lines
     assert lines[2] == "closed"

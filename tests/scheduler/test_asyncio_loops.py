@@ -9,7 +9,7 @@ import time
 
 import anyio
 import pytest
-from helpers import open_sim
+from helpers import in_forked_child, open_sim
 
 import aio_ascend as aa
 
@@ -163,41 +163,25 @@ async def test_a_forked_child_refuses_every_call_clearly() -> None:
     # Forked inside the running loop, the child ran on with the device's loop but without its
     # threads: malloc was served from the parent's pool cache, and a launch was queued for a
     # submitter that did not exist there (its await never ended).
-    import warnings
-
     async with open_sim() as dev:
         s = dev.stream()
         dev.malloc(4096).free()  # a cached block a child could have been handed
-        read_end, write_end = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
-            pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the child
-            status = 1
-            try:
-                lines = []
-                for name, call in (
-                    ("malloc", lambda: dev.malloc(4096)),
-                    ("launch", lambda: s.launch(dev.function("noop"), 1).send(None)),
-                    ("stream", dev.stream),
-                ):
-                    try:
-                        call()
-                        lines.append(f"{name}: no error")
-                    except RuntimeError as exc:
-                        lines.append(f"{name}: {exc}")
-                os.write(write_end, "\n".join(lines).encode())
-                status = 0
-            finally:
-                os._exit(status)
-        os.close(write_end)
-        chunks = []
-        while chunk := os.read(read_end, 65536):
-            chunks.append(chunk)
-        os.close(read_end)
-        _, status = os.waitpid(pid, 0)  # noqa: ASYNC222 - the child has closed its pipe: exiting
-        assert os.WEXITSTATUS(status) == 0
-        lines = b"".join(chunks).decode().split("\n")
+
+        def child() -> list[str]:  # pragma: no cover - runs in the child
+            lines = []
+            for name, call in (
+                ("malloc", lambda: dev.malloc(4096)),
+                ("launch", lambda: s.launch(dev.function("noop"), 1).send(None)),
+                ("stream", dev.stream),
+            ):
+                try:
+                    call()
+                    lines.append(f"{name}: no error")
+                except RuntimeError as exc:
+                    lines.append(f"{name}: {exc}")
+            return lines
+
+        lines = in_forked_child(child)
         assert len(lines) == 3, lines
         assert all("forked from the one that opened it" in line for line in lines), lines
         await s.run(dev.function("noop"), 1)  # the parent's device works on
