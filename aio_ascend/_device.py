@@ -492,7 +492,16 @@ class Device:
         """
         timeout = check_close_args(cancel, timeout)
         started = time.monotonic()
-        await self._scheduler.aclose(cancel=cancel, timeout=timeout)
+        scheduler = self._scheduler
+        try:
+            await scheduler.aclose(cancel=cancel, timeout=timeout)
+        finally:
+            # (also when a cancellation is raised after the scheduler's close, itself shielded:
+            # the rest of the close is, too)
+            if scheduler.state is DeviceState.CLOSED:
+                await scheduler.adapter.shielded(self._after_close, started, timeout)
+
+    async def _after_close(self, started: float, timeout: float | None) -> None:  # noqa: ASYNC109
         # Host functions whose earlier work completed still run, bounded like the device's
         # work: within what is left of ``timeout`` (the close returns within it), else within
         # task_timeout.

@@ -187,6 +187,7 @@ class Submitter:
         #: streams parked at a wait until the event's record (parked on another stream)
         #: reaches the runtime: by event
         self._blocked: dict[EventRecord, list[Lane]] = {}
+        self._blocked_lock = threading.Lock()  # (the poller's watchdog fails records too)
         self._stager = CopyWorker(f"aio_ascend-stage-{device_id}")
         #: runtime errors caught in the hop being submitted (see _forget_frames)
         self._caught: list[BaseException] = []
@@ -437,7 +438,7 @@ class Submitter:
                             continue
                         if type(req) is WaitEvent and req.record_pending():  # its record is
                             self._hold(req, deadline, open_batches)  # parked: so is this stream
-                            self._blocked.setdefault(req.event, []).append(lane)
+                            self._block(req)
                             continue
                         req.submit(runtime, lane.handle)
                         if req.is_copy:
@@ -570,10 +571,22 @@ class Submitter:
         if batch:  # its event is recorded after the stream resumes, with the rest
             self._carried[lane] = batch
 
+    def _block(self, wait: WaitEvent) -> None:
+        # ``wait``'s stream is parked until its event's record is made (or fails). The record
+        # may be failed on the poller's thread meanwhile (its hop expired by the watchdog):
+        # registered first, then looked at again, so that one side resumes the stream.
+        with self._blocked_lock:
+            self._blocked.setdefault(wait.event, []).append(wait.lane)
+        if not wait.record_pending():
+            self._unblock(wait.event)
+
     def _unblock(self, event: EventRecord) -> None:
-        # ``event``'s record reached the runtime (or failed): the streams parked at a wait for
-        # it resume, after the hops already in the inbox (whose requests queue behind)
-        for lane in self._blocked.pop(event, ()):
+        # ``event``'s record reached the runtime (or failed; any thread): the streams parked
+        # at a wait for it resume, after the hops already in the inbox (whose requests queue
+        # behind). Whoever takes the entry resumes them: once.
+        with self._blocked_lock:
+            lanes = self._blocked.pop(event, ())
+        for lane in lanes:
             self._inbox.put(_Staged(lane, None))
 
     def _prepare(self, req: Request, deadline: float) -> None:

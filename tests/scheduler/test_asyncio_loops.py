@@ -186,3 +186,17 @@ async def test_a_forked_child_refuses_every_call_clearly() -> None:
         assert all("forked from the one that opened it" in line for line in lines), lines
         await s.run(dev.function("noop"), 1)  # the parent's device works on
         dev.malloc(64).free()
+
+
+@pytest.mark.asyncio
+async def test_asyncio_own_cancellation_of_a_close_still_ends_its_host_functions() -> None:
+    # The scheduler's part of the close was shielded, the rest not: the cancellation was
+    # raised after it, and the host-function thread (and the objects' finalizers) were left.
+    dev = await aa.open_device(0, backend="sim")
+    s = dev.stream()
+    await s.launch_host_func(lambda: time.sleep(0.3))
+    await asyncio.sleep(0.05)  # (running)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(dev.aclose(), 0.05)
+    assert dev.closed
+    assert not [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]

@@ -622,3 +622,54 @@ async def test_a_wait_on_an_event_whose_record_the_watchdog_expired_unsubmitted_
         set_depth(2013 if device_backend == "acl" else 1 << 20)
         with anyio.fail_after(20):
             await dev.aclose(timeout=0.2)
+
+
+@pytest.mark.backends("sim", "acl")
+@pytest.mark.anyio
+async def test_a_wait_parked_as_the_watchdog_fails_its_record_is_never_parked_for_good(
+    open_dev: OpenDevice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watchdog (the poller's thread) fails a record whose hop the submitter reached too
+    late, while the submitter, taking the next hop, finds the record still pending and parks
+    the wait's stream: registered after the poller had looked, the stream was never resumed
+    (the wait, and a close without a timeout, never ended). Delays force that interleaving."""
+    from aio_ascend._sched.work import RecordEvent, WaitEvent
+
+    async with open_dev(task_timeout=0.3) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        submitter = dev._scheduler._submitter
+        hop, late = submitter._hop, [True]
+
+        def late_hop(item: Any) -> None:
+            if late:
+                late.clear()
+                time.sleep(0.5)  # a slow runtime call: the submitter is late
+            hop(item)
+
+        pending = WaitEvent.record_pending
+
+        def slow_pending(wait: WaitEvent) -> bool:
+            still = pending(wait)
+            if still:
+                time.sleep(0.2)  # the poller fails the record meanwhile
+            return still
+
+        refused = RecordEvent.on_refused
+
+        def slow_refusal(record: RecordEvent, exc: BaseException) -> None:
+            if threading.current_thread().name.startswith("aio_ascend-poll"):
+                time.sleep(0.25)
+            refused(record, exc)
+
+        monkeypatch.setattr(submitter, "_hop", late_hop)
+        monkeypatch.setattr(WaitEvent, "record_pending", slow_pending)
+        monkeypatch.setattr(RecordEvent, "on_refused", slow_refusal)
+        await dev.stream().launch(dev.function("noop"), 1)  # the hop the submitter is late on
+        await anyio.sleep(0.01)
+        event = await s1.record_event()
+        await anyio.sleep(0.25)
+        wait = await s2.wait_event(event)
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+            await wait  # (expected ~0.5 s: its record was never made)
+        assert submitter._blocked == {}
+        assert submitter._parked == {}
