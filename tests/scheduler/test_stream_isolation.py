@@ -638,13 +638,14 @@ async def test_a_wait_parked_as_the_watchdog_fails_its_record_is_never_parked_fo
     async with open_dev(task_timeout=0.3) as dev:
         s1, s2 = dev.stream(), dev.stream()
         submitter = dev._scheduler._submitter
-        hop, late = submitter._hop, [True]
+        runtime = submitter._runtime
+        record, late = runtime.record_event, [True]
 
-        def late_hop(item: Any) -> None:
-            if late:
+        def late_record(event: int, stream: int) -> None:
+            if late:  # the first hop's batch event: a slow runtime call, the submitter is late
                 late.clear()
-                time.sleep(0.5)  # a slow runtime call: the submitter is late
-            hop(item)
+                time.sleep(0.5)
+            record(event, stream)
 
         pending = WaitEvent.record_pending
 
@@ -661,7 +662,7 @@ async def test_a_wait_parked_as_the_watchdog_fails_its_record_is_never_parked_fo
                 time.sleep(0.25)
             refused(record, exc)
 
-        monkeypatch.setattr(submitter, "_hop", late_hop)
+        monkeypatch.setattr(runtime, "record_event", late_record)
         monkeypatch.setattr(WaitEvent, "record_pending", slow_pending)
         monkeypatch.setattr(RecordEvent, "on_refused", slow_refusal)
         await dev.stream().launch(dev.function("noop"), 1)  # the hop the submitter is late on
