@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._buffer import DeviceBuffer
-from ._host.hostdata import dims_of, host_array, integer, plain_dtype
+from ._host.hostdata import dims_of, host_array, plain_dtype
 from ._host.pool import DEFAULT_RETAINED_BYTES
 from ._hostfunc import close_host_funcs, observed_as
 from ._interop import ExternalEvent, TorchOrder, event_handle, stream_handle
@@ -37,6 +37,7 @@ from ._sched.owned import OwnedFinalizers
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
 from ._stream import Stream, check_close_args, synchronize
+from ._values import integer
 from ._values import seconds as seconds_of
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from ._errors import ClosedError
 from ._event import Event, event_flags
 from ._graph import Graph
 from ._host.hostargs import HostArgs, PackedArgs
-from ._host.hostdata import destination_bytes, dims_of, integer, plain_dtype, source_bytes
+from ._host.hostdata import destination_bytes, dims_of, plain_dtype, source_bytes
 from ._host.pinned import PinnedArrays, pinned_owner
 from ._host.snapshot import shareable, shared_image
 from ._interop import ExternalEvent, TorchOrder
@@ -41,7 +41,7 @@ from ._sched.work import (
     WaitEvent,
 )
 from ._stream_sync import StreamSync
-from ._values import seconds
+from ._values import integer, seconds
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -32,7 +32,6 @@ __all__ = [
     "destination_bytes",
     "dims_of",
     "host_array",
-    "integer",
     "plain_dtype",
     "source_bytes",
 ]

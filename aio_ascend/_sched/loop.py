@@ -72,9 +72,12 @@ class LoopAdapter(ABC):
         while another loop runs there nor once it has finished."""
         if self.is_current():
             return
-        if self.forked or threading.get_ident() != self.thread or _a_loop_runs():
-            raise self.foreign()
-        if self.is_closed():
+        if (
+            self.forked
+            or threading.get_ident() != self.thread
+            or _a_loop_runs()
+            or self.is_closed()
+        ):
             raise self.foreign()
 
     @abstractmethod
