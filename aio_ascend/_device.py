@@ -488,8 +488,9 @@ class Device:
         (its ``timeout`` can only bring the force nearer: a shutdown path can escalate from a
         patient close to a forced one); once closed, a call is a no-op. It is shielded from
         cancellation once started, asyncio's own included (``asyncio.wait_for``,
-        ``asyncio.timeout``, ``Task.cancel``): the close finishes, then the cancellation is
-        raised. To bound it, give ``timeout`` (or escalate with a second call that does).
+        ``asyncio.timeout``, ``Task.cancel``, and ``asyncio.run`` cancelling what is left as
+        it ends): the close finishes, then the cancellation is raised. To bound it, give
+        ``timeout`` (or escalate with a second call that does).
         """
         timeout = check_close_args(cancel, timeout)
         started = time.monotonic()
@@ -498,8 +499,8 @@ class Device:
             await scheduler.aclose(cancel=cancel, timeout=timeout)
         finally:
             # (also when a cancellation is raised after the scheduler's close, itself shielded:
-            # the rest of the close is, too)
-            if scheduler.state is DeviceState.CLOSED:
+            # the rest of the close is, too; once done, its finalizer is detached)
+            if scheduler.state is DeviceState.CLOSED and self._finalizer.alive:
                 await scheduler.adapter.shielded(self._after_close, started, timeout)
 
     async def _after_close(self, started: float, timeout: float | None) -> None:  # noqa: ASYNC109

@@ -213,11 +213,11 @@ class HostFuncs:
         tasks a forced close gives up on do, and its thread is left to exit when it returns
         (a callback cannot be interrupted: the close does not wait for it)."""
         self.closed = True
-        with anyio.move_on_after(STUCK_AFTER_S if timeout is None else max(timeout, 0.0)):
-            while self.pending:
-                waiter = self._adapter.new_waiter()
-                self._idle.append(waiter)
-                await self._adapter.wait(waiter)
+        due = anyio.current_time() + (STUCK_AFTER_S if timeout is None else max(timeout, 0.0))
+        while self.pending and anyio.current_time() < due:
+            waiter = self._adapter.new_waiter()
+            self._idle.append(waiter)
+            await self._adapter.wait_until(waiter, due)
         # (kept, not worked out per call: a patient close woken by an escalated one's
         # abandonment must not then join the thread the abandoned function holds)
         self._abandoned |= bool(self._running)

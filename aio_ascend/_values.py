@@ -9,6 +9,7 @@ bool; the caller checks the range.
 
 from __future__ import annotations
 
+import math
 import numbers
 import operator
 
@@ -34,4 +35,7 @@ def seconds(what: str, value: object) -> float:
     non-number; the range is the caller's to check)."""
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise TypeError(f"{what} must be a number of seconds, got {type(value).__name__}")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # (an int past a float's range: as long as an infinite wait)
+        return math.inf if value > 0 else -math.inf

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import sys
 import threading
@@ -113,6 +114,13 @@ class LoopAdapter(ABC):
         """Release ``waiter`` (loop thread only); a cancelled waiter is ignored."""
 
     @abstractmethod
+    async def wait_until(self, waiter: Any, deadline: float) -> None:
+        """:meth:`wait` until ``waiter`` is woken or the loop's clock (``anyio.current_time()``)
+        reaches ``deadline`` (``math.inf``: none). No cancellation is used for the deadline, so
+        it holds inside :meth:`shielded` work too, which asyncio runs as a task that refuses
+        cancellation."""
+
+    @abstractmethod
     async def checkpoint(self) -> None:
         """Let the loop run other callbacks (and honour cancellation) once."""
 
@@ -179,25 +187,43 @@ class _AsyncioAdapter(LoopAdapter):
     async def checkpoint(self) -> None:
         await asyncio.sleep(0)
 
+    async def wait_until(self, waiter: asyncio.Future[None], deadline: float) -> None:
+        if deadline == math.inf:
+            await waiter
+            return
+        timer = self.loop.call_at(deadline, self.wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
     async def shielded(self, fn: Callable[..., Coroutine[Any, Any, _T]], *args: Any) -> _T:
         # anyio's shield holds off anyio's cancellation only: asyncio's own (task.cancel(),
-        # as asyncio.wait_for and asyncio.timeout use it) would still stop ``fn`` half way
-        # (a close that never finished, and that no later close could take over). So ``fn``
-        # runs as a task of its own, waited for through asyncio.shield until it is done.
-        work = self.loop.create_task(fn(*args))
+        # as asyncio.wait_for, asyncio.timeout, and asyncio.run's shutdown use it) would
+        # still stop ``fn`` half way (a close that never finished, and that no later close
+        # could take over). So ``fn`` runs as a task of its own that refuses cancellation
+        # (asyncio.run's shutdown then waits for it), awaited through asyncio.shield.
+        work: asyncio.Task[_T] = _ToTheEnd(fn(*args), loop=self.loop)
         cancelled: BaseException | None = None
         with anyio.CancelScope(shield=True):
             while not work.done():
                 try:
                     await asyncio.shield(work)
                 except asyncio.CancelledError as exc:
-                    if work.cancelled():  # the work itself (the loop is shutting down)
-                        raise
                     cancelled = exc  # finish first
         result = work.result()
         if cancelled is not None:
             raise cancelled
         return result
+
+
+class _ToTheEnd(asyncio.Task[_T]):
+    """A task that runs to its end: ``cancel()`` is refused, whoever asks (work awaited
+    through :meth:`LoopAdapter.shielded`, which bounds its own waits with
+    :meth:`LoopAdapter.wait_until`, never with a cancellation)."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
 
 
 class _TrioAdapter(LoopAdapter):
@@ -249,6 +275,10 @@ class _TrioAdapter(LoopAdapter):
 
     def wake(self, waiter: Any) -> None:
         waiter.set()
+
+    async def wait_until(self, waiter: Any, deadline: float) -> None:
+        with self._trio.move_on_at(deadline):  # (held inside a shield: trio's cancellation is)
+            await waiter.wait()
 
     async def checkpoint(self) -> None:
         await self._trio.lowlevel.checkpoint()

@@ -56,6 +56,7 @@ when the device is done with it. :meth:`aclose` runs shielded, and so does the f
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import queue
@@ -90,6 +91,7 @@ from .loop import LoopAdapter, current_loop_adapter
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
     SETTLE_AFTER_FORCE_S,
+    IdleWait,
     close_after,
     destroy_lanes,
     join,
@@ -194,10 +196,9 @@ class Scheduler:
         self.yield_due = False
         self.unsettled = 0  # admitted requests aclose() still waits for
         self.peak_in_flight = 0
-        self._idle_waiters: list[Any] = []
         self._close_waiters: list[Any] = []
-        #: a close's wait for the outstanding work and its timeout (a later close may tighten it)
-        self._close_wait: tuple[anyio.CancelScope, float | None] | None = None
+        self._close_broken = False  # the close stopped half way: no caller can wait for it
+        self._idle = IdleWait(self.adapter)  # a close's wait for the outstanding work
         batches: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._pulse = pulse = LoopPulse()  # beats in flush() and after each drain
         self._submitter = Submitter(
@@ -496,7 +497,7 @@ class Scheduler:
         # aclose() from another loop, the opening one having finished: continue on this one.
         adapter = current_loop_adapter()
         with self._post_lock:
-            self.adapter = adapter
+            self.adapter = self._idle.adapter = adapter
             self.lifetimes.check_thread = adapter.check_thread
             self._delivery.rebind(adapter.wake, adapter.call_soon)
             undelivered, self._undelivered = self._undelivered, []
@@ -510,16 +511,8 @@ class Scheduler:
         self.unsettled -= count
         if self.dropped_lanes.retiring or self.dropped_lanes.collected:
             self.retire_dropped()
-        if self.unsettled == 0 and self._idle_waiters:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for waiter in waiters:
-                self.adapter.wake(waiter)
-
-    async def _wait_idle(self) -> None:
-        while self.unsettled > 0:
-            waiter = self.adapter.new_waiter()
-            self._idle_waiters.append(waiter)
-            await self.adapter.wait(waiter)
+        if self.unsettled == 0:
+            self._idle.wake()
 
     async def drain_lane(self, lane: Lane) -> None:
         """Wait until the work queued on ``lane`` so far has finished (errors not raised)."""
@@ -630,18 +623,25 @@ class Scheduler:
                 )
             if self.state is not DeviceState.CLOSED:
                 self._adopt_loop()
+                # (a close under way ran on the finished loop: it can never end now)
+                self._close_broken |= self.state is DeviceState.CLOSING
         if self.state is not _OPEN:
             if self.state is DeviceState.CLOSING:  # another caller is closing: wait for it,
                 # held to this call's arguments too (a timeout only brings the force nearer)
                 if cancel:
                     self._drop_pending(None, "aclose(cancel=True)")
-                wait, due = self._close_wait, anyio.current_time() + (timeout or 0)
-                if wait is not None and timeout is not None and due < wait[0].deadline:
-                    wait[0].deadline = due
-                    self._close_wait = (wait[0], timeout)  # (what the close logs if forced)
-                waiter = self.adapter.new_waiter()
-                self._close_waiters.append(waiter)
-                await self.adapter.wait(waiter)
+                self._idle.bound(timeout)
+                if not self._close_broken:
+                    waiter = self.adapter.new_waiter()
+                    self._close_waiters.append(waiter)
+                    await self.adapter.wait(waiter)
+            if self.state is not DeviceState.CLOSED:
+                self.abandon()  # (the threads stop, then the runtime closes: nothing waits)
+                raise RuntimeError(
+                    "the device's close stopped half way (its event loop was closed under it, "
+                    "or it failed: see the log): its threads are stopped and its runtime "
+                    "closed without waiting for its work; its tasks are never resolved"
+                )
             return
         self.state = DeviceState.CLOSING
         if cancel:  # (at once: before the loop runs the tick's flush)
@@ -654,18 +654,19 @@ class Scheduler:
         await self.adapter.shielded(self._close, timeout)
 
     async def _close(self, timeout: float | None) -> None:  # noqa: ASYNC109
-        forced = False
-        if self.unsettled:
-            with anyio.move_on_after(timeout) as scope:
-                self._close_wait = (scope, timeout)
-                await self._wait_idle()
-            timeout = self._close_wait[1] if self._close_wait is not None else timeout
-            self._close_wait = None
-            forced = scope.cancelled_caught or self.unsettled > 0
+        try:
+            self._idle.bound(timeout)
+            forced = not await self._idle.until_idle(lambda: self.unsettled)
             if forced:
                 busy = f"{self.unsettled} task(s) still unfinished"
-                log_forced(self.device_id, busy, timeout, "the streams")
-        await self._shutdown(forced=forced)
+                log_forced(self.device_id, busy, self._idle.timeout, "the streams")
+            await self._shutdown(forced=forced)
+        finally:  # (stopped half way: its loop closed with it pending, or a failure)
+            self._close_broken = self.state is not DeviceState.CLOSED
+            waiters, self._close_waiters = self._close_waiters, []
+            for waiter in waiters:
+                with contextlib.suppress(RuntimeError):  # (a loop closed under the close)
+                    self.adapter.wake(waiter)
 
     def _drop_pending(self, lane: Lane | None, by: str) -> None:
         # Requests not yet handed to the submitter (`lane`'s, all for None): ClosedError.
@@ -758,9 +759,6 @@ class Scheduler:
             )
         self.failures.report_at_close()
         self.state = DeviceState.CLOSED
-        waiters, self._close_waiters = self._close_waiters, []
-        for waiter in waiters:
-            self.adapter.wake(waiter)
 
     def _destroy_lanes(self) -> None:
         # never a stream a library thread still running may be inside a call on (shutdown.py,

@@ -4,16 +4,18 @@ The helpers here (waiting for threads without blocking the loop, destroying the 
 releasing everything, the close's log lines) are the parts of a close that need no scheduler
 state. Their order is the subtle part, so here it is, with the reason for each step.
 
-A device's close (``Scheduler.aclose``, inside a shielded cancel scope: cancelling the caller
-does not stop a close half-way; ``Device.__aexit__`` left by an exception closes with
-``cancel=True, timeout=close_timeout``):
+A device's close (``Scheduler.aclose``, through ``LoopAdapter.shielded``: cancelling the caller
+does not stop a close half-way, asyncio's own cancellation and ``asyncio.run``'s shutdown
+included, so its waits keep their deadlines with timers, never with a cancellation;
+``Device.__aexit__`` left by an exception closes with ``cancel=True, timeout=close_timeout``):
 
 1. The state becomes ``CLOSING``: ``check_usable`` refuses new work from here on. (From another
    event loop, a close goes on only once the opening loop has finished, on the new loop.)
 2. Pending requests not yet flushed are dropped (``cancel=True``: their tasks fail with
    ``ClosedError``, nothing reached the device) or flushed to the submitter; every admission
    waiter is turned away.
-3. Wait for ``unsettled == 0`` (every admitted request resolved) up to ``timeout``. Past it the
+3. Wait for ``unsettled == 0`` (every admitted request resolved) up to ``timeout``
+   (:class:`IdleWait`; another close's shorter timeout brings the deadline nearer). Past it the
    close is *forced*: a WARNING (:func:`log_forced`), and the streams will go by force.
 4. Ask the submitter, the poller and (block mode) the waiter to stop, and join the **poller
    first**: once it is gone nothing done to the streams below can be reported as a completion (a
@@ -71,6 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Container, Iterable
@@ -84,11 +87,13 @@ from .events import BatchEvents, UserEvents
 from .graphs import GraphBook
 from .lane import Lane
 from .lifetimes import Lifetimes
+from .loop import LoopAdapter
 from .stalls import Prober
 from .work import Request
 
 __all__ = [
     "SETTLE_AFTER_FORCE_S",
+    "IdleWait",
     "close_after",
     "destroy_lanes",
     "join",
@@ -103,6 +108,49 @@ log = logging.getLogger("aio_ascend")
 #: how long a close forced by its timeout (so past its deadline) lets the device settle before
 #: it leaks what a forced stream's work may still touch: its caller was promised a return
 SETTLE_AFTER_FORCE_S = 0.01
+
+
+class IdleWait:
+    """A close's wait until no admitted request is left unsettled, up to a deadline that a
+    later close's shorter timeout brings nearer (loop thread).
+
+    :ivar timeout: the timeout that set the deadline (what a forced close logs)
+    :ivar adapter: the device's loop (replaced when another loop adopts the device)
+    """
+
+    __slots__ = ("_due", "_waiters", "adapter", "timeout")
+
+    def __init__(self, adapter: LoopAdapter) -> None:
+        self.adapter = adapter
+        self._due = math.inf
+        self._waiters: list[object] = []
+        self.timeout: float | None = None
+
+    def bound(self, timeout: float | None) -> None:
+        """Stop waiting ``timeout`` seconds from now, if that is sooner (None: no change)."""
+        if timeout is not None and anyio.current_time() + timeout < self._due:
+            self._due, self.timeout = anyio.current_time() + timeout, timeout
+            self.wake()  # (a wait under way looks at its deadline again)
+
+    async def until_idle(self, unsettled: Callable[[], int]) -> bool:
+        """Wait until ``unsettled()`` is 0 (True) or the deadline passes (False); woken by
+        :meth:`wake`. Later :meth:`bound` calls change nothing."""
+        try:
+            while unsettled() > 0:
+                if anyio.current_time() >= self._due:
+                    return False
+                waiter = self.adapter.new_waiter()
+                self._waiters.append(waiter)
+                await self.adapter.wait_until(waiter, self._due)
+            return True
+        finally:
+            self._due = -math.inf
+
+    def wake(self) -> None:
+        """Let the wait look again (the count changed, or the deadline moved)."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            self.adapter.wake(waiter)
 
 
 def log_forced(device_id: int, busy: str, timeout: float | None, victim: str) -> None:

@@ -119,6 +119,67 @@ async def test_asyncio_own_cancellation_never_leaves_a_device_close_half_done(
         await dev.aclose()  # closed: returns at once
 
 
+@pytest.mark.parametrize("timeout", [None, 0.2])
+def test_a_close_under_way_as_asyncio_run_ends_still_finishes(timeout: float | None) -> None:
+    # asyncio.run cancels the tasks left as its main coroutine returns (or a second Ctrl-C
+    # ends it). That cancelled the shielded close's own task: the device stayed "closing"
+    # with its runtime open, and a later aclose() from another loop waited for good. The
+    # close's task now refuses cancellation (asyncio.run waits for it), and its timeout is a
+    # timer: a close bounded by one still ends on time with a kernel that runs on.
+    seconds = 0.3 if timeout is None else 60.0  # (the kernel: waited for, or forced)
+
+    async def main() -> aa.Device:
+        dev = await aa.open_device(0, backend="sim")
+        dev.malloc(1 << 20)  # (held by the device until its close)
+        await dev.stream().launch(dev.function("sleep"), 1, aa.HostArgs().u32(int(seconds * 1e6)))
+        asyncio.get_running_loop().create_task(dev.aclose(timeout=timeout))
+        await asyncio.sleep(0.01)  # the close is under way: main returns
+        return dev
+
+    t0 = time.perf_counter()
+    dev = asyncio.run(main())
+    elapsed = time.perf_counter() - t0
+    assert dev.closed, dev
+    assert elapsed < 10, elapsed  # (expected ~0.3 s, or ~0.2 s and the forced close's settle)
+    assert not [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]  # sim's too
+    assert dev.memory_stats()["reserved_bytes"] == 0
+
+    async def again() -> None:
+        with anyio.fail_after(5):
+            await dev.aclose()  # closed: a no-op, from a later loop too (it raised there)
+
+    asyncio.run(again())
+
+
+def test_a_close_left_pending_in_a_closed_loop_is_refused_later_not_waited_for() -> None:
+    # A loop closed by hand with the device's close still pending (no asyncio.run to finish
+    # it): a later aclose() from another loop waited for that close for good.
+    loop = asyncio.new_event_loop()
+
+    async def start_closing() -> aa.Device:
+        dev = await aa.open_device(0, backend="sim")
+        await dev.stream().launch(dev.function("sleep"), 1, aa.HostArgs().u32(300_000))
+        asyncio.get_running_loop().create_task(dev.aclose())
+        await asyncio.sleep(0.01)
+        return dev
+
+    dev = loop.run_until_complete(start_closing())
+    loop.close()
+
+    async def again() -> None:
+        with anyio.fail_after(5), pytest.raises(RuntimeError, match="half way"):
+            await dev.aclose()  # (its threads are stopped and its runtime closed)
+        with anyio.fail_after(5):
+            await dev.aclose()  # closed now: a no-op
+
+    asyncio.run(again())
+    assert dev.closed
+    deadline = time.monotonic() + 10
+    while [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]:
+        assert time.monotonic() < deadline, threading.enumerate()
+        time.sleep(0.01)
+
+
 def test_synchronous_calls_from_another_loop_on_the_same_thread_are_refused() -> None:
     # The rule compared thread ids only: a second asyncio.run (or trio.run) on the thread,
     # or no loop at all once the first had finished, allocated and loaded through a device

@@ -352,6 +352,12 @@ async def test_numpy_integers_are_integers_and_bools_are_not(anyio_backend: obje
                 await coroutine()
         await s.run(noop, 1)  # nothing of those reached the stream
         assert dev.stats()["in_flight"] == 0
+        # seconds past a float's range: as long as infinity (an OverflowError escaped)
+        with pytest.raises(ValueError, match="finite"):
+            await aa.open_device(0, backend="sim", task_timeout=10**400)
+        with pytest.raises(ValueError, match="must be None or >= 0"):
+            await s.aclose(timeout=-(10**400))
+        await s.aclose(timeout=10**400)  # (an unbounded wait: idle, so at once)
 
 
 async def test_malloc_beyond_the_address_space_is_refused_before_the_runtime(
