@@ -12,6 +12,8 @@ from collections.abc import Generator, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import anyio
+import anyio.lowlevel
 import numpy as np
 import numpy.typing as npt
 
@@ -502,6 +504,9 @@ class Device:
             # the rest of the close is, too; once done, its finalizer is detached)
             if scheduler.state is DeviceState.CLOSED and self._finalizer.alive:
                 await scheduler.adapter.shielded(self._after_close, started, timeout)
+        # a cancellation held off by the shield (anyio's, trio's) is raised now, not left to
+        # the caller's next checkpoint (its scope would have finished as if never cancelled)
+        await anyio.lowlevel.checkpoint_if_cancelled()
 
     async def _after_close(self, started: float, timeout: float | None) -> None:  # noqa: ASYNC109
         # Host functions whose earlier work completed still run, bounded like the device's
@@ -528,8 +533,10 @@ class Device:
         else:
             # Left by an exception or a cancellation (Ctrl-C, a server shutting down): drop
             # what was not submitted and force the rest after close_timeout, never waiting
-            # for task_timeout.
-            await self.aclose(cancel=True, timeout=self.close_timeout)
+            # for task_timeout. (Shielded: what propagates is that exception, never a
+            # cancellation raised in its place.)
+            with anyio.CancelScope(shield=True):
+                await self.aclose(cancel=True, timeout=self.close_timeout)
 
     def __repr__(self) -> str:
         scheduler = self._scheduler

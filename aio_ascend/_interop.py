@@ -135,29 +135,33 @@ class TorchOrder:
         """Return once the operation just queued has been handed to the runtime.
 
         ``record()`` queues an event after it on the same stream (without this handshake);
-        the submitter thread calls its ``on_recorded`` hook once it is submitted. Shielded:
-        the operation is queued and will run, and a torch op the caller issues next must not
-        overtake it.
+        the submitter thread calls its ``on_recorded`` hook once it is submitted. Shielded
+        from every cancellation, asyncio's own included (a cancellation is raised once it is
+        done): the operation is queued and will run, and a torch op the caller issues next
+        must not overtake it.
         """
-        with anyio.CancelScope(shield=True):
-            try:
-                fence = await record()
-            except (ClosedError, DeviceFaultError):
-                # closed or faulted while the fence waited for its slot: the operation, queued
-                # already, is refused (its Task carries why); there is nothing to wait for
-                return
-            waiter = adapter.new_waiter()
+        await adapter.shielded(_handed_over, record, adapter)
 
-            def submitted() -> None:  # the submitter thread
-                adapter.call_soon_threadsafe(adapter.wake, waiter)
 
-            fence.on_recorded = submitted
-            while not (fence.recorded or fence.error is not None or fence.done()):
-                # (a refused or dropped record reports through its task, not the hook)
-                with anyio.move_on_after(_RECHECK_S):
-                    await adapter.wait(waiter)
-                waiter = adapter.new_waiter()
-            fence.on_recorded = None
+async def _handed_over(record: Callable[[], Awaitable[Any]], adapter: LoopAdapter) -> None:
+    # TorchOrder.after's wait (run to its end: its waits keep their deadlines with timers)
+    try:
+        fence = await record()
+    except (ClosedError, DeviceFaultError):
+        # closed or faulted while the fence waited for its slot: the operation, queued
+        # already, is refused (its Task carries why); there is nothing to wait for
+        return
+    waiter = adapter.new_waiter()
+
+    def submitted() -> None:  # the submitter thread
+        adapter.call_soon_threadsafe(adapter.wake, waiter)
+
+    fence.on_recorded = submitted
+    while not (fence.recorded or fence.error is not None or fence.done()):
+        # (a refused or dropped record reports through its task, not the hook)
+        await adapter.wait_until(waiter, anyio.current_time() + _RECHECK_S)
+        waiter = adapter.new_waiter()
+    fence.on_recorded = None
 
 
 class ExternalEvent(EventRecord):

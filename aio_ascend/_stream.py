@@ -40,7 +40,7 @@ from ._sched.work import (
     RecordEvent,
     WaitEvent,
 )
-from ._stream_sync import StreamSync
+from ._stream_sync import StreamSync, check_src_stream
 from ._values import integer, seconds
 
 if TYPE_CHECKING:
@@ -548,13 +548,15 @@ class Stream(StreamSync):
         memory, and the call returns once it is done, with the Task of the write here.
 
         :raises ValueError: ``nbytes`` exceeds either buffer, the two ranges overlap, or
-            ``src`` is on another device and no ``src_stream`` of that device is given
+            ``src`` is on another device and no ``src_stream`` is given, or ``src_stream`` is
+            not a stream of ``src``'s device (each before anything is queued, on either device)
         """
         scheduler = self._scheduler
         scheduler.check_open()
         if isinstance(src, DeviceBuffer) and src.registry is not scheduler.lifetimes:
             return await self._copy_from_peer(dst, src, nbytes, src_stream)
         dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
+        check_src_stream(src_buf, src_stream)  # (unused here: src is on this device)
         await self._admit()
         return await self._queued(
             scheduler.enqueue(CopyDevice(self._lane, dst_buf, src_buf, count, roots))
@@ -661,7 +663,7 @@ class Stream(StreamSync):
             raise ValueError("launch_graph(): the graph belongs to a different device")
         self._scheduler.check_open()  # (the close closed the graph too: say why)
         if graph.closed:
-            raise ValueError(f"launch_graph(): {graph!r} is closed")
+            raise ClosedError(f"launch_graph(): {graph!r} is closed")
         await self._admit()
         return await self._queued(self._scheduler.enqueue(LaunchGraph(self._lane, graph.record)))
 

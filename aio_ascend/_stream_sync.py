@@ -25,6 +25,20 @@ if TYPE_CHECKING:
 __all__ = ["StreamSync"]
 
 
+def check_src_stream(src: DeviceBuffer, src_stream: object) -> StreamSync | None:
+    """``copy_device``'s ``src_stream``: None, or a stream of ``src``'s device."""
+    if src_stream is None:
+        return None
+    if not isinstance(src_stream, StreamSync):
+        raise TypeError(f"src_stream must be a Stream, got {type(src_stream).__name__}")
+    if src_stream._scheduler.lifetimes is not src.registry:  # noqa: SLF001
+        raise ValueError(
+            f"copy_device: src_stream {src_stream!r} is a stream of another device than src's "
+            f"({src!r}); pass one of src's device"
+        )
+    return src_stream
+
+
 class StreamSync:
     """The base of :class:`~aio_ascend.Stream` that holds these operations."""
 
@@ -140,17 +154,18 @@ class StreamSync:
         # copy_device from another device's buffer: read there (on src_stream, in its order)
         # into host memory, then write here. The runtimes' peer copies are not used: the sim,
         # the acl double and the cuda fake have no peers to test them on.
-        if src_stream is None:
+        # Everything is checked before the read is queued there: nothing of a refused call runs
+        there = check_src_stream(src, src_stream)
+        if there is None:
             raise ValueError(
                 "copy_device: src belongs to another device; pass src_stream=, a stream of "
                 "that device (the read is queued on it, after its work)"
             )
-        if not isinstance(src_stream, StreamSync):
-            raise TypeError(f"src_stream must be a Stream, got {type(src_stream).__name__}")
+        self._scheduler.check_usable(self._lane)
         _, _, count = byte_range(src, src.registry, "copy_device src", nbytes)
         byte_range(dst, self._scheduler.lifetimes, "copy_device dst", count)
         host = np.empty(count, np.uint8)
-        await src_stream.download(src if count == src.nbytes else src[:count], out=host)
+        await there.download(src if count == src.nbytes else src[:count], out=host)
         return await self.copy_to_device(dst, host)
 
     async def _queued(self, task: Task) -> Task:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
+from typing import cast
 
 import numpy as np
 
@@ -38,4 +39,4 @@ def seconds(what: str, value: object) -> float:
     try:
         return float(value)
     except OverflowError:  # (an int past a float's range: as long as an infinite wait)
-        return math.inf if value > 0 else -math.inf
+        return math.inf if cast(float, value) > 0 else -math.inf

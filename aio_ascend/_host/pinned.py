@@ -57,11 +57,12 @@ class PinnedHostMemory:
         self.registry = registry
         self.addr = addr
         self.nbytes = math.prod(shape) * dtype.itemsize
+        # plain bytes: the caller views them as its dtype (an interface's typestr and descr
+        # cannot carry every dtype: padded or out-of-order fields, subarrays)
         self.__array_interface__ = {
             "version": 3,
-            "shape": shape,
-            "typestr": dtype.str,
-            "descr": dtype.descr,
+            "shape": (self.nbytes,),
+            "typestr": "|u1",
             "data": (addr, False),  # (address, read-only)
             "strides": None,
         }
@@ -77,6 +78,10 @@ def pinned_owner(array: np.ndarray[Any, Any]) -> PinnedHostMemory | None:
             base = base.obj
         else:
             return base if isinstance(base, PinnedHostMemory) else None
+
+
+def _unused(fn: Callable[[], None]) -> None:
+    """``PinnedArrays``'s hook to the loop once the device has closed (never called then)."""
 
 
 class PinnedArrays:
@@ -116,7 +121,8 @@ class PinnedArrays:
         addr = self._malloc_host(size)
         try:
             owner = PinnedHostMemory(self, addr, shape, dtype)
-            array: np.ndarray[Any, Any] = np.asarray(owner)
+            # (np.ndarray, as np.empty: a subarray dtype adds its dimensions to the shape)
+            array: np.ndarray[Any, Any] = np.ndarray(shape, dtype, buffer=np.asarray(owner))
         except BaseException:
             self._free_host(addr)
             raise
@@ -162,6 +168,10 @@ class PinnedArrays:
         with self._lock:
             self._closed = True
             self._then = then
+            # Not needed any more, and it holds the device's loop side: an array's finalizer
+            # (a root) must not keep that alive through this, nor whatever it holds (a failed
+            # copy's traceback can hold the array itself: then it would never be collected).
+            self._post = _unused
             alive = len(self._live) - len(self._garbage)
         self.reap()
         if alive > 0:

@@ -14,7 +14,7 @@ The life of one slot (all on the loop thread):
 3. the request's completion is resolved on the loop (``DeliveryQueue``), or it is refused or
    dropped before submission: :meth:`Admission.release` gives back the slot and its entries. A
    task the watchdog failed after its submission keeps both until the device has really finished
-   it (the queue entries are still taken on the device).
+   it (the queue entries are still taken on the device): :meth:`Admission.time_out`.
 
 So ``in_flight <= limit`` and ``entries <= entry_budget`` hold at all times, and what the
 library has queued on a stream never exceeds its capacity.
@@ -34,6 +34,12 @@ the queue. When the owner suspends, whatever it did not use goes back (:meth:`Ad
 called one loop turn later by the scheduler, for that adoption's ``generation`` only) to the
 next waiters in line. A stream has one owner of prepaid slots at a time: adopting new ones
 expires the previous owner's first.
+
+A hung stream. Waiters wait for capacity that finishing work frees. Once every slot taken is
+held by work the watchdog has failed (the device has not finished it, and may never), nothing
+will free one: the stream is *stalled* (:meth:`Admission.stalled`). Its waiters are turned away
+then (their tickets ``refused`` and ``hung``), and so is anyone who would wait while it stays
+so; should the device finish that work after all, its slots come back and admission goes on.
 
 Cancellation. A waiter cancelled before its grant leaves the queue and holds nothing; one
 cancelled after its grant but before it resumed (:meth:`Admission.withdraw`) passes its slots,
@@ -70,12 +76,13 @@ class Ticket:
     for its next calls), ``refused`` when the stream or device closed first (it then holds
     nothing)."""
 
-    __slots__ = ("extra", "granted", "refused", "waiter")
+    __slots__ = ("extra", "granted", "hung", "refused", "waiter")
 
     def __init__(self, waiter: Any) -> None:
         self.waiter = waiter
         self.granted = False
         self.refused = False
+        self.hung = False  # (refused since the stream stalled, not since it closed)
         self.extra = 0
 
 
@@ -87,6 +94,8 @@ class Admission:
     :ivar entries: runtime queue entries they hold (reserved or in the queue)
     :ivar prepaid: slots admitted ahead for the calls of ``owner`` (see the module docstring)
     :ivar generation: counts adoptions (an expiry names the one it is for)
+    :ivar timed_out: slots held by requests the watchdog failed that the device has not
+        finished yet
     """
 
     __slots__ = (
@@ -100,6 +109,7 @@ class Admission:
         "owner",
         "prepaid",
         "queue",
+        "timed_out",
     )
 
     def __init__(self, limit: int, entry_budget: int) -> None:
@@ -122,6 +132,7 @@ class Admission:
         #: who is calling (the running task): set with the first prepaid slots
         self.current: Callable[[], object] = _nobody
         self.generation = 0
+        self.timed_out = 0
 
     def fits(self) -> bool:
         """Whether one more request fits both budgets now."""
@@ -200,6 +211,29 @@ class Admission:
             woken.append(ticket.waiter)
         return woken
 
+    def stalled(self) -> bool:
+        """Whether nothing but the device finishing work the watchdog failed can free a slot,
+        and one more request does not fit: a wait now could last for good."""
+        return 0 < self.in_flight <= self.timed_out and not self.fits()
+
+    def time_out(self) -> list[Any]:
+        """The watchdog failed a request that keeps its slot (it finishes late, or never):
+        whom to wake, turned away (``hung``) if the stream has stalled."""
+        self.timed_out += 1
+        if not self.queue or not self.stalled():
+            return _NOBODY
+        woken = []
+        while self.queue:
+            ticket = self.queue.popleft()
+            ticket.refused = ticket.hung = True
+            woken.append(ticket.waiter)
+        return woken
+
+    def finished_late(self) -> None:
+        """A request the watchdog failed has finished on the device (its slot is released
+        next, as any other)."""
+        self.timed_out -= 1
+
     def adopt(self, ticket: Ticket, owner: object, current: Callable[[], object]) -> list[Any]:
         """A granted caller resumes (``owner``: its task; ``current()`` names the running
         one): its extra slots are prepaid for its next calls, and the slots an earlier owner
@@ -240,6 +274,7 @@ class Admission:
         self.in_flight = 0
         self.entries = 0
         self.prepaid = 0
+        self.timed_out = 0
         self.owner = None
 
     def __repr__(self) -> str:

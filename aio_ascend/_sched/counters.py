@@ -7,7 +7,18 @@ another thread is atomic in CPython, so a sum is at worst a moment old, never wr
 
 from __future__ import annotations
 
-__all__ = ["Counters", "total"]
+__all__ = ["POOL_STATS", "Counters", "total"]
+
+#: the host buffer pool's figures in ``Device.stats()``: its key -> the pool's
+POOL_STATS = {
+    "host_buffers_in_use": "in_use",
+    "host_buffers_free": "free",
+    "host_buffers_high_water": "high_water",
+    "host_buffer_allocations": "allocations",
+    "host_buffer_violations": "violations",
+    "host_pool_bytes": "bytes",
+    "host_pool_free_bytes": "free_bytes",
+}
 
 
 class Counters:

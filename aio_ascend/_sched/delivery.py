@@ -179,7 +179,12 @@ class DeliveryQueue:
                 if not request._done:  # noqa: SLF001 - the scheduler's own object
                     settled += 1
                 wakes += resolve_task(request, error)
-            if outcome is not _TIMED_OUT:
+            else:
+                request.lane.admission.finished_late()
+            if outcome is _TIMED_OUT:
+                for waiter in request.lane.admission.time_out():  # (a stalled stream's)
+                    self._wake(waiter)
+            else:
                 if request.lane is not lane:
                     if count:
                         wakes += self._release(lane, entries, count)

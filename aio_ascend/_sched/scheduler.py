@@ -67,7 +67,7 @@ from typing import Any
 
 import anyio
 
-from .._errors import ClosedError, derived_error
+from .._errors import ClosedError, TaskTimeoutError, derived_error
 from .._host.pinned import PinnedArrays
 from .._host.pool import HostBufferPool
 from .._runtime import Runtime
@@ -76,7 +76,7 @@ from .._runtime.threads import LoopPulse
 from .admission import ENTRIES_PER_REQUEST
 from .batching import Hop, flush_now, form_batches
 from .binding import ContextBinding
-from .counters import Counters, total
+from .counters import POOL_STATS, Counters, total
 from .delivery import DeliveryQueue
 from .devpool import device_pool
 from .dropped import DroppedLanes
@@ -105,6 +105,7 @@ from .submitter import Submitter
 from .task import HostFunctionTask, Task
 from .unseen import FailureLog
 from .waiter import Waiter
+from .watchdog import STALLED
 from .work import Arrival, Request, expand
 
 __all__ = ["DeviceState", "Scheduler", "flush_now"]
@@ -358,20 +359,21 @@ class Scheduler:
     async def _wait_for_slot(self, lane: Lane) -> None:
         adapter = self.adapter
         admission = lane.admission
+        if admission.stalled():  # (a wait could last for good: see admission.py)
+            raise TaskTimeoutError(STALLED)
         ticket = admission.enqueue(adapter.new_waiter())
         try:
             await adapter.wait(ticket.waiter)
-        except BaseException:
-            for waiter in admission.withdraw(ticket):
-                adapter.wake(waiter)
-            raise
-        if ticket.refused:  # closed while waiting: nothing is held
-            self.check_usable()
-            raise ClosedError("the stream was closed while waiting for admission")
-        try:
+            if self.faults.first is not None:  # (the fault would have failed it: its error)
+                raise self.fault_error()
+            if ticket.refused:  # closed (or stalled) while waiting: nothing is held
+                self.check_usable()
+                if ticket.hung:
+                    raise TaskTimeoutError(STALLED)
+                raise ClosedError("the stream was closed while waiting for admission")
             self.check_usable(lane)
-        except BaseException:
-            for waiter in admission.withdraw(ticket):  # (its slots, prepaid ones included)
+        except BaseException:  # (a granted ticket passes its slots on, prepaid ones too)
+            for waiter in admission.withdraw(ticket):
                 adapter.wake(waiter)
             raise
         if ticket.extra:  # slots for this coroutine's next calls, until it next suspends
@@ -594,13 +596,7 @@ class Scheduler:
             "streams": len(self.lanes),
             "device_buffers": self.lifetimes.live_count,
             "graphs": len(self.graphs),
-            "host_buffers_in_use": pool["in_use"],
-            "host_buffers_free": pool["free"],
-            "host_buffers_high_water": pool["high_water"],
-            "host_buffer_allocations": pool["allocations"],
-            "host_buffer_violations": pool["violations"],
-            "host_pool_bytes": pool["bytes"],
-            "host_pool_free_bytes": pool["free_bytes"],
+            **{key: pool[name] for key, name in POOL_STATS.items()},
             "faulted": int(self.faults.first is not None),
         }
 
@@ -616,6 +612,8 @@ class Scheduler:
         from any cancellation). From another event loop: allowed once the opening loop has
         finished (the device continues on this one); else RuntimeError and nothing changes."""
         if not self.adapter.is_current():
+            if self.adapter.forked:  # (its threads and runtime are the parent's)
+                raise self.adapter.foreign()
             if not self.adapter.is_closed():
                 raise RuntimeError(
                     "aclose() was called from another event loop (or thread) while the loop "
@@ -676,7 +674,10 @@ class Scheduler:
         self._pending = [r for r in self._pending if lane is not None and r.lane is not lane]
         if lane is not None:
             lane.last = lane.flushed  # what is left to wait for
-        errors = [ClosedError(f"dropped by {by}") for _ in dropped]
+        faulted = self.faults.first is not None  # (then the fault would have failed them)
+        errors = [
+            self.fault_error() if faulted else ClosedError(f"dropped by {by}") for _ in dropped
+        ]
         for request, error in zip(dropped, errors, strict=True):
             # (before the release lets go of it) a dropped event record marks its event
             # never recorded: another stream's wait on it is refused, not passed unrecorded
@@ -772,7 +773,7 @@ class Scheduler:
             lane.forced = True
         busy = self._submitter.busy_streams() if self._submitter.thread.is_alive() else set()
         destroy_lanes(self.bound(), lanes, prober, busy)
-        self.lanes.clear()
+        self.lanes[:] = [lane for lane in lanes if lane.handle in busy]  # (for a later call)
 
     def abandon(self) -> None:
         """The device was collected without ``aclose()``: stop the threads, close the runtime.

@@ -12,7 +12,15 @@ from .work import Delivery, Outcome
 if TYPE_CHECKING:
     from .work import Batch
 
-__all__ = ["expire", "log_expired", "time_out"]
+__all__ = ["STALLED", "expire", "log_expired", "time_out"]
+
+#: why a stream refuses a request that would wait for admission when every slot it has is held
+#: by work the watchdog failed (the device has not finished it, and may never)
+STALLED = (
+    "not queued: every slot of its stream is held by work that did not finish within "
+    "task_timeout (the stream looks hung; its slots come back if the device finishes that "
+    "work): close the stream (aclose(timeout=...)) and use another"
+)
 
 log = logging.getLogger("aio_ascend")
 

@@ -158,6 +158,43 @@ def test_device_addresses_are_high_aligned_and_disjoint(rt: SimRuntime) -> None:
         rt.malloc_host(0)
 
 
+def test_device_addresses_wrap_round_the_range_and_a_failed_malloc_takes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Addresses only ever went up: after 1 TiB of allocations in all (16k cycles of 64 MiB
+    # with the pool emptied) every malloc failed with nothing allocated, and each failure
+    # kept its size counted as used. Now a freed address comes back only once the
+    # allocations have gone round the range (a stale pointer faults until then).
+    from aio_ascend._runtime.sim import memory
+
+    monkeypatch.setattr(memory, "DEVICE_LIMIT", DEVICE_BASE + (1 << 20))  # a 1 MiB range
+    mem = memory.DeviceMemory(capacity=1 << 30)
+    first = mem.malloc(64 << 10)
+    assert first == DEVICE_BASE
+    mem.free(first)
+    second = mem.malloc(64 << 10)
+    assert second > first  # not reused at once
+    with pytest.raises(MemoryError, match="address space"):
+        mem.malloc(2 << 20)  # larger than the range: refused...
+    assert mem.used == 64 << 10  # ...and it takes nothing
+    live: dict[int, int] = {second: 64 << 10}
+    rng = np.random.default_rng(7)
+    for _ in range(2_000):  # ~100x the range in all
+        if live and (len(live) > 6 or rng.random() < 0.5):
+            addr = int(rng.choice(list(live)))
+            assert mem.free(addr)
+            del live[addr]
+        size = int(rng.integers(1, 96 << 10))
+        addr = mem.malloc(size)
+        assert addr % 64 == 0 and addr >= DEVICE_BASE and addr + size <= memory.DEVICE_LIMIT
+        live[addr] = size
+        spans = sorted(live.items())
+        for (a, n), (b, _) in itertools.pairwise(spans):
+            assert a + n <= b, (hex(a), n, hex(b))  # live allocations never overlap
+        mem.view(addr, size, "check")[:] = 1
+    assert mem.used == sum(live.values())
+
+
 def test_out_of_bounds_kernel_access_is_an_mmu_fault(
     rt: SimRuntime, make_kit: Callable[..., RuntimeKit]
 ) -> None:

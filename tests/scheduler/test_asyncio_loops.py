@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 import time
+from typing import Any
 
 import anyio
 import pytest
@@ -249,6 +250,27 @@ async def test_a_forked_child_refuses_every_call_clearly() -> None:
         dev.malloc(64).free()
 
 
+def test_a_forked_child_refuses_to_close_a_device_whose_loop_has_finished() -> None:
+    # With the opening loop finished, a close from another loop takes the device over: in a
+    # forked child that took over the parent's device (and would have closed its runtime).
+    async def opened() -> aa.Device:
+        return await aa.open_device(0, backend="sim")
+
+    dev = asyncio.run(opened())
+
+    def child() -> list[str]:  # pragma: no cover - runs in the child
+        try:
+            asyncio.run(dev.aclose())
+        except RuntimeError as exc:
+            return [str(exc)]
+        return ["no error"]
+
+    lines = in_forked_child(child)
+    assert len(lines) == 1 and "forked from the one that opened it" in lines[0], lines
+    asyncio.run(dev.aclose())  # the parent's close: from another loop, allowed
+    assert dev.closed
+
+
 @pytest.mark.asyncio
 async def test_asyncio_own_cancellation_of_a_close_still_ends_its_host_functions() -> None:
     # The scheduler's part of the close was shielded, the rest not: the cancellation was
@@ -261,3 +283,53 @@ async def test_asyncio_own_cancellation_of_a_close_still_ends_its_host_functions
         await asyncio.wait_for(dev.aclose(), 0.05)
     assert dev.closed
     assert not [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]
+
+
+@pytest.mark.asyncio
+async def test_asyncio_own_cancellation_never_lets_torch_overtake_a_queued_operation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # On an external (torch) stream an operation is queued, then the call waits until it has
+    # reached the runtime, so that a torch op issued next follows it. That wait was shielded
+    # from anyio's cancellation only: asyncio's own (Task.cancel, asyncio.timeout) ended it at
+    # once, and torch's next op ran before ours. The call now returns (or raises that
+    # cancellation) only once the operation has reached the runtime.
+    from doubles.torch_npu_queue import FakeTorchStream
+
+    async with open_sim() as dev:
+        runtime = dev.runtime
+        memset = runtime.memset_async
+
+        def late_memset(*args: Any) -> None:  # ours, from the submitter: it reaches it late
+            if threading.current_thread().name.startswith("aio_ascend-submit"):
+                time.sleep(0.2)
+            memset(*args)
+
+        monkeypatch.setattr(runtime, "memset_async", late_memset)
+        runtime.set_current_context(runtime.context)
+        handle = runtime.create_stream()
+        torch = FakeTorchStream(runtime, handle, lag_s=60.0)
+        try:
+            x, y = dev.malloc(64), dev.malloc(64)
+            setup = dev.stream()
+            await setup.memset(y, 0)
+            await setup.synchronize()
+            ours = dev.external_stream(torch)
+            call = asyncio.ensure_future(ours.memset(x, 9))
+            await asyncio.sleep(0)  # (queued: now in the wait for its submission)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            torch.enqueue(
+                lambda rt, stream: rt.memcpy_async(y.ptr, 64, x.ptr, 64, 3, stream), "copy"
+            )  # (3: ACL_MEMCPY_DEVICE_TO_DEVICE)
+            torch.npu_stream  # noqa: B018 - torch launches its copy now
+            runtime.synchronize_stream(handle, 5000)  # (this thread is bound to its context)
+            assert (await setup.download(y)).tolist() == [9] * 64
+            await ours.aclose()
+            await setup.aclose()
+        finally:
+            torch.close()
+            runtime.set_current_context(runtime.context)
+            runtime.synchronize_stream(handle, 5000)
+            runtime.destroy_stream(handle)

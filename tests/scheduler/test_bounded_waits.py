@@ -155,6 +155,43 @@ async def test_a_cancelled_device_block_with_a_hung_kernel_exits_within_close_ti
     assert_runtime_clean(dev)
 
 
+async def test_admission_waiters_behind_work_the_watchdog_failed_are_turned_away(
+    open_dev: OpenDevice,
+) -> None:
+    # The guide promises admission waiters behind a hung stream wait until the watchdog fails
+    # that work. They waited for good: failed work keeps its slot until the device finishes
+    # it, which a hung kernel never does. Now, once every slot is held by failed work, the
+    # waiters (and whoever would wait then) are turned away; slots a late finish gives back
+    # are used again.
+    async with open_dev(task_timeout=0.3, close_timeout=0.5) as dev:
+        noop = dev.function("noop")
+        s = dev.stream(max_in_flight=2)
+        hung = await s.launch(dev.function("hang"), 1)
+        behind = await s.launch(noop, 1)  # (behind it: fails too)
+        t0 = time.perf_counter()
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError, match="every slot of"):
+            await s.launch(noop, 1)  # waits for a slot, until both have timed out
+        assert time.perf_counter() - t0 > 0.2  # (not before the watchdog: ~0.3 s)
+        for task in (hung, behind):
+            assert isinstance(task.exception(), aa.TaskTimeoutError)
+        with anyio.fail_after(1), pytest.raises(aa.TaskTimeoutError, match="every slot of"):
+            await s.launch(noop, 1)  # it would wait: refused at once
+        assert s.in_flight == 2  # (both still held: the device has not finished them)
+        await dev.stream().run(noop, 1)  # another stream flows
+        await s.aclose(timeout=0.1)
+
+        # A slow kernel rather than a hung one: once it finishes, its slot is used again.
+        slow = dev.stream(max_in_flight=1)
+        sleeping = await slow.launch(dev.function("sleep"), 1, aa.HostArgs().u32(600_000))
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError, match="every slot of"):
+            await slow.launch(noop, 1)
+        assert isinstance(sleeping.exception(), aa.TaskTimeoutError)
+        with anyio.fail_after(10):
+            while slow.in_flight:  # noqa: ASYNC110 - until the device has finished it
+                await anyio.sleep(0.01)
+            await slow.run(noop, 1)
+
+
 async def test_memory_stats_count_the_blocks_a_forced_close_leaked(
     open_dev: OpenDevice, device_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -92,7 +92,7 @@ async def test_the_graph_keeps_its_buffers_until_closed_and_replayed(
         graph.close()  # deferred: a replay is queued
         assert graph.closed
         assert dev.stats()["graphs"] == 1
-        with pytest.raises(ValueError, match="closed"):
+        with pytest.raises(aa.ClosedError, match="closed"):  # (a ValueError, unlike a plan's)
             await s.launch_graph(graph)
         await replay
         assert dev.stats()["graphs"] == 0

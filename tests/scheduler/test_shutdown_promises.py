@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import threading
 import time
 from typing import Any
 
@@ -653,3 +654,85 @@ async def test_a_closed_device_with_a_plan_left_open_is_collected(open_dev: Open
     del dev, plan
     gc.collect()
     assert [ref() for ref in refs] == [None, None]
+
+
+async def test_a_stream_the_submitter_is_inside_at_a_forced_close_is_still_destroyed(
+    anyio_backend: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A forced close spares the stream a submitter still alive may be inside a call on (the
+    # real runtime would free it under that call), meaning to destroy it once the thread is
+    # gone. But the first pass forgot every stream, spared ones too: the runtime stream was
+    # never destroyed (a parked big copy at a forced close showed it, 5-10 times in 180).
+    dev = await aa.open_device(0, backend="sim")
+    runtime = dev.runtime
+    launch = runtime.launch_kernel_with_host_args
+    inside = threading.Event()
+
+    def slow_launch(*args: Any) -> None:  # the submitter, inside a call on the stream
+        inside.set()
+        time.sleep(0.3)
+        launch(*args)
+
+    monkeypatch.setattr(runtime, "launch_kernel_with_host_args", slow_launch)
+    s = dev.stream()
+    task = await s.launch(dev.function("noop"), 1)
+    with anyio.fail_after(10):
+        while not inside.is_set():  # noqa: ASYNC110 - a library thread's progress
+            await anyio.sleep(0.005)
+    await dev.aclose(timeout=0.001)
+    assert task.done()
+    assert live_resources(dev)["streams"] == 0, live_resources(dev)
+    assert_runtime_clean(dev)
+
+
+async def test_requests_waiting_on_a_faulted_device_get_its_fault_even_if_it_closes_first(
+    anyio_backend: object,
+) -> None:
+    # The faults guide: work queued, submitted or waiting for admission on a faulted device
+    # fails with DeviceFaultError. Waiters were failed one per loop turn after the fault; a
+    # close soon after the fault was seen (the guide's reopening recipe closes at once, with
+    # cancel=True) turned the rest away with ClosedError, and dropped pending work with it.
+    from aio_ascend.testing import inject_fault, paused
+
+    dev = await aa.open_device(0, backend="sim")
+    s = dev.stream(max_in_flight=4)
+    noop = dev.function("noop")
+    outcomes: list[BaseException | None] = []
+
+    async def request() -> None:
+        try:
+            await (await s.launch(noop, 1))
+            outcomes.append(None)
+        except Exception as exc:
+            outcomes.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        with paused(dev):
+            fault = await inject_fault(s)
+            for _ in range(20):  # 3 admitted behind the fault kernel, 17 waiting
+                tg.start_soon(request)
+            await anyio.sleep(0.05)
+        with anyio.fail_after(10):
+            while dev.fault is None:
+                await anyio.lowlevel.checkpoint()
+        await dev.aclose(cancel=True, timeout=1.0)
+    assert isinstance(fault.exception(), aa.DeviceFaultError)
+    assert len(outcomes) == 20
+    assert all(isinstance(exc, aa.DeviceFaultError) for exc in outcomes), outcomes
+
+
+async def test_a_deadline_that_passes_during_a_close_is_raised_after_it(
+    anyio_backend: object,
+) -> None:
+    # The close is shielded, and the cancellation raised once it is done: anyio's (and
+    # trio's) was held off by the shield and then never delivered, so a fail_after around
+    # aclose() finished as if its deadline had not passed.
+    dev = await aa.open_device(0, backend="sim")
+    await dev.stream().launch(dev.function("sleep"), 1, aa.HostArgs().u32(50_000))
+    with pytest.raises(TimeoutError):
+        with anyio.fail_after(0.005):
+            await dev.aclose()
+    assert dev.closed
+    with anyio.move_on_after(0.005) as scope:  # (closed: returns at once)
+        await dev.aclose()
+    assert not scope.cancelled_caught

@@ -495,13 +495,21 @@ async def test_copy_device_across_devices_misuse_is_refused(
         src, dst = other.malloc(32), dev.malloc(16)
         with pytest.raises(ValueError, match="src_stream"):
             await here.copy_device(dst, src)
-        with pytest.raises(ValueError, match="different device"):
+        with pytest.raises(ValueError, match=r"src_stream .* another device than src's"):
             await here.copy_device(dst, src, 16, src_stream=here)  # a stream of the wrong device
         with pytest.raises(TypeError, match="src_stream"):
             await here.copy_device(dst, src, src_stream=object())  # type: ignore[arg-type]
         with pytest.raises(ValueError, match="16"):
             await here.copy_device(dst, src, src_stream=there)  # 32 bytes do not fit in 16
+        local = dev.malloc(16)
+        with pytest.raises(ValueError, match=r"src_stream .* another device than src's"):
+            await here.copy_device(dst, local, src_stream=there)  # (it was let through)
+        closed = dev.stream()
+        await closed.aclose()
+        with pytest.raises(aa.ClosedError):  # (refused after the read there had run)
+            await closed.copy_device(dst, src, 16, src_stream=there)
         assert there.query()  # nothing was queued by the refused calls
+        assert other.stats()["copies"] == 0
 
 
 # --- device_count ---------------------------------------------------------------------------------

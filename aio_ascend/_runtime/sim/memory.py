@@ -1,9 +1,11 @@
 """The simulator's memory: a device address space and pinned host memory, both numpy-backed.
 
 Device memory lives at fake 64-bit addresses starting at :data:`DEVICE_BASE`; each allocation is
-its own ``uint8`` array. Addresses are never reused, so a use after free always faults instead
-of silently reading another buffer; a block the library's pool keeps for reuse is poisoned
-instead (:meth:`DeviceMemory.poison`), so a late reader sees the pattern. A pooled block is
+its own ``uint8`` array. Addresses are handed out going up and are not reused until the
+allocations have gone round the whole range (1 TiB of them: then they wrap to the first gap big
+enough), so a use after free faults instead of silently reading another buffer; a block the
+library's pool keeps for reuse is poisoned instead (:meth:`DeviceMemory.poison`), so a late
+reader sees the pattern. A pooled block is
 larger than its request: the pool limits it to the request (:meth:`DeviceMemory.limit`), so an
 access past the request faults as it would in an allocation of exactly that size. Pinned host
 memory is real process memory (64-byte aligned numpy buffers) so Python code can reach it
@@ -84,6 +86,11 @@ class DeviceFault(Exception):
         self.message = message
 
 
+def _span(size: int) -> int:
+    """The addresses an allocation of ``size`` bytes takes: aligned, and a guard gap."""
+    return ((size + _ALIGN - 1) & -_ALIGN) + _GUARD
+
+
 class DeviceMemory:
     """The device address space: ``malloc``/``free`` and address resolution for kernels/copies.
 
@@ -116,18 +123,36 @@ class DeviceMemory:
                     "bytes free"
                 )
         data = np.zeros(size, dtype=np.uint8)
+        span = _span(size)
         with self._lock:
             if self.used + size > self.capacity:
                 raise MemoryError("out of device memory")
+            addr = self._gap(self._next, span)
+            if addr is None:  # round the range: the first gap from its start
+                addr = self._gap(DEVICE_BASE, span)
+                if addr is None:
+                    raise MemoryError("simulated device address space exhausted")
             self.used += size
-            addr = self._next
-            end = addr + ((size + _ALIGN - 1) & -_ALIGN) + _GUARD
-            if end > DEVICE_LIMIT:
-                raise MemoryError("simulated device address space exhausted")
-            self._next = end
+            self._next = addr + span
             self._arrays[addr] = data
-            self._starts.append(addr)  # bases only grow: the list stays sorted
+            bisect.insort(self._starts, addr)
         return addr
+
+    def _gap(self, addr: int, span: int) -> int | None:
+        # The first free ``span`` bytes at ``addr`` or above (with the lock held).
+        starts = self._starts
+        index = bisect.bisect_right(starts, addr)
+        if index > 0:  # (the allocation below may reach past addr)
+            addr = max(addr, self._end(starts[index - 1]))
+        while addr + span <= DEVICE_LIMIT:
+            if index == len(starts) or addr + span <= starts[index]:
+                return addr
+            addr = max(addr, self._end(starts[index]))
+            index += 1
+        return None
+
+    def _end(self, base: int) -> int:
+        return base + _span(self._blocks.get(base, self._arrays[base]).shape[0])
 
     def free(self, addr: int) -> bool:
         """Free the allocation at base ``addr``; False if it is not a live allocation."""
