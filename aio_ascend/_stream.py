@@ -15,7 +15,7 @@ from ._errors import ClosedError
 from ._event import Event, event_flags
 from ._graph import Graph
 from ._host.hostargs import HostArgs, PackedArgs
-from ._host.hostdata import destination_bytes, dims_of, plain_dtype, source_bytes
+from ._host.hostdata import destination_bytes, dims_of, plain_dtype, source_array
 from ._host.pinned import PinnedArrays, pinned_owner
 from ._host.snapshot import shareable, shared_image
 from ._interop import ExternalEvent, TorchOrder
@@ -148,6 +148,8 @@ def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.nd
     else:
         dims = dims_of(shape, "download")
     needed = math.prod(dims) * kind.itemsize
+    if needed == 0:
+        raise ValueError(f"download: shape {dims} of {kind} holds no bytes: nothing to read")
     if needed > src.nbytes:
         raise ValueError(
             f"download: shape {dims} of {kind} needs {needed} bytes, src has {src.nbytes}"
@@ -157,8 +159,8 @@ def _new_array(src: object, dtype: npt.DTypeLike | None, shape: object) -> np.nd
 
 def _upload_args(
     lifetimes: Lifetimes, dst: object, src: object
-) -> tuple[DeviceBuffer, DeviceBuffer, np.ndarray[Any, np.dtype[np.uint8]], int]:
-    """``copy_to_device``'s input, checked: (dst, its root, the source bytes, count)."""
+) -> tuple[DeviceBuffer, DeviceBuffer, np.ndarray[Any, Any], int]:
+    """``copy_to_device``'s input, checked: (dst, its root, the source array, count)."""
     if isinstance(src, DeviceBuffer) and not isinstance(dst, DeviceBuffer):
         raise TypeError(
             f"copy_to_device/upload(dst, src) writes host data src into the DeviceBuffer dst; "
@@ -166,7 +168,7 @@ def _upload_args(
             "a buffer back: download(buf) or copy_to_host(array, buf))"
         )
     dst_buf, root, room = byte_range(dst, lifetimes, "copy_to_device dst", None)
-    source = source_bytes(src, "copy_to_device src")
+    source = source_array(src, "copy_to_device src")
     count = source.nbytes
     if count == 0:
         raise ValueError("copy_to_device: src is empty")
@@ -474,10 +476,11 @@ class Stream(StreamSync):
     async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task:
         """Copy host data into ``dst`` on this stream: an ndarray, an object with the buffer
         protocol, a CPU ``__dlpack__`` object (a torch CPU tensor) or one with ``__array__``;
-        its bytes in C order (a strided source is made contiguous in the call).
+        its bytes in C order (a strided source is gathered as it is staged).
 
-        ``src`` is staged into a pinned buffer just before submission and kept referenced
-        until then: do not modify it until the task completes. A pinned array of this device
+        ``src`` is staged into a pinned buffer just before submission (above 1 MiB by a
+        staging thread) and kept referenced until then: do not modify it until the task
+        completes. A pinned array of this device
         (:meth:`Device.pinned_empty`) is read by the device itself when the copy executes,
         with no staging: do not modify it until the task completes.
 
@@ -486,7 +489,9 @@ class Stream(StreamSync):
         scheduler = self._scheduler
         scheduler.check_open()
         dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
-        addr = _pinned_address(scheduler.pinned, source, "copy_to_device src")
+        addr = 0  # (a strided view of a pinned array is gathered into a staging buffer)
+        if source.flags.c_contiguous:
+            addr = _pinned_address(scheduler.pinned, source, "copy_to_device src")
         await self._admit()
         if addr:  # straight from the user's pinned memory
             copy: Request = PinnedCopyToDevice(

@@ -28,12 +28,13 @@ import numpy as np
 from .._values import integer
 
 __all__ = [
+    "write_bytes",
     "DLPACK_CPU",
     "destination_bytes",
     "dims_of",
     "host_array",
     "plain_dtype",
-    "source_bytes",
+    "source_array",
 ]
 
 
@@ -230,13 +231,24 @@ def host_array(
     return array
 
 
-def source_bytes(src: object, what: str) -> U8:
-    """A copy's host source as a 1-D contiguous byte array: the same memory when it is
-    contiguous, else a contiguous copy made here (that copy is what is sent)."""
+def source_array(src: object, what: str) -> np.ndarray[Any, Any]:
+    """A copy's host source as a plain ndarray over the same memory, in any layout: its bytes
+    in C order are what is sent (:func:`write_bytes` gathers them where it stages them, so a
+    big strided source is never copied on the event loop)."""
     array = host_array(src, what, writable=False)
     if array.dtype.hasobject:
         raise TypeError(f"{what}: an array of {array.dtype} has no device bytes")
-    return np.ascontiguousarray(array.view(np.ndarray)).reshape(-1).view(np.uint8)
+    return array.view(np.ndarray)
+
+
+def write_bytes(target: U8, src: np.ndarray[Any, Any]) -> None:
+    """Write the C-order bytes of ``src`` into the 1-D byte array ``target`` of its size
+    (np.copyto: it gathers a strided source, and releases the GIL for the bulk of a big copy,
+    which a memoryview slice assignment holds throughout)."""
+    if src.flags.c_contiguous:
+        np.copyto(target, src.reshape(-1).view(np.uint8))
+    else:
+        np.copyto(target.view(src.dtype).reshape(src.shape), src)
 
 
 def destination_bytes(dst: object, what: str) -> U8:

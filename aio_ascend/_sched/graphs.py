@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._host.hostargs import PackedArgs
+from .._host.hostdata import write_bytes
 from .._host.pool import HostBufferPool
 from .._launch_config import LaunchConfig
 from .compiled import interpreted
@@ -155,7 +156,7 @@ class GraphBook:
         """A host-to-device copy to record; the bytes of ``src`` are staged now, and every
         replay copies those."""
         host = self._pool.acquire(count)
-        np.copyto(np.frombuffer(host.view, np.uint8, count), src)
+        write_bytes(np.frombuffer(host.view, np.uint8, count), src)
         self._lifetimes.retain((root,))
         request = CopyToDevice(lane, host, dst, root, src, count)
         request.src = np.frombuffer(host.view, np.uint8, count)  # restaging copies the same

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import derived_error
+from .._host.hostdata import write_bytes
 from .._host.snapshot import snapshot_args
 from .._runtime.abi import (
     ACL_MEMCPY_DEVICE_TO_DEVICE,
@@ -254,7 +255,8 @@ class _Copy(Request):
 class CopyToDevice(_Copy):
     """Host -> device: the source is staged into a pinned buffer just before submission.
 
-    ``src`` is the source as a 1-D contiguous uint8 array (see ``Stream.copy_to_device``);
+    ``src`` is the source array, in any layout: its C-order bytes are sent (gathered into
+    the staging buffer by :func:`write_bytes`; see ``Stream.copy_to_device``);
     ``dst`` the device memory (a buffer or a view), ``root`` the allocation it belongs to.
     """
 
@@ -282,9 +284,7 @@ class CopyToDevice(_Copy):
         self._fill(self.host)
 
     def _fill(self, host: HostBuffer) -> None:
-        # np.copyto releases the GIL for the bulk of a big copy (a memoryview slice
-        # assignment holds it throughout: 110-140 ms per 256 MiB, a stall of the loop)
-        np.copyto(np.frombuffer(host.view, np.uint8, self.count), self.src)
+        write_bytes(np.frombuffer(host.view, np.uint8, self.count), self.src)
         self.src = None  # staged: the user's array is not needed any more
 
     def submit(self, runtime: Runtime, stream: int) -> None:

@@ -731,7 +731,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="sim",
         metavar="sim|cuda",
         help="where the launch steps run (default sim); cuda needs an NVIDIA GPU and the "
-        "'cuda' extra, and runs the steps raw, naive, unbatched, poll and block only",
+        "'cuda' extra, and runs the steps raw, naive, unbatched, poll, block and traced only",
     )
     bench.add_argument("--json", metavar="PATH", help="write every measurement as JSON")
     bench.add_argument(

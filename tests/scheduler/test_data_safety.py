@@ -101,6 +101,31 @@ async def test_a_strided_source_is_copied_as_given(open_dev: OpenDevice) -> None
             np.testing.assert_array_equal(out, expected)
 
 
+async def test_a_big_strided_source_is_gathered_where_it_is_staged_not_in_the_call(
+    open_dev: OpenDevice,
+) -> None:
+    # It was made contiguous in the call, on the event loop: a 200 MB strided upload stalled
+    # the loop 300-400 ms (the design allows ~50 ms for copies of any size). Now the staging
+    # thread gathers it straight into the pinned buffer: the call allocates nothing of it.
+    import tracemalloc
+
+    async with open_dev() as dev:
+        s = dev.stream()
+        base = np.arange(8 << 20, dtype=np.float32).reshape(-1, 2)  # 32 MiB
+        source = base[:, 0]  # 16 MiB, strided
+        buf = dev.malloc(source.nbytes)
+        await s.upload(buf, np.zeros(source.nbytes, np.uint8))  # (the pool has a buffer now)
+        tracemalloc.start()
+        try:
+            task = await s.copy_to_device(buf, source)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < source.nbytes // 4, peak  # (it was a contiguous copy: 16 MiB)
+        await task
+        np.testing.assert_array_equal(await s.download(buf, np.float32), source)
+
+
 async def test_bad_copy_destinations_are_refused_in_the_call(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()

@@ -74,6 +74,8 @@ async def test_download_with_a_shape_reads_the_start(open_dev: Callable[..., Any
         np.testing.assert_array_equal(head, np.arange(6, dtype=F32).reshape(2, 3))
         scalar_shape = await s.download(buf, F32, 4)
         np.testing.assert_array_equal(scalar_shape, np.arange(4, dtype=F32))
+        with pytest.raises(ValueError, match=r"shape \(0,\) .* holds no bytes"):
+            await s.download(buf, F32, (0,))  # (it blamed an empty copy_to_host dst)
 
 
 async def test_download_into_out_returns_out(open_dev: Callable[..., Any]) -> None:

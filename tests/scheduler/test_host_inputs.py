@@ -103,7 +103,7 @@ def _sources() -> list[tuple[Any, np.ndarray[Any, Any]]]:
         (DLPackOnly(DATA.copy()), DATA),
         (Interface(DATA.copy()), DATA),
         ((Pair * 8)(*[Pair(*DATA[i : i + 2]) for i in range(0, 16, 2)]), DATA),
-        (DATA.reshape(4, 4).T, DATA.reshape(4, 4).T.reshape(-1)),  # strided: made contiguous
+        (DATA.reshape(4, 4).T, DATA.reshape(4, 4).T.reshape(-1)),  # strided: gathered
         (memoryview(evens)[::2], evens[::2]),  # a strided buffer too
     ]
 
@@ -200,7 +200,7 @@ async def test_torch_cpu_tensors(open_dev: OpenDevice) -> None:
         source = torch.arange(16, dtype=torch.float32)
         buf = dev.malloc(64)
         await s.upload(buf, source)
-        await s.upload(buf, source.reshape(4, 4).T)  # strided: made contiguous in the call
+        await s.upload(buf, source.reshape(4, 4).T)  # strided: gathered as it is staged
         out = torch.zeros(4, 4, dtype=torch.float32)
         assert await s.download(buf, out=out) is out  # written in place
         assert torch.equal(out, source.reshape(4, 4).T)

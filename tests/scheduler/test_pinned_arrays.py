@@ -105,7 +105,7 @@ async def test_views_of_a_pinned_array(open_dev: OpenDevice) -> None:
         buf = dev.malloc(pinned.nbytes)
         mark = _mark(dev)
         await s.upload(buf, pinned[2:4])  # contiguous rows: direct, from their own address
-        await s.upload(buf, pinned[:, 0])  # strided: made contiguous in the call, staged
+        await s.upload(buf, pinned[:, 0])  # strided: gathered into a staging buffer
         column = await s.download(buf, np.int32, 8)
         np.testing.assert_array_equal(column, np.arange(0, 128, 16))
         await s.upload(buf, pinned[2:4])
