@@ -28,7 +28,7 @@ from typing import Any
 
 import anyio
 
-from ._errors import ClosedError, DeviceFaultError
+from ._errors import ClosedError, DeviceFaultError, TaskTimeoutError
 from ._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE, PTR_MAX
 from ._sched.events import EventRecord
 from ._sched.loop import LoopAdapter
@@ -135,22 +135,26 @@ class TorchOrder:
         """Return once the operation just queued has been handed to the runtime.
 
         ``record()`` queues an event after it on the same stream (without this handshake);
-        the submitter thread calls its ``on_recorded`` hook once it is submitted. Shielded
-        from every cancellation, asyncio's own included (a cancellation is raised once it is
-        done): the operation is queued and will run, and a torch op the caller issues next
-        must not overtake it.
+        the submitter thread calls its ``on_recorded`` hook once it is submitted. Shielded:
+        the operation is queued and will run, and a torch op the caller issues next must not
+        overtake it. The event is queued in the caller's task, right behind the operation
+        (nothing of another coroutine's can come between them); the wait for its submission
+        runs to its end whatever cancels the caller, asyncio's own cancellation included (a
+        cancellation is raised once it is done).
         """
-        await adapter.shielded(_handed_over, record, adapter)
+        with anyio.CancelScope(shield=True):
+            try:
+                fence = await record()
+            except (ClosedError, DeviceFaultError, TaskTimeoutError):
+                # closed, faulted or stalled while the fence waited for its slot: the
+                # operation, queued already, is refused or fails (its Task carries why);
+                # there is nothing to wait for
+                return
+        await adapter.shielded(_handed_over, fence, adapter)
 
 
-async def _handed_over(record: Callable[[], Awaitable[Any]], adapter: LoopAdapter) -> None:
+async def _handed_over(fence: Any, adapter: LoopAdapter) -> None:
     # TorchOrder.after's wait (run to its end: its waits keep their deadlines with timers)
-    try:
-        fence = await record()
-    except (ClosedError, DeviceFaultError):
-        # closed or faulted while the fence waited for its slot: the operation, queued
-        # already, is refused (its Task carries why); there is nothing to wait for
-        return
     waiter = adapter.new_waiter()
 
     def submitted() -> None:  # the submitter thread

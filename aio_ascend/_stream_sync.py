@@ -182,6 +182,8 @@ class StreamSync:
             if hold is not None:
                 if not hold.returned.is_set():  # a host function: later work starts after it
                     await hold.returned.wait()
+                    if scheduler.faults.first is not None:  # (waiting, as for admission:
+                        raise scheduler.fault_error()  # the fault's error, even at a close)
                     continue
                 self._hold = None
                 self._plain = self._order is None

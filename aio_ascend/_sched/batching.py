@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .compiled import mypyc_attr
 from .lane import Lane
 from .work import Request
 
@@ -57,7 +56,6 @@ def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
     return refunds
 
 
-@mypyc_attr(acyclic=True)  # never in a cycle: not tracked by the collector when compiled
 class Hop:
     """One tick's requests on their way to the submitter, with the deadline of their tasks.
 

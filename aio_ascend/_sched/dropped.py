@@ -1,4 +1,5 @@
-"""Streams collected without ``aclose()``: retired once the work queued on them is done.
+"""Streams collected without ``aclose()`` (and closed ones whose work the watchdog failed, still
+on the device): retired once the work queued on them is done.
 
 A stream's lane is held by the scheduler (``Scheduler.lanes``), so nothing would ever release
 the runtime stream of a ``Stream`` the user dropped. Its finalizer hands the lane to
@@ -48,6 +49,13 @@ class DroppedLanes:
     def drop(self, lane: Lane) -> None:
         """The lane's ``Stream`` was collected (a finalizer: any thread, only appends)."""
         self.collected.append(lane)
+
+    def retire_when_done(self, lane: Lane) -> None:
+        """(Loop thread) A closed stream whose work the watchdog failed, still running on the
+        device: destroyed as a dropped one is, once that work has finished (or by the
+        device's close), instead of lingering until the device's close."""
+        if lane not in self.retiring:
+            self.retiring.append(lane)
 
     def due(self) -> list[Lane]:
         """(Loop thread) Close the collected lanes to new work and warn about them; return the

@@ -182,7 +182,10 @@ class _AsyncioAdapter(LoopAdapter):
 
     def wake(self, waiter: asyncio.Future[None]) -> None:
         if not waiter.done():
-            waiter.set_result(None)
+            try:
+                waiter.set_result(None)
+            except RuntimeError:  # a waiter of a loop closed under it (another adopted it)
+                pass
 
     async def checkpoint(self) -> None:
         await asyncio.sleep(0)

@@ -165,6 +165,7 @@ class Poller:
         self._inbox = inbox  # recorded batches, from the submitter
         self._expire_waiting = expire_waiting
         self._on_exit: Callable[[], None] | None = None
+        self._exit_lock = threading.Lock()
         #: by stream handle, only the streams with batches outstanding
         self._outstanding: dict[int, deque[Batch]] = {}
         self._pending = 0  # batches in _outstanding
@@ -192,11 +193,21 @@ class Poller:
     # --- any thread ------------------------------------------------------------------------
 
     def stop(self, *, then: Callable[[], None] | None = None) -> None:
-        """Ask the thread to exit after its current round (and to call ``then`` on its way)."""
+        """Ask the thread to exit after its current round (and to call ``then`` on its way:
+        once, from a thread of its own if it has exited already, as after a close that
+        stopped half way)."""
         self._on_exit = then
         self._stop_asked = True
         self.prober.stop()
         self._inbox.put(_STOP)
+        if then is not None and not self.thread.is_alive():
+            threading.Thread(target=self._exit_hook, name=self.thread.name, daemon=True).start()
+
+    def _exit_hook(self) -> None:
+        with self._exit_lock:  # (once: the thread's way out may race a late stop)
+            hook, self._on_exit = self._on_exit, None
+        if hook is not None:
+            hook()
 
     def leftover_batches(self) -> list[Batch]:
         """Batches never seen complete (after the thread exited, or was abandoned)."""
@@ -225,8 +236,7 @@ class Poller:
         # What it copied out is done (resolved by the close, which no longer counts on the
         # loop for deliveries by then); what it never started is a leftover batch.
         self.at_exit = self._take_unstaged()
-        if self._on_exit is not None:
-            self._on_exit()
+        self._exit_hook()
 
     def _loop(self) -> None:
         while True:

@@ -47,11 +47,9 @@ from another loop, which adopts it (``_adopt_loop``) and delivers them there. Du
 close they are held back the same way (see :mod:`.shutdown`, which also describes the close's
 order; :mod:`.forcing` describes one stream's forced close).
 
-Cancellation. A coroutine cancelled while waiting in :meth:`admit` is admitted to nothing (its
-ticket is withdrawn; slots granted meanwhile pass to the next in line). Once a request is
-enqueued, cancelling its caller does not take it back: it runs, and releases what it holds only
-when the device is done with it. :meth:`aclose` runs shielded, and so does the forcing part of
-:meth:`close_lane`.
+Cancellation. A coroutine cancelled while waiting in :meth:`admit` is admitted to nothing; an
+enqueued request runs, and releases what it holds only when the device is done with it.
+:meth:`aclose` runs shielded, and so does the forcing part of :meth:`close_lane`.
 """
 
 from __future__ import annotations
@@ -551,8 +549,11 @@ class Scheduler:
                 await self._force_lane(lane, timeout)
         if lane not in self.lanes or self.state is not _OPEN:
             return
-        if self.faults.first is not None or lane.admission.in_flight:
+        if self.faults.first is not None:
             return  # its work can no longer be observed normally: aclose destroys it by force
+        if lane.admission.in_flight:  # work the watchdog failed, still on the device
+            self.dropped_lanes.retire_when_done(lane)
+            return
         self.lanes.remove(lane)
         if not lane.external:
             self._destroy_stream(lane)
@@ -620,9 +621,9 @@ class Scheduler:
                     "that opened the device is still running: close it from that loop"
                 )
             if self.state is not DeviceState.CLOSED:
-                self._adopt_loop()
                 # (a close under way ran on the finished loop: it can never end now)
                 self._close_broken |= self.state is DeviceState.CLOSING
+                self._adopt_loop()
         if self.state is not _OPEN:
             if self.state is DeviceState.CLOSING:  # another caller is closing: wait for it,
                 # held to this call's arguments too (a timeout only brings the force nearer)

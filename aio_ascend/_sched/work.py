@@ -24,7 +24,7 @@ from .._runtime.abi import (
     ACL_MEMCPY_HOST_TO_DEVICE,
 )
 from .._runtime.pybatch import launch_one
-from .compiled import interpreted, mypyc_attr
+from .compiled import interpreted
 from .events import EventRecord
 from .task import Task
 
@@ -480,7 +480,6 @@ class WaitEvent(_EventRequest):
         return isinstance(event, EventRecord) and not event.recorded and event.error is None
 
 
-@mypyc_attr(acyclic=True)
 class Batch:
     """Requests submitted to one stream in one hop, followed by one recorded event.
 

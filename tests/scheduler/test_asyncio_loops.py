@@ -175,10 +175,55 @@ def test_a_close_left_pending_in_a_closed_loop_is_refused_later_not_waited_for()
 
     asyncio.run(again())
     assert dev.closed
-    deadline = time.monotonic() + 10
+    _library_threads_end()
+
+
+def _library_threads_end(seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
     while [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]:
         assert time.monotonic() < deadline, threading.enumerate()
         time.sleep(0.01)
+
+
+@pytest.mark.parametrize("where", ["waiting for the work", "inside the shutdown"])
+def test_a_close_stopped_half_way_is_refused_once_then_its_device_is_released(
+    where: str,
+) -> None:
+    # Two ways a close stopped half way (its loop closed by hand under it) went wrong later:
+    # - its work finished meanwhile: the adopting loop delivered the completion, whose wake
+    #   of a waiter of the closed loop raised "Event loop is closed", and the next aclose()
+    #   waited for good;
+    # - it had asked the threads to stop: the poller had exited, so the runtime, whose close
+    #   was left to the poller's way out, stayed open (and the sim's thread with it).
+    loop = asyncio.new_event_loop()
+
+    async def start_closing() -> aa.Device:
+        dev = await aa.open_device(0, backend="sim")
+        if where == "waiting for the work":
+            await dev.stream().launch(dev.function("sleep"), 1, aa.HostArgs().u32(100_000))
+        asyncio.get_running_loop().create_task(dev.aclose())
+        poller = dev._scheduler._poller
+        deadline = time.monotonic() + 10
+        while where == "inside the shutdown" and not poller._stop_asked:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0)  # (until the close has asked the threads to stop)
+        if where == "waiting for the work":
+            await asyncio.sleep(0.01)
+        return dev
+
+    dev = loop.run_until_complete(start_closing())
+    loop.close()
+    time.sleep(0.3)  # (the kernel has finished: its completion waits, undelivered)
+
+    async def again() -> None:
+        with anyio.fail_after(5), pytest.raises(RuntimeError, match="half way"):
+            await dev.aclose()
+        with anyio.fail_after(5):
+            await dev.aclose()  # closed now: a no-op
+
+    asyncio.run(again())
+    assert dev.closed
+    _library_threads_end()  # the sim's thread too: its runtime was closed
 
 
 def test_synchronous_calls_from_another_loop_on_the_same_thread_are_refused() -> None:

@@ -191,6 +191,17 @@ async def test_admission_waiters_behind_work_the_watchdog_failed_are_turned_away
                 await anyio.sleep(0.01)
             await slow.run(noop, 1)
 
+        # A closed stream whose work the watchdog failed goes once that work has finished
+        # (it stayed, runtime stream and all, until the device's close).
+        streams = dev.stats()["streams"]
+        late = dev.stream()
+        await late.launch(dev.function("sleep"), 1, aa.HostArgs().u32(600_000))
+        await late.aclose()  # returns at the watchdog: the kernel still runs
+        assert dev.stats()["streams"] == streams + 1
+        with anyio.fail_after(10):
+            while dev.stats()["streams"] > streams:  # noqa: ASYNC110 - until it is retired
+                await anyio.sleep(0.01)
+
 
 async def test_memory_stats_count_the_blocks_a_forced_close_leaked(
     open_dev: OpenDevice, device_backend: str, caplog: pytest.LogCaptureFixture

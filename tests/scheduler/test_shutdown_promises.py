@@ -736,3 +736,31 @@ async def test_a_deadline_that_passes_during_a_close_is_raised_after_it(
     with anyio.move_on_after(0.005) as scope:  # (closed: returns at once)
         await dev.aclose()
     assert not scope.cancelled_caught
+
+
+async def test_a_call_held_behind_a_host_function_gets_the_fault_if_the_device_closes(
+    anyio_backend: object,
+) -> None:
+    # A call waits in its call behind a host function (as on a full stream). When the device
+    # faulted meanwhile and the faults guide's recovery closed it, the call got ClosedError;
+    # an admission waiter in the same place got the fault.
+    from aio_ascend.testing import inject_fault
+
+    dev = await aa.open_device(0, backend="sim")
+    a, b = dev.stream(), dev.stream()
+    await a.launch_host_func(lambda: time.sleep(0.3))  # a's later calls wait for it
+    got: list[BaseException] = []
+
+    async def held() -> None:
+        try:
+            await a.launch(dev.function("noop"), 1)
+        except Exception as exc:
+            got.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(held)
+        await anyio.sleep(0.05)  # (held: waiting in its call)
+        with pytest.raises(aa.DeviceFaultError):
+            await (await inject_fault(b))
+        await dev.aclose(cancel=True, timeout=1.0)
+    assert len(got) == 1 and isinstance(got[0], aa.DeviceFaultError), got

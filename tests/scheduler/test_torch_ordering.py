@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import pytest
 from doubles.torch_npu_queue import FakeTorchEvent, FakeTorchStream
 from helpers import open_backend
@@ -233,3 +234,45 @@ async def test_a_fault_during_the_handshake_still_returns_the_queued_operations_
                 await task
         finally:
             torch.close()  # (the device faulted: its stream goes with the context)
+
+
+async def test_a_torch_stream_stalled_behind_failed_work_still_returns_the_operations_task(
+    open_dev: Callable[..., Any],
+) -> None:
+    # The handshake's event waits for a slot behind the operation. When the watchdog failed
+    # the operation, the stream counted as stalled and the event was turned away: its
+    # TaskTimeoutError came out of the call, and the queued operation's Task was lost.
+    async with open_dev(task_timeout=0.2) as dev, torch_beside(dev) as torch:
+        ours = dev.external_stream(torch, max_in_flight=1)
+        task = await ours.launch(dev.function("sleep"), 1, aa.HostArgs().u32(500_000))
+        assert isinstance(task, aa.Task)
+        with pytest.raises(aa.TaskTimeoutError, match="task_timeout"):
+            await task
+        await ours.aclose(timeout=2)
+
+
+async def test_the_handshake_never_waits_for_another_coroutines_host_function(
+    open_dev: Callable[..., Any],
+) -> None:
+    # The handshake's event is queued in the caller's task right behind its operation. Run
+    # as a task of its own a loop turn later, another coroutine's host function could come
+    # between them, and the call then waited (uncancellably) until that function returned.
+    import threading
+
+    async with open_dev() as dev, torch_beside(dev) as torch:
+        ours = dev.external_stream(torch)
+        gate = threading.Event()
+
+        async def other() -> None:  # (it starts in the next loop turn)
+            await ours.launch_host_func(gate.wait)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(other)
+                with anyio.fail_after(5):  # (expected: a few ms; it took the function's time)
+                    await ours.launch(dev.function("noop"), 1)
+                gate.set()
+        finally:
+            gate.set()
+        await ours.synchronize()
+        await ours.aclose()
