@@ -504,9 +504,12 @@ class Device:
             # the rest of the close is, too; once done, its finalizer is detached)
             if scheduler.state is DeviceState.CLOSED and self._finalizer.alive:
                 await scheduler.adapter.shielded(self._after_close, started, timeout)
-        # a cancellation held off by the shield (anyio's, trio's) is raised now, not left to
-        # the caller's next checkpoint (its scope would have finished as if never cancelled)
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        # A cancellation held off by the shield (anyio's, trio's) is raised now, not left to
+        # the caller's next checkpoint (its scope would have finished as if never cancelled).
+        # And one turn of the loop: trio keeps the outcome of the task's last wait until it
+        # next yields, and on CPython 3.12+ that outcome's traceback reaches this frame, so
+        # the device would outlive its close until then.
+        await anyio.lowlevel.checkpoint()
 
     async def _after_close(self, started: float, timeout: float | None) -> None:  # noqa: ASYNC109
         # Host functions whose earlier work completed still run, bounded like the device's

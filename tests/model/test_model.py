@@ -52,7 +52,7 @@ import aio_ascend as aa
 STRESS = bool(os.environ.get("AIO_ASCEND_STRESS"))
 
 TASK_TIMEOUT = 0.3  # the watchdog of the device under test
-LONG_SLEEP_US = 500_000  # longer than TASK_TIMEOUT: its task must time out
+LONG_SLEEP_US = 1_000_000  # over 3x TASK_TIMEOUT: its task must time out, even under load
 BOUND = 10.0  # liveness: any single wait; >= 10x what it is expected to take
 FLOW_BOUND = 2.0  # a noop round trip on a fresh stream while another is hung or busy
 SMALL = 4096
@@ -202,6 +202,18 @@ class DeviceMachine(RuleBasedStateMachine):
         if isinstance(exc, aa.DeviceFaultError):
             self.faulted = True
 
+    def refused_in_call(self, what: str, exc: BaseException, allowed: set[Outcome]) -> None:
+        """A call refused before it queued anything: ``DeviceFaultError`` once a fault is (or
+        may be) known; ``TaskTimeoutError`` where its stream may have stalled (every slot held
+        by work the watchdog failed: only where the model allows a timeout)."""
+        if isinstance(exc, aa.TaskTimeoutError):
+            assert aa.TaskTimeoutError in allowed and "every slot of its stream" in str(exc), (
+                f"{what}: refused with {exc!r}, the model allows {allowed}"
+            )
+            return
+        assert self.faulted or self.fault_pending, f"{what}: refused with {exc!r}"
+        self.faulted = True
+
     async def _submit_and_wait(
         self, sm: Any, what: str, make: Callable[[], Awaitable[aa.Task]]
     ) -> BaseException | None:
@@ -212,11 +224,10 @@ class DeviceMachine(RuleBasedStateMachine):
             refused: BaseException | None = None
             try:
                 task = await make()
-            except aa.DeviceFaultError as exc:  # refused in the call: the device faulted
+            except (aa.DeviceFaultError, aa.TaskTimeoutError) as exc:  # refused in the call
                 refused = exc
             if refused is not None:
-                assert self.faulted or self.fault_pending, f"{what}: refused with {refused!r}"
-                self.faulted = True
+                self.refused_in_call(what, refused, allowed)
                 return refused
             try:
                 await task
@@ -370,10 +381,8 @@ class DeviceMachine(RuleBasedStateMachine):
                 try:
                     up = await sm.stream.copy_to_device(bm.buf, src)
                     down = await sm.stream.copy_to_host(dst, bm.buf)
-                except aa.DeviceFaultError as exc:
-                    if not (self.faulted or self.fault_pending):
-                        raise AssertionError("round trip refused on a healthy device") from exc
-                    self.faulted = True
+                except (aa.DeviceFaultError, aa.TaskTimeoutError) as exc:
+                    self.refused_in_call("round trip", exc, allowed)
                     return exc, exc
                 for task in (up, down):
                     try:
@@ -479,15 +488,15 @@ class DeviceMachine(RuleBasedStateMachine):
         """Launch ``name`` and leave its task pending (checked by the invariant, bounded)."""
         if self.faulted:
             allowed = {aa.DeviceFaultError}
+        before = self.allowed(sm)
 
         async def go() -> aa.Task | None:
             fn = self.dev.function(name)  # type: ignore[union-attr]
             with anyio.fail_after(BOUND):
                 try:
                     return await sm.stream.launch(fn, 1, args)
-                except aa.DeviceFaultError:
-                    assert self.faulted or self.fault_pending
-                    self.faulted = True
+                except (aa.DeviceFaultError, aa.TaskTimeoutError) as exc:
+                    self.refused_in_call(name, exc, before)
                     return None
 
         task = self.call(go)
@@ -524,6 +533,7 @@ class DeviceMachine(RuleBasedStateMachine):
             return
         was_faulted = self.faulted or self.fault_pending
         busy = time.monotonic() < sm.busy_until
+        before = self.allowed(sm)
 
         async def go() -> BaseException | None:
             fn = self.dev.function("fault")  # type: ignore[union-attr]
@@ -534,13 +544,20 @@ class DeviceMachine(RuleBasedStateMachine):
                     if not was_faulted:
                         raise AssertionError("fault: refused on a healthy device") from exc
                     return exc
+                except aa.TaskTimeoutError as exc:  # (a stalled stream: it never ran)
+                    self.refused_in_call("fault", exc, before)
+                    never_queued.append(exc)
+                    return exc
                 try:
                     await task
                 except Exception as exc:  # checked below
                     return exc
             return None
 
+        never_queued: list[BaseException] = []
         exc = self.call(go)
+        if never_queued:
+            return
         if sm.hung:  # never runs: its task times out, unless a fault elsewhere came first
             self.check_outcome("fault behind a hang", exc, {aa.TaskTimeoutError})
         elif busy and isinstance(exc, aa.TaskTimeoutError):
@@ -644,15 +661,13 @@ class DeviceMachine(RuleBasedStateMachine):
             with anyio.fail_after(BOUND):
                 try:
                     ev = await a.stream.record_event()
-                except aa.DeviceFaultError:
-                    assert self.faulted or self.fault_pending
-                    self.faulted = True
+                except (aa.DeviceFaultError, aa.TaskTimeoutError) as exc:
+                    self.refused_in_call("record_event", exc, allowed_a)
                     return
                 try:
                     wait: aa.Task | None = await b.stream.wait_event(ev)
-                except aa.DeviceFaultError:
-                    assert self.faulted or self.fault_pending
-                    self.faulted = True
+                except (aa.DeviceFaultError, aa.TaskTimeoutError) as exc:
+                    self.refused_in_call("wait_event", exc, self.allowed(b))
                     wait = None
                 try:
                     await ev
@@ -687,9 +702,8 @@ class DeviceMachine(RuleBasedStateMachine):
             fn = self.dev.function("sleep")  # type: ignore[union-attr]
             try:
                 task = await sm.stream.launch(fn, 1, aa.HostArgs().u32(30_000))
-            except aa.DeviceFaultError:
-                assert self.faulted or self.fault_pending
-                self.faulted = True
+            except (aa.DeviceFaultError, aa.TaskTimeoutError) as exc:
+                self.refused_in_call("sleep", exc, allowed)
                 return
             with anyio.move_on_after(0.005) as scope:
                 await task
@@ -858,9 +872,8 @@ class DeviceMachine(RuleBasedStateMachine):
         async def go() -> None:
             try:
                 task = await sm.stream.launch(dev.function("sleep"), 1, aa.HostArgs().u32(2_000))
-            except aa.DeviceFaultError:
-                assert self.faulted or self.fault_pending
-                self.faulted = True
+            except (aa.DeviceFaultError, aa.TaskTimeoutError) as exc:
+                self.refused_in_call("sleep (many waiters)", exc, allowed)
                 return
             seen: list[BaseException | None] = []
 
