@@ -41,7 +41,7 @@ from ._errors import ClosedError, TaskTimeoutError, derived_error
 from ._sched.forcing import gave_up
 from ._sched.hooks import HOOKS, HostCall, Source
 from ._sched.loop import LoopAdapter
-from ._sched.shutdown import join
+from ._sched.shutdown import IdleWait, join
 from ._sched.task import HostFunctionTask, resolve_task
 from ._sched.work import Outcome
 
@@ -110,7 +110,7 @@ class HostFuncs:
         self._running: list[anyio.Event] = []  # set when a function handed over returns
         self.closed = False
         self._abandoned = False  # a close gave up on a running function
-        self._idle: list[Any] = []
+        self._idle = IdleWait(adapter)  # the close's wait for the functions handed over
 
     def start(self, recorded: Event, task: HostFunctionTask, fn: Callable[[], object]) -> None:
         """Run ``fn`` once ``recorded`` has completed, then resolve ``task`` (loop thread)."""
@@ -193,9 +193,7 @@ class HostFuncs:
         resolve_task(task, error)  # (nothing if the watchdog or a close failed it already)
         task.returned.set()
         if not self.pending:
-            idle, self._idle = self._idle, []
-            for waiter in idle:
-                self._adapter.wake(waiter)
+            self._idle.wake()
 
     def _main(self) -> None:
         get = self._jobs.get
@@ -213,11 +211,8 @@ class HostFuncs:
         tasks a forced close gives up on do, and its thread is left to exit when it returns
         (a callback cannot be interrupted: the close does not wait for it)."""
         self.closed = True
-        due = anyio.current_time() + (STUCK_AFTER_S if timeout is None else max(timeout, 0.0))
-        while self.pending and anyio.current_time() < due:
-            waiter = self._adapter.new_waiter()
-            self._idle.append(waiter)
-            await self._adapter.wait_until(waiter, due)
+        self._idle.bound(STUCK_AFTER_S if timeout is None else max(timeout, 0.0))
+        await self._idle.until_idle(lambda: len(self.pending))
         # (kept, not worked out per call: a patient close woken by an escalated one's
         # abandonment must not then join the thread the abandoned function holds)
         self._abandoned |= bool(self._running)

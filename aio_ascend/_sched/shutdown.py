@@ -111,8 +111,9 @@ SETTLE_AFTER_FORCE_S = 0.01
 
 
 class IdleWait:
-    """A close's wait until no admitted request is left unsettled, up to a deadline that a
-    later close's shorter timeout brings nearer (loop thread).
+    """A close's wait until nothing is left unsettled (the device's admitted requests, its
+    host functions), up to a deadline that a later close's shorter timeout brings nearer
+    (loop thread).
 
     :ivar timeout: the timeout that set the deadline (what a forced close logs)
     :ivar adapter: the device's loop (replaced when another loop adopts the device)

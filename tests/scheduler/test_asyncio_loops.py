@@ -13,6 +13,7 @@ import pytest
 from helpers import in_forked_child, open_sim
 
 import aio_ascend as aa
+from aio_ascend.testing import assert_no_library_threads
 
 
 @pytest.mark.asyncio
@@ -175,14 +176,7 @@ def test_a_close_left_pending_in_a_closed_loop_is_refused_later_not_waited_for()
 
     asyncio.run(again())
     assert dev.closed
-    _library_threads_end()
-
-
-def _library_threads_end(seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while [t for t in threading.enumerate() if t.name.startswith("aio_ascend-")]:
-        assert time.monotonic() < deadline, threading.enumerate()
-        time.sleep(0.01)
+    assert_no_library_threads(10)
 
 
 @pytest.mark.parametrize("where", ["waiting for the work", "inside the shutdown"])
@@ -223,7 +217,7 @@ def test_a_close_stopped_half_way_is_refused_once_then_its_device_is_released(
 
     asyncio.run(again())
     assert dev.closed
-    _library_threads_end()  # the sim's thread too: its runtime was closed
+    assert_no_library_threads(10)  # the sim's thread too: its runtime was closed
 
 
 def test_synchronous_calls_from_another_loop_on_the_same_thread_are_refused() -> None:
