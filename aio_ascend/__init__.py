@@ -26,6 +26,7 @@ from ._errors import InternalError as InternalError
 from ._errors import MemoryAllocationError as MemoryAllocationError
 from ._errors import RuntimeAPIError as RuntimeAPIError
 from ._errors import TaskTimeoutError as TaskTimeoutError
+from ._errors import WrongLoopError as WrongLoopError
 from ._event import Event as Event
 from ._graph import Graph as Graph
 from ._host.hostargs import HostArgs as HostArgs
@@ -66,6 +67,7 @@ __all__ = (
     "Stream",
     "Task",
     "TaskTimeoutError",
+    "WrongLoopError",
     "available_backends",
     "device_count",
     "is_compiled",

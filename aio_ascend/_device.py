@@ -49,8 +49,11 @@ __all__ = ["Device", "DeviceBuffer", "Function", "Module", "open_device"]
 
 log = logging.getLogger("aio_ascend")
 
-#: the most requests one stream may have in flight (below the runtime's ~2013-entry queue)
-MAX_IN_FLIGHT = 2000
+#: the most requests one stream may be asked to admit at once: a sanity bound only (a stream's
+#: entry budget, below its runtime queue's capacity, bounds what it really admits)
+MAX_IN_FLIGHT = 1 << 20
+#: the most requests of one stream in one hop (below the runtime's ~2013-entry queue)
+MAX_BATCH_CAP = 2000
 
 
 def _completion_mode(completion: object) -> CompletionMode:
@@ -116,8 +119,8 @@ def _check_max_in_flight(value: object) -> int:
 
 def _check_batch_cap(value: object) -> int:
     batch_cap = integer("batch_cap", value)
-    if not 1 <= batch_cap <= MAX_IN_FLIGHT:
-        raise ValueError(f"batch_cap={batch_cap} is out of range 1..{MAX_IN_FLIGHT}")
+    if not 1 <= batch_cap <= MAX_BATCH_CAP:
+        raise ValueError(f"batch_cap={batch_cap} is out of range 1..{MAX_BATCH_CAP}")
     return batch_cap
 
 
@@ -288,10 +291,12 @@ class Device:
           ``pool_limit_bytes`` (0: none);
         - counts since the open: ``allocations`` (``malloc`` calls), ``pool_hits`` (served
           from the cache), ``runtime_allocations`` and ``runtime_frees`` (calls to the
-          runtime's malloc and free), ``oom_retries`` (out-of-memory answers retried after
-          emptying the cache), ``runtime_leaks`` (blocks whose free the backend took but
-          leaked at the close instead, since work of a stream destroyed by force might still
-          use them and the device never settled: acl only; the close logs an ERROR then).
+          runtime's malloc and free), ``oom_retries`` (the runtime's out-of-memory answers
+          retried after emptying the cache; reaching ``pool_limit_bytes`` empties it too,
+          uncounted: the runtime was not asked), ``runtime_leaks`` (blocks whose free the
+          backend took but leaked at the close instead, since work of a stream destroyed by
+          force might still use them and the device never settled: acl only; the close logs
+          an ERROR then).
 
         ``stats()["device_buffers"]`` counts the live buffers themselves.
         """
@@ -375,7 +380,9 @@ class Device:
     def stream(self, *, max_in_flight: int = 1024, priority: int | None = None) -> Stream:
         """A new stream (in stop-on-failure mode); also usable as ``async with``.
 
-        :param max_in_flight: requests admitted at once (further calls wait, FIFO)
+        :param max_in_flight: requests admitted at once (further calls wait, FIFO); the
+            stream's runtime queue entry budget also bounds them, so a large value never lets
+            the runtime queue fill (1 .. 2**20)
         :param priority: lower = more urgent, within ``dev.info``'s
             ``stream_priority_greatest``..``stream_priority_least``; ``None``: the default
         """

@@ -269,6 +269,15 @@ class ClosedError(AscendError):
     """Use after ``aclose()``, or a request dropped by ``aclose(cancel=True)``."""
 
 
+class WrongLoopError(AscendError, RuntimeError, ValueError):
+    """The device, or an object of it, was used from another event loop or thread than the one
+    that opened it, or in a process forked from that one; nothing was done.
+
+    A ``RuntimeError`` (as asyncio's own wrong-loop errors are) and a ``ValueError`` (bad input:
+    the call named a device that belongs elsewhere), so that either ``except`` catches it.
+    """
+
+
 class InternalError(AscendError):
     """An invariant of aio_ascend broke. This is a bug in aio_ascend: please report it."""
 

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from ._closing_waits import ClosingWaits
 from ._sched.graphs import GraphRecord
+
+if TYPE_CHECKING:
+    from ._stream_sync import StreamSync
 
 __all__ = ["Graph"]
 
@@ -25,7 +30,7 @@ class Graph:
     :ivar operations: how many operations were captured
     """
 
-    __slots__ = ("__weakref__", "_record", "device", "operations")
+    __slots__ = ("__weakref__", "_record", "_waits", "device", "operations")
 
     def __init__(
         self, device: object, record: GraphRecord, dropped: Callable[[GraphRecord], None]
@@ -33,6 +38,8 @@ class Graph:
         self.device = device
         self._record = record
         self.operations = len(record.ops)
+        #: replays waiting for admission (close() turns them away)
+        self._waits = ClosingWaits("the graph")
         # collected unclosed (any thread): ``dropped`` closes it on the device's loop
         device._object_finalizers.finalize(self, dropped, record)  # type: ignore[attr-defined]  # noqa: SLF001
 
@@ -47,8 +54,14 @@ class Graph:
         return self._record.free_requested
 
     def close(self) -> None:
-        """Destroy the graph now, or once its queued replays have finished. Idempotent."""
+        """Destroy the graph now, or once its queued replays have finished; replays waiting
+        for admission fail with ``ClosedError`` (nothing of them is queued). Idempotent."""
         self._record.registry.free(self._record)
+        self._waits.turn_away()
+
+    async def _admit_replay(self, stream: StreamSync) -> None:
+        # a slot of ``stream`` for one replay, turned away if the graph closes meanwhile
+        await self._waits.admit(stream, self._record)
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"replays queued={self._record.uses}"

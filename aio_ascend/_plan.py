@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
+from ._closing_waits import ClosingWaits
 from ._errors import ClosedError
 from ._host.snapshot import shareable, shared_image
 from ._sched.plans import PlanRecord
@@ -60,7 +59,7 @@ class LaunchPlan:
         "_ref",
         "_scheduler",
         "_spec",
-        "_waiting",
+        "_waits",
         "blocks",
         "function",
         "stream",
@@ -89,8 +88,8 @@ class LaunchPlan:
         # every launch holds the plan's record (one tuple for all of them)
         self._spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, (self._record,))
         self._record.spec = self._spec
-        #: the cancel scopes of launches waiting for admission (close() turns them away)
-        self._waiting: set[anyio.CancelScope] | None = None
+        #: the launches waiting for admission (close() turns them away)
+        self._waits = ClosingWaits("the launch plan")
         # Dropped without close(): released as close() would, on the loop (collection may
         # happen on any thread; frees belong to the loop's)
         stream.device._object_finalizers.finalize(self, scheduler.drop_plan, self._record)  # noqa: SLF001
@@ -111,31 +110,11 @@ class LaunchPlan:
         # The stream's own admission (a plan is part of its stream's facade): after a pending
         # host function, with an external torch stream's queue drained first.
         if not (stream._plain and scheduler.try_admit(lane)):  # noqa: SLF001
-            await self._admit(stream)
+            await self._waits.admit(stream, record)
         task = scheduler.enqueue(Launch(lane, self._spec))
         if stream._order is None:  # noqa: SLF001 - no torch handshake to wait for
             return task
         return await stream._queued(task)  # noqa: SLF001
-
-    async def _admit(self, stream: StreamSync) -> None:
-        # The wait for a slot, which close() turns away with ClosedError (as a stream's close
-        # turns away its waiters): a wait cancelled before its grant holds nothing, and one
-        # granted as the close came gives its slot back.
-        scope = anyio.CancelScope()
-        waiting = self._waiting
-        if waiting is None:
-            waiting = self._waiting = set()
-        waiting.add(scope)
-        try:
-            with scope:
-                await stream._admit()  # noqa: SLF001
-        finally:
-            waiting.discard(scope)
-        if not scope.cancelled_caught:
-            if not self._record.free_requested:
-                return
-            self._scheduler.unadmit(self._lane)  # (granted just as the close came)
-        raise ClosedError("the launch plan was closed while the launch waited for its slot")
 
     async def run(self) -> None:
         """:meth:`launch` and wait until the kernel has finished (cancelled after the launch
@@ -148,8 +127,7 @@ class LaunchPlan:
         finished (then the buffers' deferred frees proceed). Idempotent."""
         record = self._record
         record.registry.free(record)
-        for scope in self._waiting or ():
-            scope.cancel()
+        self._waits.turn_away()
 
     @property
     def closed(self) -> bool:

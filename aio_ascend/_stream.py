@@ -669,7 +669,7 @@ class Stream(StreamSync):
         self._scheduler.check_open()  # (the close closed the graph too: say why)
         if graph.closed:
             raise ClosedError(f"launch_graph(): {graph!r} is closed")
-        await self._admit()
+        await graph._admit_replay(self)  # noqa: SLF001
         return await self._queued(self._scheduler.enqueue(LaunchGraph(self._lane, graph.record)))
 
     async def run_graph(self, graph: Graph) -> None:
@@ -743,8 +743,10 @@ class Stream(StreamSync):
             waited for
         :param timeout: seconds to wait for the stream's work; past it the stream is destroyed
             by force and its unfinished tasks fail with ``TaskTimeoutError``, as in a forced
-            ``Device.aclose``, while the device and its other streams carry on. ``None`` waits
-            until every task has finished or been failed by the ``task_timeout`` watchdog.
+            ``Device.aclose``, while the device and its other streams carry on. Work the
+            ``task_timeout`` watchdog failed counts until the device finishes it. ``None``
+            waits until every task has finished or been failed by the watchdog (the stream
+            goes once the device has finished such work).
 
         What the forced work holds (its buffers, pinned staging) is released only when the
         device closes: the device may still be running it. The forced part is shielded from

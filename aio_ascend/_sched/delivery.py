@@ -50,6 +50,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .._errors import TaskTimeoutError
+from .counters import Counters
 from .hooks import HOOKS, Source
 from .task import MAX_WAKES_PER_TURN, resolve_task
 from .work import Arrival, Batch, Outcome, Request, expand
@@ -75,6 +77,9 @@ class DeliveryQueue:
     :param call_soon: schedules a callback on a later loop turn
     :param settled: called after each drain with how many requests it settled
     :param source: the device, as observers (tracing, metrics) are told of it
+    :ivar counters: the loop side's counters: ``wakeups`` (each delivery into the loop), and
+        ``timeouts`` (each task failed with ``TaskTimeoutError``, the watchdog's or a forced
+        close's, once, when it is resolved)
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class DeliveryQueue:
         source: Source | None = None,
     ) -> None:
         self._source = source or Source(-1, "?")
+        self.counters = Counters()
         self._wake = wake
         self._call_soon = call_soon
         self._settled = settled
@@ -104,6 +110,7 @@ class DeliveryQueue:
 
     def deliver(self, items: Sequence[Arrival]) -> None:
         """The poller's (or submitter's) one hop: queue, and drain now unless a drain is due."""
+        self.counters.wakeups += 1  # (counted before any task it resolves runs)
         if HOOKS.observers:  # tracing or metrics on: once per round, never per task
             HOOKS.delivered(self._source, expand(items))
         self._queue.extend(items)
@@ -117,8 +124,12 @@ class DeliveryQueue:
         and counted as any other."""
         if HOOKS.observers:
             HOOKS.delivered(self._source, [(r, e, Outcome.FINISHED) for r, e in outcomes])
+        timeouts = 0
         for request, error in outcomes:
+            if not request._done and isinstance(error, TaskTimeoutError):  # noqa: SLF001
+                timeouts += 1
             resolve_task(request, error)
+        self.counters.timeouts += timeouts
 
     def _release(self, lane: Any, entries: int, count: int) -> int:
         # ``count`` finished requests of ``lane`` give back their admission: wake who now fits
@@ -134,7 +145,7 @@ class DeliveryQueue:
         popleft = completed.popleft
         limit = MAX_RESOLVED_PER_TURN if budget else 1 << 62
         wake_limit = MAX_WAKES_PER_TURN if budget else 1 << 62
-        wakes = settled = resolved = 0
+        wakes = settled = resolved = timeouts = 0
         # Slots go back a stream's run of completions at a time (one release, and one grant
         # of several slots per waiter, instead of one per request: see admission.py).
         lane: Any = None
@@ -178,6 +189,8 @@ class DeliveryQueue:
                 # towards aclose()'s wait; one resolved already (dropped) was counted then
                 if not request._done:  # noqa: SLF001 - the scheduler's own object
                     settled += 1
+                    if error is not None and isinstance(error, TaskTimeoutError):
+                        timeouts += 1  # (the watchdog's or a forced close's: one per task)
                 wakes += resolve_task(request, error)
             else:
                 request.lane.admission.finished_late()
@@ -197,4 +210,6 @@ class DeliveryQueue:
         if completed and not self._drain_scheduled:
             self._drain_scheduled = True
             self._call_soon(self.drain)
+        if timeouts:
+            self.counters.timeouts += timeouts
         self._settled(settled)

@@ -21,18 +21,20 @@ from typing import Any, TypeVar
 
 import anyio
 
+from .._errors import WrongLoopError
+
 __all__ = ["FORKED", "OTHER_THREAD", "LoopAdapter", "current_loop_adapter"]
 
 _T = TypeVar("_T")
 
-#: what a call from another event loop or thread than the device's gets (a RuntimeError)
+#: what a call from another event loop or thread than the device's gets (a WrongLoopError)
 OTHER_THREAD = (
     "aio_ascend device used from a different event loop (or thread) than the one that opened "
     "it: call it from that loop (from another thread, hand the call to the loop, e.g. with "
     "asyncio.run_coroutine_threadsafe or trio.from_thread.run)"
 )
 
-#: what any call gets in a process forked from the one that opened the device (a RuntimeError)
+#: what any call gets in a process forked from the one that opened the device (WrongLoopError)
 FORKED = (
     "aio_ascend device used in a process forked from the one that opened it: its threads and "
     "its runtime stayed in the parent; open a device in this process instead"
@@ -62,9 +64,9 @@ class LoopAdapter(ABC):
     #: set in a forked child (see _after_fork_in_child)
     forked = False
 
-    def foreign(self) -> RuntimeError:
+    def foreign(self) -> WrongLoopError:
         """The error for a call from anywhere but this loop (or in a forked child)."""
-        return RuntimeError(FORKED if self.forked else OTHER_THREAD)
+        return WrongLoopError(FORKED if self.forked else OTHER_THREAD)
 
     def check_thread(self) -> None:
         """``RuntimeError`` unless called from this loop: the device's synchronous calls

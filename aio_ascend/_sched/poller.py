@@ -138,7 +138,7 @@ class Poller:
         faults: FaultState,
         lifetimes: Lifetimes,
         batch_events: BatchEvents,
-        post: Callable[[Sequence[Arrival], Counters], None],
+        post: Callable[[Sequence[Arrival]], None],
         inbox: queue.SimpleQueue[Any],
         expire_waiting: Callable[[float], tuple[int, list[Delivery]]],
         watch: Callable[[int | None], None] | None,
@@ -252,10 +252,9 @@ class Poller:
         try:
             item = self._inbox.get(timeout=IDLE_WATCHDOG_S)
         except queue.Empty:
-            never_started, deliveries = self._expire_waiting(time.monotonic())
-            self.counters.timeouts += never_started
+            _, deliveries = self._expire_waiting(time.monotonic())
             log_expired(self._device_id, deliveries, self._task_timeout)
-            self._post(deliveries, self.counters)
+            self._post(deliveries)
             return True
         return self._file(item)
 
@@ -275,8 +274,7 @@ class Poller:
         self._outstanding.setdefault(item.lane.handle, deque()).append(item)
         self._pending += 1
         if item.lane.stranded is not None:  # queued behind a wait that never ends: fails now
-            self.counters.timeouts += 1
-            self._post(time_out(item, STRANDED), self.counters)
+            self._post(time_out(item, STRANDED))
         return True
 
     def _round(self) -> bool:
@@ -290,7 +288,7 @@ class Poller:
             if not self._file(item):
                 return False
         if self._unstaging:
-            self._post(self._take_unstaged(), self.counters)
+            self._post(self._take_unstaged())
         try:
             done = self._collect_completed()
         except BaseException as exc:
@@ -308,11 +306,10 @@ class Poller:
         now = time.monotonic()
         if now >= self._next_deadline_check:
             self._next_deadline_check = now + WATCHDOG_PERIOD_S
-            expired, deliveries = expire(self._outstanding.values(), now, self._task_timeout)
-            never_started, more = self._expire_waiting(now)
-            self.counters.timeouts += expired + never_started
+            _, deliveries = expire(self._outstanding.values(), now, self._task_timeout)
+            _, more = self._expire_waiting(now)
             log_expired(self._device_id, deliveries + more, self._task_timeout)
-            self._post(deliveries + more, self.counters)
+            self._post(deliveries + more)
             self._probe_stalled(now)
         if self._watch is not None:
             self._watch_oldest()
@@ -360,12 +357,11 @@ class Poller:
         # reads not complete is taken as dropped too, should it run later after all)
         lost = lost_records(self._runtime, batches)
         if lost:
-            failed, stranded = stranded_by(lost, self._outstanding.values())
-            self.counters.timeouts += failed
+            _, stranded = stranded_by(lost, self._outstanding.values())
             deliveries.extend(stranded)
         if self._watch is not None:
             self._watch_oldest()
-        self._post(deliveries, self.counters)
+        self._post(deliveries)
         force.done.set()
 
     def _watch_oldest(self) -> None:
@@ -441,7 +437,7 @@ class Poller:
             arrivals.extend(deliveries)
             finished.extend(requests)
         self._lifetimes.release(finished)
-        self._post(arrivals, self.counters)
+        self._post(arrivals)
 
     def _unstage(self, batch: Batch) -> None:
         handle = batch.lane.handle
@@ -515,7 +511,7 @@ class Poller:
                     error = _completed_on_host(req)
                     if error is not None:
                         deliveries[index] = (req, error, outcome)
-        self._post(deliveries, self.counters)
+        self._post(deliveries)
 
     def _still_completes(self, batch: Batch) -> bool:
         try:

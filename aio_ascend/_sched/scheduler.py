@@ -41,15 +41,13 @@ Invariants.
 - A fault is sticky: once ``FaultState.first`` is set, every :meth:`check_usable` refuses with
   an error caused by it, until the device is closed and reopened.
 
-Posting. ``_post`` delivers into the loop unless the loop has finished (``call_soon_threadsafe``
-answers False): the outcomes are then kept in ``_undelivered`` until :meth:`aclose` is called
-from another loop, which adopts it (``_adopt_loop``) and delivers them there. During a forced
-close they are held back the same way (see :mod:`.shutdown`, which also describes the close's
-order; :mod:`.forcing` describes one stream's forced close).
+Posting. ``_post`` delivers into the loop unless the loop has finished: the outcomes are then
+kept in ``_undelivered`` until an :meth:`aclose` from another loop adopts it and delivers them
+there; a forced close holds them back the same way (:mod:`.shutdown`; :mod:`.forcing`).
 
 Cancellation. A coroutine cancelled while waiting in :meth:`admit` is admitted to nothing; an
-enqueued request runs, and releases what it holds only when the device is done with it.
-:meth:`aclose` runs shielded, and so does the forcing part of :meth:`close_lane`.
+enqueued request runs and holds what it uses until the device is done with it. :meth:`aclose`
+runs shielded, and so does the forcing part of :meth:`close_lane`.
 """
 
 from __future__ import annotations
@@ -65,7 +63,7 @@ from typing import Any
 
 import anyio
 
-from .._errors import ClosedError, TaskTimeoutError, derived_error
+from .._errors import ClosedError, TaskTimeoutError, WrongLoopError, derived_error
 from .._host.pinned import PinnedArrays
 from .._host.pool import HostBufferPool
 from .._runtime import Runtime
@@ -74,7 +72,7 @@ from .._runtime.threads import LoopPulse
 from .admission import ENTRIES_PER_REQUEST
 from .batching import Hop, flush_now, form_batches
 from .binding import ContextBinding
-from .counters import POOL_STATS, Counters, total
+from .counters import POOL_STATS, total
 from .delivery import DeliveryQueue
 from .devpool import device_pool
 from .dropped import DroppedLanes
@@ -178,7 +176,6 @@ class Scheduler:
         #: this device as observers (tracing, metrics) see it
         self.source = source = Source(self.device_id, runtime.name)
         self._delivery = DeliveryQueue(adapter.wake, adapter.call_soon, self._on_settled, source)
-        self._counters = Counters()  # the loop side's own
         self.lanes: list[Lane] = []
         #: lanes of streams collected without aclose() (their finalizers hand them over)
         self.dropped_lanes = DroppedLanes(self.device_id)
@@ -480,7 +477,7 @@ class Scheduler:
 
     # --- completions (loop thread) ---------------------------------------------------------
 
-    def _post(self, deliveries: Sequence[Arrival], counters: Counters) -> None:
+    def _post(self, deliveries: Sequence[Arrival]) -> None:
         # Library threads: one non-blocking hop into the loop for a round's deliveries. If the
         # loop has finished they wait for aclose() from another loop (see _adopt_loop).
         if not deliveries:
@@ -488,9 +485,7 @@ class Scheduler:
         with self._post_lock:
             if self._forcing:
                 self._undelivered.extend(deliveries)  # sorted out by _shutdown
-            elif self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
-                counters.wakeups += 1
-            else:
+            elif not self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
                 self._undelivered.extend(deliveries)
 
     def _adopt_loop(self) -> None:
@@ -514,11 +509,13 @@ class Scheduler:
         if self.unsettled == 0:
             self._idle.wake()
 
-    async def drain_lane(self, lane: Lane) -> None:
-        """Wait until the work queued on ``lane`` so far has finished (errors not raised)."""
+    async def drain_lane(self, lane: Lane, *, late: bool = False) -> None:
+        """Wait until ``lane``'s queued work is done (``late``: also what the watchdog failed)."""
         last = lane.last
         if last is not None and not last.done():
             await last.wait_finished()
+        while late and lane.admission.timed_out:  # noqa: ASYNC110 - a late finish wakes no one
+            await anyio.sleep(0.005)
 
     async def close_lane(
         self,
@@ -542,9 +539,10 @@ class Scheduler:
             return
         if cancel:
             self._drop_pending(lane, "Stream.aclose(cancel=True)")
-        with anyio.move_on_after(timeout):
-            await self.drain_lane(lane)
-        if lane.last is not None and not lane.last.done() and self.state is _OPEN:
+        with anyio.move_on_after(timeout):  # (and past it, work the watchdog failed is forced)
+            await self.drain_lane(lane, late=timeout is not None)
+        late = timeout is not None and lane.admission.timed_out  # (watchdog-failed, running)
+        if self.state is _OPEN and (late or (lane.last is not None and not lane.last.done())):
             with anyio.CancelScope(shield=True):
                 await self._force_lane(lane, timeout)
         if lane not in self.lanes or self.state is not _OPEN:
@@ -584,7 +582,7 @@ class Scheduler:
 
     def stats(self) -> dict[str, int]:
         """The device's counters (see ``Device.stats``)."""
-        parts = [self._counters, self._submitter.counters, self._poller.counters]
+        parts = [self._delivery.counters, self._submitter.counters, self._poller.counters]
         if self._waiter is not None:
             parts.append(self._waiter.counters)
         counters = total(*parts)
@@ -616,7 +614,7 @@ class Scheduler:
             if self.adapter.forked:  # (its threads and runtime are the parent's)
                 raise self.adapter.foreign()
             if not self.adapter.is_closed():
-                raise RuntimeError(
+                raise WrongLoopError(
                     "aclose() was called from another event loop (or thread) while the loop "
                     "that opened the device is still running: close it from that loop"
                 )

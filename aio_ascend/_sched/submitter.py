@@ -151,7 +151,7 @@ class Submitter:
         faults: FaultState,
         lifetimes: Lifetimes,
         batch_events: BatchEvents,
-        post: Callable[[Sequence[Arrival], Counters], None],
+        post: Callable[[Sequence[Arrival]], None],
         stage: Callable[[int], HostBuffer],
         to_poller: Callable[[Batch | LaneForce], None],
         task_timeout: float,
@@ -310,10 +310,9 @@ class Submitter:
                 continue
             try:
                 if time.monotonic() >= item.deadline:
-                    self.counters.timeouts += 1
                     expired = self._never_started(item)
                     log_expired(self._device_id, expired, self._task_timeout)
-                    self._post(expired, self.counters)
+                    self._post(expired)
                 else:
                     self._current = item
                     self._hop(item)
@@ -327,7 +326,7 @@ class Submitter:
                     (req, InternalError(f"submitter failed: {exc!r}"), Outcome.FINISHED)
                     for req in item.requests
                 ]
-                self._post(failures, self.counters)
+                self._post(failures)
                 del failures
             del item
 
@@ -366,7 +365,7 @@ class Submitter:
         for lane, batch in open_batches.items():  # only if batches were not marked
             if batch:
                 self._close_batch(lane, batch, hop.deadline, failures)
-        self._post(failures, self.counters)
+        self._post(failures)
 
     def _submit(
         self,
@@ -634,7 +633,6 @@ class Submitter:
             del queued[:count]
             last = deadline
             if time.monotonic() >= deadline and lane not in self._parked:
-                self.counters.timeouts += 1
                 expired = self._never_started(Hop(group, deadline))
                 log_expired(self._device_id, expired, self._task_timeout)
                 failures.extend(expired)
@@ -643,7 +641,7 @@ class Submitter:
         for open_lane, batch in open_batches.items():
             if batch:
                 self._close_batch(open_lane, batch, last, failures)
-        self._post(failures, self.counters)
+        self._post(failures)
 
     def _resumes(self, lane: Lane) -> list[Request]:
         # what resuming ``lane`` may submit: its carried batch, then its parked requests

@@ -203,6 +203,65 @@ async def test_admission_waiters_behind_work_the_watchdog_failed_are_turned_away
                 await anyio.sleep(0.01)
 
 
+async def test_the_timeouts_counter_counts_each_task_given_up_on(open_dev: OpenDevice) -> None:
+    # It counted the watchdog's expired batches (three hung tasks in one batch: 1) and none
+    # of the tasks a forced close gave up on.
+    async with open_dev(task_timeout=0.3, close_timeout=0.5) as dev:
+        hang = dev.function("hang")
+        s = dev.stream()
+        hung = [await s.launch(hang, 1) for _ in range(3)]  # one batch
+        await anyio.sleep(0.01)
+        hung.append(await s.launch(hang, 1))  # another batch
+        with anyio.fail_after(10):
+            for task in hung:
+                with pytest.raises(aa.TaskTimeoutError, match="task_timeout"):
+                    await task
+        assert dev.stats()["timeouts"] == 4
+        await s.aclose(timeout=0.05)
+        assert dev.stats()["timeouts"] == 4  # (failed already: not counted again)
+
+        t = dev.stream()
+        hold = [await t.launch(hang, 1), await t.launch(dev.function("noop"), 1)]
+        await t.aclose(timeout=0.05)  # before the watchdog: the close gives up on both
+        for task in hold:
+            assert isinstance(task.exception(), aa.TaskTimeoutError)
+            assert task.exception().by_close  # type: ignore[union-attr]
+        assert dev.stats()["timeouts"] == 6
+
+
+async def test_a_stream_close_with_a_timeout_forces_work_the_watchdog_already_failed(
+    open_dev: OpenDevice,
+) -> None:
+    # Past its timeout a stream close destroys the stream by force; when the watchdog had
+    # failed its hung work already, the close returned and left the stream (runtime stream,
+    # slot and all) to the device's close.
+    async with open_dev(task_timeout=0.2, close_timeout=0.5) as dev:
+        streams = dev.stats()["streams"]
+        s = dev.stream()
+        hung = await s.launch(dev.function("hang"), 1)
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+            await hung
+        assert dev.stats()["in_flight"] == 1  # (the device still runs it)
+        t0 = time.perf_counter()
+        with anyio.fail_after(10):
+            await s.aclose(timeout=0.1)
+        assert time.perf_counter() - t0 < 5  # expected ~0.1 s
+        assert dev.stats()["streams"] == streams
+        assert dev.stats()["in_flight"] == 0
+        await dev.stream().run(dev.function("noop"), 1)  # the device carries on
+
+        # A slow kernel the watchdog failed: the close waits for it, within its timeout.
+        slow = dev.stream()
+        late = await slow.launch(dev.function("sleep"), 1, aa.HostArgs().u32(400_000))
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+            await late
+        with anyio.fail_after(10):
+            await slow.aclose(timeout=5.0)  # the kernel ends ~0.2 s after the watchdog
+        assert dev.stats()["streams"] == streams
+        assert dev.stats()["in_flight"] == 0
+        assert dev.stats()["timeouts"] == 2
+
+
 async def test_memory_stats_count_the_blocks_a_forced_close_leaked(
     open_dev: OpenDevice, device_backend: str, caplog: pytest.LogCaptureFixture
 ) -> None:

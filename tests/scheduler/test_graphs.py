@@ -17,6 +17,7 @@ import pytest
 from helpers import assert_runtime_clean
 
 import aio_ascend as aa
+from aio_ascend import testing
 
 pytestmark = pytest.mark.anyio
 
@@ -214,3 +215,42 @@ async def test_a_graph_dropped_unclosed_is_closed_with_a_warning_after_its_repla
         assert dev.stats()["device_buffers"] == 0
         assert dev.stats()["graphs"] == 0
     assert_runtime_clean(dev)
+
+
+async def test_closing_a_graph_turns_away_its_replays_waiting_for_admission(
+    open_dev: Callable[..., Any],
+) -> None:
+    """Replays waiting for a slot behind a hung kernel: ``graph.close()`` fails them at once
+    with ``ClosedError`` (as a plan's close does its launches), nothing of them is queued, and
+    the graph is destroyed."""
+    async with open_dev(task_timeout=30.0) as dev:
+        s = dev.stream(max_in_flight=1)
+        buf = dev.malloc(64)
+        async with s.capture() as capture:
+            capture.memset(buf, 1)
+        graph = capture.graph
+        hung = await testing.inject_hang(s)
+        outcomes: list[BaseException | None] = []
+
+        async def replay() -> None:
+            try:
+                await s.launch_graph(graph)
+            except aa.ClosedError as exc:
+                outcomes.append(exc)
+            else:
+                outcomes.append(None)
+
+        with anyio.fail_after(3):  # a tenth of task_timeout: not the watchdog's doing
+            async with anyio.create_task_group() as tg:
+                for _ in range(3):
+                    tg.start_soon(replay)
+                await anyio.sleep(0.05)
+                assert outcomes == []  # all three wait for the hung kernel's slot
+                graph.close()
+        assert len(outcomes) == 3
+        assert all(isinstance(o, aa.ClosedError) and "graph" in str(o) for o in outcomes)
+        assert s.in_flight == 1  # only the hung kernel: no replay was queued
+        assert dev.stats()["graphs"] == 0
+        await s.aclose(timeout=0.05)
+        with pytest.raises(aa.TaskTimeoutError):
+            await hung

@@ -141,6 +141,21 @@ async def test_a_thousand_launches_in_one_tick_cross_in_a_handful_of_hops(
         assert stats["in_flight"] == 0
 
 
+async def test_a_finished_await_has_been_counted_in_wakeups(open_dev: OpenDevice) -> None:
+    # The library thread counted its hop after handing it over: the woken coroutine could
+    # read stats() before the count (3-8 in 300 awaits on asyncio and trio).
+    async with open_dev() as dev:
+        s = dev.stream()
+        noop = dev.function("noop")
+        base = dev.stats()["wakeups"]
+        behind = []
+        for i in range(1, 301):
+            await s.run(noop, 1)  # each completion needs one delivery of its own
+            if dev.stats()["wakeups"] - base < i:
+                behind.append(i)
+        assert behind == []
+
+
 @pytest.mark.sim_only("pause/resume")
 async def test_backpressure_holds_a_fast_producer_at_max_in_flight(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:

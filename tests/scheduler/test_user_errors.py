@@ -169,8 +169,8 @@ async def test_a_call_from_another_thread_raises_runtime_error_and_changes_nothi
         keys = ("streams", "device_buffers", "graphs", "in_flight", "launches", "copies")
         before = {key: dev.stats()[key] for key in keys}
         fn = _other_thread_calls(dev, buf, event, module, graph)[call]
-        with pytest.raises(RuntimeError, match="different event loop \\(or thread\\)"):
-            await anyio.to_thread.run_sync(fn)
+        with pytest.raises(aa.WrongLoopError, match="different event loop \\(or thread\\)"):
+            await anyio.to_thread.run_sync(fn)  # (a ValueError and a RuntimeError)
         assert {key: dev.stats()[key] for key in keys} == before
         assert not buf.freed and not graph.closed
         fn()  # the same call on the loop thread works
@@ -693,3 +693,21 @@ async def test_the_recovery_recipe_replaces_a_faulted_device_once(anyio_backend:
     await new.stream().run(new.function("noop"), 1)
     await holder.aclose()
     assert new.closed
+
+
+async def test_a_max_in_flight_above_the_runtime_queue_is_bounded_by_the_entry_budget(
+    anyio_backend: object,
+) -> None:
+    # max_in_flight above 2000 was refused; the stream's entry budget (below its runtime
+    # queue's capacity) is what keeps the queue from filling, whatever max_in_flight is.
+    async with aa.open_device(0, backend="sim", runtime_options={"max_queue_depth": 16}) as dev:
+        s = dev.stream(max_in_flight=100_000)
+        assert s.max_in_flight == 100_000
+        sleep = dev.function("sleep")
+        tasks = [await s.launch(sleep, 1, aa.HostArgs().u32(200)) for _ in range(64)]
+        assert dev.stats()["peak_in_flight"] < 16
+        for task in tasks:
+            await task
+    for bad in (0, (1 << 20) + 1):
+        with pytest.raises(ValueError, match="max_in_flight"):
+            dev.stream(max_in_flight=bad)

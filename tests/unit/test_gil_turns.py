@@ -68,7 +68,7 @@ def _submitter(runtime: _Runtime, batches: list[Batch], pulse: LoopPulse) -> Sub
         faults=FaultState(),
         lifetimes=None,  # type: ignore[arg-type]
         batch_events=_Events(),  # type: ignore[arg-type]
-        post=lambda deliveries, counters: None,
+        post=lambda deliveries: None,
         stage=None,  # type: ignore[arg-type]
         to_poller=batches.append,
         task_timeout=60.0,

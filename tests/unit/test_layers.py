@@ -29,6 +29,7 @@ _FACADES = {
     "_event",
     "_graph",
     "_plan",
+    "_closing_waits",
     "_module",
     "_buffer",
     "_hostfunc",

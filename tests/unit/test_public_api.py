@@ -26,6 +26,7 @@ EXPORTED = {
     "Stream",
     "Task",
     "TaskTimeoutError",
+    "WrongLoopError",
     "available_backends",
     "device_count",
     "is_compiled",
@@ -53,8 +54,11 @@ def test_error_tree() -> None:
     assert issubclass(aa.TaskTimeoutError, TimeoutError)
     assert issubclass(aa.MemoryAllocationError, aa.RuntimeAPIError)
     assert issubclass(aa.MemoryAllocationError, MemoryError)
-    for name in ("BackendUnavailableError", "ClosedError", "InternalError"):
+    for name in ("BackendUnavailableError", "ClosedError", "InternalError", "WrongLoopError"):
         assert issubclass(getattr(aa, name), aa.AscendError)
+    # the design's bad-input rule (ValueError) and asyncio's wrong-loop errors (RuntimeError)
+    assert issubclass(aa.WrongLoopError, ValueError)
+    assert issubclass(aa.WrongLoopError, RuntimeError)
 
 
 def test_sim_exposes_kernel_library() -> None:

@@ -51,7 +51,7 @@ def test_every_unsubmitted_request_is_caused_by_the_first_fault() -> None:
         faults=faults,
         lifetimes=_Released(),  # type: ignore[arg-type]
         batch_events=None,  # type: ignore[arg-type]
-        post=lambda deliveries, counters: posted.extend(deliveries),
+        post=lambda deliveries: posted.extend(deliveries),
         stage=None,  # type: ignore[arg-type]
         to_poller=lambda batch: None,
         task_timeout=60.0,
