@@ -463,8 +463,10 @@ class Device:
 
     def stats(self) -> Mapping[str, int]:
         """Counters: launches, copies, batches, wakeups, in_flight, peak_in_flight, and more;
-        ``pinned_arrays`` and ``pinned_bytes`` count the pinned arrays not yet freed
-        (:meth:`pinned_empty`)."""
+        ``timeouts`` counts the tasks of device work (launches, copies, events, replays) that
+        failed with ``TaskTimeoutError``, the watchdog's or a forced close's, each once (host
+        functions are not counted); ``pinned_arrays`` and ``pinned_bytes`` count the pinned
+        arrays not yet freed (:meth:`pinned_empty`). Readable from any thread."""
         scheduler = self._scheduler
         return {**scheduler.stats(), **scheduler.pinned.stats()}
 

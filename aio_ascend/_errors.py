@@ -33,6 +33,7 @@ __all__ = [
     "StreamAbortError",
     "StreamSyncTimeoutError",
     "TaskTimeoutError",
+    "WrongLoopError",
     "error_class_for_code",
     "error_for_code",
 ]

@@ -81,6 +81,8 @@ class DroppedLanes:
         """(Loop thread) Destroy the runtime streams of the lanes :meth:`due` returns and take
         them out of ``lanes``; one whose destroy fails stays there, for the device's close."""
         for lane in self.due():
+            if lane not in lanes:  # (destroyed meanwhile: forced by a close, or closed idle)
+                continue
             if not lane.external:
                 try:
                     destroy(lane)

@@ -88,7 +88,10 @@ def fail_batches(
     stream's requests gets it. Without a report: the first request gets the first fault when
     ``fault`` is it. Everybody else gets a DeviceFaultError caused by the first fault.
     """
+    batches = list(batches)
     requests = [request for batch in batches for request in batch.requests]
+    # work the watchdog failed already: only its slot goes back (as the device finishing it)
+    late = {request for batch in batches if batch.timed_out for request in batch.requests}
     blamed: object | None = None
     if site is not None and site[1] != NO_TASK:
         on_stream = [request for request in requests if request.lane.handle == site[0]]
@@ -108,7 +111,8 @@ def fail_batches(
             error = None  # finished before the fault, on a FIFO stream
         else:
             error = derived_error(first, "device faulted")
-        deliveries.append((request, error, Outcome.FINISHED))
+        outcome = Outcome.FINISHED_LATE if request in late else Outcome.FINISHED
+        deliveries.append((request, error, outcome))
     return deliveries
 
 

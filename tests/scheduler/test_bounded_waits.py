@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ import pytest
 from helpers import OpenDevice, assert_runtime_clean, live_resources
 
 import aio_ascend as aa
+from aio_ascend import testing
 
 pytestmark = pytest.mark.anyio
 #: the open_dev tests also run on realrt (tests/conftest.py)
@@ -260,6 +262,29 @@ async def test_a_stream_close_with_a_timeout_forces_work_the_watchdog_already_fa
         assert dev.stats()["streams"] == streams
         assert dev.stats()["in_flight"] == 0
         assert dev.stats()["timeouts"] == 2
+
+
+async def test_a_timed_stream_close_never_waits_for_failed_work_a_fault_has_ended(
+    open_dev: OpenDevice,
+) -> None:
+    # A device fault gave the slot of work the watchdog had failed back as a plain finish,
+    # and the stream's count of such work stayed up: a timed close waited out its timeout.
+    # An infinite timeout is no timeout: it returns as `None` does, not waiting for good.
+    async with open_dev(task_timeout=0.2, close_timeout=0.5) as dev:
+        s, t = dev.stream(), dev.stream()
+        for stream in (s, t):
+            hung = await stream.launch(dev.function("hang"), 1)
+            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+                await hung
+        with anyio.fail_after(10):
+            await t.aclose(timeout=math.inf)  # returns at once, as with None
+        faulted = await testing.inject_fault(dev.stream())
+        with anyio.fail_after(10), pytest.raises(aa.DeviceFaultError):
+            await faulted
+        t0 = time.perf_counter()
+        with anyio.fail_after(20):
+            await s.aclose(timeout=10.0)
+        assert time.perf_counter() - t0 < 5  # expected at once
 
 
 async def test_memory_stats_count_the_blocks_a_forced_close_leaked(

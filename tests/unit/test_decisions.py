@@ -450,6 +450,17 @@ def test_fail_batches_gives_the_first_fault_to_one_request_only() -> None:
     assert all(e is not earlier and e.__cause__ is earlier for e in errors)  # nobody is first
 
 
+def test_fail_batches_gives_back_the_slots_of_work_the_watchdog_failed_as_finished_late() -> None:
+    # Delivered as FINISHED, the slot came back but the stream's count of timed-out work did
+    # not: a timed stream close then waited out its whole timeout for work already gone.
+    lane = Lane(1, 8, 100)
+    timed_out, running = _batch(lane, 9.0, size=2), _batch(lane, 9.0, size=1)
+    timed_out.timed_out = True
+    fault = as_device_fault(ContextNullError("context gone", code=107002))
+    outcomes = [outcome for _, _, outcome in fail_batches([timed_out, running], fault, fault)]
+    assert outcomes == [Outcome.FINISHED_LATE, Outcome.FINISHED_LATE, Outcome.FINISHED]
+
+
 # --- lifetimes ----------------------------------------------------------------------------
 
 
@@ -646,6 +657,22 @@ def test_retiring_dropped_lanes_destroys_theirs_and_keeps_a_failed_one() -> None
         dropped.retire(lanes, destroy)
     assert destroyed == [1]  # an external stream is never destroyed here
     assert lanes == [refused]  # left for the device's close to destroy
+
+
+def test_a_retiring_lane_destroyed_meanwhile_is_not_retired_again() -> None:
+    # A closed stream left retiring, then destroyed by a later forced close: retiring it
+    # destroyed it a second time and raised in a loop callback (trio: TrioInternalError).
+    from aio_ascend._sched.dropped import DroppedLanes
+
+    dropped = DroppedLanes(0)
+    gone, kept = Lane(1, 8, 64), Lane(2, 8, 64)
+    gone.closed = kept.closed = True
+    dropped.retire_when_done(gone)
+    dropped.retire_when_done(kept)
+    lanes = [kept]  # `gone` was taken out (and destroyed) by the forced close
+    destroyed: list[int] = []
+    dropped.retire(lanes, lambda lane: destroyed.append(lane.handle))
+    assert destroyed == [2] and lanes == [] and dropped.retiring == []
 
 
 # --- stall probes -------------------------------------------------------------------------
