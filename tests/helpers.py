@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -92,6 +92,33 @@ def on_real_runtime(dev: aa.Device) -> bool:
     except LookupError:
         return True
     return False
+
+
+async def close_while_waiting(
+    wait: Callable[[], Awaitable[object]], close: Callable[[], None], waiters: int = 3
+) -> list[BaseException | None]:
+    """Start ``waiters`` calls of ``wait`` that wait for admission behind a hung kernel (no
+    other slot: they must all still wait 50 ms later), then ``close()``: each call's outcome
+    (its ``ClosedError``, or None if it returned), within 3 s (the hung kernel's own task
+    timeout must be far longer)."""
+    outcomes: list[BaseException | None] = []
+
+    async def one() -> None:
+        try:
+            await wait()
+        except aa.ClosedError as exc:
+            outcomes.append(exc)
+        else:
+            outcomes.append(None)
+
+    with anyio.fail_after(3):
+        async with anyio.create_task_group() as tg:
+            for _ in range(waiters):
+                tg.start_soon(one)
+            await anyio.sleep(0.05)
+            assert outcomes == []  # all wait for the hung kernel's slot
+            close()
+    return outcomes
 
 
 async def wait_for_live_streams(dev: aa.Device, count: int) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from helpers import assert_runtime_clean
+from helpers import assert_runtime_clean, close_while_waiting
 
 import aio_ascend as aa
 from aio_ascend import testing
@@ -230,23 +230,7 @@ async def test_closing_a_graph_turns_away_its_replays_waiting_for_admission(
             capture.memset(buf, 1)
         graph = capture.graph
         hung = await testing.inject_hang(s)
-        outcomes: list[BaseException | None] = []
-
-        async def replay() -> None:
-            try:
-                await s.launch_graph(graph)
-            except aa.ClosedError as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-
-        with anyio.fail_after(3):  # a tenth of task_timeout: not the watchdog's doing
-            async with anyio.create_task_group() as tg:
-                for _ in range(3):
-                    tg.start_soon(replay)
-                await anyio.sleep(0.05)
-                assert outcomes == []  # all three wait for the hung kernel's slot
-                graph.close()
+        outcomes = await close_while_waiting(lambda: s.launch_graph(graph), graph.close)
         assert len(outcomes) == 3
         assert all(isinstance(o, aa.ClosedError) and "graph" in str(o) for o in outcomes)
         assert s.in_flight == 1  # only the hung kernel: no replay was queued

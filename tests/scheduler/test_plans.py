@@ -14,7 +14,14 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
-from helpers import OpenDevice, assert_runtime_clean, download, tiling, upload
+from helpers import (
+    OpenDevice,
+    assert_runtime_clean,
+    close_while_waiting,
+    download,
+    tiling,
+    upload,
+)
 
 import aio_ascend as aa
 from aio_ascend import testing
@@ -276,23 +283,7 @@ async def test_closing_a_plan_turns_away_its_launches_waiting_for_admission(
         s = dev.stream(max_in_flight=1)
         hung = await testing.inject_hang(s)
         plan = s.plan(dev.function("noop"), 1)
-        outcomes: list[BaseException | None] = []
-
-        async def launch() -> None:
-            try:
-                await plan.launch()
-            except aa.ClosedError as exc:
-                outcomes.append(exc)
-            else:
-                outcomes.append(None)
-
-        with anyio.fail_after(3):  # a tenth of task_timeout: not the watchdog's doing
-            async with anyio.create_task_group() as tg:
-                for _ in range(3):
-                    tg.start_soon(launch)
-                await anyio.sleep(0.05)
-                assert outcomes == []  # all three wait for the hung kernel's slot
-                plan.close()
+        outcomes = await close_while_waiting(plan.launch, plan.close)
         assert len(outcomes) == 3 and all(isinstance(o, aa.ClosedError) for o in outcomes)
         assert s.in_flight == 1  # only the hung kernel: nothing of the plan was queued
         await s.aclose(timeout=0.05)
