@@ -102,8 +102,10 @@ class StreamSync:
         :raises RuntimeError: called from another thread than the device's event loop's
         """
         self._scheduler.adapter.check_thread()
-        last = self._lane.last
-        return last is None or last.done()
+        lane = self._lane
+        last = lane.last  # (None once it failed: its elders may still run, as slots say)
+        admission = lane.admission
+        return (last is None or last.done()) and admission.unsettled() <= admission.timed_out
 
     async def launch_host_func(self, fn: Callable[[], object]) -> Task:
         """Run ``fn()`` on a library thread once the work queued on this stream so far has

@@ -514,8 +514,8 @@ class Scheduler:
         last = lane.last
         if last is not None and not last.done():
             await last.wait_finished()
-        while late and lane.admission.timed_out:  # noqa: ASYNC110 - a late finish wakes no one
-            await anyio.sleep(0.005)
+        while lane.admission.unsettled() > (0 if late else lane.admission.timed_out):  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # (a failed latest task is let go of: elders may still run)
 
     async def close_lane(
         self,
@@ -577,6 +577,8 @@ class Scheduler:
             last.give_up(gave_up(last.kind))
         if last is not None:  # the poller's deliveries fail its tasks
             await last.wait_finished()
+        while lane.admission.unsettled() and time.monotonic() < deadline:  # noqa: ASYNC110
+            await anyio.sleep(0.001)  # (its elders' and the watchdog-failed work's deliveries)
 
     # --- stats -----------------------------------------------------------------------------
 

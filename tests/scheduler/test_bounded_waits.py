@@ -248,6 +248,7 @@ async def test_a_stream_close_with_a_timeout_forces_work_the_watchdog_already_fa
         with anyio.fail_after(10):
             await s.aclose(timeout=0.1)
         assert time.perf_counter() - t0 < 5  # expected ~0.1 s
+        assert s.in_flight == 0  # its slot is back when the close returns, not a moment later
         assert dev.stats()["streams"] == streams
         assert dev.stats()["in_flight"] == 0
         await dev.stream().run(dev.function("noop"), 1)  # the device carries on

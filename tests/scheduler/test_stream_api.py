@@ -109,6 +109,30 @@ async def test_query_tells_whether_everything_queued_has_finished(
         assert s.query()
 
 
+@pytest.mark.sim_only("refuse_launches")
+async def test_a_failed_latest_task_leaves_query_and_synchronize_waiting_for_its_elders(
+    open_dev: Callable[..., Any],
+) -> None:
+    # A failed task is let go of as its stream's latest (its traceback may reach the user's
+    # frames); query() then answered True and synchronize() returned at once while the work
+    # queued before it still ran.
+    from aio_ascend import testing
+
+    async with open_dev() as dev:
+        s = dev.stream()
+        slow = await s.launch(dev.function("sleep"), 1, sleep_args(300_000))
+        await anyio.sleep(0.01)
+        testing.refuse_launches(dev)
+        refused = await s.launch(dev.function("noop"), 1)
+        with anyio.fail_after(10), pytest.raises(aa.RuntimeAPIError):
+            await refused  # refused at once: the sleep still runs
+        assert not slow.done()
+        assert not s.query()
+        with anyio.fail_after(10):
+            await s.synchronize()
+        assert slow.done() and s.query()
+
+
 async def test_query_belongs_to_the_loop_thread(open_dev: Callable[..., Any]) -> None:
     async with open_dev() as dev:
         s = dev.stream()
