@@ -145,6 +145,8 @@ def allocations_of(
             raise ValueError(f"{field}: {obj!r} belongs to a different device")
         root = obj.root
         if root.free_requested:
+            if registry.closed:  # (freed by its device's close: used after it)
+                raise ClosedError(f"{field}: {obj!r} belongs to a closed device")
             raise ValueError(f"{field}: {obj!r} has been freed")
         out.append(root)
     return tuple(out)

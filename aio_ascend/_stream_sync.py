@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._buffer import DeviceBuffer, byte_range
-from ._hostfunc import ASYNC_FN, host_funcs
+from ._hostfunc import ASYNC_FN, host_funcs, spawn
 from ._sched.task import HostFunctionTask, Task
 
 if TYPE_CHECKING:
@@ -37,6 +37,12 @@ def check_src_stream(src: DeviceBuffer, src_stream: object) -> StreamSync | None
             f"({src!r}); pass one of src's device"
         )
     return src_stream
+
+
+async def _retrieve_quietly(task: Task) -> None:
+    # (a background coroutine: never raises) once ``task`` is done, its error is retrieved
+    await task.wait_finished()
+    task.exception()
 
 
 class StreamSync:
@@ -91,7 +97,11 @@ class StreamSync:
                 "device cannot be waited for on another: await other.synchronize() instead)"
             )
         self._scheduler.check_usable(self._lane)
-        return await self.wait_event(await other.record_event())
+        event = await other.record_event()
+        # The record is ours, not the caller's: its failure reaches them through the wait's
+        # Task (and the other stream's own work), never as an unretrieved error of its own.
+        spawn(self._scheduler.adapter, lambda: _retrieve_quietly(event._record_task))  # noqa: SLF001
+        return await self.wait_event(event)
 
     def query(self) -> bool:
         """Whether everything queued on this stream so far has finished (successfully or not),

@@ -72,6 +72,29 @@ async def test_wait_stream_orders_later_work_after_the_other_streams(
                 await anyio.sleep(0.001)
 
 
+async def test_wait_stream_never_reports_its_own_record_as_an_unretrieved_failure(
+    open_dev: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The event wait_stream() records on the other stream is the library's: when it failed
+    # (behind a hung kernel), the close logged it as a task whose error was never retrieved,
+    # though the caller had retrieved every Task it was given.
+    import logging
+
+    async with open_dev(task_timeout=0.2, close_timeout=0.5) as dev:
+        a, b = dev.stream(), dev.stream()
+        hung = await a.launch(dev.function("hang"), 1)
+        wait = await b.wait_stream(a)
+        for task in (hung, wait):
+            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+                await task
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"):
+            await a.aclose(timeout=0)
+            await b.aclose(timeout=0)
+            await dev.aclose()
+    unretrieved = [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert unretrieved == []
+
+
 async def test_wait_stream_misuse_is_refused(
     open_dev: Callable[..., Any], two_devices: None
 ) -> None:
@@ -534,6 +557,10 @@ async def test_copy_device_across_devices_misuse_is_refused(
             await closed.copy_device(dst, src, 16, src_stream=there)
         assert there.query()  # nothing was queued by the refused calls
         assert other.stats()["copies"] == 0
+    # the source's device closed: a use after its close (it said "has been freed")
+    with pytest.raises(aa.ClosedError, match="closed device"):
+        async with open_dev(0) as dev:
+            await dev.stream().copy_device(dev.malloc(16), src, 16, src_stream=there)
 
 
 # --- device_count ---------------------------------------------------------------------------------
