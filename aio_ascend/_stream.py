@@ -26,6 +26,7 @@ from ._runtime.abi import MAX_NUM_BLOCKS
 from ._sched.graphs import CaptureGraph, LaunchGraph
 from ._sched.lane import Lane
 from ._sched.scheduler import DeviceState, Scheduler
+from ._sched.shutdown import drain as drain_lane
 from ._sched.task import Task
 from ._sched.unseen import raise_failures
 from ._sched.work import (
@@ -360,7 +361,7 @@ async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, 
     claim = failures.claim(stream_ref)
     try:
         for lane in lanes:
-            await scheduler.drain_lane(lane)
+            await drain_lane(lane)
     finally:
         errors = failures.release(claim)
     seen = {id(error) for error in errors}

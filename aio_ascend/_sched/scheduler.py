@@ -90,6 +90,7 @@ from .shutdown import (
     IdleWait,
     close_after,
     destroy_lanes,
+    drain,
     join,
     log_forced,
     log_stuck,
@@ -509,14 +510,6 @@ class Scheduler:
         if self.unsettled == 0:
             self._idle.wake()
 
-    async def drain_lane(self, lane: Lane, *, late: bool = False) -> None:
-        """Wait until ``lane``'s queued work is done (``late``: also what the watchdog failed)."""
-        last = lane.last
-        if last is not None and not last.done():
-            await last.wait_finished()
-        while lane.admission.unsettled() > (0 if late else lane.admission.timed_out):  # noqa: ASYNC110
-            await anyio.sleep(0.001)  # (a failed latest task is let go of: elders may still run)
-
     async def close_lane(
         self,
         lane: Lane,
@@ -540,7 +533,7 @@ class Scheduler:
         if cancel:
             self._drop_pending(lane, "Stream.aclose(cancel=True)")
         with anyio.move_on_after(timeout):  # (and past it, work the watchdog failed is forced)
-            await self.drain_lane(lane, late=timeout is not None)
+            await drain(lane, late=timeout is not None)
         late = timeout is not None and lane.admission.timed_out  # (watchdog-failed, running)
         if self.state is _OPEN and (late or (lane.last is not None and not lane.last.done())):
             with anyio.CancelScope(shield=True):

@@ -96,6 +96,7 @@ __all__ = [
     "IdleWait",
     "close_after",
     "destroy_lanes",
+    "drain",
     "join",
     "log_forced",
     "log_stuck",
@@ -206,6 +207,26 @@ async def settle_off_loop(runtime: Runtime, limit: float | None) -> None:
         held.pop().wait_settled(limit)
 
     await anyio.to_thread.run_sync(wait)
+
+
+async def drain(lane: Lane, *, late: bool = False) -> None:
+    """Wait until the work queued on ``lane`` so far has finished (errors not raised); with
+    ``late``, until the device has also finished the work the watchdog failed.
+
+    The stream's latest task is the one to wait for (the stream is FIFO). A failed one is let
+    go of (``Task._resolve``: its traceback may reach the caller's frames), and work queued
+    before it may still run: then the stream's unresolved requests are watched (no wake tells
+    of them) until they are done or newer work is queued, whose task is then waited for.
+    """
+    admission = lane.admission
+    last = lane.last
+    while last is None and admission.unsettled() > admission.timed_out:
+        await anyio.sleep(0.001)
+        last = lane.last
+    if last is not None and not last.done():
+        await last.wait_finished()
+    while late and admission.timed_out:  # noqa: ASYNC110 - a late finish wakes no one
+        await anyio.sleep(0.005)
 
 
 async def wait_set(
