@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 
@@ -154,6 +155,29 @@ async def test_a_failed_latest_task_leaves_query_and_synchronize_waiting_for_its
         with anyio.fail_after(10):
             await s.synchronize()
         assert slow.done() and s.query()
+
+
+async def test_synchronize_waits_for_what_was_queued_before_it_not_for_a_producer(
+    open_dev: Callable[..., Any],
+) -> None:
+    # A first fix for a failed latest task waited until the stream had nothing admitted at
+    # all: a coroutine that kept launching held synchronize() off for good.
+    async with open_dev() as dev:
+        s = dev.stream()
+        sleep = dev.function("sleep")
+        producing = True
+
+        async def producer() -> None:
+            while producing:
+                await s.launch(sleep, 1, sleep_args(200))
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(producer)
+            await anyio.sleep(0.02)
+            with anyio.fail_after(5):  # expected well under 0.5 s
+                await s.synchronize()
+            producing = False
 
 
 async def test_query_belongs_to_the_loop_thread(open_dev: Callable[..., Any]) -> None:
