@@ -345,7 +345,7 @@ def check_close_args(cancel: object, timeout: object) -> float | None:
     value = seconds("timeout (None or seconds)", timeout)
     if not value >= 0:  # NaN too
         raise ValueError(f"timeout={timeout!r} must be None or >= 0")
-    return None if value == float("inf") else value  # (no bound: as None)
+    return None if value == math.inf else value  # (no bound: as None)
 
 
 async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, what: str) -> None:

@@ -189,7 +189,7 @@ class DeliveryQueue:
                 # towards aclose()'s wait; one resolved already (dropped) was counted then
                 if not request._done:  # noqa: SLF001 - the scheduler's own object
                     settled += 1
-                    if error is not None and isinstance(error, TaskTimeoutError):
+                    if isinstance(error, TaskTimeoutError):
                         timeouts += 1  # (the watchdog's or a forced close's: one per task)
                 wakes += resolve_task(request, error)
             else:
