@@ -490,9 +490,9 @@ class Stream(StreamSync):
         scheduler = self._scheduler
         scheduler.check_open()
         dst_buf, root, source, count = _upload_args(scheduler.lifetimes, dst, src)
-        addr = 0  # (a strided view of a pinned array is gathered into a staging buffer)
-        if source.flags.c_contiguous:
-            addr = _pinned_address(scheduler.pinned, source, "copy_to_device src")
+        addr = _pinned_address(scheduler.pinned, source, "copy_to_device src")
+        if not source.flags.c_contiguous:
+            addr = 0  # a strided view of a pinned array is gathered into a staging buffer
         await self._admit()
         if addr:  # straight from the user's pinned memory
             copy: Request = PinnedCopyToDevice(

@@ -244,6 +244,8 @@ async def test_pinned_arrays_refuse_bad_input_in_the_call(open_dev: OpenDevice) 
             await s.copy_to_device(buf, theirs)
         with pytest.raises(ValueError, match="pinned array of another device"):
             await s.download(buf, out=theirs)
+        with pytest.raises(ValueError, match="pinned array of another device"):
+            await s.copy_to_device(buf, theirs[::2])  # (a strided view would be staged)
         small = dev.pinned_empty(2, np.float32)
         with pytest.raises(ValueError, match="src buffer only"):
             await s.download(dev.malloc(4), out=small)
