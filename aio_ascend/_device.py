@@ -409,22 +409,36 @@ class Device:
         queued, ``npu_stream`` is read again (for torch_npu that drains its task queue, so
         torch's earlier ops reach the stream first), and the call returns once the operation
         has been handed to the runtime (so a torch op issued next lands after it). That costs
-        a thread round trip per call and one event record per operation; a plain handle has
-        neither cost nor either guarantee.
+        a thread round trip per call, and the drain blocks the loop while torch's queue
+        empties; a plain handle has neither cost nor either guarantee.
 
         It is never destroyed here (``aclose`` only stops using it) and its failure mode is
         left as its owner set it. Its entry budget counts only the work queued through
         aio_ascend: work its owner queues on it directly is outside it. On the sim, ``handle``
         comes from ``dev.runtime.create_stream()``.
         """
-        handle, owner = stream_handle(handle)
         max_in_flight = _check_max_in_flight(max_in_flight)
-        self._scheduler.retire_dropped()  # a wrapper of it dropped, its work done, is gone
-        if any(lane.handle == handle for lane in self._scheduler.lanes):
-            raise ValueError(f"stream {handle:#x} is already open on this device")
-        lane = self._scheduler.open_lane(max_in_flight, external=handle)
-        order = None if owner is None else TorchOrder(owner, handle)
-        return Stream(self, self._scheduler, lane, order)
+        scheduler = self._owned()  # (before the handle is read: that drains torch's queue)
+        handle, owner = stream_handle(handle)
+        scheduler.retire_dropped()  # a wrapper of it dropped, its work done, is gone
+        for lane in scheduler.lanes:
+            if lane.handle == handle:
+                dropped = lane.stream_ref() is None
+                raise ValueError(
+                    f"stream {handle:#x} is already open on this device"
+                    + (
+                        " (a wrapper of it was dropped while its work runs: it is free again "
+                        "once that work is done; close a wrapper with aclose() instead)"
+                        if dropped
+                        else " (use that Stream, or aclose() it first)"
+                    )
+                )
+        lane = scheduler.open_lane(max_in_flight, external=handle)
+        order = None
+        if owner is not None:
+            order = TorchOrder(owner, handle, scheduler.adapter)
+            lane.handover = order.handover
+        return Stream(self, scheduler, lane, order)
 
     def external_event(self, event: object, *, after: object = None) -> ExternalEvent:
         """A runtime event created and recorded elsewhere (a handle, or an object with an
@@ -437,10 +451,15 @@ class Device:
             torch_npu's task queue reaches the runtime first. Without it, record the event
             and read the stream's ``npu_stream`` before handing the event over.
         """
+        scheduler = self._owned()
         handle = event_handle(event)
-        if after is not None:
-            stream_handle(after)  # checked now: it must be a stream object
-        return ExternalEvent(self, self._owned(), handle, after)
+        if after is not None and stream_handle(after)[1] is None:
+            # a handle read off the stream cannot drain its queue again: it would order nothing
+            raise TypeError(
+                "external_event(after=...) takes the framework's stream object (one with "
+                f"npu_stream or cuda_stream), not a handle: got {type(after).__name__}"
+            )
+        return ExternalEvent(self, scheduler, handle, after)
 
     @property
     def info(self) -> Mapping[str, object]:

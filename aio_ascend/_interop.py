@@ -16,30 +16,36 @@ So two things order aio_ascend's work with torch's on the same runtime stream, a
   queued, so everything torch had queued is on the runtime stream before our submitter adds
   to it;
 - *our op before torch's later ones*: the call returns only once the operation has been handed
-  to the runtime (an event recorded after it reports its submission), so a torch op issued
-  after the call returns is launched by torch's thread after it.
+  to the runtime (the submitter thread reports it: ``_sched/handover.py``), so a torch op
+  issued after the call returns is launched by torch's thread after it.
+
+The drain blocks the event loop's thread while torch_npu's queue empties, GIL held (see
+:meth:`TorchOrder.before`): a torch queue that cannot empty (its runtime stream full behind a
+kernel that never ends) stops the loop as any blocking torch call made on it would.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Awaitable, Callable, Generator
-from typing import Any
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._errors import ClosedError, DeviceFaultError, TaskTimeoutError
+from ._errors import ClosedError
 from ._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE, PTR_MAX
 from ._sched.events import EventRecord
-from ._sched.loop import LoopAdapter
+from ._sched.handover import Handover
 from ._sched.scheduler import DeviceState, Scheduler
+
+if TYPE_CHECKING:
+    from ._sched.loop import LoopAdapter
+    from ._sched.task import Task
+    from ._sched.work import Request
 
 __all__ = ["ExternalEvent", "TorchOrder", "event_handle", "stream_handle"]
 
 _HANDLE_ATTRS = ("npu_stream", "cuda_stream")
-#: how often a wait for a submission looks again without a wake-up (a refused record is
-#: reported through its task, not through the hook that reports a submission)
-_RECHECK_S = 0.005
 #: host polling of a foreign event: from 50 us, doubling up to 2 ms
 _POLL_FIRST_S = 50e-6
 _POLL_MAX_S = 2e-3
@@ -61,7 +67,7 @@ def stream_handle(stream: object) -> tuple[int, object | None]:
                     raise TypeError(
                         f"external_stream(): {type(stream).__name__}.{attr} is not an int"
                     ) from None
-                return _checked_handle("external_stream", handle, "stream"), stream
+                return _checked_handle("external_stream", handle, "a stream"), stream
     try:
         handle = operator.index(stream)  # type: ignore[arg-type]
     except TypeError:
@@ -69,13 +75,13 @@ def stream_handle(stream: object) -> tuple[int, object | None]:
             "external_stream() takes a stream handle (an int) or a stream object with an "
             f"npu_stream or cuda_stream attribute, got {type(stream).__name__}"
         ) from None
-    return _checked_handle("external_stream", handle, "stream"), None
+    return _checked_handle("external_stream", handle, "a stream"), None
 
 
 def _checked_handle(call: str, handle: int, what: str) -> int:
     # A runtime handle is a pointer: 1..PTR_MAX (checked here, before anything is queued)
     if not 0 < handle <= PTR_MAX:
-        raise ValueError(f"{call}(): {handle} is not a {what} handle (1..{PTR_MAX:#x})")
+        raise ValueError(f"{call}(): {handle} is not {what} handle (1..{PTR_MAX:#x})")
     return handle
 
 
@@ -102,7 +108,7 @@ def event_handle(event: object) -> int:
             f"external_event(): {handle} is not an event handle (a torch event has none until "
             "it is first recorded)"
         )
-    return _checked_handle("external_event", handle, "event")
+    return _checked_handle("external_event", handle, "an event")
 
 
 def _read_handle(owner: object) -> object:
@@ -116,14 +122,22 @@ def _read_handle(owner: object) -> object:
 
 class TorchOrder:
     """The handshake of one external stream with the framework that owns it (see the module
-    docstring): :meth:`before` each operation is queued, :meth:`after` it is."""
+    docstring): :meth:`before` each operation is admitted, :meth:`queue` to queue it."""
 
-    def __init__(self, owner: object, handle: int) -> None:
+    def __init__(self, owner: object, handle: int, adapter: LoopAdapter) -> None:
         self._owner = owner
         self.handle = handle
+        #: what the submitter tells of this stream's requests (``Lane.handover``)
+        self.handover = Handover(adapter)
 
     def before(self) -> None:
-        """Drain the owner's queue: its ops queued so far reach the runtime stream now."""
+        """Drain the owner's queue: its ops queued so far reach the runtime stream now.
+
+        This blocks the calling thread (the loop's) until torch_npu's queue thread has
+        launched them, and torch_npu keeps the GIL meanwhile (``Repository::
+        MakeSureQueueEmpty`` in ``NPUQueue.cpp`` lets it go only for aclop compilation), so
+        another thread would not spare the loop the wait: the drain is done here, where its
+        cost is visible."""
         handle = _read_handle(self._owner)
         if handle != self.handle:
             raise RuntimeError(
@@ -131,41 +145,23 @@ class TorchOrder:
                 "new external_stream for it"
             )
 
-    async def after(self, record: Callable[[], Awaitable[Any]], adapter: LoopAdapter) -> None:
-        """Return once the operation just queued has been handed to the runtime.
+    async def queue(self, request: Request, scheduler: Scheduler) -> Task:
+        """Queue the admitted ``request`` and return its Task once the submitter has handed it
+        to the runtime (or refused it): a torch op the caller issues next cannot overtake it.
 
-        ``record()`` queues an event after it on the same stream (without this handshake);
-        the submitter thread calls its ``on_recorded`` hook once it is submitted. Shielded:
-        the operation is queued and will run, and a torch op the caller issues next must not
-        overtake it. The event is queued in the caller's task, right behind the operation
-        (nothing of another coroutine's can come between them); the wait for its submission
-        runs to its end whatever cancels the caller, asyncio's own cancellation included (a
-        cancellation is raised once it is done).
-        """
-        with anyio.CancelScope(shield=True):
-            try:
-                fence = await record()
-            except (ClosedError, DeviceFaultError, TaskTimeoutError):
-                # closed, faulted or stalled while the fence waited for its slot: the
-                # operation, queued already, is refused or fails (its Task carries why);
-                # there is nothing to wait for
-                return
-        await adapter.shielded(_handed_over, fence, adapter)
-
-
-async def _handed_over(fence: Any, adapter: LoopAdapter) -> None:
-    # TorchOrder.after's wait (run to its end: its waits keep their deadlines with timers)
-    waiter = adapter.new_waiter()
-
-    def submitted() -> None:  # the submitter thread
-        adapter.call_soon_threadsafe(adapter.wake, waiter)
-
-    fence.on_recorded = submitted
-    while not (fence.recorded or fence.error is not None or fence.done()):
-        # (a refused or dropped record reports through its task, not the hook)
-        await adapter.wait_until(waiter, anyio.current_time() + _RECHECK_S)
-        waiter = adapter.new_waiter()
-    fence.on_recorded = None
+        The wait runs to its end whatever cancels the caller, asyncio's own cancellation
+        included: the operation is queued and will run, so its Task is returned and the
+        cancellation is delivered at the caller's next checkpoint. It is bounded: the
+        submitter reaches the request within a hop, or the ``task_timeout`` watchdog fails
+        it."""
+        handover = self.handover
+        expected = handover.expect(request)
+        try:
+            task = scheduler.enqueue(request)
+        except BaseException:
+            handover.forget(request)
+            raise
+        return await scheduler.adapter.finish(handover.wait, expected, task)
 
 
 class ExternalEvent(EventRecord):
@@ -204,24 +200,35 @@ class ExternalEvent(EventRecord):
 
         :raises RuntimeError: called from another thread than the device's event loop's
         """
+        self._check()
+        self.drain()
+        return self._complete()
+
+    def _check(self) -> None:
         scheduler = self._scheduler
         scheduler.adapter.check_thread()
         scheduler.check_open()
-        self.drain()
-        status = scheduler.bound().query_event_status(self.handle)
+
+    def _complete(self) -> bool:
+        status = self._scheduler.bound().query_event_status(self.handle)
         return status == ACL_EVENT_RECORDED_STATUS_COMPLETE
 
     def __await__(self) -> Generator[Any, None, None]:
         return self._wait().__await__()
 
     async def _wait(self) -> None:
-        # Host polling with backoff: an event of someone else's has no batch in our poller
+        # Host polling with backoff: an event of someone else's has no batch in our poller.
+        # Drained once: the wait is for the record queued before it, not for later ones.
         delay = _POLL_FIRST_S
-        while not self.query():
+        if self.query():
+            return
+        while True:
             await anyio.sleep(delay)
             delay = min(delay * 2, _POLL_MAX_S)
             if self._scheduler.state is not DeviceState.OPEN:
                 raise ClosedError("the device closed while waiting for an external event")
+            if self._complete():
+                return
 
     def __repr__(self) -> str:
         return f"<ExternalEvent {self.handle:#x}>"

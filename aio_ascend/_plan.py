@@ -111,10 +111,9 @@ class LaunchPlan:
         # host function, with an external torch stream's queue drained first.
         if not (stream._plain and scheduler.try_admit(lane)):  # noqa: SLF001
             await self._waits.admit(stream, record)
-        task = scheduler.enqueue(Launch(lane, self._spec))
         if stream._order is None:  # noqa: SLF001 - no torch handshake to wait for
-            return task
-        return await stream._queued(task)  # noqa: SLF001
+            return scheduler.enqueue(Launch(lane, self._spec))
+        return await stream._queued(Launch(lane, self._spec))  # noqa: SLF001
 
     async def run(self) -> None:
         """:meth:`launch` and wait until the kernel has finished (cancelled after the launch

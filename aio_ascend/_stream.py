@@ -444,10 +444,9 @@ class Stream(StreamSync):
         lane = self._lane
         if not (self._plain and scheduler.try_admit(lane)):
             await self._admit()
-        task = scheduler.enqueue(Launch(lane, spec))
-        if self._order is not None:
-            await self._order.after(self._fence, scheduler.adapter)
-        return task
+        if self._order is None:
+            return scheduler.enqueue(Launch(lane, spec))
+        return await self._queued(Launch(lane, spec))
 
     def plan(
         self,
@@ -500,7 +499,7 @@ class Stream(StreamSync):
             )
         else:
             copy = CopyToDevice(self._lane, None, dst_buf, root, source, count)
-        return await self._queued(scheduler.enqueue(copy))
+        return await self._queued(copy)
 
     async def copy_to_host(self, dst: Any, src: DeviceBuffer) -> Task:
         """Copy as many bytes of ``src`` as ``dst`` holds into ``dst``, in place: a writable,
@@ -536,7 +535,7 @@ class Stream(StreamSync):
             )
         else:
             copy = CopyToHost(self._lane, None, dst_bytes, src_buf, root, count)
-        return await self._queued(scheduler.enqueue(copy))
+        return await self._queued(copy)
 
     async def copy_device(
         self,
@@ -564,9 +563,7 @@ class Stream(StreamSync):
         dst_buf, src_buf, roots, count = _device_copy_args(scheduler.lifetimes, dst, src, nbytes)
         check_src_stream(src_buf, src_stream)  # (unused here: src is on this device)
         await self._admit()
-        return await self._queued(
-            scheduler.enqueue(CopyDevice(self._lane, dst_buf, src_buf, count, roots))
-        )
+        return await self._queued(CopyDevice(self._lane, dst_buf, src_buf, count, roots))
 
     async def memset(self, dst: DeviceBuffer, value: int, nbytes: int | None = None) -> Task:
         """Set ``nbytes`` bytes (default: all) of ``dst`` to the byte ``value`` (0..255) on this
@@ -575,7 +572,7 @@ class Stream(StreamSync):
         scheduler.check_open()
         dst_buf, root, byte, count = _memset_args(scheduler.lifetimes, dst, value, nbytes)
         await self._admit()
-        return await self._queued(scheduler.enqueue(Memset(self._lane, dst_buf, root, byte, count)))
+        return await self._queued(Memset(self._lane, dst_buf, root, byte, count))
 
     # --- one await: queue and wait for completion ---------------------------------------
 
@@ -671,7 +668,7 @@ class Stream(StreamSync):
         if graph.closed:
             raise ClosedError(f"launch_graph(): {graph!r} is closed")
         await graph._admit_replay(self)  # noqa: SLF001
-        return await self._queued(self._scheduler.enqueue(LaunchGraph(self._lane, graph.record)))
+        return await self._queued(LaunchGraph(self._lane, graph.record))
 
     async def run_graph(self, graph: Graph) -> None:
         """:meth:`launch_graph` and wait until the replay has finished."""
@@ -681,13 +678,12 @@ class Stream(StreamSync):
         """Record an :class:`Event` after the work queued so far on this stream."""
         if not isinstance(timing, bool):
             raise TypeError("timing must be a bool")
-        event = await self._fence(timing, drain=True)
-        if self._order is not None:
-            await self._order.after(self._fence, self._scheduler.adapter)
-        return event
+        return await self._fence(timing, drain=True, handover=True)
 
-    async def _fence(self, timing: bool = False, drain: bool = False) -> Event:
-        # record_event without the external stream's handshake (which uses it)
+    async def _fence(
+        self, timing: bool = False, drain: bool = False, handover: bool = False
+    ) -> Event:
+        # record_event; without the external stream's handshake unless ``handover``
         await self._admit(drain)
         scheduler = self._scheduler
         record = RecordEvent(self._lane)
@@ -697,7 +693,10 @@ class Stream(StreamSync):
         except BaseException:
             scheduler.unadmit(self._lane)
             raise
-        scheduler.enqueue(record)
+        if handover:
+            await self._queued(record)
+        else:
+            scheduler.enqueue(record)
         return event
 
     async def wait_event(self, event: Event | ExternalEvent) -> Task:
@@ -712,7 +711,7 @@ class Stream(StreamSync):
         if isinstance(event, ExternalEvent):
             event.drain()
         await self._admit()
-        return await self._queued(self._scheduler.enqueue(WaitEvent(self._lane, event)))
+        return await self._queued(WaitEvent(self._lane, event))
 
     async def synchronize(self) -> None:
         """Wait until everything queued on this stream so far has finished.

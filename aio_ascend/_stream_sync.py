@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._interop import ExternalEvent, TorchOrder
     from ._sched.lane import Lane
     from ._sched.scheduler import Scheduler
+    from ._sched.work import Request
 
 __all__ = ["StreamSync"]
 
@@ -65,7 +66,9 @@ class StreamSync:
 
         async def wait_event(self, event: Event | ExternalEvent) -> Task: ...
 
-        async def _fence(self, timing: bool = False, drain: bool = False) -> Event: ...
+        async def _fence(
+            self, timing: bool = False, drain: bool = False, handover: bool = False
+        ) -> Event: ...
 
         async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task: ...
 
@@ -180,11 +183,12 @@ class StreamSync:
         await there.download(src if count == src.nbytes else src[:count], out=host)
         return await self.copy_to_device(dst, host)
 
-    async def _queued(self, task: Task) -> Task:
-        # An operation was queued: an external stream's handshake returns once it is submitted
-        if self._order is not None:
-            await self._order.after(self._fence, self._scheduler.adapter)
-        return task
+    async def _queued(self, request: Request) -> Task:
+        # Queue an admitted request: on a stream shared with torch, return once it has been
+        # handed to the runtime (the handshake's second half)
+        if self._order is None:
+            return self._scheduler.enqueue(request)
+        return await self._order.queue(request, self._scheduler)
 
     async def _admit(self, drain: bool = True) -> None:
         scheduler = self._scheduler

@@ -100,30 +100,14 @@ class EventRecord:
     """What the scheduler knows of one user event: its handle and how its recording went.
 
     :ivar error: why it was never recorded, if it was refused
-    :ivar on_recorded: called (on the submitter thread) once the record call has reached the
-        runtime; set by the loop when someone must know the moment it was submitted
+    :ivar recorded: the record call reached the runtime (a query can tell its status; set by
+        the submitter thread)
     """
 
-    __slots__ = ("_recorded", "error", "flags", "handle", "on_recorded")
+    __slots__ = ("error", "flags", "handle", "recorded")
 
     def __init__(self, handle: int, flags: int) -> None:
         self.handle = handle
         self.flags = flags
-        self._recorded = False
+        self.recorded = False
         self.error: BaseException | None = None
-        self.on_recorded: Callable[[], None] | None = None
-
-    @property
-    def recorded(self) -> bool:
-        """The record call reached the runtime (a query can tell its status)."""
-        return self._recorded
-
-    @recorded.setter
-    def recorded(self, value: bool) -> None:
-        # Set by the submitter thread after the record call; the hook is read after the flag
-        # is written, so a hook set on the loop after the flag was read unset is still called
-        # or the loop sees the flag set (both can happen: the hook must be idempotent)
-        self._recorded = value
-        hook = self.on_recorded
-        if value and hook is not None:
-            hook()

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from .admission import Admission
 
 if TYPE_CHECKING:
+    from .handover import Handover
     from .task import Task
 
 __all__ = ["Lane"]
@@ -32,6 +33,8 @@ class Lane:
         probe (``Prober.retire``, the one place that sets it)
     :ivar owner: the device's scheduler (its tasks' loop and failure log: ``task.TaskOwner``)
     :ivar stream_ref: a weak reference to the public stream object (``None`` when it is gone)
+    :ivar handover: told by the submitter as each request is submitted or refused, where
+        callers wait for that (a stream shared with torch_npu: ``handover.Handover``)
     """
 
     __slots__ = (
@@ -43,6 +46,7 @@ class Lane:
         "force",
         "forced",
         "handle",
+        "handover",
         "last",
         "owner",
         "stranded",
@@ -67,6 +71,7 @@ class Lane:
         self.stream_ref: Callable[[], Any] = _no_stream  # set by its public stream
         #: runtime tasks submitted to the stream so far (the submitter thread's count)
         self.submitted = 0
+        self.handover: Handover | None = None
 
     def hold_for(self, task: Task) -> None:
         """``task`` (a host function, resolved outside the threads) is the stream's latest:

@@ -555,7 +555,10 @@ class Scheduler:
             n = lane.admission.unsettled()  # (+ a host function still running)
             n += isinstance(lane.last, HostFunctionTask) and not lane.last.done()
             busy = f"stream {lane.handle:#x}: {n} task(s) unfinished"
-            log_forced(self.device_id, busy, waited, "it")
+            action = "destroying it by force"
+            if lane.external:  # (its owner's: only our use of it ends)
+                action = "failing that work (the stream is its owner's: not destroyed)"
+            log_forced(self.device_id, busy, waited, action)
             self.flush()  # its pending requests go first: the submitter fails them
             lane.forced = True
             force = lane.force = LaneForce(lane)
@@ -651,7 +654,8 @@ class Scheduler:
             forced = not await self._idle.until_idle(lambda: self.unsettled)
             if forced:
                 busy = f"{self.unsettled} task(s) still unfinished"
-                log_forced(self.device_id, busy, self._idle.timeout, "the streams")
+                streams = "destroying the streams by force"
+                log_forced(self.device_id, busy, self._idle.timeout, streams)
             await self._shutdown(forced=forced)
         finally:  # (stopped half way: its loop closed with it pending, or a failure)
             self._close_broken = self.state is not DeviceState.CLOSED

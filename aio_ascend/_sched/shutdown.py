@@ -155,15 +155,10 @@ class IdleWait:
             self.adapter.wake(waiter)
 
 
-def log_forced(device_id: int, busy: str, timeout: float | None, victim: str) -> None:
-    """The WARNING of a close that gave up waiting for ``busy`` work: ``victim`` goes by force."""
-    log.warning(
-        "device %d: %s after aclose(timeout=%s); destroying %s by force",
-        device_id,
-        busy,
-        timeout,
-        victim,
-    )
+def log_forced(device_id: int, busy: str, timeout: float | None, action: str) -> None:
+    """The WARNING of a close that gave up waiting for ``busy`` work, saying what it does now
+    (``action``: "destroying it by force")."""
+    log.warning("device %d: %s after aclose(timeout=%s); %s", device_id, busy, timeout, action)
 
 
 def log_stuck(device_id: int, stuck: list[str], waited: float) -> None:

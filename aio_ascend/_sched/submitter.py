@@ -519,6 +519,9 @@ class Submitter:
             self._place(run, None, open_batches, deadline, failures)
             return
         lane.submitted += len(run)  # (a launch is one runtime task)
+        if lane.handover is not None:
+            for req in run:
+                lane.handover.decided(req)
         batch = open_batches.get(lane)
         if batch is None:
             open_batches[lane] = batch = run
@@ -544,6 +547,8 @@ class Submitter:
                 self._refuse(req, error, failures)
             else:
                 lane.submitted += req.runtime_tasks
+                if lane.handover is not None:
+                    lane.handover.decided(req)
                 batch = open_batches.get(lane)
                 if batch is None:
                     open_batches[lane] = [req]
@@ -654,6 +659,8 @@ class Submitter:
             self._unblock(req.event)  # (a wait for it fails: the event was never recorded)
         self._lifetimes.release((req,))
         failures.append((req, error, Outcome.FINISHED))
+        if req.lane.handover is not None:
+            req.lane.handover.decided(req)
 
     def _classify(self, exc: BaseException) -> BaseException:
         return classify_refusal(exc, self._faults, self._context_is_healthy)

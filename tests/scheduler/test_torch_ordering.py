@@ -221,9 +221,9 @@ async def test_a_host_function_on_a_torch_stream_holds_work_issued_while_its_cal
 async def test_a_fault_during_the_handshake_still_returns_the_queued_operations_task(
     anyio_backend: object,
 ) -> None:
-    """The handshake's fence waits for a slot behind the operation just queued; if that
-    operation faults the device meanwhile, the caller still gets the operation's Task (which
-    carries the fault), not an error for an operation that was queued anyway."""
+    """If the operation just queued faults the device while its call waits for the hand-over,
+    the caller still gets the operation's Task (which carries the fault), not an error for an
+    operation that was queued anyway."""
     async with open_backend("sim") as dev:
         runtime = dev.runtime
         torch = FakeTorchStream(runtime, runtime.create_stream(), lag_s=0.05)
@@ -239,9 +239,9 @@ async def test_a_fault_during_the_handshake_still_returns_the_queued_operations_
 async def test_a_torch_stream_stalled_behind_failed_work_still_returns_the_operations_task(
     open_dev: Callable[..., Any],
 ) -> None:
-    # The handshake's event waits for a slot behind the operation. When the watchdog failed
-    # the operation, the stream counted as stalled and the event was turned away: its
-    # TaskTimeoutError came out of the call, and the queued operation's Task was lost.
+    # The handshake used to record an event behind the operation, which waited for a slot.
+    # When the watchdog failed the operation, the stream counted as stalled and the event
+    # was turned away: its TaskTimeoutError came out of the call, and the Task was lost.
     async with open_dev(task_timeout=0.2) as dev, torch_beside(dev) as torch:
         ours = dev.external_stream(torch, max_in_flight=1)
         task = await ours.launch(dev.function("sleep"), 1, aa.HostArgs().u32(500_000))
@@ -275,4 +275,107 @@ async def test_the_handshake_never_waits_for_another_coroutines_host_function(
         finally:
             gate.set()
         await ours.synchronize()
+        await ours.aclose()
+
+
+async def test_a_call_on_a_full_torch_stream_returns_once_its_operation_is_submitted(
+    open_dev: Callable[..., Any],
+) -> None:
+    # The handshake waited for an event of its own recorded behind the operation, which
+    # needed a slot of its own: on a stream at its limit the call returned only once the
+    # operation had finished, and nothing could cancel that wait.
+    async with open_dev() as dev, torch_beside(dev) as torch:
+        ours = dev.external_stream(torch, max_in_flight=1)
+        with anyio.fail_after(30):  # (expected: a few ms)
+            task = await ours.launch(dev.function("sleep"), 1, aa.HostArgs().u32(1_000_000))
+        assert not task.done(), "the call waited for the kernel to finish"
+        await task
+        await ours.aclose()
+
+
+async def test_a_torch_stream_call_never_waits_for_a_host_function_queued_after_it(
+    open_dev: Callable[..., Any],
+) -> None:
+    # With every request flushed at once (batch_cap=1) the handshake's own event passed a
+    # checkpoint before taking its slot; another coroutine's host function queued then came
+    # between the operation and it, and the call waited (uncancellably) for that function.
+    import threading
+
+    async with open_dev(batch_cap=1) as dev, torch_beside(dev, lag_s=0.0) as torch:
+        ours = dev.external_stream(torch)
+        gate = threading.Event()
+        timer = threading.Timer(10.0, gate.set)  # (the old code's call ended only then)
+        timer.start()
+        took: list[float] = []
+        started: list[float] = []
+
+        async def call() -> None:
+            started.append(anyio.current_time())  # (up to its first wait in one step)
+            await ours.launch(dev.function("noop"), 1)
+            took.append(anyio.current_time() - started[0])
+
+        async def host_function() -> None:
+            await ours.launch_host_func(gate.wait)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call)
+                while not started:  # the call is past its admission: the function comes after
+                    await anyio.lowlevel.checkpoint()
+                tg.start_soon(host_function)
+            assert took[0] < 5.0, f"the call waited {took[0]:.1f} s for the host function"
+        finally:
+            gate.set()
+            timer.cancel()
+        await ours.synchronize()
+        await ours.aclose()
+
+
+async def test_a_timed_out_torch_stream_operation_is_one_timeout_and_nothing_unretrieved(
+    open_dev: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # The handshake's own event, behind the operation, timed out with it: the watchdog
+    # counted two timeouts for one operation, and that event's error, which the caller
+    # could never retrieve, was logged as never retrieved.
+    async with open_dev(task_timeout=0.3) as dev, torch_beside(dev) as torch:
+        ours = dev.external_stream(torch)
+        task = await ours.launch(dev.function("sleep"), 1, aa.HostArgs().u32(900_000))
+        with pytest.raises(aa.TaskTimeoutError):
+            await task
+        assert dev.stats()["timeouts"] == 1
+        await ours.aclose(timeout=5)
+    unretrieved = [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert unretrieved == []
+
+
+async def test_external_stream_and_event_check_before_they_drain_torchs_queue(
+    open_dev: Callable[..., Any],
+) -> None:
+    async with open_dev() as dev, torch_beside(dev) as torch:
+        before = torch.drains
+        with pytest.raises(ValueError, match="max_in_flight"):
+            dev.external_stream(torch, max_in_flight=0)
+        errors: list[BaseException] = []
+
+        def elsewhere() -> None:
+            try:
+                dev.external_stream(torch)
+            except BaseException as exc:
+                errors.append(exc)
+
+        import threading
+
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+        assert isinstance(errors[0], aa.WrongLoopError)
+        assert torch.drains == before, "a refused call drained torch's queue"
+        # A handle read off the stream orders nothing: after= takes the stream object
+        with pytest.raises(TypeError, match="stream object"):
+            dev.external_event(1234, after=torch.handle)
+        with pytest.raises(ValueError, match="is not an event handle"):
+            dev.external_event(1 << 70)
+        ours = dev.external_stream(torch)
+        with pytest.raises(ValueError, match=r"already open.*use that Stream"):
+            dev.external_stream(torch)
         await ours.aclose()
