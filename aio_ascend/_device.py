@@ -367,6 +367,11 @@ class Device:
         is kept referenced by the wrapper, so that queued work never outlives the memory; it
         is let go once the wrapper is freed (after the work queued on it completes) or
         collected. The memory must stay valid for as long as work uses it.
+
+        Nothing here checks that ``[ptr, ptr + nbytes)`` is memory of the device, and the
+        runtime may not either (its ``aclrtMemsetAsync`` checks no address at the call): work
+        that reaches past it faults the device when it runs, or on hardware may write whatever
+        lies beyond. Give the tensor's own size.
         """
         ptr = integer("wrap(ptr)", ptr)
         nbytes = integer("wrap(nbytes)", nbytes)

@@ -744,7 +744,7 @@ class Scheduler:
         else:
             if runtime.must_settle():  # a forced stream's kernel may still run: wait off-loop
                 limit = SETTLE_AFTER_FORCE_S if forced else None  # (past the close's deadline)
-                await settle_off_loop(runtime, limit)
+                await settle_off_loop(runtime, limit, self.device_id)
             release_everything(
                 runtime,
                 graphs=self.graphs,

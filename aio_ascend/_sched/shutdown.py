@@ -191,17 +191,24 @@ async def join(thread: threading.Thread, deadline: float) -> None:
         await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
 
 
-async def settle_off_loop(runtime: Runtime, limit: float | None) -> None:
-    """``runtime.wait_settled(limit)`` on a worker thread that keeps no reference to the
-    runtime afterwards: anyio's idle workers keep their last job's until they take another,
-    and through the runtime's first fault (its traceback: the frames it was raised into) that
-    would keep a closed device and its objects from being collected meanwhile."""
+async def settle_off_loop(runtime: Runtime, limit: float | None, device_id: int) -> None:
+    """``runtime.wait_settled(limit)`` on a thread of its own that ends with it (an idle
+    worker of anyio's would outlive the close, and keep its last job's references until it
+    takes another: through the runtime's first fault, a closed device and its objects)."""
     held = [runtime]
+    failed: list[BaseException] = []
 
     def wait() -> None:
-        held.pop().wait_settled(limit)
+        try:
+            held.pop().wait_settled(limit)
+        except BaseException as exc:  # raised on the loop, below
+            failed.append(exc)
 
-    await anyio.to_thread.run_sync(wait)
+    thread = threading.Thread(target=wait, name=f"aio_ascend-settle-{device_id}", daemon=True)
+    thread.start()
+    await join(thread, math.inf)
+    if failed:
+        raise failed.pop()
 
 
 async def drain(lane: Lane, *, late: bool = False) -> None:

@@ -24,9 +24,11 @@
  *  - aclrtMemcpyAsync: a host side inside aclrtMallocHost memory is read/written when the copy
  *    executes; any other host address is pageable and the call blocks until the copy is done.
  *  - aclrtMemsetAsync: a stream task like a copy (FIFO with everything else on its stream). At the
- *    call: count <= maxCount and [devPtr, devPtr+count) inside ONE live device allocation, else
- *    107000; when it executes, memory freed meanwhile faults the device (507053). The low byte of
- *    the int32 value is stored, as C memset does.
+ *    call: devPtr not NULL and count <= maxCount, else 107000, and nothing about the address: the
+ *    runtime checks only those (src/runtime/api/impl/api_error.cc:3128, ApiErrorDecorator::
+ *    MemsetAsync; src/acl/aclrt_impl/memory.cpp:738). When it executes, [devPtr, devPtr+count)
+ *    outside one live device allocation (never allocated, freed meanwhile, or past its end)
+ *    faults the device (507053). The low byte of the int32 value is stored, as C memset does.
  *  - Device memory capacity: DOUBLE_MEM_TOTAL (32 GiB) per device (double_set_mem_total changes
  *    it). aclrtMalloc counts 64-byte-rounded sizes against it and fails with 207001 beyond it;
  *    aclrtGetMemInfo(ACL_HBM_MEM) reports free = total - live bytes of the calling context's
@@ -1135,7 +1137,8 @@ static void run_memset(task_t *t, kres_t *r) {
     unsigned char *dst = dev_range(t->dst, t->count);
     if (!dst) {
         kfault(r, ACL_ERROR_RT_DEVICE_MEM_ERROR,
-               "memset: device memory 0x%llx..+%zu was freed before the memset executed",
+               "memset: device memory 0x%llx..+%zu is not inside one live allocation (freed, or "
+               "never allocated)",
                (unsigned long long)t->dst, t->count);
         return;
     }
@@ -1999,9 +2002,6 @@ EXPORT aclError aclrtMemsetAsync(void *devPtr, size_t maxCount, int32_t value, s
     if (!s) LEAVE_UNLOCK(rc);
     if (!devPtr) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "devPtr is NULL"));
     if (count > maxCount) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "count %zu > maxCount %zu", count, maxCount));
-    if (count && !dev_range(P(devPtr), count))
-        LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "devPtr 0x%llx..+%zu is not inside one device allocation",
-                          (unsigned long long)P(devPtr), count));
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
     task_t *t = calloc(1, sizeof *t);
     if (!t) abort();

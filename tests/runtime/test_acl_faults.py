@@ -276,6 +276,7 @@ async def test_waiting_for_a_hung_device_at_close_never_blocks_the_loop(
             gaps.append(now - last)
             last = now
 
+    before = {t.name for t in threading.enumerate()}
     with caplog.at_level(logging.ERROR, logger="aio_ascend"):
         dev = await open_backend("acl")
         s = dev.stream()
@@ -293,6 +294,8 @@ async def test_waiting_for_a_hung_device_at_close_never_blocks_the_loop(
     assert elapsed >= 0.4, "the close did not wait for the hung device at all"
     assert max(gaps) < 0.25, f"the loop stalled {max(gaps):.3f} s during the close"
     assert any("destroyed by force" in r.getMessage() for r in caplog.records)
+    # ... on a thread that ended with it (an idle worker of anyio's outlived the close)
+    assert not [t for t in threading.enumerate() if t.name not in before]
 
 
 # --- scoped reports, callbacks -----------------------------------------------------------------
