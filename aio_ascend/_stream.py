@@ -318,7 +318,7 @@ class GraphCapture:
             graphs.discard(ops)
             return
         if not ops:
-            raise ValueError("nothing was captured: record operations inside the block")
+            raise ValueError("nothing was captured: use the capture's methods (capture.launch..)")
         record = graphs.new(ops)
         scheduler = self._scheduler
         try:
