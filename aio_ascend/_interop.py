@@ -150,10 +150,15 @@ class TorchOrder:
         to the runtime (or refused it): a torch op the caller issues next cannot overtake it.
 
         The wait runs to its end whatever cancels the caller, asyncio's own cancellation
-        included: the operation is queued and will run, so its Task is returned and the
-        cancellation is delivered at the caller's next checkpoint. It is bounded: the
-        submitter reaches the request within a hop, or the ``task_timeout`` watchdog fails
-        it."""
+        included: the operation is queued and will run. A cancellation by an anyio or trio
+        scope is held off by the shield until the caller's next checkpoint (the call returns
+        the Task); asyncio's own (``Task.cancel``, ``asyncio.timeout``, ``wait_for``) is
+        raised from the call once the wait is over, and the Task is not returned: deferring
+        it to the next await instead would outlive the scope that asked for it on CPython
+        before 3.13 (``uncancel`` leaves the request pending there). The wait normally ends
+        within a hop of the submitter; while the submitter is inside a runtime call that
+        blocks (the runtime stream full of torch's work behind a long kernel), it lasts as
+        long as that call."""
         handover = self.handover
         expected = handover.expect(request)
         try:
@@ -161,7 +166,7 @@ class TorchOrder:
         except BaseException:
             handover.forget(request)
             raise
-        return await scheduler.adapter.finish(handover.wait, expected, task)
+        return await scheduler.adapter.shielded(handover.wait, expected, task)
 
 
 class ExternalEvent(EventRecord):

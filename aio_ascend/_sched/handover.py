@@ -19,9 +19,10 @@ The order of the two threads' steps is what makes it safe without a lock:
 - the submitter marks it decided, then reads the waiter to wake; the loop installs a waiter,
   then reads the mark. Whichever runs second sees the other's write.
 
-A request decided on a path that does not report here (the watchdog gave up on its hop, a
-close dropped it before the hand-over) is resolved as a task instead: the waiting loop looks
-at ``task.done()`` too, every few milliseconds.
+A request decided on a path that does not report here (a close dropped it before the
+hand-over, a native batch submit or the submitter itself failed, the submitter stopped with
+it unsubmitted) is resolved as a task instead: the waiting loop looks at ``task.done()`` too,
+every few milliseconds.
 """
 
 from __future__ import annotations

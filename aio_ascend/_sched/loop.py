@@ -133,13 +133,6 @@ class LoopAdapter(ABC):
             result = await fn(*args)
         return result
 
-    async def finish(self, fn: Callable[..., Coroutine[Any, Any, _T]], *args: Any) -> _T:
-        """``await fn(*args)`` to its end whatever cancels the caller meanwhile, and return its
-        result; a cancellation that arrived is delivered at the caller's next checkpoint
-        instead of being raised here (what the caller is given must reach it: the Task of an
-        operation already queued). anyio's and trio's are held off by the shield until then."""
-        return await self.shielded(fn, *args)
-
 
 class _AsyncioAdapter(LoopAdapter):
     name = "asyncio"
@@ -226,26 +219,6 @@ class _AsyncioAdapter(LoopAdapter):
         result = work.result()
         if cancelled is not None:
             raise cancelled
-        return result
-
-    async def finish(self, fn: Callable[..., Coroutine[Any, Any, _T]], *args: Any) -> _T:
-        work: asyncio.Task[_T] = _ToTheEnd(fn(*args), loop=self.loop)
-        cancelled: asyncio.CancelledError | None = None
-        with anyio.CancelScope(shield=True):
-            while not work.done():
-                try:
-                    await asyncio.shield(work)
-                except asyncio.CancelledError as exc:
-                    cancelled = exc
-        result = work.result()
-        if cancelled is not None:
-            # Asked again, to be raised at the caller's next await: the task's count of
-            # cancellation requests stays as it was (asyncio.timeout compares it on exit),
-            # and a caller that returns first ends cancelled, as with any late cancel()
-            task = asyncio.current_task()
-            assert task is not None
-            task.uncancel()
-            task.cancel(cancelled.args[0] if cancelled.args else None)
         return result
 
 
