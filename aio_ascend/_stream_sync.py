@@ -117,8 +117,7 @@ class StreamSync:
         self._scheduler.adapter.check_thread()
         lane = self._lane
         last = lane.last  # (None once it failed: its elders may still run, as slots say)
-        admission = lane.admission
-        return (last is None or last.done()) and admission.unsettled() <= admission.timed_out
+        return (last is None or last.done()) and not lane.admission.live()
 
     async def launch_host_func(self, fn: Callable[[], object]) -> Task:
         """Run ``fn()`` on a library thread once the work queued on this stream so far has

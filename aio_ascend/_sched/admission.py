@@ -145,6 +145,11 @@ class Admission:
         calls not made yet (prepaid, or granted ahead to a caller that has not resumed)."""
         return self.in_flight - self.prepaid - self.granted_ahead
 
+    def live(self) -> bool:
+        """Whether requests still run that the watchdog has not failed (those it failed keep
+        their slots until the device finishes them, which may be never)."""
+        return self.unsettled() > self.timed_out
+
     def try_enter(self) -> bool:
         """Admit at once: on a slot prepaid for this caller, or if the request fits and nobody
         is queued ahead (FIFO fairness)."""

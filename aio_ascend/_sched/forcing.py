@@ -99,13 +99,11 @@ def lost_records(runtime: Runtime, batches: Iterable[Batch]) -> set[int]:
     return lost
 
 
-def stranded_by(lost: set[int], queues: Iterable[Iterable[Batch]]) -> tuple[int, list[Delivery]]:
+def stranded_by(lost: set[int], queues: Iterable[Iterable[Batch]]) -> list[Delivery]:
     """On other streams, every outstanding batch from the first one with a wait on a ``lost``
-    event on (a stream is FIFO: what follows the wait waits too): how many, and deliveries
-    failing them. Marked timed out: their slots stay taken until the device really finishes
-    them, if ever."""
+    event on (a stream is FIFO: what follows the wait waits too): deliveries failing them.
+    Marked timed out: their slots stay taken until the device really finishes them, if ever."""
     deliveries: list[Delivery] = []
-    failed = 0
     for batches in queues:
         stranded = False
         for batch in batches:
@@ -118,9 +116,8 @@ def stranded_by(lost: set[int], queues: Iterable[Iterable[Batch]]) -> tuple[int,
                     strand(batch.lane)
             if not stranded or batch.timed_out:
                 continue
-            failed += 1
             deliveries.extend(time_out(batch, STRANDED))
-    return failed, deliveries
+    return deliveries
 
 
 #: why the work of a stranded stream fails (after its kind)

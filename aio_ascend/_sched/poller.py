@@ -140,7 +140,7 @@ class Poller:
         batch_events: BatchEvents,
         post: Callable[[Sequence[Arrival]], None],
         inbox: queue.SimpleQueue[Any],
-        expire_waiting: Callable[[float], tuple[int, list[Delivery]]],
+        expire_waiting: Callable[[float], list[Delivery]],
         watch: Callable[[int | None], None] | None,
         task_timeout: float,
         poll_min_interval: float = 5e-6,
@@ -252,7 +252,7 @@ class Poller:
         try:
             item = self._inbox.get(timeout=IDLE_WATCHDOG_S)
         except queue.Empty:
-            _, deliveries = self._expire_waiting(time.monotonic())
+            deliveries = self._expire_waiting(time.monotonic())
             log_expired(self._device_id, deliveries, self._task_timeout)
             self._post(deliveries)
             return True
@@ -306,8 +306,8 @@ class Poller:
         now = time.monotonic()
         if now >= self._next_deadline_check:
             self._next_deadline_check = now + WATCHDOG_PERIOD_S
-            _, deliveries = expire(self._outstanding.values(), now, self._task_timeout)
-            _, more = self._expire_waiting(now)
+            deliveries = expire(self._outstanding.values(), now, self._task_timeout)
+            more = self._expire_waiting(now)
             log_expired(self._device_id, deliveries + more, self._task_timeout)
             self._post(deliveries + more)
             self._probe_stalled(now)
@@ -357,8 +357,7 @@ class Poller:
         # reads not complete is taken as dropped too, should it run later after all)
         lost = lost_records(self._runtime, batches)
         if lost:
-            _, stranded = stranded_by(lost, self._outstanding.values())
-            deliveries.extend(stranded)
+            deliveries.extend(stranded_by(lost, self._outstanding.values()))
         if self._watch is not None:
             self._watch_oldest()
         self._post(deliveries)

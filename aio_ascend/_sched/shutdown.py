@@ -222,7 +222,7 @@ async def drain(lane: Lane, *, late: bool = False) -> None:
     """
     admission = lane.admission
     last = lane.last
-    while last is None and admission.unsettled() > admission.timed_out:
+    while last is None and admission.live():
         await anyio.sleep(0.001)
         last = lane.last
     if last is not None and not last.done():

@@ -251,20 +251,18 @@ class Submitter:
             busy.add(resuming[0].handle)
         return busy
 
-    def expire_waiting(self, now: float) -> tuple[int, list[Delivery]]:
+    def expire_waiting(self, now: float) -> list[Delivery]:
         """The watchdog (poller thread): fail the hops still waiting past their deadline.
 
         Their requests never reach the runtime; what they held is released at once.
         """
-        expired = 0
         deliveries: list[Delivery] = []
         for hop in list(self.waiting):
             if hop.deadline > now:
                 break
             if hop.expire():
-                expired += 1
                 deliveries.extend(self._never_started(hop))
-        return expired, deliveries
+        return deliveries
 
     def _never_started(self, hop: Hop) -> list[Delivery]:
         deliveries: list[Delivery] = []

@@ -37,24 +37,20 @@ def log_expired(device_id: int, deliveries: Sized, task_timeout: float) -> None:
         )
 
 
-def expire(
-    queues: Iterable[Iterable[Batch]], now: float, task_timeout: float
-) -> tuple[int, list[Delivery]]:
-    """Mark the batches past their deadline as timed out: how many, and deliveries failing them.
+def expire(queues: Iterable[Iterable[Batch]], now: float, task_timeout: float) -> list[Delivery]:
+    """Mark the batches past their deadline as timed out: deliveries failing their requests.
 
     ``queues`` holds each stream's outstanding batches, oldest first (deadlines grow along
     a stream, so the scan of one stream stops at the first batch still in time). A batch is
     timed out once; its slots stay taken until the device really finishes it.
     """
     deliveries: list[Delivery] = []
-    expired = 0
     for batches in queues:
         for batch in batches:
             if batch.deadline > now:
                 break
             if batch.timed_out:
                 continue
-            expired += 1
             deliveries.extend(
                 time_out(
                     batch,
@@ -62,7 +58,7 @@ def expire(
                     "still be running it)",
                 )
             )
-    return expired, deliveries
+    return deliveries
 
 
 def time_out(batch: Batch, why: str) -> list[Delivery]:
