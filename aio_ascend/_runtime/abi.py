@@ -78,6 +78,7 @@ __all__ = [
     "SIZE_MAX",
     "UINT32_MAX",
     "UINT64_MAX",
+    "MALLOC_APPEND_SIZE",
     "check_alloc_size",
     "check_args",
     "check_device_id",
@@ -228,6 +229,11 @@ INT32_MIN: Final = -(2**31)
 INT32_MAX: Final = 2**31 - 1
 SIZE_MAX: Final = 2 ** (8 * ctypes.sizeof(ctypes.c_size_t)) - 1
 PTR_MAX: Final = 2 ** (8 * ctypes.sizeof(ctypes.c_void_p)) - 1
+#: What ``aclrtMalloc`` adds to a size before it aligns it: 32 for the alignment and the SoC's
+#: padding (32 unless its spec says otherwise); a size whose sum overflows ``size_t`` is refused
+#: with ACL_ERROR_INVALID_PARAM (``src/acl/aclrt_impl/memory.cpp:297-302``,
+#: ``GetAlignedAndPaddingSize``). ``aclrtMallocHost`` adds nothing.
+MALLOC_APPEND_SIZE: Final = 64
 
 #: ``numBlocks`` must lie in 1..MAX_NUM_BLOCKS (the HostArgs path casts it to uint16).
 MAX_NUM_BLOCKS: Final = 65535
@@ -502,10 +508,12 @@ def check_failure_mode(func: str, mode: object) -> int:
     return mode
 
 
-def check_alloc_size(func: str, size: object) -> int:
-    """``aclrtMalloc``/``aclrtMallocHost`` size: an int in 1..SIZE_MAX."""
-    if not _is_int(size) or not 0 < size <= SIZE_MAX:  # type: ignore[operator]
-        raise param_error(func, f"size={size!r}: expected an int in 1..{SIZE_MAX}")
+def check_alloc_size(func: str, size: object, append: int = 0) -> int:
+    """``aclrtMalloc``/``aclrtMallocHost`` size: an int in 1..SIZE_MAX - ``append`` (what the
+    call adds before aligning: :data:`MALLOC_APPEND_SIZE` for device memory)."""
+    limit = SIZE_MAX - append
+    if not _is_int(size) or not 0 < size <= limit:  # type: ignore[operator]
+        raise param_error(func, f"size={size!r}: expected an int in 1..{limit}")
     assert isinstance(size, int)
     return size
 

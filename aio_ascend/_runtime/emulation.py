@@ -44,6 +44,7 @@ from .abi import (
     ACL_ERROR_RT_INVALID_HANDLE,
     ACL_ERROR_RT_PARAM_INVALID,
     ACL_EVENT_TIME_LINE,
+    MALLOC_APPEND_SIZE,
     KernelType,
     check_alloc_size,
     check_event_flags,
@@ -343,7 +344,8 @@ class AclEmulation(ABC, Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
         """Device memory (see each backend for its alignment)."""
         func = self.CALLS["malloc"]
         self._enter(func)
-        return self._device_malloc(self._checked(check_alloc_size, func, size), func)
+        size = self._checked(check_alloc_size, func, size, MALLOC_APPEND_SIZE)
+        return self._device_malloc(size, func)
 
     def malloc_host(self, size: int) -> int:
         """Pinned host memory."""

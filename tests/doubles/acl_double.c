@@ -1761,6 +1761,9 @@ EXPORT aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy pol
     if (!c) LEAVE_UNLOCK(rc);
     if (!devPtr) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "devPtr is NULL"));
     if (size == 0) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "size must be > 0"));
+    /* the runtime adds 32 + the SoC's padding (32) before aligning, and refuses a size that
+     * overflows: src/acl/aclrt_impl/memory.cpp:297-302 (GetAlignedAndPaddingSize) */
+    if (size > SIZE_MAX - 64) LEAVE_UNLOCK(fail(ACL_ERROR_INVALID_PARAM, "size too large: %zu", size));
     uint64_t free_bytes = g_mem_total > g_dev_used[c->device] ? g_mem_total - g_dev_used[c->device] : 0;
     if (size > free_bytes || rounded64(size) > free_bytes)
         LEAVE_UNLOCK(fail(ACL_ERROR_RT_MEMORY_ALLOCATION, "cannot allocate %zu bytes: %llu of %llu bytes free", size,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 from backends import ALL_BACKENDS
 
-from aio_ascend._errors import InvalidParamError
+from aio_ascend._errors import InvalidParamError, MemoryAllocationError
 from aio_ascend._runtime import Runtime
 
 if TYPE_CHECKING:
@@ -33,6 +33,19 @@ def test_malloc_is_aligned_and_frees_are_checked(rt: Runtime) -> None:
     rt.free_host(host)
     with pytest.raises(InvalidParamError):
         rt.free_host(host)
+
+
+def test_a_device_size_that_overflows_with_the_runtimes_padding_is_a_bad_parameter(
+    rt: Runtime,
+) -> None:
+    # aclrtMalloc adds 64 before aligning and refuses an overflow as a parameter error, not
+    # as an allocation failure (memory.cpp GetAlignedAndPaddingSize); 2**64 - 65 is merely
+    # too big to allocate
+    for size in (2**64 - 1, 2**64 - 64):
+        with pytest.raises(InvalidParamError):
+            rt.malloc(size)
+    with pytest.raises(MemoryAllocationError):
+        rt.malloc(2**64 - 65)
 
 
 def test_info_reports_version_memory_and_priorities(rt: Runtime) -> None:
