@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable
 
 from .._errors import AclCode, MemoryAllocationError
-from .._runtime.abi import UINT64_MAX
+from .._runtime.abi import MALLOC_APPEND_SIZE, SIZE_MAX, UINT64_MAX
 from .binding import ContextBinding
 
 __all__ = [
@@ -129,6 +129,13 @@ class DevicePool:
             after the cache was emptied
         """
         size = block_size(nbytes) if pooled else nbytes
+        if size > SIZE_MAX - MALLOC_APPEND_SIZE:
+            # the runtime refuses it as a bad parameter (its size overflows with the padding it
+            # adds): to the user it is what it is, more memory than any device has
+            raise MemoryAllocationError(
+                f"malloc({nbytes}): more memory than any device has",
+                code=AclCode.RT_MEMORY_ALLOCATION.value,
+            )
         with self._lock:
             self._allocations += 1
             hit: int | None = None
