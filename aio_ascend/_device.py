@@ -20,7 +20,7 @@ import numpy.typing as npt
 from ._buffer import DeviceBuffer
 from ._host.hostdata import dims_of, host_array, plain_dtype
 from ._host.pool import DEFAULT_RETAINED_BYTES
-from ._hostfunc import close_host_funcs, observed_as
+from ._hostfunc import close_host_funcs, host_func_timeouts, observed_as
 from ._interop import ExternalEvent, TorchOrder, event_handle, stream_handle
 from ._module import Function, Module
 from ._runtime import (
@@ -38,6 +38,7 @@ from ._sched.loop import current_loop_adapter
 from ._sched.owned import OwnedFinalizers
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
+from ._sched.shutdown import call_off_loop
 from ._stream import Stream, check_close_args, synchronize
 from ._values import integer
 from ._values import seconds as seconds_of
@@ -487,12 +488,15 @@ class Device:
 
     def stats(self) -> Mapping[str, int]:
         """Counters: launches, copies, batches, wakeups, in_flight, peak_in_flight, and more;
-        ``timeouts`` counts the tasks of device work (launches, copies, events, replays) that
-        failed with ``TaskTimeoutError``, the watchdog's or a forced close's, each once (host
-        functions are not counted); ``pinned_arrays`` and ``pinned_bytes`` count the pinned
-        arrays not yet freed (:meth:`pinned_empty`). Readable from any thread."""
+        ``timeouts`` counts the tasks (launches, copies, events, replays, host functions)
+        that failed with ``TaskTimeoutError``, the watchdog's or a forced close's, each once
+        (not the event ``wait_stream`` records for itself); ``pinned_arrays`` and
+        ``pinned_bytes`` count the pinned arrays not yet freed (:meth:`pinned_empty`).
+        Readable from any thread."""
         scheduler = self._scheduler
-        return {**scheduler.stats(), **scheduler.pinned.stats()}
+        stats = {**scheduler.stats(), **scheduler.pinned.stats()}
+        stats["timeouts"] += host_func_timeouts(self)
+        return stats
 
     async def synchronize(self) -> None:
         """Wait until everything queued on every stream has finished; then raise, as
@@ -606,14 +610,24 @@ class _DeviceOpener:
         self._backend = backend
         self._device: Device | None = None
 
-    async def _open(self) -> Device:
-        options = dict(self._kwargs)
-        runtime_options = options.pop("runtime_options", None) or {}
+    def _open_runtime(self, runtime_options: dict[str, Any]) -> Runtime:
         name, why = choose_backend(self._backend)
         log.info("device %d: backend %s (%s)", self._device_id, name, why)
         if self._backend == "auto":  # (an explicit backend's options were checked in the call)
             _check_runtime_options(name, runtime_options)
-        runtime = open_runtime(name, self._device_id, **runtime_options)
+        return open_runtime(name, self._device_id, **runtime_options)
+
+    async def _open(self) -> Device:
+        options = dict(self._kwargs)
+        runtime_options = options.pop("runtime_options", None) or {}
+        # Off the loop: choosing the backend may load the runtime's library, and opening it
+        # initialises the runtime and the device (seconds on real hardware), importing the
+        # backend's modules the first time.
+        runtime = await call_off_loop(
+            f"aio_ascend-open-{self._device_id}",
+            lambda: self._open_runtime(runtime_options),
+            discard=_close_quietly,
+        )
         try:
             return Device(runtime, **options)
         except BaseException:
@@ -635,6 +649,14 @@ class _DeviceOpener:
     ) -> None:
         if self._device is not None:
             await self._device.__aexit__(exc_type, exc, tb)
+
+
+def _close_quietly(runtime: Runtime) -> None:
+    # a runtime opened for a caller who was cancelled meanwhile
+    try:
+        runtime.close()
+    except Exception:
+        log.exception("closing a runtime opened for a cancelled open_device() failed")
 
 
 def open_device(

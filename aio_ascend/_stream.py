@@ -38,6 +38,7 @@ from ._sched.work import (
     Memset,
     PinnedCopyToDevice,
     PinnedCopyToHost,
+    QuietRecordEvent,
     RecordEvent,
     WaitEvent,
 )
@@ -681,12 +682,12 @@ class Stream(StreamSync):
         return await self._fence(timing, drain=True, handover=True)
 
     async def _fence(
-        self, timing: bool = False, drain: bool = False, handover: bool = False
+        self, timing: bool = False, drain: bool = False, handover: bool = False, quiet: bool = False
     ) -> Event:
         # record_event; without the external stream's handshake unless ``handover``
         await self._admit(drain)
         scheduler = self._scheduler
-        record = RecordEvent(self._lane)
+        record = (QuietRecordEvent if quiet else RecordEvent)(self._lane)
         try:
             handle = scheduler.user_events.take(event_flags(timing))
             record.event = event = Event(self.device, scheduler, self, handle, timing, record)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._buffer import DeviceBuffer, byte_range
-from ._hostfunc import ASYNC_FN, host_funcs, spawn
+from ._hostfunc import ASYNC_FN, host_funcs
 from ._sched.task import HostFunctionTask, Task
 
 if TYPE_CHECKING:
@@ -40,12 +40,6 @@ def check_src_stream(src: DeviceBuffer, src_stream: object) -> StreamSync | None
     return src_stream
 
 
-async def _retrieve_quietly(task: Task) -> None:
-    # (a background coroutine: never raises) once ``task`` is done, its error is retrieved
-    await task.wait_finished()
-    task.exception()
-
-
 class StreamSync:
     """The base of :class:`~aio_ascend.Stream` that holds these operations."""
 
@@ -67,7 +61,11 @@ class StreamSync:
         async def wait_event(self, event: Event | ExternalEvent) -> Task: ...
 
         async def _fence(
-            self, timing: bool = False, drain: bool = False, handover: bool = False
+            self,
+            timing: bool = False,
+            drain: bool = False,
+            handover: bool = False,
+            quiet: bool = False,
         ) -> Event: ...
 
         async def copy_to_device(self, dst: DeviceBuffer, src: Any) -> Task: ...
@@ -100,10 +98,9 @@ class StreamSync:
                 "device cannot be waited for on another: await other.synchronize() instead)"
             )
         self._scheduler.check_usable(self._lane)
-        event = await other.record_event()
-        # The record is ours, not the caller's: its failure reaches them through the wait's
-        # Task (and the other stream's own work), never as an unretrieved error of its own.
-        spawn(self._scheduler.adapter, lambda: _retrieve_quietly(event._record_task))  # noqa: SLF001
+        # The record is ours, not the caller's (quiet): its failure reaches them through the
+        # wait's Task (and the other stream's own work), never as an error of its own.
+        event = await other._fence(drain=True, handover=True, quiet=True)
         return await self.wait_event(event)
 
     def query(self) -> bool:

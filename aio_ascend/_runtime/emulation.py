@@ -106,8 +106,6 @@ class AclEmulation(ABC, Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
 
     #: the backend's native name for each call of the seam (what its errors name)
     CALLS: ClassVar[dict[str, str]]
-    #: the context that was current on the opening thread before the open bound this one
-    context_before_open: int | None = None
 
     def __init__(self) -> None:
         self._tls: Any = threading.local()

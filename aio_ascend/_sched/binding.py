@@ -33,11 +33,11 @@ class ContextBinding:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self._proxy = cast(Runtime, _Restoring(self))
-        # Opening bound the device's context to the opening thread (the loop's): give that
-        # thread back the context it had before (torch_npu's, another device's).
-        before = getattr(runtime, "context_before_open", None)
-        if before is not None and before != runtime.context:
-            runtime.set_current_context(before)
+        # The device was opened on a thread of its own: the thread making this (the loop's)
+        # ends with the device's context current, as after aclrtSetDevice there, unless it
+        # has one already (torch_npu's, another device's), which it keeps.
+        if runtime.get_current_context() is None:
+            runtime.set_current_context()
 
     def bound(self) -> Runtime:
         """The runtime, each of whose methods binds the device's context for the call and then

@@ -126,7 +126,11 @@ class DeliveryQueue:
             HOOKS.delivered(self._source, [(r, e, Outcome.FINISHED) for r, e in outcomes])
         timeouts = 0
         for request, error in outcomes:
-            if not request._done and isinstance(error, TaskTimeoutError):  # noqa: SLF001
+            if (
+                not request._done  # noqa: SLF001
+                and isinstance(error, TaskTimeoutError)
+                and not request.quiet
+            ):
                 timeouts += 1
             resolve_task(request, error)
         self.counters.timeouts += timeouts
@@ -189,7 +193,7 @@ class DeliveryQueue:
                 # towards aclose()'s wait; one resolved already (dropped) was counted then
                 if not request._done:  # noqa: SLF001 - the scheduler's own object
                     settled += 1
-                    if isinstance(error, TaskTimeoutError):
+                    if isinstance(error, TaskTimeoutError) and not request.quiet:
                         timeouts += 1  # (the watchdog's or a forced close's: one per task)
                 wakes += resolve_task(request, error)
             else:

@@ -77,6 +77,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Container, Iterable
+from typing import Any, TypeVar, cast
 
 import anyio
 
@@ -91,9 +92,12 @@ from .loop import LoopAdapter
 from .stalls import Prober
 from .work import Request
 
+T = TypeVar("T")
+
 __all__ = [
     "SETTLE_AFTER_FORCE_S",
     "IdleWait",
+    "call_off_loop",
     "close_after",
     "destroy_lanes",
     "drain",
@@ -191,24 +195,55 @@ async def join(thread: threading.Thread, deadline: float) -> None:
         await anyio.sleep(0.001)  # a thread join cannot be awaited: poll it briefly
 
 
-async def settle_off_loop(runtime: Runtime, limit: float | None, device_id: int) -> None:
-    """``runtime.wait_settled(limit)`` on a thread of its own that ends with it (an idle
-    worker of anyio's would outlive the close, and keep its last job's references until it
-    takes another: through the runtime's first fault, a closed device and its objects)."""
-    held = [runtime]
-    failed: list[BaseException] = []
+async def call_off_loop(
+    name: str, call: Callable[[], T], *, discard: Callable[[T], None] | None = None
+) -> T:
+    """``call()`` on a thread of its own named ``name``, joined before this returns: the loop
+    keeps running meanwhile (an idle worker of anyio's would outlive the device's close, and
+    keep its last job's references until it takes another).
 
-    def wait() -> None:
+    Cancelled while ``call()`` runs, this raises at once and the thread runs on: what it
+    returns then is handed to ``discard`` (the opener closes a runtime nobody will use).
+    """
+    lock = threading.Lock()
+    outcome: list[Any] = []  # [True, result] or [False, exception]
+    given_up = False
+
+    def run() -> None:
         try:
-            held.pop().wait_settled(limit)
+            result: Any = call()
         except BaseException as exc:  # raised on the loop, below
-            failed.append(exc)
+            with lock:
+                outcome[:] = [False, exc]
+            return
+        with lock:
+            if not given_up:
+                outcome[:] = [True, result]
+                return
+        if discard is not None:
+            discard(result)
 
-    thread = threading.Thread(target=wait, name=f"aio_ascend-settle-{device_id}", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    await join(thread, math.inf)
-    if failed:
-        raise failed.pop()
+    try:
+        await join(thread, math.inf)
+    except BaseException:
+        with lock:
+            given_up = True
+            done = list(outcome)
+        if done and done[0] and discard is not None:
+            discard(done[1])
+        raise
+    ok, value = outcome
+    if not ok:
+        raise value
+    return cast("T", value)
+
+
+async def settle_off_loop(runtime: Runtime, limit: float | None, device_id: int) -> None:
+    """``runtime.wait_settled(limit)`` on a thread of its own that ends with it."""
+    held = [runtime]
+    await call_off_loop(f"aio_ascend-settle-{device_id}", lambda: held.pop().wait_settled(limit))
 
 
 async def drain(lane: Lane, *, late: bool = False) -> None:

@@ -131,6 +131,9 @@ class Task:
         "submitted_at",
     )
     kind = "task"
+    #: a task of the library's own whose failure reaches the user through another task:
+    #: never noted as unretrieved, never counted as a timeout of its own
+    quiet = False
 
     def __init__(self, lane: TaskLane, host: Any = None, buffers: tuple[Any, ...] = ()) -> None:
         # its stream: through it the device's loop (``lane.owner.adapter``: the loop that
@@ -265,7 +268,7 @@ class Task:
             if lane.flushed is self:
                 lane.flushed = None
             failures = lane.owner.failures
-            if failures is not None:
+            if failures is not None and not self.quiet:
                 self._unseen = failures.note(
                     self, exc, self.kind, lane.stream_ref, self._retrievers > 0
                 )

@@ -460,6 +460,15 @@ class RecordEvent(_EventRequest):
 
 
 @interpreted
+class QuietRecordEvent(RecordEvent):
+    """An event record of the library's own (``wait_stream``'s): its failure reaches the user
+    through the wait that depends on it, never as an unretrieved error or a timeout."""
+
+    __slots__ = ()
+    quiet = True
+
+
+@interpreted
 class WaitEvent(_EventRequest):
     """Make later work on the stream wait for an event recorded on another stream."""
 

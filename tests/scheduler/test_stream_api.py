@@ -88,12 +88,37 @@ async def test_wait_stream_never_reports_its_own_record_as_an_unretrieved_failur
         for task in (hung, wait):
             with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
                 await task
+        # the hung kernel and the wait time out; the record between them is no task of the
+        # caller's, and no timeout of its own
+        assert dev.stats()["timeouts"] == 2
         with caplog.at_level(logging.ERROR, logger="aio_ascend"):
             await a.aclose(timeout=0)
             await b.aclose(timeout=0)
             await dev.aclose()
     unretrieved = [r for r in caplog.records if "never retrieved" in r.getMessage()]
     assert unretrieved == []
+
+
+@pytest.mark.backends("sim")
+async def test_wait_stream_leaves_nothing_running_on_the_loop(
+    open_dev: Callable[..., Any], anyio_backend: tuple[str, dict[str, object]]
+) -> None:
+    # Its record's error was retrieved by a background task, which outlived a loop closed
+    # by hand while the other stream hung ("Task was destroyed but it is pending").
+    if anyio_backend[0] != "asyncio":
+        pytest.skip("asyncio's task list")
+    import asyncio
+
+    async with open_dev(task_timeout=0.2, close_timeout=0.5) as dev:
+        a, b = dev.stream(), dev.stream()
+        hung = await a.launch(dev.function("hang"), 1)
+        before = asyncio.all_tasks()
+        wait = await b.wait_stream(a)
+        assert asyncio.all_tasks() == before
+        for task in (hung, wait):
+            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+                await task
+        await a.aclose(timeout=0)
 
 
 async def test_wait_stream_misuse_is_refused(
@@ -398,6 +423,7 @@ async def test_a_close_abandons_a_host_function_past_its_timeout(
     assert "did not return" in caplog.text
     with pytest.raises(aa.TaskTimeoutError, match="did not finish before aclose"):
         await host  # as a forced close's tasks fail (it was a ClosedError)
+    assert dev.stats()["timeouts"] == 1  # counted as device work's are (it was not)
     release.set()  # the abandoned function returns; its thread exits
     for thread in threading.enumerate():
         if thread.name.startswith("aio_ascend-hostfunc"):
@@ -469,6 +495,7 @@ async def test_the_watchdog_fails_a_host_function_that_does_not_return(
             with pytest.raises(aa.TaskTimeoutError, match="did not return within task_timeout"):
                 await host
         assert not release.is_set()
+        assert dev.stats()["timeouts"] == 1  # counted as device work's are (it was not)
         later_done = anyio.Event()
 
         async def later() -> None:
@@ -482,6 +509,7 @@ async def test_the_watchdog_fails_a_host_function_that_does_not_return(
             release.set()
         await s.synchronize()
         assert order == ["fn returned", "later ran"]
+        assert dev.stats()["timeouts"] == 1  # once, not again when fn returned
 
 
 async def test_a_stream_close_refuses_calls_held_behind_a_host_function_at_once(

@@ -270,7 +270,16 @@ class CudaCore(AclEmulation[CudaStream, CudaEvent, CudaGraph, CudaBinary, CudaFu
         return self._fault_error(func)
 
     def _bound(self) -> bool:
-        return bool(self._tls.bound)
+        if self._tls.bound:
+            return True
+        # The primary context is the device's, shared by every runtime of it: a thread where
+        # another runtime of this device (or its opener, on another thread) made it current
+        # has it bound, as CUDA sees it.
+        err, current = self._d.cuCtxGetCurrent()
+        if int(err) or int(current) != int(self._ctx):
+            return False
+        self._tls.bound = True
+        return True
 
     def _context_error(self, func: str) -> AscendError:
         if self._closed:

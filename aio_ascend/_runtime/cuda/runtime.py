@@ -662,7 +662,6 @@ def open_cuda_runtime(
         )
     )
     context = check(driver.cuDevicePrimaryCtxRetain(device), "cuDevicePrimaryCtxRetain")
-    before = check(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")
     try:
         check(driver.cuCtxSetCurrent(context), "cuCtxSetCurrent")
         runtime = CudaRuntime(
@@ -675,7 +674,6 @@ def open_cuda_runtime(
             staging_bytes=staging_bytes,
             compiler=compiler,
         )
-        runtime.context_before_open = int(before) or None
         return runtime
     except BaseException:
         driver.cuDevicePrimaryCtxRelease(device)

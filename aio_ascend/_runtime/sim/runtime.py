@@ -760,6 +760,5 @@ def open_sim_runtime(
         memory_bytes=memory_bytes,
         unread_faults=unread_faults,
     )
-    runtime.context_before_open = runtime.get_current_context()
     runtime.set_current_context()
     return runtime
