@@ -20,12 +20,13 @@ import numpy.typing as npt
 from ._buffer import DeviceBuffer
 from ._host.hostdata import dims_of, host_array, plain_dtype
 from ._host.pool import DEFAULT_RETAINED_BYTES
-from ._hostfunc import close_host_funcs, host_func_timeouts, observed_as
+from ._hostfunc import close_host_funcs, observed_as
 from ._interop import ExternalEvent, TorchOrder, event_handle, stream_handle
 from ._module import Function, Module
 from ._runtime import (
     Runtime,
     check_device_id,
+    check_option_names,
     check_runtime_options,
     choose_backend,
     open_runtime,
@@ -77,15 +78,15 @@ def _options_of(runtime_options: object) -> dict[str, Any]:
 def _check_runtime_options(backend: str, options: dict[str, Any]) -> None:
     """Keys and types (the backend's factory), and a queue capacity the scheduler can use,
     before the runtime opens."""
-    check_runtime_options(backend, options)
     for key in _CAPACITY_OPTIONS:
         value = options.get(key)
-        if isinstance(value, int) and value < ENTRIES_PER_REQUEST:
+        if isinstance(value, int) and not isinstance(value, bool) and value < ENTRIES_PER_REQUEST:
             raise ValueError(
                 f"runtime_options[{key!r}]={value}: each stream needs room for at least "
                 f"{ENTRIES_PER_REQUEST} runtime queue entries (a request and the completion "
                 "event recorded after it)"
             )
+    check_runtime_options(backend, options)
 
 
 def _check_seconds(name: str, seconds: object) -> float:
@@ -494,9 +495,7 @@ class Device:
         ``pinned_bytes`` count the pinned arrays not yet freed (:meth:`pinned_empty`).
         Readable from any thread."""
         scheduler = self._scheduler
-        stats = {**scheduler.stats(), **scheduler.pinned.stats()}
-        stats["timeouts"] += host_func_timeouts(self)
-        return stats
+        return {**scheduler.stats(), **scheduler.pinned.stats()}
 
     async def synchronize(self) -> None:
         """Wait until everything queued on every stream has finished; then raise, as
@@ -609,6 +608,7 @@ class _DeviceOpener:
         self._device_id = device_id
         self._backend = backend
         self._device: Device | None = None
+        self._entered = False  # by an async with block (one at a time)
 
     def _open_runtime(self, runtime_options: dict[str, Any]) -> Runtime:
         name, why = choose_backend(self._backend)
@@ -638,7 +638,18 @@ class _DeviceOpener:
         return self._open().__await__()
 
     async def __aenter__(self) -> Device:
-        self._device = await self._open()
+        if self._entered:
+            # one block's exit would close the other's device, and its own never be closed
+            raise RuntimeError(
+                "this open_device(...) is in use by another async with block: call "
+                "open_device() once per block"
+            )
+        self._entered = True
+        try:
+            self._device = await self._open()
+        except BaseException:
+            self._entered = False
+            raise
         return self._device
 
     async def __aexit__(
@@ -647,8 +658,10 @@ class _DeviceOpener:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._device is not None:
-            await self._device.__aexit__(exc_type, exc, tb)
+        device, self._device = self._device, None
+        self._entered = False
+        if device is not None:
+            await device.__aexit__(exc_type, exc, tb)
 
 
 def _close_quietly(runtime: Runtime) -> None:
@@ -690,8 +703,9 @@ def open_device(
         buffers and the pool's cached blocks); an allocation past it first empties the cache,
         then raises ``MemoryError`` (a ``RuntimeAPIError``, code 207001). ``None``: no limit
         but the device's
-    :param runtime_options: keyword options for the backend, checked in this call (names
-        and types; ``TypeError`` lists the backend's options): sim ``time_model``,
+    :param runtime_options: keyword options for the backend, checked in this call (names,
+        types and ranges; ``TypeError`` lists the backend's options; with ``"auto"`` only
+        the names here, the rest once the backend is chosen): sim ``time_model``,
         ``max_queue_depth``, ``memory_bytes``; acl ``library_path`` (the ``libascendcl.so``
         to load instead of searching the CANN install), ``stream_capacity``; cuda
         ``block_dim``, ``staging_bytes`` (see the backends guide)
@@ -711,6 +725,8 @@ def open_device(
     options = _options_of(runtime_options)
     if backend != "auto":
         _check_runtime_options(backend, options)
+    else:  # (the values once the backend is chosen, on the opener thread)
+        check_option_names(options)
     kwargs = {
         "completion": completion,
         "task_timeout": task_timeout,

@@ -48,7 +48,7 @@ from ._sched.work import Outcome
 if TYPE_CHECKING:
     from ._event import Event
 
-__all__ = ["ASYNC_FN", "HostFuncs", "host_func_timeouts", "host_funcs", "observed_as", "spawn"]
+__all__ = ["ASYNC_FN", "HostFuncs", "host_funcs", "observed_as", "spawn"]
 
 log = logging.getLogger("aio_ascend")
 
@@ -109,7 +109,6 @@ class HostFuncs:
         self.pending: dict[HostFunctionTask, int] = {}
         self._running: list[anyio.Event] = []  # set when a function handed over returns
         self.closed = False
-        self.timeouts = 0  # tasks failed with TaskTimeoutError (``Device.stats``'s too)
         self._abandoned = False  # a close gave up on a running function
         self._idle = IdleWait(adapter)  # the close's wait for the functions handed over
 
@@ -169,8 +168,7 @@ class HostFuncs:
                 if not returned.is_set():
                     # The watchdog's rule for device work: the task fails now; the stream
                     # stays held until fn returns (it cannot be interrupted).
-                    self._resolve(
-                        task,
+                    task.time_out(
                         TaskTimeoutError(
                             f"host_func did not return within task_timeout={self._task_timeout:g}s "
                             "(it cannot be stopped: the stream's later work waits for it)"
@@ -190,16 +188,15 @@ class HostFuncs:
         if HOOKS.observers and handle is not None and self._source is not None:
             ran = len(stamps) == 2  # (an abandoned one is still running: not yet returned)
             call = HostCall(task, handle, *(stamps if ran else (None, None)))
-            HOOKS.delivered(self._source, [(call, error, Outcome.FINISHED)])
-        self._resolve(task, error)  # (nothing if the watchdog or a close failed it already)
+            # the task's outcome: a timeout that failed it earlier, not what fn did after
+            outcome = task._exc if task.done() else error  # noqa: SLF001
+            HOOKS.delivered(self._source, [(call, outcome, Outcome.FINISHED)])
+        if isinstance(error, TaskTimeoutError):  # (a close's, or the earlier work's)
+            task.time_out(error)
+        resolve_task(task, error)  # (nothing if the watchdog or a close failed it already)
         task.returned.set()
         if not self.pending:
             self._idle.wake()
-
-    def _resolve(self, task: HostFunctionTask, error: BaseException | None) -> None:
-        if not task.done() and isinstance(error, TaskTimeoutError):
-            self.timeouts += 1  # (once per task, as device work's are counted)
-        resolve_task(task, error)
 
     def _main(self) -> None:
         get = self._jobs.get
@@ -249,12 +246,6 @@ def host_funcs(
         _RUNNERS[device] = runner
         weakref.finalize(device, runner.stop).atexit = False
     return runner
-
-
-def host_func_timeouts(device: object) -> int:
-    """How many of ``device``'s host functions failed with ``TaskTimeoutError``."""
-    runner = _RUNNERS.get(device)
-    return 0 if runner is None else runner.timeouts
 
 
 def observed_as(device: object, source: Source) -> None:

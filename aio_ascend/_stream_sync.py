@@ -148,7 +148,8 @@ class StreamSync:
         # awaits anything after queueing the record (else later work overtakes it); torch's
         # own later ops are not held by a host function (they reach the runtime stream
         # directly), so there is nothing to hand over.
-        recorded = await self._fence(drain=True)
+        # (quiet: its failure reaches the caller as the host function's, caused by it)
+        recorded = await self._fence(drain=True, quiet=True)
         task = HostFunctionTask(self._lane)
         # (no await from the record's admission to here: nothing else is queued in between)
         self._hold = task

@@ -195,7 +195,7 @@ class PrometheusMetrics(_Observing):
                     continue
                 task = task_of(request)
                 kind = request.kind
-                if error is not None:
+                if error is not None and not task.quiet:  # (a library's own event: not a task)
                     key = (device, backend, kind, type(error).__name__)
                     self._failures[key] = self._failures.get(key, 0) + 1
                 admitted = task.admitted_at

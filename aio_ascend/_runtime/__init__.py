@@ -28,6 +28,7 @@ __all__ = [
     "Runtime",
     "available_backends",
     "check_device_id",
+    "check_option_names",
     "check_runtime_options",
     "choose_backend",
     "open_runtime",
@@ -40,12 +41,20 @@ BACKENDS: dict[str, str] = {
     "cuda": "aio_ascend._runtime.cuda.runtime:open_cuda_runtime",
 }
 
+#: each backend's check of its options' values, which its factory runs too: ``open_device``
+#: runs it in its call, before anything opens
+OPTION_CHECKS: dict[str, str] = {
+    "sim": "aio_ascend._runtime.sim.executor:check_sim_options",
+    "acl": "aio_ascend._runtime.acl.runtime:check_acl_options",
+    "cuda": "aio_ascend._runtime.cuda.runtime:check_cuda_options",
+}
+
 ENV_BACKEND = "AIO_ASCEND_BACKEND"
 
 
-def _factory(name: str) -> Any:
+def _factory(name: str, table: dict[str, str] = BACKENDS) -> Any:
     try:
-        target = BACKENDS[name]
+        target = table[name]
     except KeyError:
         raise ValueError(
             f"backend={name!r}: expected 'auto' or one of {sorted(BACKENDS)}"
@@ -161,8 +170,8 @@ def _hint_text(hint: Any) -> str:
 
 def check_runtime_options(backend: str, options: dict[str, Any]) -> None:
     """``options`` for ``backend``'s factory, checked without opening anything: every key is
-    one of its keyword options and every value of the type it declares (``TypeError`` naming
-    the option and listing the backend's options). Value ranges are the factory's to check."""
+    one of its keyword options, every value of the type it declares (``TypeError`` naming
+    the option and listing the backend's options) and in its range (``OPTION_CHECKS``)."""
     factory = _factory(backend)
     params = {
         name: param
@@ -185,6 +194,26 @@ def check_runtime_options(backend: str, options: dict[str, Any]) -> None:
             raise TypeError(
                 f"runtime_options[{key!r}] of the {backend} backend must be "
                 f"{_hint_text(hint)}, got {type(value).__name__}"
+            )
+    _factory(backend, OPTION_CHECKS)(**options)
+
+
+def check_option_names(options: dict[str, Any]) -> None:
+    """``options`` for a backend not chosen yet (``"auto"``): every key is an option of some
+    backend (``TypeError`` listing them); the rest is checked once the backend is chosen."""
+    if not options:
+        return
+    known: set[str] = set()
+    for backend in BACKENDS:
+        try:
+            known.update(list(inspect.signature(_factory(backend)).parameters)[1:])
+        except BackendUnavailableError:  # (cannot be imported here: cannot be chosen either)
+            continue
+    for key in options:
+        if key not in known:
+            raise TypeError(
+                f"runtime_options: no backend has an option {key!r} (their options: "
+                f"{', '.join(sorted(known))})"
             )
 
 

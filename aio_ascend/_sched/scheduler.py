@@ -578,12 +578,14 @@ class Scheduler:
 
     # --- stats -----------------------------------------------------------------------------
 
+    def count_timeout(self) -> None:
+        """See ``TaskOwner`` (a host function's: ``HostFunctionTask.time_out``)."""
+        self._delivery.counters.timeouts += 1
+
     def stats(self) -> dict[str, int]:
         """The device's counters (see ``Device.stats``)."""
         parts = [self._delivery.counters, self._submitter.counters, self._poller.counters]
-        if self._waiter is not None:
-            parts.append(self._waiter.counters)
-        counters = total(*parts)
+        counters = total(*parts, *([] if self._waiter is None else [self._waiter.counters]))
         pool = self.pool.stats()
         return {
             **{key: counters[key] for key in ("launches", "copies", "batches", "wakeups")},

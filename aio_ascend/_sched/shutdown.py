@@ -80,6 +80,7 @@ from collections.abc import Callable, Container, Iterable
 from typing import Any, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
 
 from .._host.pinned import PinnedArrays
 from .._host.pool import HostBufferPool
@@ -88,7 +89,7 @@ from .events import BatchEvents, UserEvents
 from .graphs import GraphBook
 from .lane import Lane
 from .lifetimes import Lifetimes
-from .loop import LoopAdapter
+from .loop import LoopAdapter, current_loop_adapter
 from .stalls import Prober
 from .work import Request
 
@@ -202,39 +203,33 @@ async def call_off_loop(
     keeps running meanwhile (an idle worker of anyio's would outlive the device's close, and
     keep its last job's references until it takes another).
 
-    Cancelled while ``call()`` runs, this raises at once and the thread runs on: what it
-    returns then is handed to ``discard`` (the opener closes a runtime nobody will use).
+    A thread cannot be interrupted: a cancellation (asyncio's own included) waits for
+    ``call()`` to return, as anyio's ``to_thread`` does, then is raised; what ``call()``
+    returned is handed to ``discard`` first (the opener closes a runtime nobody will use).
+    So nothing is left running, or open, once this has returned or raised.
     """
-    lock = threading.Lock()
-    outcome: list[Any] = []  # [True, result] or [False, exception]
-    given_up = False
+    outcome: list[tuple[bool, Any]] = []  # (True, result) or (False, exception)
 
     def run() -> None:
         try:
-            result: Any = call()
+            outcome.append((True, call()))
         except BaseException as exc:  # raised on the loop, below
-            with lock:
-                outcome[:] = [False, exc]
-            return
-        with lock:
-            if not given_up:
-                outcome[:] = [True, result]
-                return
-        if discard is not None:
-            discard(result)
+            outcome.append((False, exc))
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     try:
-        await join(thread, math.inf)
+        await current_loop_adapter().shielded(join, thread, math.inf)
+        await anyio.lowlevel.checkpoint_if_cancelled()  # (anyio's and trio's, held off so far)
     except BaseException:
-        with lock:
-            given_up = True
-            done = list(outcome)
-        if done and done[0] and discard is not None:
-            discard(done[1])
+        if outcome and outcome[0][0] and discard is not None:
+            # off the loop too (closing a runtime takes as long as opening one)
+            result = outcome[0][1]
+            closer = threading.Thread(target=discard, args=(result,), name=name, daemon=True)
+            closer.start()
+            await current_loop_adapter().shielded(join, closer, math.inf)
         raise
-    ok, value = outcome
+    ok, value = outcome[0]
     if not ok:
         raise value
     return cast("T", value)

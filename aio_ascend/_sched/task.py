@@ -48,11 +48,14 @@ class FailureSink(Protocol):
 
 
 class TaskOwner(Protocol):
-    """What a task needs of its device (the ``Scheduler``): the loop it belongs to, and where
-    its failure waits until retrieved."""
+    """What a task needs of its device (the ``Scheduler``): the loop it belongs to, where
+    its failure waits until retrieved, and its timeouts' count."""
 
     adapter: LoopAdapter
     failures: FailureSink | None
+
+    def count_timeout(self) -> None:
+        """One more task failed with ``TaskTimeoutError`` outside the delivery queue."""
 
 
 class TaskLane(Protocol):
@@ -316,12 +319,19 @@ class HostFunctionTask(Task):
         super().__init__(lane)
         self.returned = anyio.Event()
 
-    def give_up(self, error: BaseException) -> None:
-        """Its stream's forced close gives up on it (unless it is done): failed with ``error``
-        and no longer holding the stream, though ``fn`` may run on (a thread cannot be
-        stopped; the device's close waits for it)."""
+    def time_out(self, error: BaseException) -> None:
+        """Fail it with ``error``, a ``TaskTimeoutError`` (``task_timeout``'s, or a close
+        that gives up on it), counted once as the device's timeouts are, unless it is done;
+        ``fn`` may run on (a thread cannot be stopped)."""
         if not self._done:
+            self.lane.owner.count_timeout()
             self._resolve(error)
+
+    def give_up(self, error: BaseException) -> None:
+        """Its stream's forced close gives up on it (unless it is done): timed out with
+        ``error`` and no longer holding the stream (the device's close waits for ``fn``)."""
+        if not self._done:
+            self.time_out(error)
             self.returned.set()
 
 

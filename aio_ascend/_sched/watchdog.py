@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sized
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .._errors import TaskTimeoutError
@@ -25,14 +25,16 @@ STALLED = (
 log = logging.getLogger("aio_ascend")
 
 
-def log_expired(device_id: int, deliveries: Sized, task_timeout: float) -> None:
-    """Say that the watchdog failed tasks (a decision the user should hear of: WARNING)."""
-    if len(deliveries):
+def log_expired(device_id: int, deliveries: Iterable[Delivery], task_timeout: float) -> None:
+    """Say that the watchdog failed tasks (a decision the user should hear of: WARNING); the
+    library's own quiet tasks are not counted, as ``stats()`` does not count them."""
+    failed = sum(not request.quiet for request, _, _ in deliveries)
+    if failed:
         log.warning(
             "device %d: the watchdog failed %d task(s) with TaskTimeoutError "
             "(not finished within task_timeout=%gs)",
             device_id,
-            len(deliveries),
+            failed,
             task_timeout,
         )
 

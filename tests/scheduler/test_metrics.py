@@ -158,6 +158,33 @@ async def test_host_functions_are_measured_and_spanned(sim_device: Any) -> None:
     collector.close()
 
 
+async def test_a_host_function_past_task_timeout_is_exported_as_a_timeout(
+    sim_device: Any,
+) -> None:
+    # It was told to observers when fn returned, with fn's own outcome: a success
+    prometheus_client = pytest.importorskip("prometheus_client")
+    import threading
+
+    registry = prometheus_client.CollectorRegistry()
+    collector = metrics.PrometheusMetrics(registry=registry)
+    release = threading.Event()
+    async with sim_device(task_timeout=0.2) as dev:
+        s = dev.stream()
+        with collector:
+            host = await s.launch_host_func(lambda: release.wait(10))
+            with pytest.raises(aa.TaskTimeoutError):
+                await host
+            release.set()
+            await (await s.launch_host_func(lambda: None))  # runs once the first returned
+    text = prometheus_client.generate_latest(registry).decode()
+    labels = {"device": "0", "backend": "sim", "kind": "host_func"}
+    assert _sample(text, "aio_ascend_task_failures_total", **labels, error="TaskTimeoutError") == 1
+    assert _sample(text, "aio_ascend_task_seconds_count", **labels) == 2
+    # the event recorded before fn is the library's: no failure of its own
+    assert "record_event" not in text.split("aio_ascend_task_failures_total", 1)[-1]
+    collector.close()
+
+
 def test_a_missing_extra_says_which_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(ImportError, match=r"aio_ascend\[metrics\]"):

@@ -512,6 +512,36 @@ async def test_the_watchdog_fails_a_host_function_that_does_not_return(
         assert dev.stats()["timeouts"] == 1  # once, not again when fn returned
 
 
+async def test_a_host_function_behind_a_hung_kernel_is_one_timeout(
+    open_dev: Callable[..., Any],
+) -> None:
+    # Its own event record (the library's) timed out with the kernel and was counted too
+    async with open_dev(task_timeout=0.2, close_timeout=0.5) as dev:
+        s = dev.stream()
+        hung = await s.launch(dev.function("hang"), 1)
+        host = await s.launch_host_func(lambda: None)
+        for task in (hung, host):
+            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+                await task
+        assert dev.stats()["timeouts"] == 2
+        await s.aclose(timeout=0)
+
+
+async def test_a_host_function_a_forced_stream_close_gives_up_on_is_a_timeout(
+    open_dev: Callable[..., Any],
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        host, release = await launch_stuck(s)
+        try:
+            await s.aclose(timeout=0.1)
+            with pytest.raises(aa.TaskTimeoutError):
+                await host
+            assert dev.stats()["timeouts"] == 1  # (it was not counted)
+        finally:
+            release.set()
+
+
 async def test_a_stream_close_refuses_calls_held_behind_a_host_function_at_once(
     open_dev: Callable[..., Any],
 ) -> None:

@@ -396,6 +396,15 @@ async def test_swapped_copy_arguments_get_a_message_that_says_so(anyio_backend: 
         ("acl", {"library_path": 5}, TypeError, "'library_path'.*str"),
         ("acl", {"stream_capacity": 1}, ValueError, "at least 2 runtime queue entries"),
         ("acl", {"bogus": 1}, TypeError, "library_path, stream_capacity"),
+        # ranges too (they passed the call and failed at await, on the opener thread)
+        ("sim", {"memory_bytes": 0}, ValueError, "memory_bytes=0 must be >= 1"),
+        ("sim", {"memory_bytes": -1}, ValueError, "memory_bytes=-1 must be >= 1"),
+        ("acl", {"stream_capacity": 2**40}, ValueError, "stream_capacity=.* out of range"),
+        ("acl", {"exception_callback": 1}, TypeError, "exception_callback"),
+        ("cuda", {"block_dim": 0}, ValueError, "block_dim=0"),
+        ("cuda", {"staging_bytes": 1}, ValueError, "staging_bytes=1"),
+        # "auto": an option no backend has, in the call; the rest once the backend is chosen
+        ("auto", {"bogus": 1}, TypeError, "no backend has an option 'bogus'"),
     ],
 )
 def test_runtime_options_are_checked_in_the_open_device_call(
@@ -424,8 +433,13 @@ async def test_a_bad_runtime_option_with_auto_fails_before_the_runtime_opens(
     monkeypatch.setenv("AIO_ASCEND_BACKEND", "sim")
     opened = []
     monkeypatch.setattr(aa._device, "open_runtime", lambda *a, **k: opened.append(a))
-    with pytest.raises(TypeError, match="no option 'bogus'"):
+    with pytest.raises(TypeError, match="no backend has an option 'bogus'"):
         await aa.open_device(0, runtime_options={"bogus": 1})
+    assert opened == []
+    # an option of another backend's: known (so not refused in the call), wrong for the sim
+    opener = aa.open_device(0, runtime_options={"stream_capacity": 64})
+    with pytest.raises(TypeError, match="sim backend has no option 'stream_capacity'"):
+        await opener
     assert opened == []
 
 

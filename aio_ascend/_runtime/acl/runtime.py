@@ -727,6 +727,19 @@ class AclRuntime:
             raise self._sticky(exc) from None
 
 
+def check_acl_options(
+    *,
+    stream_capacity: object = ACL_STREAM_CAPACITY,
+    exception_callback: object = True,
+    **_: object,
+) -> None:
+    """The values of the acl backend's options (``open_device`` checks them in its call too;
+    where the library is, ``library_path``, is found out only by loading it)."""
+    _in_range("stream_capacity", stream_capacity, 2, INT32_MAX)
+    if not isinstance(exception_callback, bool):
+        raise TypeError(f"exception_callback must be a bool, got {exception_callback!r}")
+
+
 def open_acl_runtime(
     device_id: int,
     *,
@@ -749,9 +762,8 @@ def open_acl_runtime(
         forked child of the process that initialised ACL.
     """
     device_id = _in_range("device_id", device_id, 0, INT32_MAX)
-    stream_capacity = _in_range("stream_capacity", stream_capacity, 2, INT32_MAX)
-    if not isinstance(exception_callback, bool):
-        raise TypeError(f"exception_callback must be a bool, got {exception_callback!r}")
+    check_acl_options(stream_capacity=stream_capacity, exception_callback=exception_callback)
+    stream_capacity = int(stream_capacity)
     library = usable_library(library_path)
     fn = library.functions
     # Read, though nothing uses it: on a thread whose current context was destroyed by a

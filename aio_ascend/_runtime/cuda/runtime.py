@@ -601,6 +601,24 @@ def _looks_like_ptx(image: bytes) -> bool:
     return not image.startswith((_ELF_MAGIC, _FATBIN_MAGIC))
 
 
+def check_cuda_options(
+    *,
+    block_dim: object = DEFAULT_BLOCK_DIM,
+    staging_bytes: object = DEFAULT_STAGING_BYTES,
+    **_: object,
+) -> None:
+    """The values of the cuda backend's numeric options (``open_device`` checks them in its
+    call too; ``driver`` and ``compiler`` are used as given)."""
+    if isinstance(block_dim, bool) or not isinstance(block_dim, int) or not 1 <= block_dim <= 1024:
+        raise ValueError(f"block_dim={block_dim!r} must be an int in 1..1024")
+    if (
+        isinstance(staging_bytes, bool)
+        or not isinstance(staging_bytes, int)
+        or staging_bytes < MAX_STAGING_ALIGN
+    ):
+        raise ValueError(f"staging_bytes={staging_bytes!r} must be an int >= {MAX_STAGING_ALIGN}")
+
+
 def open_cuda_runtime(
     device_id: int,
     *,
@@ -622,14 +640,7 @@ def open_cuda_runtime(
     :raises BackendUnavailableError: cuda-bindings or the NVIDIA driver is missing, or no device
     """
     check_device_id(device_id)
-    if isinstance(block_dim, bool) or not isinstance(block_dim, int) or not 1 <= block_dim <= 1024:
-        raise ValueError(f"block_dim={block_dim!r} must be an int in 1..1024")
-    if (
-        isinstance(staging_bytes, bool)
-        or not isinstance(staging_bytes, int)
-        or staging_bytes < MAX_STAGING_ALIGN
-    ):
-        raise ValueError(f"staging_bytes={staging_bytes!r} must be an int >= {MAX_STAGING_ALIGN}")
+    check_cuda_options(block_dim=block_dim, staging_bytes=staging_bytes)
     driver = initialized_driver(driver)
     err, count = driver.cuDeviceGetCount()
     if int(err) or count <= 0:

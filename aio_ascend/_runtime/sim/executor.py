@@ -43,6 +43,7 @@ __all__ = [
     "COPY_WAITER",
     "CURRENT",
     "LIVE_CONTEXTS",
+    "check_sim_options",
     "DEFAULT_MAX_QUEUE_DEPTH",
     "EVENT_HANDLE",
     "FUNCTION_HANDLE",
@@ -239,6 +240,21 @@ class SimBinary:
         self.functions: dict[str, int] = {}
 
 
+def check_sim_options(
+    *,
+    max_queue_depth: object = DEFAULT_MAX_QUEUE_DEPTH,
+    memory_bytes: object = DEFAULT_MEMORY_BYTES,
+    **_: object,
+) -> None:
+    """The values of the sim's numeric options (``open_device`` checks them in its call too;
+    the flags are used as given)."""
+    for name, value in (("memory_bytes", memory_bytes), ("max_queue_depth", max_queue_depth)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int")
+        if value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+
+
 class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, KernelSpec]):
     """The device of one sim runtime: its state, its streams, and the thread executing them.
 
@@ -263,15 +279,8 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
         unread_faults: bool = False,
         memory_bytes: int = DEFAULT_MEMORY_BYTES,
     ) -> None:
-        if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int):
-            raise TypeError("memory_bytes must be an int")
-        if memory_bytes < 1:
-            raise ValueError(f"memory_bytes={memory_bytes} must be >= 1")
+        check_sim_options(max_queue_depth=max_queue_depth, memory_bytes=memory_bytes)
         check_device_id(device_id)
-        if isinstance(max_queue_depth, bool) or not isinstance(max_queue_depth, int):
-            raise TypeError("max_queue_depth must be an int")
-        if max_queue_depth < 1:
-            raise ValueError(f"max_queue_depth={max_queue_depth} must be >= 1")
         self.device_id = device_id
         self.time_model = bool(time_model)
         self.max_queue_depth = max_queue_depth
