@@ -37,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import sys
 import time
+from typing import Any
 
 __all__ = [
     "GIL_SLICE_S",
@@ -77,8 +79,13 @@ def reduce_timer_slack() -> None:
     if not sys.platform.startswith("linux"):
         return
     with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(29, 1000, 0, 0, 0)
+        _prctl()(29, 1000, 0, 0, 0)
+
+
+@functools.cache
+def _prctl() -> Any:
+    # found once: find_library runs ldconfig in a subprocess (~2 ms at every device's open)
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
 
 
 class LoopPulse:
