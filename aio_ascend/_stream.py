@@ -38,7 +38,6 @@ from ._sched.work import (
     Memset,
     PinnedCopyToDevice,
     PinnedCopyToHost,
-    QuietRecordEvent,
     RecordEvent,
     WaitEvent,
 )
@@ -687,7 +686,7 @@ class Stream(StreamSync):
         # record_event; without the external stream's handshake unless ``handover``
         await self._admit(drain)
         scheduler = self._scheduler
-        record = (QuietRecordEvent if quiet else RecordEvent)(self._lane)
+        record = RecordEvent(self._lane, quiet=quiet)
         try:
             handle = scheduler.user_events.take(event_flags(timing))
             record.event = event = Event(self.device, scheduler, self, handle, timing, record)

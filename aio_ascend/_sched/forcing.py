@@ -81,7 +81,7 @@ def lost_records(runtime: Runtime, batches: Iterable[Batch]) -> set[int]:
     lost: set[int] = set()
     for batch in batches:
         for req in batch.requests:
-            event = req.event if isinstance(req, RecordEvent) else None
+            event = req.event if type(req) is RecordEvent else None
             if event is None or not event.recorded or event.error is not None:
                 continue
             try:

@@ -552,7 +552,7 @@ class Submitter:
                     open_batches[lane] = [req]
                 else:
                     batch.append(req)
-                if self._blocked and isinstance(req, RecordEvent):
+                if self._blocked and type(req) is RecordEvent:
                     self._unblock(req.event)
             if req.closes_batch:
                 batch = open_batches.pop(lane, None)
@@ -653,7 +653,7 @@ class Submitter:
     def _refuse(self, req: Request, error: BaseException, failures: list[Delivery]) -> None:
         # never reaching the device: what it holds goes back now, and its task fails
         req.on_refused(error)
-        if self._blocked and isinstance(req, RecordEvent):
+        if self._blocked and type(req) is RecordEvent:
             self._unblock(req.event)  # (a wait for it fails: the event was never recorded)
         self._lifetimes.release((req,))
         failures.append((req, error, Outcome.FINISHED))

@@ -428,13 +428,17 @@ class _EventRequest(Request):
     record task), so the event is let go once the request is released: no cycle keeps a
     dropped event alive, and a kept task holds no event."""
 
-    __slots__ = ("event",)
+    __slots__ = ("event", "quiet")
     holds_user = True
 
-    def __init__(self, lane: Lane, event: EventRecord | None = None) -> None:
+    def __init__(self, lane: Lane, event: EventRecord | None = None, quiet: bool = False) -> None:
         super().__init__(lane, None, ())
         #: the event (set after the request is made where the event needs it first)
         self.event: Any = event
+        #: a record of the library's own (``wait_stream``'s, ``launch_host_func``'s): see
+        #: ``Task.quiet`` (an instance's flag, not a subclass: the compiled submitter tells
+        #: records by their exact type)
+        self.quiet = quiet
 
     def let_go(self) -> None:
         self.event = None
@@ -457,15 +461,6 @@ class RecordEvent(_EventRequest):
 
     def on_refused(self, exc: BaseException) -> None:
         self.event.error = exc
-
-
-@interpreted
-class QuietRecordEvent(RecordEvent):
-    """An event record of the library's own (``wait_stream``'s): its failure reaches the user
-    through the wait that depends on it, never as an unretrieved error or a timeout."""
-
-    __slots__ = ()
-    quiet = True
 
 
 @interpreted
