@@ -491,9 +491,9 @@ class Device:
         """Counters: launches, copies, batches, wakeups, in_flight, peak_in_flight, and more;
         ``timeouts`` counts the tasks (launches, copies, events, replays, host functions)
         that failed with ``TaskTimeoutError``, the watchdog's or a forced close's, each once
-        (not the event ``wait_stream`` records for itself); ``pinned_arrays`` and
-        ``pinned_bytes`` count the pinned arrays not yet freed (:meth:`pinned_empty`).
-        Readable from any thread."""
+        (not the events ``wait_stream`` and ``launch_host_func`` record for themselves);
+        ``pinned_arrays`` and ``pinned_bytes`` count the pinned arrays not yet freed
+        (:meth:`pinned_empty`). Readable from any thread."""
         scheduler = self._scheduler
         return {**scheduler.stats(), **scheduler.pinned.stats()}
 
