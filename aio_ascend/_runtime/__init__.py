@@ -168,16 +168,21 @@ def _hint_text(hint: Any) -> str:
     return text.replace("typing.", "").replace("NoneType", "None")
 
 
+def _option_names(factory: Any) -> list[str]:
+    # a backend factory's keyword options (its first parameter is the device id)
+    return [
+        name
+        for name, param in list(inspect.signature(factory).parameters.items())[1:]
+        if param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
+    ]
+
+
 def check_runtime_options(backend: str, options: dict[str, Any]) -> None:
     """``options`` for ``backend``'s factory, checked without opening anything: every key is
     one of its keyword options, every value of the type it declares (``TypeError`` naming
     the option and listing the backend's options) and in its range (``OPTION_CHECKS``)."""
     factory = _factory(backend)
-    params = {
-        name: param
-        for name, param in list(inspect.signature(factory).parameters.items())[1:]
-        if param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
-    }
+    params = _option_names(factory)
     try:
         hints = typing.get_type_hints(factory)
     except Exception:  # an annotation that cannot be evaluated here: keys only
@@ -206,7 +211,7 @@ def check_option_names(options: dict[str, Any]) -> None:
     known: set[str] = set()
     for backend in BACKENDS:
         try:
-            known.update(list(inspect.signature(_factory(backend)).parameters)[1:])
+            known.update(_option_names(_factory(backend)))
         except BackendUnavailableError:  # (cannot be imported here: cannot be chosen either)
             continue
     for key in options:

@@ -126,11 +126,7 @@ class DeliveryQueue:
             HOOKS.delivered(self._source, [(r, e, Outcome.FINISHED) for r, e in outcomes])
         timeouts = 0
         for request, error in outcomes:
-            if (
-                not request._done  # noqa: SLF001
-                and isinstance(error, TaskTimeoutError)
-                and not request.quiet
-            ):
+            if not request._done and _a_timeout(request, error):  # noqa: SLF001
                 timeouts += 1
             resolve_task(request, error)
         self.counters.timeouts += timeouts
@@ -193,7 +189,7 @@ class DeliveryQueue:
                 # towards aclose()'s wait; one resolved already (dropped) was counted then
                 if not request._done:  # noqa: SLF001 - the scheduler's own object
                     settled += 1
-                    if isinstance(error, TaskTimeoutError) and not request.quiet:
+                    if _a_timeout(request, error):
                         timeouts += 1  # (the watchdog's or a forced close's: one per task)
                 wakes += resolve_task(request, error)
             else:
@@ -217,3 +213,9 @@ class DeliveryQueue:
         if timeouts:
             self.counters.timeouts += timeouts
         self._settled(settled)
+
+
+def _a_timeout(request: Request, error: BaseException | None) -> bool:
+    # Whether resolving ``request`` (not done yet) with ``error`` is one more of the device's
+    # ``timeouts``: a task of the user's failing with TaskTimeoutError (a quiet one is not).
+    return isinstance(error, TaskTimeoutError) and not request.quiet
