@@ -121,9 +121,10 @@ class DeliveryQueue:
         """Resolve requests that never came through the queue (dropped before the hand-over,
         or left over by a close; their slots and holdings are the caller's to give back),
         telling observers first, as :meth:`deliver` does: a task failed by a close is traced
-        and counted as any other."""
+        and counted as any other (once: one the watchdog failed already is not told again)."""
         if HOOKS.observers:
-            HOOKS.delivered(self._source, [(r, e, Outcome.FINISHED) for r, e in outcomes])
+            told = [(r, e, Outcome.FINISHED) for r, e in outcomes if not r._done]  # noqa: SLF001
+            HOOKS.delivered(self._source, told)
         timeouts = 0
         for request, error in outcomes:
             if not request._done and _a_timeout(request, error):  # noqa: SLF001

@@ -707,6 +707,7 @@ class Scheduler:
                 self._forcing = forced
             self._destroy_lanes()
         threads = [self._submitter.thread, self._poller.thread, self._poller.prober.thread]
+        threads.append(self._submitter.stage_thread)  # (the submitter waits for it)
         if self._waiter is not None:
             threads.append(self._waiter.thread)
         for thread in threads:

@@ -53,6 +53,15 @@ open is *carried* (submitted, its event not recorded yet); the other streams go 
 thread's ``_Staged`` report comes back through the inbox, behind the hops queued meanwhile, and
 resumes the stream; what waited past its deadline is not submitted.
 
+Parks end by their deadlines. A report may never come (a staging call that hangs in the runtime,
+a record parked behind one), so while anything is parked this thread waits for its inbox only
+until the first parked deadline. The request a stream is parked at that is still unresolved
+then is given up on (:meth:`Submitter._give_up`): a wait fails at once; a big copy fails as
+timed out (``TIMED_OUT``) but keeps its buffer and slot until the staging thread's report, which
+is late now (:meth:`Submitter._late_report`): the staging thread may still be writing into that
+buffer. The stream then goes on as a resume does. A close that finds the staging call still
+running waits for it with the submitter, and leaks rather than free under it.
+
 Waits across streams. A stream's ``wait_event`` whose event's record is parked on another
 stream would not wait if submitted first: an event never recorded reads complete
 (``docs/acl-runtime.md``, "Unrecorded events"), so the wait's work would run before what it
@@ -117,6 +126,12 @@ from .work import Arrival, Batch, Delivery, Launch, Outcome, RecordEvent, Reques
 __all__ = ["Submitter"]
 
 _STOP = object()
+#: nothing came in before a parked request's deadline (see _get_or_expire)
+_EXPIRED = object()
+#: how long after its record a batch recorded past its deadline is given to be seen complete
+_LATE_BATCH_GRACE_S = 0.1
+#: the longest single wait for the inbox while a stream is parked (a deadline may be far off)
+_LONGEST_GET_S = 3600.0
 #: a request whose stream waits for a big copy's staging (not an error: it is queued)
 _PARKED = InternalError("parked")
 #: code flags of frames that ``frame.clear()`` would close (a generator's or coroutine's)
@@ -124,13 +139,16 @@ _RESUMABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_CORO
 
 
 class _Staged:
-    """The staging thread's report: the big copy parked first on ``lane`` is staged (or
-    failed to be, with ``error``); or the record a wait parked ``lane`` for has been made."""
+    """The report that ``request``, at which its stream is parked, may go on: the big copy is
+    staged (or failed to be, with ``error``), or the record the wait waits for has been made.
+    A report for a request the thread has given up on meanwhile (:meth:`Submitter._expire`)
+    is late: its stream has moved on."""
 
-    __slots__ = ("error", "lane")
+    __slots__ = ("error", "lane", "request")
 
-    def __init__(self, lane: Lane, error: BaseException | None) -> None:
-        self.lane = lane
+    def __init__(self, request: Request, error: BaseException | None) -> None:
+        self.request = request
+        self.lane = request.lane
         self.error = error
 
 
@@ -184,9 +202,12 @@ class Submitter:
         self._parked: dict[Lane, list[tuple[Request, float]]] = {}
         #: the batch a parked stream had open: submitted, its event not yet recorded
         self._carried: dict[Lane, list[Request]] = {}
-        #: streams parked at a wait until the event's record (parked on another stream)
-        #: reaches the runtime: by event
-        self._blocked: dict[EventRecord, list[Lane]] = {}
+        #: the waits parked until the event's record (parked on another stream) reaches the
+        #: runtime: by event
+        self._blocked: dict[EventRecord, list[WaitEvent]] = {}
+        #: big copies given up on while the staging thread had them: failed (TIMED_OUT), what
+        #: they hold kept until the staging thread's report says it is done with them
+        self._abandoned: list[Request] = []
         self._blocked_lock = threading.Lock()  # (the poller's watchdog fails records too)
         self._stager = CopyWorker(f"aio_ascend-stage-{device_id}")
         #: runtime errors caught in the hop being submitted (see _forget_frames)
@@ -196,6 +217,12 @@ class Submitter:
         self.thread = threading.Thread(
             target=self._main, name=f"aio_ascend-submit-{device_id}", daemon=True
         )
+
+    @property
+    def stage_thread(self) -> threading.Thread:
+        """The staging thread (not started until the first big copy): the submitter waits
+        for its job in progress on its way out."""
+        return self._stager.thread
 
     # --- any thread ------------------------------------------------------------------------
 
@@ -229,8 +256,10 @@ class Submitter:
             out.extend(req for req, _ in queued)
         for batch in self._carried.values():
             out.extend(batch)
+        out.extend(self._abandoned)  # (failed already; the staging thread is done with them)
         self._parked.clear()
         self._carried.clear()
+        self._abandoned.clear()
         self.stop()  # the stop request was taken out too; an abandoned thread still needs it
         return out
 
@@ -267,11 +296,7 @@ class Submitter:
     def _never_started(self, hop: Hop) -> list[Delivery]:
         deliveries: list[Delivery] = []
         for req in hop.requests:
-            error = TaskTimeoutError(
-                f"{req.kind} was not submitted within task_timeout={self._task_timeout:g}s "
-                "(it never reached the device)"
-            )
-            self._refuse(req, error, deliveries)
+            self._refuse(req, self._not_submitted(req), deliveries)
         return deliveries
 
     # --- the thread ------------------------------------------------------------------------
@@ -280,20 +305,23 @@ class Submitter:
         self._runtime.set_current_context()
         get = self._inbox.get
         waiting = self.waiting
+        parked = self._parked
         while True:
             # No reference to past work may survive in this frame while it blocks: it would
             # keep finished requests (and through their tasks the public objects) alive.
-            item = get()
+            item = self._get_or_expire() if parked else get()
             if item is _STOP:
                 self._stager.finish()  # its reports stay in the inbox: see unsubmitted()
                 return
             if type(item) is _Staged:
-                self._resuming = (item.lane, self._resumes(item.lane))
-                self._resume(item)
-                self._resuming = None
-                if self._caught:
-                    self._forget_frames()
-                del item
+                queued = parked.get(item.lane)
+                if queued is not None and queued[0][0] is item.request:
+                    self._resume_parked(item.lane, item.error)
+                else:
+                    self._late_report(item.request)
+                del item, queued
+                continue
+            if item is _EXPIRED:
                 continue
             if type(item) is LaneForce:
                 self._to_poller(item)  # behind every batch its stream got
@@ -578,7 +606,7 @@ class Submitter:
         # may be failed on the poller's thread meanwhile (its hop expired by the watchdog):
         # registered first, then looked at again, so that one side resumes the stream.
         with self._blocked_lock:
-            self._blocked.setdefault(wait.event, []).append(wait.lane)
+            self._blocked.setdefault(wait.event, []).append(wait)
         if not wait.record_pending():
             self._unblock(wait.event)
 
@@ -587,9 +615,9 @@ class Submitter:
         # at a wait for it resume, after the hops already in the inbox (whose requests queue
         # behind). Whoever takes the entry resumes them: once.
         with self._blocked_lock:
-            lanes = self._blocked.pop(event, ())
-        for lane in lanes:
-            self._inbox.put(_Staged(lane, None))
+            waits = self._blocked.pop(event, ())
+        for wait in waits:
+            self._inbox.put(_Staged(wait, None))
 
     def _prepare(self, req: Request, deadline: float) -> None:
         # The staging thread: allocate and fill (an upload) the copy's pinned buffer. Never
@@ -600,12 +628,78 @@ class Submitter:
                 req.prepare(self._stage)
             except BaseException as exc:
                 error = exc
-        self._inbox.put(_Staged(req.lane, error))
+        self._inbox.put(_Staged(req, error))
 
-    def _resume(self, staged: _Staged) -> None:
-        """The stream's big copy is staged: submit its parked requests (up to the next big
-        copy), in order, hop by hop; what waited past its deadline is never submitted."""
-        lane = staged.lane
+    def _get_or_expire(self) -> Any:
+        # A stream is parked: its report may never come (a staging call that hangs, a record
+        # stuck behind one), and its requests must still end by their deadlines. So the inbox
+        # is waited on only until the first parked deadline, and what is parked past its
+        # deadline is given up on first.
+        now = time.monotonic()
+        for lane, queued in list(self._parked.items()):
+            if queued[0][1] <= now:
+                self._resume_parked(lane, None, overdue=True)
+        if not self._parked:
+            return self._inbox.get()
+        wait = min(queued[0][1] for queued in self._parked.values()) - time.monotonic()
+        try:
+            return self._inbox.get(timeout=min(max(wait, 0.0), _LONGEST_GET_S))
+        except queue.Empty:
+            return _EXPIRED
+
+    def _resume_parked(
+        self, lane: Lane, error: BaseException | None, *, overdue: bool = False
+    ) -> None:
+        self._resuming = (lane, self._resumes(lane))
+        self._resume(lane, error, overdue=overdue)
+        self._resuming = None
+        if self._caught:
+            self._forget_frames()
+
+    def _late_report(self, request: Request) -> None:
+        # The report of a request given up on (_give_up): a wait's needs nothing; a staged
+        # copy's buffer is the staging thread's no longer, so what it holds goes back now.
+        for index, abandoned in enumerate(self._abandoned):
+            if abandoned is request:
+                del self._abandoned[index]
+                self._lifetimes.release((request,))
+                self._post([(request, None, Outcome.FINISHED_LATE)])
+                return
+
+    def _give_up(self, holder: Request, failures: list[Delivery]) -> None:
+        # The request ``holder``'s stream is parked at passed its deadline before its report
+        # came: it fails, and the stream goes on without it.
+        if type(holder) is WaitEvent:
+            with self._blocked_lock:  # (its report is late now if the record comes after all)
+                waits = self._blocked.get(holder.event, [])
+                if holder in waits:
+                    waits.remove(holder)
+                    if not waits:
+                        del self._blocked[holder.event]
+            error = self._not_submitted(holder, "the event it waits for was not recorded in time")
+            self._refuse(holder, error, failures)
+        else:
+            # A big copy the staging thread may be filling: its buffer is not ours to give
+            # back until the report (_late_report); the slot stays taken meanwhile, as for
+            # timed-out work the device may still run.
+            error = self._not_submitted(holder, "its staging did not finish")
+            self._abandoned.append(holder)
+            failures.append((holder, error, Outcome.TIMED_OUT))
+            if holder.lane.handover is not None:
+                holder.lane.handover.decided(holder)
+        log_expired(self._device_id, [(holder, error, Outcome.TIMED_OUT)], self._task_timeout)
+
+    def _not_submitted(self, req: Request, why: str = "") -> TaskTimeoutError:
+        return TaskTimeoutError(
+            f"{req.kind} was not submitted within task_timeout={self._task_timeout:g}s "
+            f"({why + ': ' if why else ''}it never reached the device)"
+        )
+
+    def _resume(self, lane: Lane, error: BaseException | None, *, overdue: bool = False) -> None:
+        """The request ``lane`` is parked at may go on (``error``: its staging failed), or
+        (``overdue``) passed its deadline first: then the stream's parked requests are
+        submitted (up to the next big copy), in order, hop by hop; what waited past its
+        deadline is never submitted."""
         queued = self._parked.pop(lane)
         carried = self._carried.pop(lane, None)
         broken: dict[Lane, BaseException] = {}
@@ -619,16 +713,20 @@ class Submitter:
             failures.extend((req, gave_up(req.kind), Outcome.FINISHED) for req in carried)
             carried = None
         open_batches = {lane: carried} if carried else {}
-        if staged.error is not None:
+        # the carried batch's deadline when nothing else joins it: the one it was parked at
+        # (the latest of its requests'), never none at all (the watchdog would fail it at once)
+        last = queued[0][1]
+        if overdue:
+            self._give_up(queued.pop(0)[0], failures)
+        elif error is not None:
             first, _ = queued.pop(0)
-            exc = staged.error
+            exc = error
             if isinstance(exc, AscendError):  # the rest of the stream fails with it as cause
                 error = broken[lane] = self._classify(exc)
             else:
                 error = InternalError(f"staging {first.kind} failed: {exc!r}")
                 error.__cause__ = exc
             self._refuse(first, error, failures)
-        last = 0.0
         while queued:
             deadline = queued[0][1]
             count = next((i for i, (_, d) in enumerate(queued) if d != deadline), len(queued))
@@ -641,6 +739,10 @@ class Submitter:
                 failures.extend(expired)
                 continue
             self._submit(group, deadline, open_batches, broken, failures)
+        # A batch recorded only now, past its deadline (carried through a park that ended
+        # overdue, nothing in time behind it): the watchdog would fail it before its first
+        # query could see it complete, work the device finished long ago included.
+        last = max(last, time.monotonic() + _LATE_BATCH_GRACE_S)
         for open_lane, batch in open_batches.items():
             if batch:
                 self._close_batch(open_lane, batch, last, failures)

@@ -320,7 +320,9 @@ async def test_a_big_copy_staged_past_its_deadline_is_never_submitted(
         with pytest.raises(aa.TaskTimeoutError):
             await behind
         dev._scheduler._submitter._stage = acquire
-        assert (await s.download(buf) == 9).all()  # neither reached the device
+        # neither reached the device (a small download: a big one would wait for the staging
+        # thread, still in the slowed call, and could pass its own deadline behind it)
+        assert (await s.download(buf, np.uint8, 1024) == 9).all()
 
 
 @pytest.mark.anyio

@@ -1,0 +1,237 @@
+"""A stream parked in the submitter (behind a big copy's staging, or at a wait for a record
+parked on another stream) is still bound by ``task_timeout``: its requests end by their
+deadlines even when the report that would resume it never comes, the streams go on, and what
+the host side may still touch is kept until it is done."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from helpers import OpenDevice, assert_runtime_clean
+
+import aio_ascend as aa
+from aio_ascend._errors import MemoryAllocationError
+from aio_ascend._sched.submitter import Submitter
+
+#: the open_dev tests also run on realrt (tests/conftest.py)
+REALRT_TOO = True
+#: bigger than what is staged at hand (1 MiB): the host side goes to the staging thread
+BIG = 4 << 20
+TIMEOUT_S = 0.3
+
+
+@pytest.fixture
+def released() -> Iterator[threading.Event]:
+    """Set at the end of the test whatever happened: a hung staging call lets go then."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+def _hang_staging(dev: aa.Device, released: threading.Event) -> Callable[[int], Any]:
+    """A big copy's staging takes its pinned buffer, then hangs until ``released``."""
+    submitter = dev._scheduler._submitter
+    acquire: Callable[[int], Any] = submitter._stage
+
+    def hung(nbytes: int) -> Any:
+        host = acquire(nbytes)
+        if nbytes >= BIG:
+            released.wait(60)
+        return host
+
+    submitter._stage = hung
+    return acquire
+
+
+async def _until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(10):
+        while not condition():  # noqa: ASYNC110 - a counter of another thread
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.anyio
+async def test_a_hung_staging_fails_its_stream_by_the_deadline_and_both_streams_go_on(
+    open_dev: OpenDevice, released: threading.Event
+) -> None:
+    """The copy, the request behind it, the record behind that and another stream's wait
+    for the record all fail with TaskTimeoutError (~0.3 s; before, all four waited for
+    good, and so did ``aclose()``); then both streams take new work."""
+    async with open_dev(task_timeout=TIMEOUT_S) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        buf, small = dev.malloc(BIG), dev.malloc(16)
+        await (await s1.memset(buf, 9))
+        _hang_staging(dev, released)
+        up = await s1.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        behind = await s1.memset(small, 5)
+        record = await s1.record_event()
+        waited = await s2.wait_event(record)
+        for task in (up, behind, record, waited):
+            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+                await task
+        assert dev.stats()["timeouts"] == 4
+        # the copy never reached the device (a small download: a big one is staged too)
+        assert (await s1.download(buf, np.uint8, 1024) == 9).all()
+        await (await s2.launch(dev.function("noop"), 1))
+        # the staging thread still has the copy's pinned buffer: not given back under it
+        assert dev.stats()["host_buffers_in_use"] == 1
+        released.set()
+        await _until(lambda: dev.stats()["host_buffers_in_use"] == 0)
+        buf.free()  # nothing uses it any more: freed at once
+        assert dev.stats()["device_buffers"] == 1
+    assert_runtime_clean(dev)
+
+
+@pytest.mark.anyio
+async def test_a_stream_parked_behind_a_hung_staging_takes_work_again_from_its_next_hop(
+    open_dev: OpenDevice, released: threading.Event
+) -> None:
+    """Work queued on the stream after the deadline passed is submitted in order (its own
+    deadline is later), and a second big copy, staged behind the hung one, fails by its own."""
+    async with open_dev(task_timeout=TIMEOUT_S) as dev:
+        s = dev.stream()
+        buf, small = dev.malloc(BIG), dev.malloc(16)
+        _hang_staging(dev, released)
+        first = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+            await first
+        second = await s.copy_to_device(buf, np.ones(BIG, np.uint8))  # (queued behind it)
+        after = await s.memset(small, 7)
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+            await second
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+            await after  # same hop as the copy it was parked behind
+        await s.memset(small, 3)
+        assert (await s.download(small) == 3).all()
+        released.set()
+        await _until(lambda: dev.stats()["host_buffers_in_use"] == 0)
+    assert_runtime_clean(dev)
+
+
+@pytest.mark.anyio
+async def test_a_wait_whose_record_never_resumes_it_fails_by_its_deadline(
+    open_dev: OpenDevice, released: threading.Event, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should the record's outcome never reach the parked wait (no report at all), the wait
+    still fails by its deadline and its stream goes on; the record's late report changes
+    nothing."""
+    monkeypatch.setattr(Submitter, "_unblock", lambda self, event: None)
+    async with open_dev(task_timeout=TIMEOUT_S) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        buf, small = dev.malloc(BIG), dev.malloc(16)
+        _hang_staging(dev, released)
+        up = await s1.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        waited = await s2.wait_event(await s1.record_event())
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError, match="not recorded"):
+            await waited
+        await s2.memset(small, 4)
+        assert (await s2.download(small) == 4).all()
+        with pytest.raises(aa.TaskTimeoutError):
+            await up
+        assert dev._scheduler._submitter._blocked == {}
+        released.set()
+        await _until(lambda: dev.stats()["host_buffers_in_use"] == 0)
+    assert_runtime_clean(dev)
+
+
+@pytest.mark.anyio
+async def test_a_close_with_a_staging_hung_for_good_returns_and_names_the_thread(
+    open_dev: OpenDevice, released: threading.Event, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A staging call that never returns cannot be interrupted: the close gives up on it
+    after its join timeout (2 s; allowed 10x), leaks rather than free under it, and says
+    which thread it left."""
+    dev = await open_dev(task_timeout=TIMEOUT_S)
+    try:
+        s = dev.stream()
+        buf = dev.malloc(BIG)
+        _hang_staging(dev, released)
+        up = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+            await up
+        with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
+            await dev.aclose()
+        assert any("aio_ascend-stage-" in r.getMessage() for r in caplog.records), caplog.records
+    finally:
+        # let the staging call return, wait for the threads the close left, and close the
+        # runtime it leaked on purpose
+        released.set()
+        for thread in threading.enumerate():
+            if thread.name.startswith(("aio_ascend-submit", "aio_ascend-stage")):
+                thread.join(10)
+        dev.runtime.close()
+
+
+@pytest.mark.anyio
+async def test_a_copy_given_up_on_is_released_and_told_once_when_the_close_meets_its_report(
+    open_dev: OpenDevice, released: threading.Event
+) -> None:
+    """The staging call returns while the close waits for the submitter: the copy's report is
+    left in the inbox, so the close releases what the copy held, and resolves it again as a
+    leftover; observers were told of it when it failed, and are not told a second time."""
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from aio_ascend import metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    collector = metrics.PrometheusMetrics(registry=registry)
+    with collector:
+        async with open_dev(task_timeout=TIMEOUT_S) as dev:
+            s = dev.stream()
+            buf = dev.malloc(BIG)
+            _hang_staging(dev, released)
+            up = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
+            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+                await up
+            threading.Timer(0.3, released.set).start()  # during the close's wait
+            with anyio.fail_after(20):
+                await dev.aclose()
+        assert_runtime_clean(dev)
+    text = prometheus_client.generate_latest(registry).decode()
+    failures = [
+        line
+        for line in text.splitlines()
+        if line.startswith("aio_ascend_task_failures_total{") and "copy_to_device" in line
+    ]
+    assert len(failures) == 1 and failures[0].endswith(" 1.0"), failures
+    collector.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("how", ["refused", "hung"])
+async def test_the_batch_a_stream_had_open_when_it_parked_keeps_its_deadline(
+    open_dev: OpenDevice, released: threading.Event, how: str
+) -> None:
+    """A 300 ms kernel queued just before a big copy is in the batch the stream carries while
+    parked. Once the copy's staging failed (refused, or past its deadline) and nothing else was
+    parked behind it, that batch was given no deadline at all: the watchdog failed the kernel
+    as soon as it looked, with task_timeout=5 s."""
+    timeout = 5.0 if how == "refused" else 1.0
+    async with open_dev(task_timeout=timeout) as dev:
+        s = dev.stream()
+        buf = dev.malloc(BIG)
+        submitter = dev._scheduler._submitter
+        if how == "refused":
+            acquire = submitter._stage
+
+            def refuse(nbytes: int) -> Any:
+                if nbytes >= BIG:
+                    raise MemoryAllocationError("no pinned memory", code=207001)
+                return acquire(nbytes)
+
+            submitter._stage = refuse
+        else:
+            _hang_staging(dev, released)
+        slow = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(300))
+        up = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        with anyio.fail_after(10), pytest.raises((MemoryAllocationError, aa.TaskTimeoutError)):
+            await up
+        with anyio.fail_after(10):
+            await slow  # (finished 300 ms after it was queued)
+        released.set()
+        await _until(lambda: dev.stats()["host_buffers_in_use"] == 0)
+    assert_runtime_clean(dev)
