@@ -49,9 +49,17 @@ def _hang_staging(dev: aa.Device, released: threading.Event) -> Callable[[int], 
     return acquire
 
 
-async def _until(condition: Callable[[], bool]) -> None:
+async def _times_out(task: Any, match: str | None = None) -> None:
+    """``task`` fails with TaskTimeoutError (by its deadline: allowed 10 s)."""
+    with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError, match=match):
+        await task
+
+
+async def _release_staging(dev: aa.Device, released: threading.Event) -> None:
+    """Let the hung staging call return; wait until what the copy held is given back."""
+    released.set()
     with anyio.fail_after(10):
-        while not condition():  # noqa: ASYNC110 - a counter of another thread
+        while dev.stats()["host_buffers_in_use"]:  # noqa: ASYNC110 - another thread's count
             await anyio.sleep(0.01)
 
 
@@ -72,16 +80,14 @@ async def test_a_hung_staging_fails_its_stream_by_the_deadline_and_both_streams_
         record = await s1.record_event()
         waited = await s2.wait_event(record)
         for task in (up, behind, record, waited):
-            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
-                await task
+            await _times_out(task)
         assert dev.stats()["timeouts"] == 4
         # the copy never reached the device (a small download: a big one is staged too)
         assert (await s1.download(buf, np.uint8, 1024) == 9).all()
         await (await s2.launch(dev.function("noop"), 1))
         # the staging thread still has the copy's pinned buffer: not given back under it
         assert dev.stats()["host_buffers_in_use"] == 1
-        released.set()
-        await _until(lambda: dev.stats()["host_buffers_in_use"] == 0)
+        await _release_staging(dev, released)
         buf.free()  # nothing uses it any more: freed at once
         assert dev.stats()["device_buffers"] == 1
     assert_runtime_clean(dev)
@@ -98,18 +104,14 @@ async def test_a_stream_parked_behind_a_hung_staging_takes_work_again_from_its_n
         buf, small = dev.malloc(BIG), dev.malloc(16)
         _hang_staging(dev, released)
         first = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
-        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
-            await first
+        await _times_out(first)
         second = await s.copy_to_device(buf, np.ones(BIG, np.uint8))  # (queued behind it)
         after = await s.memset(small, 7)
-        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
-            await second
-        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
-            await after  # same hop as the copy it was parked behind
+        await _times_out(second)
+        await _times_out(after)  # same hop as the copy it was parked behind
         await s.memset(small, 3)
         assert (await s.download(small) == 3).all()
-        released.set()
-        await _until(lambda: dev.stats()["host_buffers_in_use"] == 0)
+        await _release_staging(dev, released)
     assert_runtime_clean(dev)
 
 
@@ -127,15 +129,13 @@ async def test_a_wait_whose_record_never_resumes_it_fails_by_its_deadline(
         _hang_staging(dev, released)
         up = await s1.copy_to_device(buf, np.zeros(BIG, np.uint8))
         waited = await s2.wait_event(await s1.record_event())
-        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError, match="not recorded"):
-            await waited
+        await _times_out(waited, match="not recorded")
         await s2.memset(small, 4)
         assert (await s2.download(small) == 4).all()
         with pytest.raises(aa.TaskTimeoutError):
             await up
         assert dev._scheduler._submitter._blocked == {}
-        released.set()
-        await _until(lambda: dev.stats()["host_buffers_in_use"] == 0)
+        await _release_staging(dev, released)
     assert_runtime_clean(dev)
 
 
@@ -152,8 +152,7 @@ async def test_a_close_with_a_staging_hung_for_good_returns_and_names_the_thread
         buf = dev.malloc(BIG)
         _hang_staging(dev, released)
         up = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
-        with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
-            await up
+        await _times_out(up)
         with caplog.at_level(logging.ERROR, logger="aio_ascend"), anyio.fail_after(20):
             await dev.aclose()
         assert any("aio_ascend-stage-" in r.getMessage() for r in caplog.records), caplog.records
@@ -185,8 +184,7 @@ async def test_a_copy_given_up_on_is_released_and_told_once_when_the_close_meets
             buf = dev.malloc(BIG)
             _hang_staging(dev, released)
             up = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
-            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
-                await up
+            await _times_out(up)
             threading.Timer(0.3, released.set).start()  # during the close's wait
             with anyio.fail_after(20):
                 await dev.aclose()
@@ -232,6 +230,5 @@ async def test_the_batch_a_stream_had_open_when_it_parked_keeps_its_deadline(
             await up
         with anyio.fail_after(10):
             await slow  # (finished 300 ms after it was queued)
-        released.set()
-        await _until(lambda: dev.stats()["host_buffers_in_use"] == 0)
+        await _release_staging(dev, released)
     assert_runtime_clean(dev)
