@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 import warnings
 import weakref
@@ -333,8 +332,6 @@ class Device:
         :raises TypeError: ``lazy`` that is not a bool
         """
         kind, lazy = check_load_options(kernel_type, lazy)
-        if isinstance(source, str | os.PathLike) and not os.fspath(source):
-            raise ValueError("load_module: the path is empty")  # (not the current directory)
         handle = self._owned().load_binary(source, kernel_type=kind, lazy=lazy)
         kind_name = None if kind is None else kind.value
         return Module(self, handle, source, self._get_function, kind_name, self._owned)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import os
 import struct
 from collections.abc import Sequence
 from typing import Final
@@ -84,6 +85,7 @@ __all__ = [
     "check_device_id",
     "check_event_flags",
     "check_failure_mode",
+    "check_binary_source",
     "check_load_options",
     "check_kernel_name",
     "check_memcpy",
@@ -201,6 +203,21 @@ def check_load_options(kernel_type: object, lazy: object) -> tuple[KernelType | 
     if lazy is not None and not isinstance(lazy, bool):
         raise TypeError(f"lazy must be a bool or None, got {type(lazy).__name__}")
     return kind, lazy
+
+
+def check_binary_source(source: object) -> None:
+    """What every backend refuses alike before its loader sees ``source``: empty binary data
+    (``ValueError``), an empty path (not the current directory: ``ValueError``) and a path with
+    no file (``FileNotFoundError``). Which sources a backend loads is its own."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        if not memoryview(source).nbytes:
+            raise ValueError("load_binary: the kernel binary data is empty")
+    elif isinstance(source, str | os.PathLike):
+        path = os.fspath(source)
+        if not path:
+            raise ValueError("load_binary: the path is empty")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"load_binary: no kernel binary at {os.path.abspath(path)!r}")
 
 
 def check_kernel_name(name: object) -> bytes:

@@ -47,6 +47,7 @@ from .abi import (
     MALLOC_APPEND_SIZE,
     KernelType,
     check_alloc_size,
+    check_binary_source,
     check_event_flags,
     check_failure_mode,
     check_kernel_name,
@@ -384,6 +385,7 @@ class AclEmulation(ABC, Generic[StreamT, EventT, GraphT, BinaryT, FunctionT]):
         and ``lazy`` are checked and otherwise ignored."""
         func = self.CALLS["load_binary"]
         check_load_options(kernel_type, lazy)
+        check_binary_source(source)
         self._enter(func)
         handle, binary = self._device_load(source, func)
         self._binaries[handle] = binary

@@ -165,6 +165,24 @@ def test_unknown_kernel_name_is_symbol_not_found(kit: RuntimeKit) -> None:
     assert info.value.code == 107042
 
 
+@pytest.mark.parametrize(
+    ("source", "error", "match"),
+    [
+        (b"", ValueError, "data is empty"),
+        (bytearray(), ValueError, "data is empty"),
+        ("", ValueError, "path is empty"),
+        ("/no/such/dir/kernels.o", FileNotFoundError, "no kernel binary at"),
+    ],
+    ids=["empty bytes", "empty bytearray", "empty path", "missing file"],
+)
+def test_a_binary_source_no_backend_could_load_is_refused_alike(
+    kit: RuntimeKit, source: object, error: type[Exception], match: str
+) -> None:
+    # Before, the sim answered the runtime's InvalidParamError where acl raised these
+    with pytest.raises(error, match=match):
+        kit.rt.load_binary(source)
+
+
 BAD_LAUNCHES: dict[str, tuple[dict[str, Any], type[RuntimeAPIError], str]] = {
     "unknown func": ({"func": 0xDEAD}, InvalidHandleError, ""),
     "unknown stream": ({"stream": 0xBEEF}, InvalidHandleError, ""),

@@ -343,13 +343,9 @@ def load_legacy(
             "magic and lazy-load options belong to aclrtBinaryLoadFromData/FromFile, CANN 8.2+)"
         )
     if isinstance(source, bytes | bytearray | memoryview):
-        data = bytes(source)
-        if not data:
-            raise ValueError("load_binary: the kernel binary data is empty")
+        data = bytes(source)  # (not empty: check_binary_source)
     elif isinstance(source, str | os.PathLike):
         path = os.path.abspath(os.fspath(source))
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"load_binary: no kernel binary at {path!r}")
         with open(path, "rb") as file:
             data = file.read()
         if not data:

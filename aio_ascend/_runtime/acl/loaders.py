@@ -76,9 +76,7 @@ def load_binary_from(
     """Load ``source`` into the handle behind ``ref``: the function that loaded it, the data to
     keep until the unload, and the kernel type when known."""
     if isinstance(source, bytes | bytearray | memoryview):
-        data = bytes(source)
-        if not data:
-            raise ValueError("load_binary: the kernel binary data is empty")
+        data = bytes(source)  # (not empty: check_binary_source)
         if path is LaunchPath.ARGS_HANDLE:
             _load_bytes_from_file(fn, data, kind, lazy, ref)
             return "aclrtBinaryLoadFromFile", None, kind
@@ -90,8 +88,6 @@ def load_binary_from(
     if isinstance(source, str | os.PathLike):
         file = os.path.abspath(os.fspath(source))
         options = load_options(kind, lazy, from_file=True)
-        if not os.path.isfile(file):
-            raise FileNotFoundError(f"load_binary: no kernel binary at {file!r}")
         fn["aclrtBinaryLoadFromFile"](
             os.fsencode(file), None if options is None else byref(options), ref
         )

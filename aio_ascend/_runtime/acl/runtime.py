@@ -36,6 +36,7 @@ from ..abi import (
     UINT32_MAX,
     UINT64_MAX,
     KernelType,
+    check_binary_source,
     check_event_flags,
     check_failure_mode,
     check_kernel_name,
@@ -602,6 +603,7 @@ class AclRuntime:
         is read from the JSON beside it. CANN 8.0: the legacy loader, no options (:mod:`.devargs`).
         """
         kind, lazy = check_load_options(kernel_type, lazy)
+        check_binary_source(source)
         if source is None:
             builtins = os.environ.get(ENV_BUILTINS, "").strip()
             if not builtins:
