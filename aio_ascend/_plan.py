@@ -9,6 +9,7 @@ from ._closing_waits import ClosingWaits
 from ._errors import ClosedError
 from ._host.snapshot import shareable, shared_image
 from ._sched.plans import PlanRecord
+from ._sched.scheduler import DeviceState
 from ._sched.task import Task
 from ._sched.work import Launch, LaunchSpec
 
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from ._stream_sync import StreamSync
 
 __all__ = ["LaunchPlan"]
+
+_OPEN = DeviceState.OPEN
 
 
 class LaunchPlan:
@@ -92,7 +95,7 @@ class LaunchPlan:
         self._waits = ClosingWaits("the launch plan")
         # Dropped without close(): released as close() would, on the loop (collection may
         # happen on any thread; frees belong to the loop's)
-        stream.device._object_finalizers.finalize(self, scheduler.drop_plan, self._record)  # noqa: SLF001
+        stream.device._object_finalizers.finalize(self, scheduler.drop_record, self._record)  # noqa: SLF001
 
     async def launch(self) -> Task:
         """Queue the launch on the plan's stream; return its :class:`Task`.
@@ -130,11 +133,13 @@ class LaunchPlan:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` has been called (queued launches may still be running)."""
-        return self._record.free_requested
+        """Whether the plan can launch no more: :meth:`close` has been called, or its stream
+        or device is closed (queued launches may still be running)."""
+        scheduler = self._scheduler
+        return self._record.free_requested or self._lane.closed or scheduler.state is not _OPEN
 
     async def __aenter__(self) -> LaunchPlan:
-        if self.closed:
+        if self._record.free_requested:
             raise ClosedError("the launch plan is closed")
         self._scheduler.check_usable(self._lane)
         return self

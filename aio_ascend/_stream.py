@@ -303,6 +303,7 @@ class GraphCapture:
             raise RuntimeError("a GraphCapture is entered once")
         self._scheduler.check_usable(self._lane)  # made before the device closed: ClosedError
         self._state = _CaptureState.RECORDING
+        self._scheduler.graphs.begin(self._ops)
         return self
 
     async def __aexit__(
@@ -314,9 +315,8 @@ class GraphCapture:
         self._state = _CaptureState.DONE
         ops, self._ops = self._ops, []
         graphs = self._scheduler.graphs
-        if exc_type is not None:
-            graphs.discard(ops)
-            return
+        if not graphs.end(ops, keep=exc_type is None):
+            return  # left by an exception: what was recorded is released
         if not ops:
             raise ValueError("nothing was captured: use the capture's methods (capture.launch..)")
         record = graphs.new(ops)
@@ -332,7 +332,7 @@ class GraphCapture:
         except BaseException:
             record.registry.free(record)  # once the capture request is done with it
             raise
-        self.graph = Graph(self._stream.device, record, scheduler.drop_graph)
+        self.graph = Graph(self._stream.device, record, scheduler.drop_record)
 
 
 def check_close_args(cancel: object, timeout: object) -> float | None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .._errors import ClosedError
 from .._host.hostargs import PackedArgs
 from .._host.hostdata import write_bytes
 from .._host.pool import HostBufferPool
@@ -72,6 +73,19 @@ class GraphRecord(Allocation):
                 self._destroy_graph(handle)
         ops, self.ops = self.ops, []
         self.registry.release(ops)
+
+    def dropped(self, device_id: int) -> None:
+        """Its ``Graph`` was collected without ``close()`` (loop thread): warn, and close it as
+        ``close()`` does (destroyed once its queued replays have finished). Nothing if it was
+        closed, by the user or by the device's close."""
+        if self.free_requested:
+            return
+        warn_resource(
+            f"a Graph of {len(self.ops)} operation(s) on device {device_id} was "
+            "garbage-collected without close(); it is destroyed once its queued replays "
+            "have finished"
+        )
+        self.registry.free(self)
 
 
 @interpreted
@@ -129,6 +143,8 @@ class GraphBook:
         self._destroy_graph = destroy_graph
         self._lock = threading.Lock()
         self._live: set[GraphRecord] = set()
+        #: the operations of capture blocks still recording, by id (the close releases them)
+        self._recording: dict[int, list[Request]] = {}
 
     def __len__(self) -> int:
         return len(self._live)
@@ -189,22 +205,27 @@ class GraphBook:
             self._live.add(record)
         return record
 
-    def discard(self, ops: list[Request]) -> None:
-        """Recorded operations that never became a graph: release what they hold."""
-        self._lifetimes.release(ops)
+    def begin(self, ops: list[Request]) -> None:
+        """A capture block records into ``ops``: what they hold is released by the device's
+        close if the block is still recording then."""
+        with self._lock:
+            self._recording[id(ops)] = ops
 
-    def dropped(self, record: GraphRecord, device_id: int) -> None:
-        """A ``Graph`` was collected without ``close()`` (loop thread): warn, and close it as
-        ``close()`` does (destroyed once its queued replays have finished). Nothing if it was
-        closed, by the user or by the device's close."""
-        if record.free_requested:
-            return
-        warn_resource(
-            f"a Graph of {len(record.ops)} operation(s) on device {device_id} was "
-            "garbage-collected without close(); it is destroyed once its queued replays "
-            "have finished"
-        )
-        record.registry.free(record)
+    def end(self, ops: list[Request], *, keep: bool) -> bool:
+        """The block recording ``ops`` is left: True if they are to become a graph (``keep``);
+        else what they hold is released now (left by an exception).
+
+        :raises ClosedError: ``keep``, but the device's close has released them meanwhile
+        """
+        with self._lock:
+            recording = self._recording.pop(id(ops), None) is not None
+        if not recording:  # (left by an exception: the user's own goes on)
+            if keep:
+                raise ClosedError("the device was closed while the capture block recorded")
+            return False
+        if not keep:
+            self._lifetimes.release(ops)
+        return keep
 
     def _forget(self, record: GraphRecord) -> None:
         with self._lock:
@@ -214,6 +235,10 @@ class GraphBook:
         """The device is closing (its streams are gone): destroy every graph left."""
         with self._lock:
             live, self._live = list(self._live), set()
+            recording, self._recording = list(self._recording.values()), {}
+        for ops in recording:  # blocks still recording: they never become graphs
+            self._lifetimes.release(ops)
+            ops.clear()
         for record in live:
             record.released = record.free_requested = True
             if record.disposer is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._host.pool import HostBuffer, HostBufferPool
+from .dropped import warn_resource
 from .lifetimes import Allocation, Lifetimes
 
 __all__ = ["PlanRecord"]
@@ -46,6 +47,18 @@ class PlanRecord(Allocation):
 
     def let_go(self) -> None:
         """(Nothing: see ``holds_user``.)"""
+
+    def dropped(self, device_id: int) -> None:
+        """Its ``LaunchPlan`` was collected without ``close()`` (loop thread): warn, as for a
+        dropped stream or graph, and release it as ``close()`` does. Nothing once it was
+        closed, or the device was (everything was released then)."""
+        if self.free_requested or self.registry.closed:
+            return
+        warn_resource(
+            f"a LaunchPlan on device {device_id} was garbage-collected without close(); what "
+            "it holds is released once its queued launches have finished"
+        )
+        self.registry.free(self)
 
     def _dispose(self) -> None:
         # Closed, and no queued launch reads it any more (any thread).

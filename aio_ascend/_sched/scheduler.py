@@ -25,7 +25,7 @@ close waiting for idle.
 Which thread touches what. Everything is the loop thread's (the one that opened the device; the
 calls that queue work refuse other threads with ``RuntimeError``), except :meth:`_post` (the
 library threads: one non-blocking ``call_soon_threadsafe`` per round, under ``_post_lock``);
-:meth:`retire_event`, :meth:`drop_plan`, :meth:`drop_lane` and :meth:`abandon` (finalizers, on
+:meth:`retire_event`, :meth:`drop_record`, :meth:`drop_lane` and :meth:`abandon` (finalizers, on
 any thread: they only append, hand the work to the loop with ``call_soon_threadsafe``, or ask
 the threads to stop); and :meth:`bound`, which binds the device's context around each call on
 whichever thread makes it. The threads have no other way in than their inboxes and ``_post``,
@@ -82,8 +82,9 @@ from .forcing import LaneForce, gave_up
 from .graphs import GraphBook, GraphRecord
 from .hooks import Source
 from .lane import Lane
-from .lifetimes import Allocation, FreedError, Lifetimes
+from .lifetimes import FreedError, Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
+from .plans import PlanRecord
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
     SETTLE_AFTER_FORCE_S,
@@ -454,13 +455,10 @@ class Scheduler:
         if self.dropped_lanes.collected:
             self.retire_dropped()
 
-    def drop_plan(self, record: Allocation) -> None:
-        """A ``LaunchPlan`` was collected (any thread): the loop releases it as ``close()``."""
-        self.adapter.call_soon_threadsafe(record.registry.free, record)
-
-    def drop_graph(self, record: GraphRecord) -> None:
-        """A ``Graph`` was collected (any thread): the loop closes it (``GraphBook.dropped``)."""
-        self.adapter.call_soon_threadsafe(self.graphs.dropped, record, self.device_id)
+    def drop_record(self, record: PlanRecord | GraphRecord) -> None:
+        """A ``LaunchPlan`` or ``Graph`` was collected (any thread): on the loop, it warns and
+        is closed as ``close()`` does (``record.dropped``)."""
+        self.adapter.call_soon_threadsafe(record.dropped, self.device_id)
 
     def drop_lane(self, lane: Lane) -> None:
         """A ``Stream`` was collected (any thread): the loop retires it soon, work or not."""

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -850,13 +851,16 @@ def test_args_inside_a_pinned_slab_are_read_when_the_kernel_runs(
     assert rt._pinned.last_hit is None  # the cache must not outlive the slab
 
 
-def test_a_source_no_backend_loads_is_a_type_error(rt: SimRuntime) -> None:
+def test_a_source_no_backend_loads_is_a_type_error(rt: SimRuntime, tmp_path: Path) -> None:
     """``load_module(123)``: a ``TypeError`` in the call, as acl and cuda answer it (it was
-    the runtime's InvalidParamError); a path or bytes stay the runtime's refusal."""
+    the runtime's InvalidParamError); a binary file or bytes stay the runtime's refusal."""
     with pytest.raises(TypeError, match="KernelLibrary"):
         rt.load_binary(123)
-    with pytest.raises(InvalidParamError):
-        rt.load_binary("/tmp/kernels.o")
+    binary = tmp_path / "kernels.o"
+    binary.write_bytes(b"\x7fELF")
+    for source in (binary, str(binary), b"\x7fELF"):
+        with pytest.raises(InvalidParamError):
+            rt.load_binary(source)
 
 
 def test_args_regions_are_only_as_aligned_as_the_real_runtime_promises(

@@ -238,3 +238,44 @@ async def test_closing_a_graph_turns_away_its_replays_waiting_for_admission(
         await s.aclose(timeout=0.05)
         with pytest.raises(aa.TaskTimeoutError):
             await hung
+
+
+#: a captured upload this big has a pinned allocation of its own
+BIG_CAPTURED = 1 << 20
+
+
+async def _close_while_capturing(dev: aa.Device, then: BaseException | None = None) -> None:
+    """Record a big upload, close the device inside the block, then leave it (by ``then``)."""
+    s = dev.stream()
+    buf = dev.malloc(BIG_CAPTURED)
+    async with s.capture() as capture:
+        capture.copy_to_device(buf, np.zeros(BIG_CAPTURED, np.uint8))
+        await dev.aclose()
+        if then is not None:
+            raise then
+
+
+async def test_a_capture_recording_while_the_device_closes_leaves_nothing_behind(
+    open_dev: Callable[..., Any],
+) -> None:
+    """The device closes while a capture block records (another task's shutdown): leaving
+    the block raises ``ClosedError``, and the recorded operations' pinned copies went with
+    the device. Before, the block made a graph after the close, counted for good, and its
+    pinned buffer was never given back (the pool warned; the sim leaked the allocation)."""
+    async with open_dev() as dev:
+        with pytest.raises(aa.ClosedError):
+            await _close_while_capturing(dev)
+    assert dev.stats()["graphs"] == 0
+    assert_runtime_clean(dev)
+
+
+async def test_an_exception_in_a_capture_block_after_the_device_closed_is_not_masked(
+    open_dev: Callable[..., Any],
+) -> None:
+    """The block is left by the user's own exception after the device closed: that exception
+    comes out, not a runtime error from releasing what was recorded into a closed runtime."""
+    async with open_dev() as dev:
+        with pytest.raises(KeyError, match="the user's"):
+            await _close_while_capturing(dev, then=KeyError("the user's"))
+    assert dev.stats()["host_pool_bytes"] == 0
+    assert_runtime_clean(dev)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import warnings
 
 import anyio
 import anyio.lowlevel
@@ -115,11 +116,18 @@ async def test_a_plan_dropped_without_close_lets_its_buffers_go_after_its_launch
         x.free()  # deferred: the plan holds it
         await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(30_000))
         task = await plan.launch()
-        del plan
-        gc.collect()
-        await anyio.lowlevel.checkpoint()  # (the release is handed to the loop)
-        assert dev.stats()["device_buffers"] == buffers  # its launch is still queued
-        await task
+        # (warned, as a dropped stream or graph is: it was silent)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            del plan
+            gc.collect()
+            await anyio.lowlevel.checkpoint()  # (the release is handed to the loop)
+            assert dev.stats()["device_buffers"] == buffers  # its launch is still queued
+            await task
+        assert [str(w.message) for w in caught if w.category is ResourceWarning] == [
+            "a LaunchPlan on device 0 was garbage-collected without close(); what it holds is "
+            "released once its queued launches have finished"
+        ]
         assert dev.stats()["device_buffers"] == buffers - 1  # now x's free went through
         np.testing.assert_array_equal(await download(s, y, n), np.ones(n, F32))
         assert dev.stats()["host_buffers_in_use"] == 0
@@ -188,7 +196,9 @@ async def test_plan_misuse_is_refused_with_typed_errors(open_dev: OpenDevice) ->
         assert len(errors) == 1 and isinstance(errors[0], RuntimeError), errors
         assert "different event loop" in str(errors[0])
         await plan.run()  # none of that broke it
+        assert not plan.closed
         await s.aclose()
+        assert plan.closed  # it can launch no more (it said "open")
         with pytest.raises(aa.ClosedError, match="stream is closed"):
             await plan.launch()
         with pytest.raises(aa.ClosedError):
@@ -196,6 +206,7 @@ async def test_plan_misuse_is_refused_with_typed_errors(open_dev: OpenDevice) ->
         plan.close()
         t = dev.stream()
         closed_device_plan = t.plan(noop, 1)
+    assert closed_device_plan.closed
     with pytest.raises(aa.ClosedError):
         await closed_device_plan.launch()
     closed_device_plan.close()  # after the device's close: nothing left to release
