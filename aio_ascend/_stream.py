@@ -738,9 +738,9 @@ class Stream(StreamSync):
         deadline to pass forces the stream, and both return once it is gone. Once the stream
         is gone, a call does nothing.
 
-        :param cancel: drop this stream's requests not yet handed to the runtime (their tasks
-            fail with ``ClosedError``) instead of submitting them; submitted work is still
-            waited for
+        :param cancel: drop this stream's requests still on the loop's side (not yet handed to
+            the submitter thread: their tasks fail with ``ClosedError``); what the submitter
+            has is still submitted (or fails by its deadline) and waited for
         :param timeout: seconds to wait for the stream's work; past it the stream is destroyed
             by force and its unfinished tasks fail with ``TaskTimeoutError``, as in a forced
             ``Device.aclose``, while the device and its other streams carry on. Work the

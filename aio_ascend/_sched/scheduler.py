@@ -792,7 +792,7 @@ class Scheduler:
 
     def _close_after_threads(self) -> None:
         # The poller thread, exiting after abandon(): wait for the others, then close.
-        threads = [self._submitter.thread, self._poller.prober.thread]
+        threads = [self._submitter.thread, self._submitter.stage_thread, self._poller.prober.thread]
         if self._waiter is not None:
             threads.append(self._waiter.thread)
         close_after(threads, self.runtime, JOIN_TIMEOUT_S, self.pinned)

@@ -59,8 +59,10 @@ until the first parked deadline. The request a stream is parked at that is still
 then is given up on (:meth:`Submitter._give_up`): a wait fails at once; a big copy fails as
 timed out (``TIMED_OUT``) but keeps its buffer and slot until the staging thread's report, which
 is late now (:meth:`Submitter._late_report`): the staging thread may still be writing into that
-buffer. The stream then goes on as a resume does. A close that finds the staging call still
-running waits for it with the submitter, and leaks rather than free under it.
+buffer. The stream then goes on as a resume does. A stream forced while parked is given up on
+the same way at once, when its ``LaneForce`` comes through, with the forced close's error. A
+device close that finds the staging call still running waits for it with the submitter, and
+leaks rather than free under it.
 
 Waits across streams. A stream's ``wait_event`` whose event's record is parked on another
 stream would not wait if submitted first: an event never recorded reads complete
@@ -325,6 +327,8 @@ class Submitter:
                 continue
             if type(item) is LaneForce:
                 self._to_poller(item)  # behind every batch its stream got
+                if item.lane in parked:  # nothing of a forced stream waits for its report
+                    self._resume_parked(item.lane, None, overdue=True)
                 del item
                 continue
             while waiting and waiting[0] is not item:
@@ -635,10 +639,7 @@ class Submitter:
         # stuck behind one), and its requests must still end by their deadlines. So the inbox
         # is waited on only until the first parked deadline, and what is parked past its
         # deadline is given up on first.
-        now = time.monotonic()
-        for lane, queued in list(self._parked.items()):
-            if queued[0][1] <= now:
-                self._resume_parked(lane, None, overdue=True)
+        self._resume_overdue()
         if not self._parked:
             return self._inbox.get()
         wait = min(queued[0][1] for queued in self._parked.values()) - time.monotonic()
@@ -646,6 +647,13 @@ class Submitter:
             return self._inbox.get(timeout=min(max(wait, 0.0), _LONGEST_GET_S))
         except queue.Empty:
             return _EXPIRED
+
+    def _resume_overdue(self) -> None:
+        # (a method of its own: no lane or request stays in _get_or_expire's frame while it
+        # blocks)
+        now = time.monotonic()
+        for lane in [lane for lane, queued in self._parked.items() if queued[0][1] <= now]:
+            self._resume_parked(lane, None, overdue=True)
 
     def _resume_parked(
         self, lane: Lane, error: BaseException | None, *, overdue: bool = False
@@ -668,7 +676,17 @@ class Submitter:
 
     def _give_up(self, holder: Request, failures: list[Delivery]) -> None:
         # The request ``holder``'s stream is parked at passed its deadline before its report
-        # came: it fails, and the stream goes on without it.
+        # came, or its stream was forced: it fails, and the stream goes on without it.
+        if holder.lane.forced:  # (the forced close's error; it logged its own line)
+            error: BaseException = gave_up(holder.kind)
+        else:
+            why = (
+                "the event it waits for was not recorded"
+                if type(holder) is WaitEvent
+                else "its staging did not end"
+            )
+            error = self._not_submitted(holder, why + " in time")
+            log_expired(self._device_id, [(holder, error, Outcome.TIMED_OUT)], self._task_timeout)
         if type(holder) is WaitEvent:
             with self._blocked_lock:  # (its report is late now if the record comes after all)
                 waits = self._blocked.get(holder.event, [])
@@ -676,18 +694,15 @@ class Submitter:
                     waits.remove(holder)
                     if not waits:
                         del self._blocked[holder.event]
-            error = self._not_submitted(holder, "the event it waits for was not recorded in time")
             self._refuse(holder, error, failures)
         else:
             # A big copy the staging thread may be filling: its buffer is not ours to give
             # back until the report (_late_report); the slot stays taken meanwhile, as for
             # timed-out work the device may still run.
-            error = self._not_submitted(holder, "its staging did not finish")
             self._abandoned.append(holder)
             failures.append((holder, error, Outcome.TIMED_OUT))
             if holder.lane.handover is not None:
                 holder.lane.handover.decided(holder)
-        log_expired(self._device_id, [(holder, error, Outcome.TIMED_OUT)], self._task_timeout)
 
     def _not_submitted(self, req: Request, why: str = "") -> TaskTimeoutError:
         return TaskTimeoutError(

@@ -232,3 +232,33 @@ async def test_the_batch_a_stream_had_open_when_it_parked_keeps_its_deadline(
             await slow  # (finished 300 ms after it was queued)
         await _release_staging(dev, released)
     assert_runtime_clean(dev)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("holder", ["copy", "wait"])
+async def test_a_forced_close_of_a_parked_stream_returns_by_its_own_timeout(
+    open_dev: OpenDevice, released: threading.Event, holder: str
+) -> None:
+    """``stream.aclose(timeout=0.2)`` of a stream parked behind a hung staging (or at a wait
+    for a record parked behind one) returned only at the parked request's deadline (here
+    30 s; 600 s by default): the forced stream's parked requests still waited for a report
+    that no longer mattered. Bound: its timeout plus the close's 2 s wait for a slot."""
+    async with open_dev(task_timeout=30.0) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        buf, small = dev.malloc(BIG), dev.malloc(16)
+        _hang_staging(dev, released)
+        up = await s1.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        closing, parked_at = s1, up
+        if holder == "wait":
+            closing = s2
+            parked_at = await s2.wait_event(await s1.record_event())
+        behind = await closing.memset(small, 5)
+        await anyio.sleep(0.1)  # (parked by now)
+        with anyio.fail_after(10):  # (expected ~2.2 s)
+            await closing.aclose(timeout=0.2)
+        for task in (parked_at, behind):
+            with anyio.fail_after(1), pytest.raises(aa.TaskTimeoutError, match="aclose"):
+                await task
+        await _release_staging(dev, released)
+        await dev.aclose(timeout=0.1)
+    assert_runtime_clean(dev)
