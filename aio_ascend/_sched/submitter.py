@@ -311,6 +311,8 @@ class Submitter:
         while True:
             # No reference to past work may survive in this frame while it blocks: it would
             # keep finished requests (and through their tasks the public objects) alive.
+            if self._caught:
+                self._forget_frames()
             item = self._get_or_expire() if parked else get()
             if item is _STOP:
                 self._stager.finish()  # its reports stay in the inbox: see unsubmitted()
@@ -318,7 +320,7 @@ class Submitter:
             if type(item) is _Staged:
                 queued = parked.get(item.lane)
                 if queued is not None and queued[0][0] is item.request:
-                    self._resume_parked(item.lane, item.error)
+                    self._resume(item.lane, item.error)
                 else:
                     self._late_report(item.request)
                 del item, queued
@@ -328,7 +330,7 @@ class Submitter:
             if type(item) is LaneForce:
                 self._to_poller(item)  # behind every batch its stream got
                 if item.lane in parked:  # nothing of a forced stream waits for its report
-                    self._resume_parked(item.lane, None, overdue=True)
+                    self._resume(item.lane, None, overdue=True)
                 del item
                 continue
             while waiting and waiting[0] is not item:
@@ -347,8 +349,6 @@ class Submitter:
                     self._current = item
                     self._hop(item)
                     self._current = None
-                    if self._caught:
-                        self._forget_frames()
                     self._turns.offer()  # hops of a few requests add up too
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
                 self._current = None
@@ -640,6 +640,8 @@ class Submitter:
         # is waited on only until the first parked deadline, and what is parked past its
         # deadline is given up on first.
         self._resume_overdue()
+        if self._caught:
+            self._forget_frames()
         if not self._parked:
             return self._inbox.get()
         wait = min(queued[0][1] for queued in self._parked.values()) - time.monotonic()
@@ -649,20 +651,10 @@ class Submitter:
             return _EXPIRED
 
     def _resume_overdue(self) -> None:
-        # (a method of its own: no lane or request stays in _get_or_expire's frame while it
-        # blocks)
+        # (not in _get_or_expire: no lane may stay in that frame while it blocks)
         now = time.monotonic()
         for lane in [lane for lane, queued in self._parked.items() if queued[0][1] <= now]:
-            self._resume_parked(lane, None, overdue=True)
-
-    def _resume_parked(
-        self, lane: Lane, error: BaseException | None, *, overdue: bool = False
-    ) -> None:
-        self._resuming = (lane, self._resumes(lane))
-        self._resume(lane, error, overdue=overdue)
-        self._resuming = None
-        if self._caught:
-            self._forget_frames()
+            self._resume(lane, None, overdue=True)
 
     def _late_report(self, request: Request) -> None:
         # The report of a request given up on (_give_up): a wait's needs nothing; a staged
@@ -680,11 +672,8 @@ class Submitter:
         if holder.lane.forced:  # (the forced close's error; it logged its own line)
             error: BaseException = gave_up(holder.kind)
         else:
-            why = (
-                "the event it waits for was not recorded"
-                if type(holder) is WaitEvent
-                else "its staging did not end"
-            )
+            is_wait = type(holder) is WaitEvent
+            why = "the event it waits for was not recorded" if is_wait else "its staging hung"
             error = self._not_submitted(holder, why + " in time")
             log_expired(self._device_id, [(holder, error, Outcome.TIMED_OUT)], self._task_timeout)
         if type(holder) is WaitEvent:
@@ -715,6 +704,7 @@ class Submitter:
         (``overdue``) passed its deadline first: then the stream's parked requests are
         submitted (up to the next big copy), in order, hop by hop; what waited past its
         deadline is never submitted."""
+        self._resuming = (lane, self._resumes(lane))  # (for a close that abandons the thread)
         queued = self._parked.pop(lane)
         carried = self._carried.pop(lane, None)
         broken: dict[Lane, BaseException] = {}
@@ -762,6 +752,7 @@ class Submitter:
             if batch:
                 self._close_batch(open_lane, batch, last, failures)
         self._post(failures)
+        self._resuming = None
 
     def _resumes(self, lane: Lane) -> list[Request]:
         # what resuming ``lane`` may submit: its carried batch, then its parked requests
