@@ -723,6 +723,7 @@ class Scheduler:
             leftovers.extend(self._submitter.in_progress())
         else:
             self.lifetimes.release(leftovers)
+            self.lifetimes.release(self._submitter.take_abandoned())  # (failed already)
         outcomes: list[tuple[Request, BaseException | None]] = [
             (r, gave_up(r.kind) if forced or stuck else ClosedError(f"{r.kind} {DROPPED}"))
             for r in leftovers

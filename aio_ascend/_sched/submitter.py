@@ -60,9 +60,10 @@ then is given up on (:meth:`Submitter._give_up`): a wait fails at once; a big co
 timed out (``TIMED_OUT``) but keeps its buffer and slot until the staging thread's report, which
 is late now (:meth:`Submitter._late_report`): the staging thread may still be writing into that
 buffer. The stream then goes on as a resume does. A stream forced while parked is given up on
-the same way at once, when its ``LaneForce`` comes through, with the forced close's error. A
-device close that finds the staging call still running waits for it with the submitter, and
-leaks rather than free under it.
+the same way at once, when its ``LaneForce`` comes through, with the forced close's error (its
+copy's slot goes back then: the stream admits nothing more, and its close waits for its slots).
+A device close that finds the staging call still running waits for it with the submitter, and
+leaks rather than free under it (a collected device's delayed close waits a bounded time only).
 
 Waits across streams. A stream's ``wait_event`` whose event's record is parked on another
 stream would not wait if submitted first: an event never recorded reads complete
@@ -82,7 +83,7 @@ GIL: every 32 requests and after each hop the thread offers the GIL
 (:class:`~aio_ascend._runtime.threads.GilTurns`), but only to a loop that has not run for
 ``LOOP_STARVED_S``. Memory: no reference to finished work may outlive a hop in this thread's
 frames while it blocks on the inbox (it would keep tasks, and through them public objects,
-alive); ``_forget_frames`` clears the frames that the tracebacks of caught errors hold.
+alive); ``forget_frames`` clears the frames that the tracebacks of caught errors hold.
 
 Cancellation: cancelling a coroutine that awaits a task does not take its request back: once
 enqueued it is submitted (unless its stream is forced or its deadline has passed), and it holds
@@ -99,7 +100,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from inspect import CO_ASYNC_GENERATOR, CO_COROUTINE, CO_GENERATOR, CO_ITERABLE_COROUTINE
 from typing import Any
 
 from .._errors import (
@@ -119,6 +119,7 @@ from .counters import Counters
 from .events import BatchEvents, EventRecord
 from .faults import FaultState, classify_refusal
 from .forcing import LaneForce, gave_up
+from .frames import forget_frames
 from .lane import Lane
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
@@ -136,14 +137,12 @@ _LATE_BATCH_GRACE_S = 0.1
 _LONGEST_GET_S = 3600.0
 #: a request whose stream waits for a big copy's staging (not an error: it is queued)
 _PARKED = InternalError("parked")
-#: code flags of frames that ``frame.clear()`` would close (a generator's or coroutine's)
-_RESUMABLE = CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR | CO_ITERABLE_COROUTINE
 
 
 class _Staged:
     """The report that ``request``, at which its stream is parked, may go on: the big copy is
     staged (or failed to be, with ``error``), or the record the wait waits for has been made.
-    A report for a request the thread has given up on meanwhile (:meth:`Submitter._expire`)
+    A report for a request the thread has given up on meanwhile (:meth:`Submitter._give_up`)
     is late: its stream has moved on."""
 
     __slots__ = ("error", "lane", "request")
@@ -207,12 +206,13 @@ class Submitter:
         #: the waits parked until the event's record (parked on another stream) reaches the
         #: runtime: by event
         self._blocked: dict[EventRecord, list[WaitEvent]] = {}
-        #: big copies given up on while the staging thread had them: failed (TIMED_OUT), what
-        #: they hold kept until the staging thread's report says it is done with them
-        self._abandoned: list[Request] = []
+        #: big copies given up on while the staging thread had them, each with whether its
+        #: slot is still taken (TIMED_OUT): failed, what they hold kept until the staging
+        #: thread's report says it is done with them
+        self._abandoned: list[tuple[Request, bool]] = []
         self._blocked_lock = threading.Lock()  # (the poller's watchdog fails records too)
         self._stager = CopyWorker(f"aio_ascend-stage-{device_id}")
-        #: runtime errors caught in the hop being submitted (see _forget_frames)
+        #: runtime errors caught in the hop being submitted (see .frames)
         self._caught: list[BaseException] = []
         #: the runs of launches of a runtime without a native batch call
         self._python_batch = PythonBatch(runtime)
@@ -258,12 +258,17 @@ class Submitter:
             out.extend(req for req, _ in queued)
         for batch in self._carried.values():
             out.extend(batch)
-        out.extend(self._abandoned)  # (failed already; the staging thread is done with them)
         self._parked.clear()
         self._carried.clear()
-        self._abandoned.clear()
         self.stop()  # the stop request was taken out too; an abandoned thread still needs it
         return out
+
+    def take_abandoned(self) -> list[Request]:
+        """Big copies given up on whose staging report was not handled (after the thread
+        exited): failed already (their failure may still be on its way to the loop), so only
+        what they hold is left to release (by the close: never resolved again)."""
+        out, self._abandoned = self._abandoned, []
+        return [req for req, _ in out]
 
     def in_progress(self) -> list[Request]:
         """The requests of the hop (or the parked stream's resume) the thread is inside, for a
@@ -312,7 +317,7 @@ class Submitter:
             # No reference to past work may survive in this frame while it blocks: it would
             # keep finished requests (and through their tasks the public objects) alive.
             if self._caught:
-                self._forget_frames()
+                forget_frames(self._caught)
             item = self._get_or_expire() if parked else get()
             if item is _STOP:
                 self._stager.finish()  # its reports stay in the inbox: see unsubmitted()
@@ -345,6 +350,7 @@ class Submitter:
                     expired = self._never_started(item)
                     log_expired(self._device_id, expired, self._task_timeout)
                     self._post(expired)
+                    del expired
                 else:
                     self._current = item
                     self._hop(item)
@@ -359,34 +365,6 @@ class Submitter:
                 self._post(failures)
                 del failures
             del item
-
-    def _forget_frames(self) -> None:
-        # The tracebacks of errors caught in _hop hold its frame (now finished), whose locals
-        # hold the requests: each failed task would hold itself through its own error, and a
-        # refused task nobody awaits would wait for the garbage collector instead of being
-        # logged when it is dropped. Their lines stay; the locals go. A re-raised error (the
-        # runtime's sticky fault) also carries the frames of its earlier raises, a suspended
-        # coroutine of the loop's among them: clear() would close it, so those are left alone.
-        # The frames that called the one that caught it (_hop, _resume: finished too) hang
-        # off its f_back and hold the hop: cleared as well; this thread's running ones refuse.
-        for exc in self._caught:
-            frames = []
-            tb = exc.__traceback__
-            if tb is not None:
-                back = tb.tb_frame.f_back
-                while back is not None:
-                    frames.append(back)
-                    back = back.f_back
-            while tb is not None:
-                frames.append(tb.tb_frame)
-                tb = tb.tb_next
-            for frame in frames:
-                if not frame.f_code.co_flags & _RESUMABLE:
-                    try:
-                        frame.clear()
-                    except RuntimeError:  # still running (this thread's, or another's)
-                        pass
-        self._caught.clear()
 
     def _hop(self, hop: Hop) -> None:
         open_batches: dict[Lane, list[Request]] = {}
@@ -627,7 +605,7 @@ class Submitter:
         # The staging thread: allocate and fill (an upload) the copy's pinned buffer. Never
         # raises: the stream resumes on every report.
         error: BaseException | None = None
-        if time.monotonic() < deadline:  # else it fails unsubmitted when the stream resumes
+        if time.monotonic() < deadline and not req.lane.forced:  # else it is never submitted
             try:
                 req.prepare(self._stage)
             except BaseException as exc:
@@ -641,7 +619,7 @@ class Submitter:
         # deadline is given up on first.
         self._resume_overdue()
         if self._caught:
-            self._forget_frames()
+            forget_frames(self._caught)
         if not self._parked:
             return self._inbox.get()
         wait = min(queued[0][1] for queued in self._parked.values()) - time.monotonic()
@@ -659,11 +637,12 @@ class Submitter:
     def _late_report(self, request: Request) -> None:
         # The report of a request given up on (_give_up): a wait's needs nothing; a staged
         # copy's buffer is the staging thread's no longer, so what it holds goes back now.
-        for index, abandoned in enumerate(self._abandoned):
+        for index, (abandoned, slot_taken) in enumerate(self._abandoned):
             if abandoned is request:
                 del self._abandoned[index]
                 self._lifetimes.release((request,))
-                self._post([(request, None, Outcome.FINISHED_LATE)])
+                if slot_taken:
+                    self._post([(request, None, Outcome.FINISHED_LATE)])
                 return
 
     def _give_up(self, holder: Request, failures: list[Delivery]) -> None:
@@ -686,10 +665,13 @@ class Submitter:
             self._refuse(holder, error, failures)
         else:
             # A big copy the staging thread may be filling: its buffer is not ours to give
-            # back until the report (_late_report); the slot stays taken meanwhile, as for
-            # timed-out work the device may still run.
-            self._abandoned.append(holder)
-            failures.append((holder, error, Outcome.TIMED_OUT))
+            # back until the report (_late_report); its slot stays taken meanwhile, as for
+            # timed-out work the device may still run, unless its stream was forced (which
+            # admits nothing more, and whose close waits for its slots).
+            slot_taken = not holder.lane.forced
+            self._abandoned.append((holder, slot_taken))
+            outcome = Outcome.TIMED_OUT if slot_taken else Outcome.FINISHED
+            failures.append((holder, error, outcome))
             if holder.lane.handover is not None:
                 holder.lane.handover.decided(holder)
 

@@ -1506,3 +1506,19 @@ def test_a_library_without_model_ri_refuses_capture_naming_the_symbol(legacy: Ac
     legacy.synchronize_event(event, 5000)
     legacy.destroy_event(event)
     legacy.destroy_stream(stream)
+
+
+def test_a_builtins_path_naming_no_file_is_file_not_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``$AIO_ASCEND_ACL_BUILTINS`` naming no file is refused as a missing file before the
+    runtime is called, as a path given to ``load_binary`` is."""
+    from aio_ascend._runtime.acl.runtime import ENV_BUILTINS
+
+    rt = open_acl_runtime(0, library_path=build_double().library)
+    try:
+        monkeypatch.setenv(ENV_BUILTINS, str(tmp_path / "missing.o"))
+        with pytest.raises(FileNotFoundError, match="no kernel binary at"):
+            rt.load_binary(None)
+    finally:
+        rt.close()

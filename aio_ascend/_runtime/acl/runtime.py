@@ -603,7 +603,6 @@ class AclRuntime:
         is read from the JSON beside it. CANN 8.0: the legacy loader, no options (:mod:`.devargs`).
         """
         kind, lazy = check_load_options(kernel_type, lazy)
-        check_binary_source(source)
         if source is None:
             builtins = os.environ.get(ENV_BUILTINS, "").strip()
             if not builtins:
@@ -613,6 +612,7 @@ class AclRuntime:
                     "(vector_add, axpy, scale, matmul, sleep, fault, hang, noop)"
                 )
             source = builtins
+        check_binary_source(source)  # (the built-ins' path too)
         if self._devargs is not None:  # CANN 8.0: the legacy loader (.devargs)
             binary, kept, kind = load_legacy(
                 self._fn, self._library.has, source, kind, lazy, self.get_recent_error_message

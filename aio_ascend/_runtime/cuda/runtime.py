@@ -389,13 +389,9 @@ class CudaRuntime(CudaCore):
         if source is None:
             image = self._compiler(KERNEL_SOURCE, self.capability)
         elif isinstance(source, bytes | bytearray | memoryview):
-            image = bytes(source)
-            if not image:
-                raise ValueError("load_binary: the module image is empty")
+            image = bytes(source)  # (not empty, and a path names a file: check_binary_source)
         elif isinstance(source, str | os.PathLike):
             path = os.path.abspath(os.fspath(source))
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"load_binary: no module file at {path!r}")
             with open(path, "rb") as fh:
                 image = fh.read()
             if path.endswith(".cu"):
