@@ -100,6 +100,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from .._errors import (
@@ -336,6 +337,7 @@ class Submitter:
                 self._to_poller(item)  # behind every batch its stream got
                 if item.lane in parked:  # nothing of a forced stream waits for its report
                     self._resume(item.lane, None, overdue=True)
+                self._free_slots(item.lane)
                 del item
                 continue
             while waiting and waiting[0] is not item:
@@ -573,7 +575,7 @@ class Submitter:
 
     def _park(self, req: Request, deadline: float, open_batches: dict[Lane, list[Request]]) -> None:
         self._hold(req, deadline, open_batches)
-        self._stager.put(lambda: self._prepare(req, deadline))
+        self._stager.put(partial(self._prepare, req, deadline))  # (no frame of its own)
 
     def _hold(self, req: Request, deadline: float, open_batches: dict[Lane, list[Request]]) -> None:
         # Park ``req``'s stream at ``req``: its later requests queue behind it, in order.
@@ -610,7 +612,9 @@ class Submitter:
                 req.prepare(self._stage)
             except BaseException as exc:
                 error = exc
+                forget_frames([exc])  # (the finished frames below this one hold the copy)
         self._inbox.put(_Staged(req, error))
+        del req, error  # (nor may this one, which the error's traceback holds)
 
     def _get_or_expire(self) -> Any:
         # A stream is parked: its report may never come (a staging call that hangs, a record
@@ -644,6 +648,15 @@ class Submitter:
                 if slot_taken:
                     self._post([(request, None, Outcome.FINISHED_LATE)])
                 return
+
+    def _free_slots(self, lane: Lane) -> None:
+        # ``lane`` is forced: its copies given up on earlier (TIMED_OUT) give their slots back
+        # now, as the poller's timed-out batches do (its close waits for them); their buffers
+        # still wait for the staging thread's report (_late_report).
+        late = [req for req, taken in self._abandoned if taken and req.lane is lane]
+        if late:
+            self._abandoned = [(r, t and r.lane is not lane) for r, t in self._abandoned]
+            self._post([(req, None, Outcome.FINISHED_LATE) for req in late])
 
     def _give_up(self, holder: Request, failures: list[Delivery]) -> None:
         # The request ``holder``'s stream is parked at passed its deadline before its report

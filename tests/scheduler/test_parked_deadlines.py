@@ -331,3 +331,48 @@ async def test_a_copy_given_up_while_the_device_close_forces_is_told_once(
     finally:
         HOOKS.remove(told)
         unstuck.set()
+
+
+@pytest.mark.anyio
+async def test_a_forced_close_after_the_copy_timed_out_returns_by_its_own_timeout(
+    open_dev: OpenDevice, released: threading.Event
+) -> None:
+    """The copy had already failed by its deadline (its slot kept for the late report) when
+    the stream's close forced it: nothing gave the slot back on the force, and the close
+    waited 2 s for it (measured: a close's forcing is shielded). The slot goes back once."""
+    async with open_dev(task_timeout=TIMEOUT_S) as dev:
+        s = dev.stream()
+        buf = dev.malloc(BIG)
+        _hang_staging(dev, released)
+        await _times_out(await s.copy_to_device(buf, np.zeros(BIG, np.uint8)))
+        started = time.monotonic()
+        await s.aclose(timeout=0.1)
+        assert time.monotonic() - started < 1.5  # (expected ~0.15 s: allowed 10x)
+        assert dev.stats()["host_buffers_in_use"] == 1  # (still the staging thread's)
+        await _release_staging(dev, released)
+        assert dev.stats()["in_flight"] == 0
+    assert_runtime_clean(dev)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("report", ["handled", "left in the inbox"])
+async def test_a_device_close_after_a_forced_stream_gave_up_its_copy(
+    open_dev: OpenDevice, released: threading.Event, report: str
+) -> None:
+    """The copy's buffer is given back once, whether its late report was handled before the
+    device's close or is still in the submitter's inbox when the close takes over."""
+    async with open_dev(task_timeout=30.0) as dev:
+        s = dev.stream()
+        buf = dev.malloc(BIG)
+        _hang_staging(dev, released)
+        up = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        await anyio.sleep(0.1)  # (parked by now)
+        await s.aclose(timeout=0.1)
+        await _times_out(up, match="aclose")
+        if report == "handled":
+            await _release_staging(dev, released)
+        else:
+            threading.Timer(0.3, released.set).start()  # during the close's wait
+        with anyio.fail_after(20):
+            await dev.aclose()
+    assert_runtime_clean(dev)

@@ -21,7 +21,7 @@ import pytest
 from helpers import OpenDevice, assert_runtime_clean, live_resources
 
 import aio_ascend as aa
-from aio_ascend._errors import EventSyncTimeoutError
+from aio_ascend._errors import EventSyncTimeoutError, MemoryAllocationError
 from aio_ascend.testing import inject_hang, refuse_launches
 
 pytestmark = pytest.mark.anyio
@@ -186,6 +186,39 @@ async def test_a_refused_task_nobody_awaits_is_logged_when_dropped(
         assert isinstance(logged[0].exc_info[1], aa.RuntimeAPIError)  # type: ignore[index]
         assert logged[0].exc_info[2] is not None  # the runtime's frames are kept
     assert len(never_retrieved(caplog)) == 1
+
+
+async def test_a_big_copy_refused_by_its_staging_thread_nobody_awaits_is_logged_when_dropped(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same for a refusal on the staging thread: the error's traceback held the finished
+    frames of the staging call (and the job's own), which held the request: logged only at
+    the close (in the pure-Python build)."""
+    async with open_dev() as dev:
+        s = dev.stream()
+        big = 4 << 20
+        buf = dev.malloc(big)
+        submitter = dev._scheduler._submitter
+        acquire = submitter._stage
+
+        def refuse(nbytes: int) -> Any:
+            if nbytes >= big:
+                raise MemoryAllocationError("no pinned memory", code=207001)
+            return acquire(nbytes)
+
+        submitter._stage = refuse
+        task = await s.copy_to_device(buf, np.zeros(big, np.uint8))
+        with anyio.fail_after(5):
+            await task.wait_finished()
+        await (await s.memset(buf, 1))  # the stream's latest task is another one now
+        gc.disable()
+        try:
+            del task
+            logged = never_retrieved(caplog)
+        finally:
+            gc.enable()
+        assert len(logged) == 1, "not collected when dropped"
+        assert isinstance(logged[0].exc_info[1], MemoryAllocationError)  # type: ignore[index]
 
 
 # --- many waiters on one task -----------------------------------------------------------------
