@@ -665,7 +665,9 @@ class Submitter:
             error: BaseException = gave_up(holder.kind)
         else:
             is_wait = type(holder) is WaitEvent
-            why = "the event it waits for was not recorded" if is_wait else "its staging hung"
+            why = (
+                "the event it waits for was not recorded" if is_wait else "its staging did not end"
+            )
             error = self._not_submitted(holder, why + " in time")
             log_expired(self._device_id, [(holder, error, Outcome.TIMED_OUT)], self._task_timeout)
         if type(holder) is WaitEvent:
