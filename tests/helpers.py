@@ -367,3 +367,19 @@ def in_forked_child(child: Callable[[], list[str]]) -> list[str]:
     _, status = os.waitpid(pid, 0)
     assert os.WEXITSTATUS(status) == 0, "the child failed"
     return b"".join(chunks).decode().split("\n")
+
+
+def refuse_big_staging(dev: aa.Device, at_least: int) -> None:
+    """The pinned staging buffer of every copy of ``at_least`` bytes or more is refused
+    (``MemoryAllocationError``, on the submitter's staging thread)."""
+    from aio_ascend._errors import MemoryAllocationError
+
+    submitter = dev._scheduler._submitter
+    acquire = submitter._stage
+
+    def refuse(nbytes: int) -> Any:
+        if nbytes >= at_least:
+            raise MemoryAllocationError("no pinned memory", code=207001)
+        return acquire(nbytes)
+
+    submitter._stage = refuse

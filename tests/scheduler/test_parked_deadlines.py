@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from helpers import OpenDevice, assert_runtime_clean
+from helpers import OpenDevice, assert_runtime_clean, refuse_big_staging
 
 import aio_ascend as aa
 from aio_ascend._errors import MemoryAllocationError
@@ -214,16 +214,8 @@ async def test_the_batch_a_stream_had_open_when_it_parked_keeps_its_deadline(
     async with open_dev(task_timeout=timeout) as dev:
         s = dev.stream()
         buf = dev.malloc(BIG)
-        submitter = dev._scheduler._submitter
         if how == "refused":
-            acquire = submitter._stage
-
-            def refuse(nbytes: int) -> Any:
-                if nbytes >= BIG:
-                    raise MemoryAllocationError("no pinned memory", code=207001)
-                return acquire(nbytes)
-
-            submitter._stage = refuse
+            refuse_big_staging(dev, BIG)
         else:
             _hang_staging(dev, released)
         slow = await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(300))

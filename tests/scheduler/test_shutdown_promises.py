@@ -18,7 +18,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 import pytest
-from helpers import OpenDevice, assert_runtime_clean, live_resources
+from helpers import OpenDevice, assert_runtime_clean, live_resources, refuse_big_staging
 
 import aio_ascend as aa
 from aio_ascend._errors import EventSyncTimeoutError, MemoryAllocationError
@@ -37,6 +37,19 @@ def never_retrieved(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
         for r in caplog.records
         if r.name == LOGGER and r.levelno >= logging.ERROR and "never retrieved" in r.getMessage()
     ]
+
+
+def logged_once_dropped(caplog: pytest.LogCaptureFixture, held: list[Any]) -> logging.LogRecord:
+    """Drop the failed task ``held`` holds, the garbage collector off: the one record of it
+    being never retrieved, logged when it was collected (asserted there is one)."""
+    gc.disable()
+    try:
+        held.clear()
+        logged = never_retrieved(caplog)
+    finally:
+        gc.enable()
+    assert len(logged) == 1, "not collected when dropped"
+    return logged[0]
 
 
 async def _outcome(results: dict[str, Any], name: str, wait: Any) -> None:
@@ -172,19 +185,13 @@ async def test_a_refused_task_nobody_awaits_is_logged_when_dropped(
         s = dev.stream()
         noop = dev.function("noop")
         refuse_launches(dev)
-        task = await s.launch(noop, 1)
+        held = [await s.launch(noop, 1)]
         with anyio.fail_after(5):
-            await task.wait_finished()
+            await held[0].wait_finished()
         await s.run(noop, 1)  # the stream's latest task is another one now
-        gc.disable()
-        try:
-            del task
-            logged = never_retrieved(caplog)
-        finally:
-            gc.enable()
-        assert len(logged) == 1, "not collected when dropped"
-        assert isinstance(logged[0].exc_info[1], aa.RuntimeAPIError)  # type: ignore[index]
-        assert logged[0].exc_info[2] is not None  # the runtime's frames are kept
+        logged = logged_once_dropped(caplog, held)
+        assert isinstance(logged.exc_info[1], aa.RuntimeAPIError)  # type: ignore[index]
+        assert logged.exc_info[2] is not None  # the runtime's frames are kept
     assert len(never_retrieved(caplog)) == 1
 
 
@@ -198,27 +205,13 @@ async def test_a_big_copy_refused_by_its_staging_thread_nobody_awaits_is_logged_
         s = dev.stream()
         big = 4 << 20
         buf = dev.malloc(big)
-        submitter = dev._scheduler._submitter
-        acquire = submitter._stage
-
-        def refuse(nbytes: int) -> Any:
-            if nbytes >= big:
-                raise MemoryAllocationError("no pinned memory", code=207001)
-            return acquire(nbytes)
-
-        submitter._stage = refuse
-        task = await s.copy_to_device(buf, np.zeros(big, np.uint8))
+        refuse_big_staging(dev, big)
+        held = [await s.copy_to_device(buf, np.zeros(big, np.uint8))]
         with anyio.fail_after(5):
-            await task.wait_finished()
+            await held[0].wait_finished()
         await (await s.memset(buf, 1))  # the stream's latest task is another one now
-        gc.disable()
-        try:
-            del task
-            logged = never_retrieved(caplog)
-        finally:
-            gc.enable()
-        assert len(logged) == 1, "not collected when dropped"
-        assert isinstance(logged[0].exc_info[1], MemoryAllocationError)  # type: ignore[index]
+        logged = logged_once_dropped(caplog, held)
+        assert isinstance(logged.exc_info[1], MemoryAllocationError)  # type: ignore[index]
 
 
 # --- many waiters on one task -----------------------------------------------------------------
