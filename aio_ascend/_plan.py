@@ -9,7 +9,6 @@ from ._closing_waits import ClosingWaits
 from ._errors import ClosedError
 from ._host.snapshot import shareable, shared_image
 from ._sched.plans import PlanRecord
-from ._sched.scheduler import DeviceState
 from ._sched.task import Task
 from ._sched.work import Launch, LaunchSpec
 
@@ -25,8 +24,6 @@ if TYPE_CHECKING:
     from ._stream_sync import StreamSync
 
 __all__ = ["LaunchPlan"]
-
-_OPEN = DeviceState.OPEN
 
 
 class LaunchPlan:
@@ -134,9 +131,8 @@ class LaunchPlan:
     @property
     def closed(self) -> bool:
         """Whether the plan can launch no more: :meth:`close` has been called, or its stream
-        or device is closed (queued launches may still be running)."""
-        scheduler = self._scheduler
-        return self._record.free_requested or self._lane.closed or scheduler.state is not _OPEN
+        or device is closed, as ``stream.closed`` says (queued launches may still be running)."""
+        return self._record.free_requested or self._lane.closed
 
     async def __aenter__(self) -> LaunchPlan:
         if self._record.free_requested:

@@ -219,7 +219,7 @@ class GraphBook:
         """
         with self._lock:
             recording = self._recording.pop(id(ops), None) is not None
-        if not recording:  # (left by an exception: the user's own goes on)
+        if not recording:  # the device's close released them
             if keep:
                 raise ClosedError("the device was closed while the capture block recorded")
             return False

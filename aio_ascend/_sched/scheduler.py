@@ -704,10 +704,7 @@ class Scheduler:
             with self._post_lock:
                 self._forcing = forced
             self._destroy_lanes()
-        threads = [self._submitter.thread, self._poller.thread, self._poller.prober.thread]
-        threads.append(self._submitter.stage_thread)  # (the submitter waits for it)
-        if self._waiter is not None:
-            threads.append(self._waiter.thread)
+        threads = [self._poller.thread, *self._other_threads()]
         for thread in threads:
             await join(thread, deadline)
         stuck = [thread.name for thread in threads if thread.is_alive()]
@@ -793,7 +790,10 @@ class Scheduler:
 
     def _close_after_threads(self) -> None:
         # The poller thread, exiting after abandon(): wait for the others, then close.
+        close_after(self._other_threads(), self.runtime, JOIN_TIMEOUT_S, self.pinned)
+
+    def _other_threads(self) -> list[threading.Thread]:
+        # The device's threads but the poller: the submitter and its staging thread (which
+        # the submitter waits for on its way out), the prober, block mode's waiter.
         threads = [self._submitter.thread, self._submitter.stage_thread, self._poller.prober.thread]
-        if self._waiter is not None:
-            threads.append(self._waiter.thread)
-        close_after(threads, self.runtime, JOIN_TIMEOUT_S, self.pinned)
+        return threads if self._waiter is None else [*threads, self._waiter.thread]
