@@ -39,8 +39,9 @@ class LaunchPlan:
     The arguments are checked, packed and copied into pinned memory when the plan is made;
     a launch only checks what can change: the stream and device are open, the device has
     not faulted, the call comes from the device's event loop. Launches without placeholders
-    (and not of a MIX kernel) all read that one pinned image; the others each get their own
-    copy of it, since the runtime writes into the args buffer during such a launch.
+    all read that one pinned image (a kernel's hidden arguments included: they are laid in
+    when the args are packed); with placeholders each gets its own copy of it, since the
+    runtime writes their device addresses into the args buffer during the launch.
 
     Lifetimes: the plan keeps the device buffers its args point to, as a ``Graph`` does:
     their ``free()`` waits until the plan is closed and its queued launches have finished.
@@ -83,7 +84,7 @@ class LaunchPlan:
         self._scheduler = scheduler
         self._lane = lane
         self._ref = stream_ref
-        host = shared_image(scheduler.pool, packed) if shareable(packed, fn.info) else None
+        host = shared_image(scheduler.pool, packed) if shareable(packed) else None
         self._record = PlanRecord(scheduler.lifetimes, scheduler.pool, host, buffers)
         # every launch holds the plan's record (one tuple for all of them)
         self._spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, (self._record,))

@@ -107,7 +107,7 @@ def _launch_spec(
     if args is not None:
         return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers, once=True)
     host = fn.no_args_image
-    if host is None and shareable(packed, fn.info):
+    if host is None and shareable(packed):
         # one pinned image per kernel, shared by its launches without args (kept until the
         # device closes; the pool closes with it)
         scheduler.check_open()

@@ -5,11 +5,19 @@ The launch call takes one host buffer: the argument image at offset 0, then the
 device addresses into that buffer during the call, so a launch with placeholders needs a
 writable copy of its own (:func:`snapshot_args`); one without reads a buffer that nobody
 writes, which any number of launches may share (:func:`shared_image`).
+
+Nothing else is written into it during a launch. The hidden arguments of an AI Core or MIX
+kernel (``FunctionInfo.prefix``/``suffix``: the inter-core sync and float-overflow addresses,
+constant for the context) are laid into the image by the packer, not by the runtime: on the
+host-args path ``rtsLaunchKernelWithHostArgs`` passes the buffer through and adds none
+(hicann/runtime ``src/runtime/api/api_c_kernel.cc`` ~46-80, ``docs/cann-support.md`` §2); the
+args-handle path copies the image into a handle of the runtime's own (``aclrtKernelArgsAppend``,
+whose ``Finalize`` writes the runtime's buffer, not ours); the device-args path patches its ring's
+mirror, never the caller's buffer.
 """
 
 from __future__ import annotations
 
-from .._runtime.base import FunctionInfo
 from .hostargs import PackedArgs
 from .pool import HostBuffer, HostBufferPool
 
@@ -29,14 +37,10 @@ def snapshot_args(pool: HostBufferPool, packed: PackedArgs) -> HostBuffer:
     return host
 
 
-def shareable(packed: PackedArgs, info: FunctionInfo | None) -> bool:
+def shareable(packed: PackedArgs) -> bool:
     """Whether launches of ``packed`` may all read one buffer: the runtime writes nothing into
-    it during a launch (no placeholders to patch, no hidden system slots of a MIX kernel)."""
-    if packed.placeholder_count:
-        return False
-    if info is None:
-        return True
-    return not info.prefix and not info.suffix and info.kernel_type != "mix"
+    it during a launch (no placeholders to patch; hidden arguments are the packer's, above)."""
+    return not packed.placeholder_count
 
 
 def shared_image(pool: HostBufferPool, packed: PackedArgs) -> HostBuffer:

@@ -46,7 +46,12 @@ async def test_a_plan_launches_again_and_again_with_the_right_results(
         args = aa.HostArgs().ptr(x).ptr(y).f32(2.0).u32(n)
         plan = s.plan(dev.function("axpy"), 2, args)  # no placeholder: one shared image
         args.f32(99.0)  # the plan snapshotted its args: changing the builder changes nothing
+        await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(100_000))  # holds them queued
+        in_use = dev.stats()["host_buffers_in_use"]
         tasks = [await plan.launch() for _ in range(10)]
+        # all read the plan's one image: a kernel's hidden arguments (acl) are the packer's,
+        # the runtime writes nothing into it
+        assert dev.stats()["host_buffers_in_use"] == in_use
         await plan.run()
         for task in tasks:
             await task

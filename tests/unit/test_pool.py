@@ -152,10 +152,8 @@ def test_only_an_image_the_runtime_never_writes_is_shared() -> None:
     from aio_ascend._host.snapshot import shareable
     from aio_ascend._runtime.base import FunctionInfo
 
-    plain = HostArgs().u32(1).pack()
-    assert shareable(plain, None)
-    assert shareable(plain, FunctionInfo())
-    assert not shareable(HostArgs().u32(1).placeholder(b"tiling!!").pack(), None)
-    assert not shareable(plain, FunctionInfo(kernel_type="mix"))
-    assert not shareable(plain, FunctionInfo(prefix=(0x1000,)))
-    assert not shareable(plain, FunctionInfo(suffix=(0x2000,)))
+    assert shareable(HostArgs().u32(1).pack())
+    # hidden arguments are laid in by the packer (the runtime adds and writes none)
+    mix = FunctionInfo(prefix=(0x1000,), suffix=(0x2000,), kernel_type="mix")
+    assert shareable(HostArgs().u32(1).pack(mix))
+    assert not shareable(HostArgs().u32(1).placeholder(b"tiling!!").pack())
