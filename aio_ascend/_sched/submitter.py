@@ -103,13 +103,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from .._errors import (
-    AscendError,
-    InternalError,
-    RuntimeAPIError,
-    TaskTimeoutError,
-    derived_error,
-)
+from .._errors import AscendError, InternalError, RuntimeAPIError, TaskTimeoutError, derived_error
 from .._host.pool import HostBuffer
 from .._runtime import Runtime
 from .._runtime.base import LaunchBatch
@@ -312,61 +306,69 @@ class Submitter:
     def _main(self) -> None:
         self._runtime.set_current_context()
         get = self._inbox.get
-        waiting = self.waiting
         parked = self._parked
         while True:
             # No reference to past work may survive in this frame while it blocks: it would
             # keep finished requests (and through their tasks the public objects) alive.
             if self._caught:
                 forget_frames(self._caught)
-            item = self._get_or_expire() if parked else get()
-            if item is _STOP:
-                self._stager.finish()  # its reports stay in the inbox: see unsubmitted()
-                return
-            if type(item) is _Staged:
-                queued = parked.get(item.lane)
-                if queued is not None and queued[0][0] is item.request:
-                    self._resume(item.lane, item.error)
-                else:
-                    self._late_report(item.request)
-                del item, queued
-                continue
-            if item is _EXPIRED:
-                continue
-            if type(item) is LaneForce:
-                self._to_poller(item)  # behind every batch its stream got
-                if item.lane in parked:  # nothing of a forced stream waits for its report
-                    self._resume(item.lane, None, overdue=True)
-                self._free_slots(item.lane)
-                del item
-                continue
-            while waiting and waiting[0] is not item:
-                waiting.popleft()  # expired by the watchdog
-            if waiting:
-                waiting.popleft()
-            if not item.take():
-                del item
-                continue
             try:
-                if time.monotonic() >= item.deadline:
-                    expired = self._never_started(item)
-                    log_expired(self._device_id, expired, self._task_timeout)
-                    self._post(expired)
-                    del expired
-                else:
-                    self._current = item
-                    self._hop(item)
-                    self._current = None
-                    self._turns.offer()  # hops of a few requests add up too
+                item = self._get_or_expire() if parked else get()
+                if item is _STOP:
+                    self._stager.finish()  # its reports stay in the inbox: see unsubmitted()
+                    return
+                self._take(item)
             except BaseException as exc:  # pragma: no cover - defensive: never lose a request
-                self._current = None
-                failures: list[Delivery] = [
-                    (req, InternalError(f"submitter failed: {exc!r}"), Outcome.FINISHED)
-                    for req in item.requests
-                ]
-                self._post(failures)
-                del failures
-            del item
+                self._lost(exc)
+            item = None
+
+    def _take(self, item: Any) -> None:
+        # one message of the inbox: a staging report, a forced stream, or a hop
+        parked = self._parked
+        if type(item) is _Staged:
+            queued = parked.get(item.lane)
+            if queued is not None and queued[0][0] is item.request:
+                self._resume(item.lane, item.error)
+            else:
+                self._late_report(item.request)
+            return
+        if item is _EXPIRED:
+            return
+        if type(item) is LaneForce:
+            self._to_poller(item)  # behind every batch its stream got
+            if item.lane in parked:  # nothing of a forced stream waits for its report
+                self._resume(item.lane, None, overdue=True)
+            self._free_slots(item.lane)
+            return
+        waiting = self.waiting
+        while waiting and waiting[0] is not item:
+            waiting.popleft()  # expired by the watchdog
+        if waiting:
+            waiting.popleft()
+        if not item.take():
+            return
+        if time.monotonic() >= item.deadline:
+            expired = self._never_started(item)
+            log_expired(self._device_id, expired, self._task_timeout)
+            self._post(expired)
+        else:
+            self._current = item
+            self._hop(item)
+            self._current = None
+            self._turns.offer()  # hops of a few requests add up too
+
+    def _lost(self, exc: BaseException) -> None:
+        # A defect of ours in the middle of a hop or a resume: its requests fail rather than
+        # wait for good, and the thread goes on (a stream being resumed is parked no more).
+        # Which of them reached the device is unknown: what they hold waits for the close.
+        requests = self.in_progress()
+        self.orphans.extend(requests)
+        if self._resuming is not None:
+            self._parked.pop(self._resuming[0], None)
+            self._carried.pop(self._resuming[0], None)
+        self._current = self._resuming = None
+        error = InternalError(f"submitter failed: {exc!r}")
+        self._post([(req, error, Outcome.FINISHED) for req in requests])
 
     def _hop(self, hop: Hop) -> None:
         open_batches: dict[Lane, list[Request]] = {}

@@ -368,3 +368,36 @@ async def test_a_device_close_after_a_forced_stream_gave_up_its_copy(
         with anyio.fail_after(20):
             await dev.aclose()
     assert_runtime_clean(dev)
+
+
+@pytest.mark.anyio
+async def test_a_defect_while_a_parked_stream_resumes_fails_its_requests_and_the_thread_goes_on(
+    open_dev: OpenDevice, released: threading.Event
+) -> None:
+    """A Python exception of ours in the middle of a resume (here: submitting what was parked)
+    fails the stream's parked requests with InternalError instead of killing the submitter
+    thread (every later request of the device would have waited for good)."""
+    async with open_dev(task_timeout=30) as dev:
+        s = dev.stream()
+        buf, small = dev.malloc(BIG), dev.malloc(16)
+        _hang_staging(dev, released)
+        submitter = dev._scheduler._submitter
+        up = await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        behind = await s.memset(small, 5)
+        with anyio.fail_after(10):
+            while not submitter._parked:  # noqa: ASYNC110 - another thread's state
+                await anyio.sleep(0.005)
+
+        def defect(*args: object) -> None:
+            raise RuntimeError("a defect of ours")
+
+        submitter._submit = defect
+        released.set()
+        for task in (up, behind):
+            with anyio.fail_after(10), pytest.raises(aa.InternalError, match="a defect of ours"):
+                await task
+        del submitter._submit
+        assert submitter.thread.is_alive()
+        await (await s.memset(small, 3))
+        assert (await s.download(small) == 3).all()
+    assert_runtime_clean(dev)
