@@ -73,7 +73,7 @@ any stream is destroyed, so nothing done to the streams can be reported as a com
 poller makes no call that waits on the device; a stall probe still under way is on the
 prober's thread, which the close joins too, and whose stream is destroyed only after it). After
 ``Scheduler.abandon`` (a device collected unclosed), ``then`` closes the runtime from this
-thread once the other threads have exited (or 2 s each have passed).
+thread once the other threads have exited (however long a stuck call keeps one).
 """
 
 from __future__ import annotations

@@ -790,7 +790,7 @@ class Scheduler:
 
     def _close_after_threads(self) -> None:
         # The poller thread, exiting after abandon(): wait for the others, then close.
-        close_after(self._other_threads(), self.runtime, JOIN_TIMEOUT_S, self.pinned)
+        close_after(self._other_threads(), self.runtime, self.pinned)
 
     def _other_threads(self) -> list[threading.Thread]:
         # The device's threads but the poller: the submitter and its staging thread (which

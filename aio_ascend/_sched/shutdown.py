@@ -65,8 +65,8 @@ destroyed, and gives up early if the device starts closing (its close then handl
 
 A device collected without ``aclose()`` (``Scheduler.abandon``, from a finalizer on any thread)
 cannot wait at all: it asks the threads to stop, and the poller, on its way out, runs
-:func:`close_after` (blocking joins, then the runtime's close); tasks still outstanding are
-never resolved.
+:func:`close_after` (blocking joins, however long a stuck call takes, then the runtime's
+close); tasks still outstanding are never resolved.
 """
 
 from __future__ import annotations
@@ -178,14 +178,14 @@ def log_stuck(device_id: int, stuck: list[str], waited: float) -> None:
     )
 
 
-def close_after(
-    threads: list[threading.Thread], runtime: Runtime, waited: float, pinned: PinnedArrays
-) -> None:
-    """Wait (blocking, up to ``waited`` s each) for ``threads``, then close ``runtime`` (once
-    the last pinned array alive is collected: see ``PinnedArrays.close``)."""
+def close_after(threads: list[threading.Thread], runtime: Runtime, pinned: PinnedArrays) -> None:
+    """Wait (blocking) for ``threads``, then close ``runtime`` (once the last pinned array
+    alive is collected: see ``PinnedArrays.close``). Nobody waits for this close, so a thread
+    stuck in a runtime call is waited for however long it takes: closing the runtime under
+    the call would free what it uses (a crash on the real runtime), not end it."""
     for thread in threads:
         if thread.ident is not None:  # (a thread that starts with its first job may not have)
-            thread.join(waited)
+            thread.join()
     with contextlib.suppress(Exception):
         pinned.close(runtime.close)
 

@@ -63,7 +63,7 @@ buffer. The stream then goes on as a resume does. A stream forced while parked i
 the same way at once, when its ``LaneForce`` comes through, with the forced close's error (its
 copy's slot goes back then: the stream admits nothing more, and its close waits for its slots).
 A device close that finds the staging call still running waits for it with the submitter, and
-leaks rather than free under it (a collected device's delayed close waits a bounded time only).
+leaks rather than free under it (a collected device's delayed close waits for it to return).
 
 Waits across streams. A stream's ``wait_event`` whose event's record is parked on another
 stream would not wait if submitted first: an event never recorded reads complete

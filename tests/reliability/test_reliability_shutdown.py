@@ -412,6 +412,79 @@ def test_unclosed_device_is_collected_with_a_resource_warning(scenario: str) -> 
     assert any(w.startswith("ResourceWarning") for w in out["warnings"]), out
 
 
+_HUNG_SCENARIO = textwrap.dedent(
+    """
+    import asyncio, gc, json, threading, time, warnings
+    import numpy as np
+    import aio_ascend as aa
+
+    BIG = 4 << 20
+    released = threading.Event()
+    closes = []  # the staging thread's state when the runtime was closed
+
+    async def main():
+        dev = await aa.open_device(0, backend="sim")
+        submitter = dev._scheduler._submitter
+        acquire = submitter._stage
+
+        def hung(nbytes):  # a big copy's staging: its pinned buffer, then a hang
+            host = acquire(nbytes)
+            released.wait(60)
+            return host
+
+        submitter._stage = hung
+        close = dev.runtime.close
+        stage = submitter.stage_thread
+
+        def closing():
+            closes.append(stage.is_alive())
+            close()
+
+        dev.runtime.close = closing
+        s, buf = dev.stream(), dev.malloc(BIG)
+        await s.copy_to_device(buf, np.zeros(BIG, np.uint8))
+        while not stage.is_alive():
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # (inside the hung call)
+        del s, buf, submitter
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            del dev
+            gc.collect()
+
+    asyncio.run(main())
+    time.sleep(5.0)  # past the 2 s per thread (two here) the delayed close used to wait
+    before = list(closes)
+    released.set()
+    deadline = time.monotonic() + 20
+    while not closes and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    left = [t.name for t in threading.enumerate() if t.name.startswith("aio_ascend-")]
+    print(json.dumps({"before": before, "after": closes, "threads_left": left}))
+    """
+)
+
+
+def test_a_collected_device_closes_its_runtime_only_once_a_hung_call_returned() -> None:
+    """A device collected without ``aclose()`` while its staging thread hangs in a call: its
+    delayed close waits for the call however long it takes, then closes the runtime. It used
+    to close it under the call after 2 s per thread, and the staging call then wrote into
+    freed pinned memory (the process died: SIGSEGV)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _HUNG_SCENARIO],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONWARNINGS": ""},
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["before"] == [], out  # not closed under the hung call
+    assert out["after"] == [False], out  # closed once, after the staging thread exited
+    assert out["threads_left"] == [], out
+
+
 _EXIT_SCENARIO = textwrap.dedent(
     """
     import sys
