@@ -68,6 +68,26 @@ class ContextBinding:
 
         return call
 
+    def freeing(self, fn: Callable[[int], None], what: str) -> Callable[[int], None]:
+        """``fn`` (a runtime free of one address) called as :meth:`call` calls it, whose failure
+        leaks the memory: logged, never raised. Frees run inside the library's threads (the
+        poller gives back a finished request's buffers) and the close: an exception there
+        would kill the thread or stop the close half way, and nothing could undo the free."""
+
+        def free(addr: int) -> None:
+            try:
+                self.call(fn, addr)
+            except Exception as exc:
+                log.error(
+                    "device %d: %s(%#x) failed, leaking that memory: %r",
+                    self.runtime.device_id,
+                    what,
+                    addr,
+                    exc,
+                )
+
+        return free
+
 
 class _Restoring:
     """The runtime seen through :meth:`ContextBinding.bound`: methods bind and restore."""

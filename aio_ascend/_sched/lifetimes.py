@@ -33,7 +33,10 @@ Who touches what.
 - The garbage collector, on any thread: the weak-reference callback of a collected allocation
   only appends it to ``dropped`` under the lock; the runtime call waits for the loop's
   :meth:`reap`, which binds the device context (a collection may run on another device's
-  thread).
+  thread). The lock is reentrant because that callback can run on a thread that holds it: a
+  wrapped buffer's retirement lets go of its ``owner`` under the lock, and the owner may be the
+  last reference to one of the device's own buffers (``dev.wrap(buf.ptr, n, owner=buf)``); a
+  collection set off by any allocation made under the lock does the same.
 
 Why ``retained`` needs no lock: the loop never retains an allocation whose ``free()`` was called
 (``Scheduler.enqueue`` refuses a request whose buffer was freed while it waited for admission),
@@ -53,6 +56,7 @@ back; :meth:`Lifetimes.release` carries them out.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections import deque
@@ -62,6 +66,8 @@ from typing import Protocol
 from .._host.pool import HostBuffer, HostBufferPool
 from .devpool import DevicePool
 from .dropped import warn_resource
+
+log = logging.getLogger("aio_ascend")
 
 __all__ = ["Allocation", "FreedError", "Holder", "Lifetimes"]
 
@@ -178,7 +184,7 @@ class Lifetimes:
         self.check_thread = check_thread
         self._device_id = device_id
         self._pool = pool
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # (reentrant: see the module's essay)
         # ptr -> a weak reference to the live allocation (a dropped one is collected)
         self._live: dict[int, weakref.ref[Allocation]] = {}
         self._sizes: dict[weakref.ref[Allocation], _Site] = {}
@@ -332,7 +338,11 @@ class Lifetimes:
                 for buffers, count in holding:
                     self._unuse(buffers, due, count)
         for allocation in due:
-            self._dispose(allocation)
+            try:
+                self._dispose(allocation)
+            except Exception as exc:  # a free the runtime refused: that block leaks, and the
+                # thread (the poller, mostly) goes on; a user's own free() raises it instead
+                log.error("device %d: freeing %r failed: %r", self._device_id, allocation, exc)
 
     def close(self) -> None:
         """On close: every allocation still alive is marked released, and the pool frees its

@@ -157,7 +157,7 @@ class Scheduler:
         binding.bound()
         self.pool = HostBufferPool(
             binding.wrap(runtime.malloc_host),
-            binding.wrap(runtime.free_host),
+            binding.freeing(runtime.free_host, "free_host"),
             debug=debug,
             retained_bytes=pinned_pool_bytes,
         )

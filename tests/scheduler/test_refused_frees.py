@@ -1,0 +1,138 @@
+"""A free the runtime refuses inside the library (the poller giving back what a finished request
+held, the device's close) leaks that one block and is logged: the thread goes on, later work on
+every stream flows, and the close finishes. Before, the refusal killed the poller (and with it
+the watchdog: every later await hung) or stopped the close half way. And a retirement that lets
+go of the last reference to a buffer (a wrapper's owner) no longer deadlocks on the registry."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from helpers import OpenDevice
+
+import aio_ascend as aa
+
+pytestmark = [pytest.mark.anyio, pytest.mark.sim_only("the sim's free calls are patched")]
+
+
+def _refuse_once(runtime: Any, name: str, thread: str) -> list[str]:
+    """The sim's ``name`` (under ``free_host``/``free``) raises once, on a thread named
+    ``thread...``; returns the names of the threads that were refused."""
+    call: Callable[..., Any] = getattr(runtime, name)
+    refused: list[str] = []
+
+    def refusing(*args: Any) -> Any:
+        here = threading.current_thread().name
+        if not refused and here.startswith(thread):
+            refused.append(here)
+            raise OSError(f"{name} refused")
+        return call(*args)
+
+    setattr(runtime, name, refusing)
+    return refused
+
+
+def _library_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("aio_ascend-"))
+
+
+async def _every_stream_flows(dev: aa.Device, *streams: aa.Stream) -> None:
+    for s in (*streams, dev.stream()):
+        with anyio.fail_after(10):
+            await (await s.launch(dev.function("noop"), 1))
+
+
+async def test_a_host_free_refused_on_the_poller_leaks_that_buffer_and_work_goes_on(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_dev(pinned_pool_bytes=0, task_timeout=5) as dev:  # staging freed at once
+        s1, s2 = dev.stream(), dev.stream()
+        refused = _refuse_once(dev.runtime, "_device_free_host", "aio_ascend-poll")
+        buf = dev.malloc(4 << 20)
+        with anyio.fail_after(10):
+            await s1.upload(buf, np.ones(1 << 20, np.float32))
+        assert refused == ["aio_ascend-poll-0"]
+        await _every_stream_flows(dev, s1, s2)
+        assert (await s1.download(buf, np.float32, 16) == 1).all()
+        buf.free()
+    assert _library_threads() == []
+    assert dev.runtime.live_resources()["host_allocations"] == 1  # the refused one
+    assert any(
+        "free_host" in r.getMessage() and "leaking" in r.getMessage() for r in caplog.records
+    )
+
+
+async def test_a_device_free_refused_on_the_poller_leaks_that_block_and_work_goes_on(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with open_dev(task_timeout=5) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        refused = _refuse_once(dev.runtime, "_device_free", "aio_ascend-poll")
+        n = 1024
+        x, y, z = dev.malloc(4 * n, pool=False), dev.malloc(4 * n), dev.malloc(4 * n)
+        await s1.launch(dev.function("sleep"), 1, aa.HostArgs().u32(20_000))
+        task = await s1.launch(
+            dev.function("vector_add"), 1, aa.HostArgs().ptr(x).ptr(y).ptr(z).u32(n)
+        )
+        x.free()  # deferred: given back by the poller once the launch is done
+        with anyio.fail_after(10):
+            await task
+        await _every_stream_flows(dev, s1, s2)
+        assert refused == ["aio_ascend-poll-0"]
+        y.free()
+        z.free()
+    assert _library_threads() == []
+    assert dev.runtime.live_resources()["device_allocations"] == 1  # the refused one
+    assert any("failed" in r.getMessage() and "OSError" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_host_free_refused_at_the_close_leaks_that_buffer_and_the_close_finishes(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    dev = await open_dev()
+    s = dev.stream()
+    buf = dev.malloc(1024)
+    await s.upload(buf, np.ones(256, np.float32))  # a cached staging buffer for the close
+    refused = _refuse_once(dev.runtime, "_device_free_host", "")
+    with anyio.fail_after(10):
+        await dev.aclose()
+    assert refused and dev.closed
+    assert _library_threads() == []  # the runtime was closed too
+    assert any("free_host" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+
+
+async def test_freeing_a_wrapper_whose_owner_is_the_last_reference_to_a_buffer(
+    open_dev: OpenDevice,
+) -> None:
+    """``dev.wrap(buf.ptr, n, owner=buf)`` keeping only the wrapper: its retirement lets go of
+    ``buf``, whose collection takes the registry's lock the retirement holds (a deadlock of
+    the loop thread, and of the poller when the free was deferred, before the lock was made
+    reentrant)."""
+    async with open_dev(task_timeout=5) as dev:
+        s = dev.stream()
+        buf = dev.malloc(4096)
+        wrapper = dev.wrap(buf.ptr, 4096, owner=buf)
+        del buf
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrapper.free()  # at once: nothing uses it
+            await (await s.launch(dev.function("noop"), 1))  # (the loop gives buf back)
+            other = dev.malloc(4096)
+            deferred = dev.wrap(other.ptr, 4096, owner=other)
+            del other
+            await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(20_000))
+            task = await s.memset(deferred, 1)
+            deferred.free()  # deferred: retired by the poller once the memset is done
+            with anyio.fail_after(10):
+                await task
+            await (await s.launch(dev.function("noop"), 1))
+        dropped = [w for w in caught if "without free" in str(w.message)]
+        assert len(dropped) == 2, [str(w.message) for w in caught]
+        assert dev.stats()["device_buffers"] == 0
