@@ -717,7 +717,7 @@ class Scheduler:
         for batch in self._poller.leftover_batches():
             leftovers.extend(batch.requests)
         if stuck:
-            leftovers.extend(self._submitter.in_progress())
+            leftovers.extend(self._submitter.underway.requests())
         else:
             self.lifetimes.release(leftovers)
             self.lifetimes.release(self._submitter.take_abandoned())  # (failed already)
@@ -768,7 +768,7 @@ class Scheduler:
         lanes = [*self.lanes, *prober.take_left()]
         for lane in lanes:
             lane.forced = True
-        busy = self._submitter.busy_streams() if self._submitter.thread.is_alive() else set()
+        busy = self._submitter.underway.streams() if self._submitter.thread.is_alive() else set()
         destroy_lanes(self.bound(), lanes, prober, busy)
         self.lanes[:] = [lane for lane in lanes if lane.handle in busy]  # (for a later call)
 

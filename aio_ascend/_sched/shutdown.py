@@ -24,18 +24,18 @@ included, so its waits keep their deadlines with timers, never with a cancellati
    still running submits nothing more to any of them) and destroy the streams by force
    (:func:`destroy_lanes`), which ends their queued work and stops a hung kernel, except a stream a
    library thread still alive may be inside a call on: the streams of the hop the submitter is in
-   (``Submitter.busy_streams``), and the stream of a stall probe under way, which is destroyed once
-   its probe has returned (``Prober.retire``, the one door every stream destroy goes through; the
-   stopped prober leaves it to step 7: ``Prober.take_left``). The real runtime frees a stream
-   destroyed by force under a thread synchronizing on it, or waiting in a launch or an event record
-   for room in its queue, and that thread then crashes the process (SIGSEGV, seen on
-   ``tests/realrt`` both ways: a 1 ms probe can wait seconds in the runtime's timeout snapshot, and
-   a submitting call spins without a timeout until room appears; ``docs/cann-support.md`` §13.3
-   cites the lines). Those streams are leaked with the rest of what a stuck thread may touch (step
-   9), and the thread is left to return when its stream moves. When forced, what the threads post
-   from then on is held back: a refusal by a destroyed stream must not stand for the task's
-   outcome, so a failure posted then is resolved in step 7 as the forced close's
-   ``TaskTimeoutError``, caused by it (a success stays one).
+   (``Submitter.underway.streams()``), and the stream of a stall probe under way, which is
+   destroyed once its probe has returned (``Prober.retire``, the one door every stream destroy
+   goes through; the stopped prober leaves it to step 7: ``Prober.take_left``). The real runtime
+   frees a stream destroyed by force under a thread synchronizing on it, or waiting in a launch
+   or an event record for room in its queue, and that thread then crashes the process (SIGSEGV,
+   seen on ``tests/realrt`` both ways: a 1 ms probe can wait seconds in the runtime's timeout
+   snapshot, and a submitting call spins without a timeout until room appears;
+   ``docs/cann-support.md`` §13.3 cites the lines). Those streams are leaked with the rest of
+   what a stuck thread may touch (step 9), and the thread is left to return when its stream
+   moves. When forced, what the threads post from then on is held back: a refusal by a
+   destroyed stream must not stand for the task's outcome, so a failure posted then is resolved
+   in step 7 as the forced close's ``TaskTimeoutError``, caused by it (a success stays one).
 6. Join the other threads. All joins share one deadline, ``JOIN_TIMEOUT_S`` (2 s) after step 4;
    a thread still alive then is *stuck* in a runtime call.
 7. Destroy the streams left, then fail what never completed: hops nobody took, parked and

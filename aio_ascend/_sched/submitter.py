@@ -23,7 +23,7 @@ Invariants.
   submitting call should never wait for queue space. Should one block anyway (a hung device; an
   external stream that someone else's work fills too; a ``stream_capacity`` above the real
   queue's depth), the device's close abandons the thread 2 s later (``JOIN_TIMEOUT_S``) and
-  never destroys a stream it may be inside a call on (:meth:`busy_streams`): the real runtime
+  never destroys a stream it may be inside a call on (``underway.streams()``): the real runtime
   frees a stream destroyed by force under a thread waiting for room on it, and that thread then
   crashes the process (``docs/cann-support.md`` §13.3). The close marks every stream ``forced``
   first, so a call that returns later is the last one this thread makes on them.
@@ -38,8 +38,8 @@ Invariants.
 
 Who touches what. The loop thread calls :meth:`submit` (appends to :attr:`waiting`, puts the hop
 in the inbox), :meth:`force` and :meth:`stop`; after the thread has exited (or been abandoned)
-it reads :meth:`unsubmitted`, :meth:`in_progress` and :attr:`orphans`, and a close that finds
-it alive reads :meth:`busy_streams`. The poller thread calls
+it reads :meth:`unsubmitted`, ``underway.requests()`` and :attr:`orphans`, and a close that
+finds it alive reads ``underway.streams()`` (:mod:`.underway`). The poller thread calls
 :meth:`expire_waiting` (the watchdog over hops not taken yet; it only reads ``waiting``). A
 staging thread runs :meth:`_prepare` and reports back through the inbox. Every other attribute
 (the parked streams, the carried batches, ``Lane.submitted``, ``Request.position``, the
@@ -118,6 +118,7 @@ from .frames import forget_frames
 from .lane import Lane
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
+from .underway import Underway
 from .watchdog import log_expired
 from .work import Arrival, Batch, Delivery, Launch, Outcome, RecordEvent, Request, WaitEvent
 
@@ -190,9 +191,8 @@ class Submitter:
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         #: hops handed over and not yet taken, oldest first (read by the watchdog)
         self.waiting: deque[Hop] = deque()
-        self._current: Hop | None = None  # the hop being submitted
-        #: the parked stream being resumed, and the requests it resumes with
-        self._resuming: tuple[Lane, list[Request]] | None = None
+        #: the hop or parked stream's resume the thread is in (for a close that abandons it)
+        self.underway = Underway()
         #: streams waiting for a big copy's staging: their requests in order (with the
         #: deadline of the hop each came in), the first one being staged
         self._parked: dict[Lane, list[tuple[Request, float]]] = {}
@@ -265,23 +265,6 @@ class Submitter:
         out, self._abandoned = self._abandoned, []
         return [req for req, _ in out]
 
-    def in_progress(self) -> list[Request]:
-        """The requests of the hop (or the parked stream's resume) the thread is inside, for a
-        close that abandons it."""
-        hop, resuming = self._current, self._resuming
-        if hop is not None:
-            return list(hop.requests)
-        return list(resuming[1]) if resuming is not None else []
-
-    def busy_streams(self) -> set[int]:
-        """The streams the thread may be inside a runtime call on, or call on next before it
-        looks at the inbox again (read by a close that finds the thread alive)."""
-        hop, resuming = self._current, self._resuming
-        busy = {req.lane.handle for req in hop.requests} if hop is not None else set()
-        if resuming is not None:
-            busy.add(resuming[0].handle)
-        return busy
-
     def expire_waiting(self, now: float) -> list[Delivery]:
         """The watchdog (poller thread): fail the hops still waiting past their deadline.
 
@@ -352,31 +335,30 @@ class Submitter:
             log_expired(self._device_id, expired, self._task_timeout)
             self._post(expired)
         else:
-            self._current = item
+            self.underway.hop = item
             self._hop(item)
-            self._current = None
+            self.underway.hop = None
             self._turns.offer()  # hops of a few requests add up too
 
     def _lost(self, exc: BaseException) -> None:
-        # A defect of ours in the middle of a hop or a resume: its requests fail rather than
-        # wait for good, and the thread goes on (a stream being resumed is parked no more).
-        # Which of them reached the device is unknown: what they hold waits for the close.
-        requests = self.in_progress()
-        self.orphans.extend(requests)
-        if self._resuming is not None:
-            self._parked.pop(self._resuming[0], None)
-            self._carried.pop(self._resuming[0], None)
-        self._current = self._resuming = None
-        error = InternalError(f"submitter failed: {exc!r}")
-        self._post([(req, error, Outcome.FINISHED) for req in requests])
+        # A defect of ours in the middle of a hop or a resume: its requests fail (once: see
+        # Underway) rather than wait for good, and the thread goes on.
+        parked = (req for queued in self._parked.values() for req, _ in queued)
+        carried = (req for batch in self._carried.values() for req in batch)
+        failures, lost = self.underway.lost([*parked, *carried])
+        self.orphans.extend(lost)
+        error = InternalError(f"submitter failed: {type(exc).__name__} (the cause)")
+        error.__cause__ = exc  # (not its repr in the message: that may raise too)
+        self._post([*failures, *((req, error, Outcome.FINISHED) for req in lost)])
 
     def _hop(self, hop: Hop) -> None:
         open_batches: dict[Lane, list[Request]] = {}
-        failures: list[Delivery] = []
+        failures = self.underway.begin()
         self._submit(hop.requests, hop.deadline, open_batches, {}, failures)
         for lane, batch in open_batches.items():  # only if batches were not marked
             if batch:
                 self._close_batch(lane, batch, hop.deadline, failures)
+        self.underway.failing = []
         self._post(failures)
 
     def _submit(
@@ -703,11 +685,11 @@ class Submitter:
         (``overdue``) passed its deadline first: then the stream's parked requests are
         submitted (up to the next big copy), in order, hop by hop; what waited past its
         deadline is never submitted."""
-        self._resuming = (lane, self._resumes(lane))  # (for a close that abandons the thread)
+        self.underway.resuming = (lane, self._resumes(lane))
         queued = self._parked.pop(lane)
         carried = self._carried.pop(lane, None)
         broken: dict[Lane, BaseException] = {}
-        failures: list[Delivery] = []
+        failures = self.underway.begin()
         if carried and lane.forced:
             # Forced while parked: the poller may have destroyed the stream already (its
             # LaneForce did not wait for this report), so no event may be recorded on it. The
@@ -750,8 +732,9 @@ class Submitter:
         for open_lane, batch in open_batches.items():
             if batch:
                 self._close_batch(open_lane, batch, last, failures)
+        self.underway.failing = []
         self._post(failures)
-        self._resuming = None
+        self.underway.resuming = None
 
     def _resumes(self, lane: Lane) -> list[Request]:
         # what resuming ``lane`` may submit: its carried batch, then its parked requests
@@ -797,3 +780,4 @@ class Submitter:
         self.counters.batches += 1
         # one clock call per batch: its tasks' submitted_at (stamped by the poller)
         self._to_poller(Batch(lane, requests, event, deadline, time.perf_counter()))
+        self.underway.handed.append(requests)

@@ -394,8 +394,9 @@ async def test_a_defect_while_a_parked_stream_resumes_fails_its_requests_and_the
         submitter._submit = defect
         released.set()
         for task in (up, behind):
-            with anyio.fail_after(10), pytest.raises(aa.InternalError, match="a defect of ours"):
+            with anyio.fail_after(10), pytest.raises(aa.InternalError, match="RuntimeError") as e:
                 await task
+            assert str(e.value.__cause__) == "a defect of ours"
         del submitter._submit
         assert submitter.thread.is_alive()
         await (await s.memset(small, 3))

@@ -1,8 +1,13 @@
-"""A free the runtime refuses inside the library (the poller giving back what a finished request
-held, the device's close) leaks that one block and is logged: the thread goes on, later work on
-every stream flows, and the close finishes. Before, the refusal killed the poller (and with it
-the watchdog: every later await hung) or stopped the close half way. And a retirement that lets
-go of the last reference to a buffer (a wrapper's owner) no longer deadlocks on the registry."""
+"""Failures inside the library's own threads that are not the runtime's typed refusals of work.
+
+- A free the runtime refuses (the poller giving back what a finished request held, the
+  device's close) leaks that one block and is logged: the thread goes on, later work on every
+  stream flows, and the close finishes. Before, the refusal killed the poller (and with it the
+  watchdog: every later await hung) or stopped the close half way.
+- A retirement that lets go of the last reference to a buffer (a wrapper's owner) no longer
+  deadlocks on the registry's lock.
+- A defect of ours (a Python exception) in the middle of a hop fails what nobody settled, once.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import pytest
 from helpers import OpenDevice
 
 import aio_ascend as aa
+from aio_ascend import testing
 
 pytestmark = [pytest.mark.anyio, pytest.mark.sim_only("the sim's free calls are patched")]
 
@@ -136,3 +142,58 @@ async def test_freeing_a_wrapper_whose_owner_is_the_last_reference_to_a_buffer(
         dropped = [w for w in caught if "without free" in str(w.message)]
         assert len(dropped) == 2, [str(w.message) for w in caught]
         assert dev.stats()["device_buffers"] == 0
+
+
+async def test_a_defect_in_the_middle_of_a_hop_fails_only_what_nobody_settled(
+    open_dev: OpenDevice,
+) -> None:
+    """A Python exception of ours raised in the middle of a hop (here: reading the runtime's
+    task id after a memset on stream b) fails that memset with InternalError, and only it: the
+    launches of stream a in the same hop were handed to the poller already and succeed, once
+    (they used to fail as well and then be delivered again: admission counted them out twice,
+    and a ``max_in_flight=4`` stream admitted 7 launches)."""
+    async with open_dev(task_timeout=5) as dev:
+        a, b = dev.stream(max_in_flight=4), dev.stream()
+        runtime = dev.runtime
+        task_id, memset = runtime.last_task_id, runtime.memset_async
+        armed: list[bool] = []
+
+        def memset_then_arm(*args: Any) -> None:
+            memset(*args)
+            armed.append(True)
+
+        def defect() -> int:
+            if armed and len(armed) == 1 and "submit" in threading.current_thread().name:
+                armed.append(False)
+                raise TypeError("a defect of ours")
+            return task_id()
+
+        runtime.memset_async, runtime.last_task_id = memset_then_arm, defect
+        x = dev.malloc(4096)
+        noop = dev.function("noop")
+        tasks = [await a.launch(noop, 1) for _ in range(3)]  # one tick: one hop
+        failed = await b.memset(x, 7)
+        with anyio.fail_after(10):
+            for task in tasks:
+                await task
+            with pytest.raises(aa.InternalError, match="TypeError"):
+                await failed
+            await (await b.launch(noop, 1))
+        assert len(armed) == 2  # the defect was raised once
+        admission = a._lane.admission
+        assert (admission.in_flight, admission.entries) == (0, 0)
+        with testing.paused(dev):
+            admitted = 0
+            async with anyio.create_task_group() as tg:
+
+                async def launch() -> None:
+                    nonlocal admitted
+                    await a.launch(noop, 1)
+                    admitted += 1
+
+                for _ in range(8):
+                    tg.start_soon(launch)
+                await anyio.sleep(0.2)
+                assert admitted == 4  # max_in_flight holds
+                tg.cancel_scope.cancel()
+        x.free()
