@@ -26,7 +26,9 @@ Timeout slices. The wait is cut into slices that grow while the same work stays 
 ms doubling to 1 s (:func:`next_slice`), back to 50 ms once an event completes. On CANN each
 timed-out ``aclrtSynchronizeEventWithTimeout`` logs two ERROR lines, so a long kernel costs at
 most two such lines a second, not two hundred. A failing sync (a fault, an event that went away)
-is ignored here: the poller's next query reports it. With nothing to watch the thread sleeps on
+is ignored here: the poller's next query reports it; one that keeps failing on the same target
+is tried again ever more slowly (1 ms doubling to a slice), never in a tight loop. With nothing
+to watch the thread sleeps on
 ``_changed`` (at most 0.5 s at a time).
 
 Shutdown. :meth:`stop` sets a flag and wakes an idle thread; a thread inside a sync leaves when
@@ -87,6 +89,7 @@ class Waiter:
     def _main(self) -> None:
         self._runtime.set_current_context()
         slice_ms = FIRST_SLICE_MS
+        backoff = 0.0  # while the sleep itself keeps failing: how long before the next try
         while not self._stop:
             event = self._target
             if event is None:
@@ -101,7 +104,14 @@ class Waiter:
                 slice_ms = next_slice(slice_ms, True)
                 continue
             except Exception:
-                pass  # a fault, or the event went away: the poller's next query tells
+                # A fault, or the event went away: the poller's next query tells. An error
+                # that persists (the poller has not moved on) is retried ever more slowly, up
+                # to a slice apart, rather than a thousand times a second.
+                backoff = min(2 * backoff or 0.001, slice_ms / 1000)
+                self._poke()
+                self._changed.wait(backoff)
+                continue
+            backoff = 0.0
             slice_ms = next_slice(slice_ms, False)
             self._poke()
             if self._target == event:

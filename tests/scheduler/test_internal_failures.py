@@ -197,3 +197,24 @@ async def test_a_defect_in_the_middle_of_a_hop_fails_only_what_nobody_settled(
                 assert admitted == 4  # max_in_flight holds
                 tg.cancel_scope.cancel()
         x.free()
+
+
+async def test_a_waiter_whose_sleep_keeps_failing_backs_off(open_dev: OpenDevice) -> None:
+    """Block mode: ``synchronize_event`` failing on every call while a 1 s kernel runs. The task
+    still completes (the poller's own queries see it), and the waiter retries ever more slowly
+    (about 20 tries a second once backed off) instead of about a thousand times a second."""
+    async with open_dev(completion="block", task_timeout=30) as dev:
+        s = dev.stream()
+        await (await s.launch(dev.function("noop"), 1))
+        runtime = dev.runtime
+        tries: list[float] = []
+
+        def failing(*args: Any) -> None:
+            if threading.current_thread().name.startswith("aio_ascend-wait"):
+                tries.append(1.0)
+                raise TypeError("a defect of ours")
+
+        runtime.synchronize_event = failing
+        with anyio.fail_after(20):
+            await (await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(1_000_000)))
+        assert 0 < len(tries) < 200, len(tries)
