@@ -158,7 +158,7 @@ class Hooks:
             try:
                 observer.delivered(source, deliveries)
             except Exception:
-                self._failed(observer)
+                self.failed(observer)
 
     def resumed(self, task: Any) -> None:
         """Tell every observer that a waiter of ``task`` resumed."""
@@ -166,9 +166,10 @@ class Hooks:
             try:
                 observer.resumed(task)
             except Exception:
-                self._failed(observer)
+                self.failed(observer)
 
-    def _failed(self, observer: Observer) -> None:
+    def failed(self, observer: Observer) -> None:
+        """``observer`` raised (the exception being handled): log it once and drop it."""
         log.exception("aio_ascend: observer %r failed; it is removed", observer)
         self.remove(observer)
 
@@ -180,7 +181,7 @@ def _capture_one(observer: Observer) -> Callable[[], dict[Observer, object]]:
         try:
             return {observer: capture()}
         except Exception:
-            log.exception("aio_ascend: observer %r failed to capture context", observer)
+            HOOKS.failed(observer)
             return {}
 
     return captured
@@ -192,7 +193,7 @@ def _capture(observers: tuple[Observer, ...]) -> dict[Observer, object]:
         try:
             captured[observer] = observer.capture()
         except Exception:
-            log.exception("aio_ascend: observer %r failed to capture context", observer)
+            HOOKS.failed(observer)
     return captured
 
 

@@ -280,6 +280,36 @@ async def test_an_observer_that_raises_is_dropped_and_logged(
     assert "failed" in caplog.text and "broke" in caplog.text
 
 
+async def test_an_observer_whose_capture_raises_is_dropped_and_logged_once(
+    sim_device: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Capturing:
+        wants_capture = True
+
+        def capture(self) -> object:
+            raise RuntimeError("capture broke")
+
+        def delivered(self, source: Any, deliveries: Any) -> None:
+            pass
+
+        def resumed(self, task: Any) -> None:
+            pass
+
+    broken = Capturing()
+    caplog.set_level(logging.ERROR, "aio_ascend")
+    async with sim_device() as dev:
+        s = dev.stream()
+        HOOKS.add(broken)
+        try:
+            for _ in range(5):
+                await s.run(dev.function("noop"), 1)  # the work is unaffected
+            assert broken not in HOOKS.observers and HOOKS.capture is None
+        finally:
+            HOOKS.remove(broken)
+    logged = [r for r in caplog.records if "observer" in r.getMessage()]
+    assert len(logged) == 1, logged  # not once per task
+
+
 def test_a_request_block_without_a_tracer_is_harmless() -> None:
     with tracing.request("alone") as scope:
         assert scope.name == "alone" and scope.end is None
