@@ -439,9 +439,12 @@ class Submitter:
                 except AscendError as exc:  # the runtime refused: the rest of the stream's hop
                     self._caught.append(exc)
                     error = broken[lane] = self._classify(exc)  # fails with it as cause
-                except Exception as exc:  # a bug of ours: fails this request only
+                except Exception as exc:  # a bug of ours: so does the rest (what follows may
+                    # rely on it: a wait's order, a copy's data), and the thread goes on
                     self._caught.append(exc)
-                    error = InternalError(f"submitting {req.kind} failed: {exc!r}")
+                    error = broken[lane] = InternalError(
+                        f"submitting {req.kind} failed: {type(exc).__name__}"
+                    )
                     error.__cause__ = exc
                 else:
                     tid = task_id()

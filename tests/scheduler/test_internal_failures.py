@@ -218,3 +218,38 @@ async def test_a_waiter_whose_sleep_keeps_failing_backs_off(open_dev: OpenDevice
         with anyio.fail_after(20):
             await (await s.launch(dev.function("sleep"), 1, aa.HostArgs().u32(1_000_000)))
         assert 0 < len(tries) < 200, len(tries)
+
+
+async def test_a_wait_whose_submission_raises_fails_what_follows_it_in_its_hop(
+    open_dev: OpenDevice,
+) -> None:
+    """``stream_wait_event`` raising a plain Python exception (a defect of ours, not the
+    runtime's refusal) fails the wait with InternalError, and the request behind it in the same
+    hop too, as a refusal would: that copy relied on the wait's order (it used to be submitted
+    without it). The stream takes later work."""
+    async with open_dev(task_timeout=5) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        runtime = dev.runtime
+        wait = runtime.stream_wait_event
+        refused: list[bool] = []
+
+        def defect(*args: Any) -> None:
+            if not refused:
+                refused.append(True)
+                raise OSError("a defect of ours")
+            wait(*args)
+
+        runtime.stream_wait_event = defect
+        x = dev.malloc(64)
+        record = await s1.record_event()
+        waited = await s2.wait_event(record)  # one tick: one hop
+        behind = await s2.memset(x, 1)
+        with anyio.fail_after(10):
+            with pytest.raises(aa.InternalError, match="OSError") as first:
+                await waited
+            assert isinstance(first.value.__cause__, OSError)
+            with pytest.raises(aa.InternalError, match="an earlier request was refused"):
+                await behind
+            await (await s2.memset(x, 2))
+        assert (await s2.download(x) == 2).all()
+        assert refused == [True]
