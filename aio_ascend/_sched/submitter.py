@@ -28,8 +28,10 @@ Invariants.
   crashes the process (``docs/cann-support.md`` §13.3). The close marks every stream ``forced``
   first, so a call that returns later is the last one this thread makes on them.
 - Who fails how: a runtime refusal (``AscendError``) fails its request and, with it as the
-  cause, the rest of that stream's hop (``broken``); any other exception (a bug of ours) fails
-  its request only. Once the device has faulted (``FaultState.first``), every later request
+  cause, the rest of that stream's hop (``broken``: what follows may rely on it); any other
+  exception raised submitting a request (a bug of ours) does the same as an ``InternalError``,
+  and one raised anywhere else in a hop fails what nobody settled (:mod:`.underway`), the thread
+  going on either way. Once the device has faulted (``FaultState.first``), every later request
   fails with an error caused directly by that first fault. A stream marked ``forced`` (its close
   gave up waiting) gets nothing submitted: its requests fail as the forced close's.
 - Submitted work whose batch event could not be recorded (or a ``launch_batch`` call that raised
