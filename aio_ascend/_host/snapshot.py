@@ -12,7 +12,8 @@ constant for the context) are laid into the image by the packer, not by the runt
 host-args path ``rtsLaunchKernelWithHostArgs`` passes the buffer through and adds none
 (hicann/runtime ``src/runtime/api/api_c_kernel.cc`` ~46-80, ``docs/cann-support.md`` §2), and
 the launch writes into it only the placeholders' addresses (``stars_arg_manager.cc:175-184``:
-its other write, a tiling slot, only for older launch calls that set ``hasTiling``); the
+its other write, a tiling slot, only for older launch calls that set ``hasTiling``: the same
+in ``task_res.cc:33`` and ``uma_arg_loader.cc:152``); the
 args-handle path copies the image into a handle of the runtime's own (``aclrtKernelArgsAppend``,
 whose ``Finalize`` writes the runtime's buffer, not ours); the device-args path patches its ring's
 mirror, never the caller's buffer.

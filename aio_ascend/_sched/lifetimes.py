@@ -219,6 +219,8 @@ class Lifetimes:
         # allocations, so none is in use). Freed by reap() on the loop thread, which binds
         # the device context: a collection may run on another device's thread.
         with self._lock:
+            if self._closed:  # the close frees every site it holds (this may run inside it)
+                return
             site = self._sizes.pop(ref, None)
             if site is None or self._live.get(site[0]) is not ref:
                 return

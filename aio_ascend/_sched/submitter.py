@@ -35,8 +35,9 @@ Invariants.
   fails with an error caused directly by that first fault. A stream marked ``forced`` (its close
   gave up waiting) gets nothing submitted: its requests fail as the forced close's.
 - Submitted work whose batch event could not be recorded (or a ``launch_batch`` call that raised
-  part-way) can never be observed complete: its tasks fail, and its requests go to
-  :attr:`Submitter.orphans`, released only at the device's close, after the streams are gone.
+  part-way, or a hop a defect of ours cut short: maybe never submitted) can never be observed
+  complete: its tasks fail, and its requests go to :attr:`Submitter.orphans`, released only at
+  the device's close, after the streams are gone.
 
 Who touches what. The loop thread calls :meth:`submit` (appends to :attr:`waiting`, puts the hop
 in the inbox), :meth:`force` and :meth:`stop`; after the thread has exited (or been abandoned)
@@ -349,8 +350,15 @@ class Submitter:
         carried = (req for batch in self._carried.values() for req in batch)
         failures, lost = self.underway.lost([*parked, *carried])
         self.orphans.extend(lost)
+        self._caught.append(exc)  # (its traceback's frames hold the hop: see .frames)
         error = InternalError(f"submitter failed: {type(exc).__name__} (the cause)")
         error.__cause__ = exc  # (not its repr in the message: that may raise too)
+        for req in lost:
+            if type(req) is RecordEvent:  # a wait for it must not wait for good
+                if not req.event.recorded:
+                    req.on_refused(error)
+                if self._blocked:
+                    self._unblock(req.event)
         self._post([*failures, *((req, error, Outcome.FINISHED) for req in lost)])
 
     def _hop(self, hop: Hop) -> None:
@@ -360,7 +368,7 @@ class Submitter:
         for lane, batch in open_batches.items():  # only if batches were not marked
             if batch:
                 self._close_batch(lane, batch, hop.deadline, failures)
-        self.underway.failing = []
+        self.underway.end()
         self._post(failures)
 
     def _submit(
@@ -737,7 +745,7 @@ class Submitter:
         for open_lane, batch in open_batches.items():
             if batch:
                 self._close_batch(open_lane, batch, last, failures)
-        self.underway.failing = []
+        self.underway.end()
         self._post(failures)
         self.underway.resuming = None
 

@@ -51,6 +51,12 @@ class Underway:
         self.failing = []
         return self.failing
 
+    def end(self) -> None:
+        """The hop or resume is done with (before its refusals are posted): no reference to
+        its work may outlive it here, while the thread waits for the next."""
+        self.handed = []
+        self.failing = []
+
     def requests(self) -> list[Request]:
         """The requests of the hop or resume under way (none between them)."""
         hop, resuming = self.hop, self.resuming
@@ -70,11 +76,10 @@ class Underway:
         """A defect raised in the middle: the refusals to post as they were, and the requests
         nobody settled (to fail, their holdings kept for the close). ``still_queued``: the
         requests parked or carried now (settled by a later resume). Nothing is under way after."""
-        requests = self.requests()
-        failures = self.failing
-        self.hop = self.resuming = None
-        self.failing = []
+        requests, failures = self.requests(), self.failing
         settled = {id(req) for batch in self.handed for req in batch}
         settled.update(id(req) for req, _, _ in failures)
         settled.update(id(req) for req in still_queued)
+        self.hop = self.resuming = None
+        self.end()
         return failures, [req for req in requests if id(req) not in settled]

@@ -26,10 +26,9 @@ Timeout slices. The wait is cut into slices that grow while the same work stays 
 ms doubling to 1 s (:func:`next_slice`), back to 50 ms once an event completes. On CANN each
 timed-out ``aclrtSynchronizeEventWithTimeout`` logs two ERROR lines, so a long kernel costs at
 most two such lines a second, not two hundred. A failing sync (a fault, an event that went away)
-is ignored here: the poller's next query reports it; one that keeps failing on the same target
-is tried again ever more slowly (1 ms doubling to a slice), never in a tight loop. With nothing
-to watch the thread sleeps on
-``_changed`` (at most 0.5 s at a time).
+is ignored here: the poller's next query reports it; one that keeps failing (until a sleep
+succeeds) is tried again ever more slowly (1 ms doubling to a slice), never in a tight loop.
+With nothing to watch the thread sleeps on ``_changed`` (at most 0.5 s at a time).
 
 Shutdown. :meth:`stop` sets a flag and wakes an idle thread; a thread inside a sync leaves when
 its slice ends, at most 1 s later (``MAX_SLICE_MS``), within the 2 s the device's close gives

@@ -11,9 +11,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -144,6 +147,26 @@ async def test_freeing_a_wrapper_whose_owner_is_the_last_reference_to_a_buffer(
         assert dev.stats()["device_buffers"] == 0
 
 
+def _defect_after_memset(runtime: Any) -> list[bool]:
+    """The submitter's first read of the runtime's task id after a memset raises (a defect
+    of ours in the middle of a hop); the list records it (``[True, False]`` once raised)."""
+    task_id, memset = runtime.last_task_id, runtime.memset_async
+    armed: list[bool] = []
+
+    def memset_then_arm(*args: Any) -> None:
+        memset(*args)
+        armed.append(True)
+
+    def defect() -> int:
+        if armed == [True] and "submit" in threading.current_thread().name:
+            armed.append(False)
+            raise TypeError("a defect of ours")
+        return task_id()
+
+    runtime.memset_async, runtime.last_task_id = memset_then_arm, defect
+    return armed
+
+
 async def test_a_defect_in_the_middle_of_a_hop_fails_only_what_nobody_settled(
     open_dev: OpenDevice,
 ) -> None:
@@ -154,21 +177,7 @@ async def test_a_defect_in_the_middle_of_a_hop_fails_only_what_nobody_settled(
     and a ``max_in_flight=4`` stream admitted 7 launches)."""
     async with open_dev(task_timeout=5) as dev:
         a, b = dev.stream(max_in_flight=4), dev.stream()
-        runtime = dev.runtime
-        task_id, memset = runtime.last_task_id, runtime.memset_async
-        armed: list[bool] = []
-
-        def memset_then_arm(*args: Any) -> None:
-            memset(*args)
-            armed.append(True)
-
-        def defect() -> int:
-            if armed and len(armed) == 1 and "submit" in threading.current_thread().name:
-                armed.append(False)
-                raise TypeError("a defect of ours")
-            return task_id()
-
-        runtime.memset_async, runtime.last_task_id = memset_then_arm, defect
+        armed = _defect_after_memset(dev.runtime)
         x = dev.malloc(4096)
         noop = dev.function("noop")
         tasks = [await a.launch(noop, 1) for _ in range(3)]  # one tick: one hop
@@ -253,3 +262,55 @@ async def test_a_wait_whose_submission_raises_fails_what_follows_it_in_its_hop(
             await (await s2.memset(x, 2))
         assert (await s2.download(x) == 2).all()
         assert refused == [True]
+
+
+async def test_a_lost_record_does_not_park_later_waits_until_task_timeout(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev(task_timeout=5) as dev:
+        a, b = dev.stream(), dev.stream()
+        _defect_after_memset(dev.runtime)
+        x = dev.malloc(4096)
+        m = await a.memset(x, 7)
+        ev = await a.record_event()  # same hop, after the defect: lost
+        with pytest.raises(aa.InternalError):
+            await ev
+        w = await b.wait_event(ev)
+        nxt = await b.launch(dev.function("noop"), 1)
+        with anyio.fail_after(2):  # (b stayed parked until task_timeout: 5 s)
+            for task in (w, nxt, m):
+                with contextlib.suppress(aa.AscendError):
+                    await task
+        x.free()
+
+
+async def test_the_hop_of_a_lost_request_does_not_outlive_it(open_dev: OpenDevice) -> None:
+    async with open_dev(task_timeout=5) as dev:
+        a, b = dev.stream(), dev.stream()
+        _defect_after_memset(dev.runtime)
+        x = dev.malloc(4096)
+        ok = await a.launch(dev.function("noop"), 1)
+        failed = await b.memset(x, 7)  # one hop
+        await ok
+        with pytest.raises(aa.InternalError):
+            await failed
+        await (await a.launch(dev.function("noop"), 1))
+        ref = weakref.ref(ok)
+        del ok
+        gc.collect()
+        assert ref() is None, "the defect's traceback (the InternalError's cause) holds the hop"
+        x.free()
+
+
+async def test_a_finished_hop_is_not_kept_by_the_submitter(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        t1 = await s.memset(dev.malloc(64), 0)
+        t2 = await s.launch(dev.function("noop"), 1)  # the stream's latest task
+        await t1
+        await t2
+        ref = weakref.ref(t1)
+        del t1
+        await anyio.sleep(0.2)
+        gc.collect()
+        assert ref() is None, "Submitter.underway.handed keeps the last hop's batches"
