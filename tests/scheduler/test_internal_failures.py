@@ -314,3 +314,38 @@ async def test_a_finished_hop_is_not_kept_by_the_submitter(open_dev: OpenDevice)
         await anyio.sleep(0.2)
         gc.collect()
         assert ref() is None, "Submitter.underway.handed keeps the last hop's batches"
+
+
+class _Cycle:
+    """A garbage cycle: what it holds is freed only by a collection."""
+
+    def __init__(self) -> None:
+        self.me = self
+        self.held: object = None
+
+
+async def test_a_collection_inside_the_close_loses_no_buffer(open_dev: OpenDevice) -> None:
+    """A buffer only a garbage cycle holds, collected on the closing thread inside the
+    registry's close (as a gen-0 collection set off by an allocation there can be): the
+    reentrant lock lets its callback in, which must leave the site to the close (it dropped
+    it: that block was never freed)."""
+    dev = await open_dev()
+    registry = dev._scheduler.lifetimes
+
+    class CollectingSizes(dict):  # type: ignore[type-arg]
+        def values(self) -> Any:
+            gc.collect()  # (stands for the collection an allocation there may set off)
+            return super().values()
+
+    gc.disable()
+    try:
+        cycle = _Cycle()
+        cycle.held = dev.malloc(4096)
+        del cycle
+        registry._sizes = CollectingSizes(registry._sizes)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            await dev.aclose()
+    finally:
+        gc.enable()
+    assert dev.runtime.live_resources()["device_allocations"] == 0
