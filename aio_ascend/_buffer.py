@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from ._errors import ClosedError
 from ._sched.lifetimes import Allocation, Lifetimes
+from ._unique import Unique
 from ._values import integer
 
 __all__ = ["DeviceBuffer", "allocations_of", "byte_range"]
@@ -19,7 +20,7 @@ def _index(name: str, value: object, nbytes: int, default: int) -> int:
     return index + nbytes if index < 0 else index
 
 
-class DeviceBuffer(Allocation):
+class DeviceBuffer(Allocation, Unique):
     """Device memory: from :meth:`Device.malloc`, :meth:`Device.wrap`, or a view of either.
 
     :ivar ptr: the device address (int)

@@ -40,6 +40,7 @@ from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
 from ._sched.shutdown import call_off_loop
 from ._stream import Stream, check_close_args, synchronize
+from ._unique import Unique
 from ._values import integer
 from ._values import seconds as seconds_of
 
@@ -125,7 +126,7 @@ def _check_batch_cap(value: object) -> int:
     return batch_cap
 
 
-class Device:
+class Device(Unique):
     """An open device: the runtime, its library threads, buffer pools and streams.
 
     Open with ``async with aio_ascend.open_device(0) as dev:`` (or ``dev = await

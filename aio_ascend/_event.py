@@ -10,6 +10,7 @@ from ._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE, ACL_EVENT_SYNC, AC
 from ._sched.events import EventRecord
 from ._sched.scheduler import DeviceState, Scheduler
 from ._sched.task import Task
+from ._unique import Unique
 
 #: how long elapsed_ms() waits on each of its two events, which are complete already (ms)
 ELAPSED_SYNC_MS = 1000
@@ -22,7 +23,7 @@ def event_flags(timing: bool) -> int:
     return ACL_EVENT_SYNC | (ACL_EVENT_TIME_LINE if timing else 0)
 
 
-class Event(EventRecord):
+class Event(EventRecord, Unique):
     """A point in a stream's work, for cross-stream dependencies and timing.
 
     Created by ``await stream.record_event(timing=False)``. ``await event`` waits until the

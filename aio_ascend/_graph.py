@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ._closing_waits import ClosingWaits
 from ._sched.graphs import GraphRecord
+from ._unique import Unique
 
 if TYPE_CHECKING:
     from ._stream_sync import StreamSync
@@ -14,7 +15,7 @@ if TYPE_CHECKING:
 __all__ = ["Graph"]
 
 
-class Graph:
+class Graph(Unique):
     """Device work recorded once (``async with stream.capture() as capture:``) and replayed
     with one runtime call: ``await stream.run_graph(graph)``, or ``task = await
     stream.launch_graph(graph)``, on any stream of the device, as often as wanted.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ._host.hostargs import HostArgs, PackedArgs
 from ._host.pool import HostBuffer
 from ._runtime.base import FunctionInfo
+from ._unique import Unique
 
 if TYPE_CHECKING:
     from ._sched.work import LaunchSpec
@@ -76,7 +77,7 @@ class Function:
         return f"<Function {self.name!r} of {self.module!r}>"
 
 
-class Module:
+class Module(Unique):
     """A loaded kernel binary (``aclrtBinHandle``); unloaded when the device closes.
 
     :param get_function: looks a kernel up by name: its handle and what the runtime says of it

@@ -11,6 +11,7 @@ from ._host.snapshot import shareable, shared_image
 from ._sched.plans import PlanRecord
 from ._sched.task import Task
 from ._sched.work import Launch, LaunchSpec
+from ._unique import Unique
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["LaunchPlan"]
 
 
-class LaunchPlan:
+class LaunchPlan(Unique):
     """A kernel launch prepared once on a stream (``stream.plan(fn, blocks, args)``) and
     queued as often as wanted with ``await plan.launch()`` (its :class:`Task`) or ``await
     plan.run()`` (and wait)::

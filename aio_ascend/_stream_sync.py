@@ -13,6 +13,7 @@ import numpy as np
 from ._buffer import DeviceBuffer, byte_range
 from ._hostfunc import ASYNC_FN, host_funcs
 from ._sched.task import HostFunctionTask, Task
+from ._unique import Unique
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -40,7 +41,7 @@ def check_src_stream(src: DeviceBuffer, src_stream: object) -> StreamSync | None
     return src_stream
 
 
-class StreamSync:
+class StreamSync(Unique):
     """The base of :class:`~aio_ascend.Stream` that holds these operations."""
 
     device: object

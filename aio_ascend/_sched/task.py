@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 import anyio
 
+from .._unique import Unique
 from .admission import ENTRIES_PER_REQUEST
 from .hooks import HOOKS
 from .loop import LoopAdapter
@@ -67,7 +68,7 @@ class TaskLane(Protocol):
     flushed: Any
 
 
-class Task:
+class Task(Unique):
     """One submitted operation: a kernel launch, a copy, an event record or wait.
 
     ``await task`` returns ``None`` once the device has finished the work, or raises its typed
@@ -114,6 +115,7 @@ class Task:
     # ``buffers``, ``entries``, ``closes_batch``, ``position``: see ``work.Request``), so that
     # making a request is one ``__init__`` call, not a chain of three (a launch is made for
     # every ``Stream.launch``: each Python call level costs about 0.1 us there).
+    public_name = "Task"  # (its subclasses are the library's own)
     __slots__ = (
         "__weakref__",
         "_done",

@@ -725,3 +725,27 @@ async def test_a_max_in_flight_above_the_runtime_queue_is_bounded_by_the_entry_b
     for bad in (0, (1 << 20) + 1):
         with pytest.raises(ValueError, match="max_in_flight"):
             dev.stream(max_in_flight=bad)
+
+
+async def test_objects_that_stand_for_a_runtime_resource_are_never_copied_or_pickled() -> None:
+    """A copy would name the same handle without its bookkeeping (a buffer freed twice; an
+    Event that outlives its handle, which the runtime then reuses); a deep copy or a pickle
+    would drag the loop and the threads along. Each refuses with a TypeError; nothing changes."""
+    import copy
+    import pickle
+
+    async with open_backend("sim") as dev:
+        s = dev.stream()
+        buf = dev.malloc(64)
+        task = await s.memset(buf, 3)
+        event = await s.record_event()
+        plan = s.plan(dev.function("noop"), 1)
+        module = dev.load_module(KernelLibrary())
+        objects = [dev, s, buf, buf[0:32], task, event, plan, module]
+        for obj in objects:
+            for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+                with pytest.raises(TypeError, match=r"cannot be (copied|pickled)"):
+                    attempt(obj)
+        await task
+        plan.close()
+        assert (await s.download(buf) == 3).all()

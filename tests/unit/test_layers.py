@@ -48,7 +48,7 @@ def layer_of(module: str) -> int:
     parts = module.split(".")
     assert parts[0] == "aio_ascend", module
     top = parts[1] if len(parts) > 1 else "__init__"
-    if top in ("_errors", "_launch_config", "_values", "_version"):
+    if top in ("_errors", "_launch_config", "_unique", "_values", "_version"):
         return L0
     if top == "_runtime":
         return L1
