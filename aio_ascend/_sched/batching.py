@@ -4,13 +4,16 @@ The requests of one tick cross to the submitter in one hop. Per stream they form
 most ``cap`` requests (in call order; the first batch of a hop may be the short one), each
 followed by one recorded completion event; the
 request after which that event is recorded *closes* the batch and keeps the entry it reserved
-for it, the others give that entry back.
+for it, the others give that entry back. An event's record always closes its batch
+(``Request.ends_batch``): a batch's tasks complete together, and ``await event`` must not wait
+for work queued after the record (nor hang behind a kernel that hangs there).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from .admission import ENTRIES_PER_REQUEST
 from .lane import Lane
 from .work import Request
 
@@ -45,6 +48,8 @@ def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
         counts[lane] = behind + 1
         if behind % cap == 0:
             request.closes_batch = True
+        elif request.ends_batch:  # (rare: laid out again, record by record)
+            return _ending_early(requests, cap)
         else:
             request.entries = 1
     refunds = {}
@@ -53,6 +58,28 @@ def form_batches(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
         refund = count - (count + cap - 1) // cap
         if refund:
             refunds[lane] = refund
+    return refunds
+
+
+def _ending_early(requests: Sequence[Request], cap: int) -> dict[Lane, int]:
+    # form_batches where a request that ends its batch is not where the count would end one:
+    # the same layout, each stream's count starting again after it
+    in_batch: dict[Lane, int] = {}  # per stream: requests behind this one in its batch
+    refunds: dict[Lane, int] = {}
+    for request in reversed(requests):
+        lane = request.lane
+        behind = in_batch.get(lane, 0)
+        if behind == 0 or behind == cap or request.ends_batch:
+            request.closes_batch = True
+            request.entries = ENTRIES_PER_REQUEST
+            in_batch[lane] = 1
+        else:
+            request.closes_batch = False
+            request.entries = 1
+            in_batch[lane] = behind + 1
+            refunds[lane] = refunds.get(lane, 0) + 1
+    for lane in in_batch:
+        lane.flushed = lane.last
     return refunds
 
 

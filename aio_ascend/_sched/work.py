@@ -105,6 +105,9 @@ class Request(Task):
     #: it is queued; for a big copy the loop leaves it None, and the submitter has
     #: :meth:`prepare` run by its staging thread)
     staged = False
+    #: whether it always closes its batch (an event's record: its Task, and so ``await
+    #: event``, completes with it, not with work queued after it in the same tick)
+    ends_batch = False
 
     host: HostBuffer | None
     buffers: tuple[Allocation, ...]
@@ -450,6 +453,7 @@ class RecordEvent(_EventRequest):
 
     __slots__ = ()
     kind = "record_event"
+    ends_batch = True
 
     def submit(self, runtime: Runtime, stream: int) -> None:
         try:

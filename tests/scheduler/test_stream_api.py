@@ -693,3 +693,23 @@ async def test_a_device_close_cancelled_half_way_still_stops_the_host_function_t
         await anyio.sleep(0.01)
     assert not any(t.name == name for t in threading.enumerate())
     assert dev.closed
+
+
+async def test_an_event_and_the_work_before_it_complete_without_the_work_after_it(
+    open_dev: Callable[..., Any],
+) -> None:
+    """A record, with a hanging kernel queued after it in the same loop tick: ``await event``
+    and the kernel before the record return once that kernel is done (they waited for the
+    whole batch, and so for the hang, until the watchdog failed all three)."""
+    async with open_dev(task_timeout=30, close_timeout=0.5) as dev:
+        s = dev.stream()
+        before = await s.launch(dev.function("sleep"), 1, sleep_args(20_000))
+        event = await s.record_event()
+        hung = await s.launch(dev.function("hang"), 1)  # (the same tick: one hop)
+        with anyio.fail_after(10):
+            await event
+            await before
+        assert event.query() and not hung.done()
+        await s.aclose(timeout=0)
+        with pytest.raises(aa.TaskTimeoutError):
+            await hung

@@ -31,7 +31,7 @@ from aio_ascend._sched.scheduler import flush_now
 from aio_ascend._sched.stalls import STALL_PROBE_MAX_S, STALL_PROBE_S, StallProbes
 from aio_ascend._sched.waiter import FIRST_SLICE_MS, MAX_SLICE_MS, next_slice
 from aio_ascend._sched.watchdog import expire
-from aio_ascend._sched.work import Batch, Outcome, Request, WaitEvent
+from aio_ascend._sched.work import Batch, Outcome, RecordEvent, Request, WaitEvent
 
 # --- admission ----------------------------------------------------------------------------
 
@@ -172,11 +172,21 @@ def test_a_cancelled_or_refused_grant_gives_back_every_slot_it_held() -> None:
         ("aaaaa", 2, [0, 2, 4], {"a": 2}),  # counted from the end: the first batch is short
         ("abab", 8, [2, 3], {"a": 1, "b": 1}),
         ("aabbbab", 2, [0, 3, 5, 6], {"a": 1, "b": 2}),
+        # an event's record (upper case) closes its batch wherever it is; counts start again
+        ("aAaa", 8, [1, 3], {"a": 2}),
+        ("aaAaaaaa", 2, [0, 2, 3, 5, 7], {"a": 3}),
+        ("aAbBa", 8, [1, 3, 4], {"a": 1, "b": 1}),
+        ("AA", 8, [0, 1], {}),
+        ("aaA", 8, [2], {"a": 2}),  # where the count ends one anyway: nothing changes
     ],
 )
 def test_form_batches(lanes: str, cap: int, closing: list[int], refunds: dict[str, int]) -> None:
-    by_name = {name: Lane(i + 1, 100, 100) for i, name in enumerate(sorted(set(lanes)))}
-    requests = [_Req(by_name[name]) for name in lanes]
+    names = sorted({name.lower() for name in lanes})
+    by_name = {name: Lane(i + 1, 100, 100) for i, name in enumerate(names)}
+    requests = [
+        RecordEvent(by_name[name.lower()]) if name.isupper() else _Req(by_name[name])
+        for name in lanes
+    ]
     got = form_batches(requests, cap)
     assert [i for i, r in enumerate(requests) if r.closes_batch] == closing
     assert {name: got[lane] for name, lane in by_name.items() if lane in got} == refunds
