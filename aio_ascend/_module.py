@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from ._host.hostargs import HostArgs, PackedArgs
 from ._host.pool import HostBuffer
+from ._runtime.abi import check_kernel_name
 from ._runtime.base import FunctionInfo
 from ._unique import Unique
 
@@ -120,8 +121,7 @@ class Module(Unique):
         :raises ClosedError: the device is closed
         :raises RuntimeError: called from another thread than the device's event loop's
         """
-        if not isinstance(name, str) or not name:
-            raise TypeError("function name must be a non-empty str")
+        check_kernel_name(name)
         if self._check_caller is not None:
             self._check_caller()
         fn = self._functions.get(name)

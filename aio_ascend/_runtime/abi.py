@@ -216,6 +216,8 @@ def check_binary_source(source: object) -> None:
         path = os.fspath(source)
         if not path:
             raise ValueError("load_binary: the path is empty")
+        if "\0" in path:
+            raise ValueError(f"load_binary: the path {path!r} holds a NUL")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"load_binary: no kernel binary at {os.path.abspath(path)!r}")
 
@@ -225,9 +227,12 @@ def check_kernel_name(name: object) -> bytes:
     (``TypeError``/``ValueError``) before any lookup."""
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, got {type(name).__name__}")
-    encoded = name.encode("utf-8")
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate
+        encoded = b""
     if not encoded or b"\0" in encoded:
-        raise ValueError(f"name={name!r} is not a valid kernel name")
+        raise ValueError(f"name={name!r} is not a valid kernel name (UTF-8, not empty, no NUL)")
     return encoded
 
 

@@ -171,9 +171,10 @@ def test_unknown_kernel_name_is_symbol_not_found(kit: RuntimeKit) -> None:
         (b"", ValueError, "data is empty"),
         (bytearray(), ValueError, "data is empty"),
         ("", ValueError, "path is empty"),
+        ("/tmp/kernels\0.o", ValueError, "holds a NUL"),
         ("/no/such/dir/kernels.o", FileNotFoundError, "no kernel binary at"),
     ],
-    ids=["empty bytes", "empty bytearray", "empty path", "missing file"],
+    ids=["empty bytes", "empty bytearray", "empty path", "NUL in the path", "missing file"],
 )
 def test_a_binary_source_no_backend_could_load_is_refused_alike(
     kit: RuntimeKit, source: object, error: type[Exception], match: str

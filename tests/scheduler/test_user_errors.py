@@ -277,6 +277,19 @@ async def test_rough_inputs_of_an_open_device(anyio_backend: object) -> None:
         assert (await s.download(buf, "M8[ns]")).dtype == np.dtype("M8[ns]")
         with pytest.raises(ValueError, match="the path is empty"):
             dev.load_module("")
+        with pytest.raises(ValueError, match="holds a NUL"):
+            dev.load_module("/tmp/kernels\0.o")
+        module = dev.load_module(KernelLibrary())
+        # kernel names: one check (UTF-8, not empty, no NUL) for the lookup and the sim's library
+        for name in ("", "no\0op", "noop\ud800"):
+            with pytest.raises(ValueError, match="not a valid kernel name"):
+                module.function(name)
+            with pytest.raises(ValueError, match="not a valid kernel name"):
+                dev.function(name)
+            with pytest.raises(ValueError, match="not a valid kernel name"):
+                KernelLibrary().add(name, lambda ctx: None)
+        with pytest.raises(TypeError, match="must be a str"):
+            module.function(b"noop")  # type: ignore[arg-type]
         assert dev.stats()["in_flight"] == 0
 
 

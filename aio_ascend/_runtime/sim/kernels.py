@@ -26,7 +26,7 @@ from .memory import DeviceFault
 if TYPE_CHECKING:
     from .memory import DeviceMemory
 
-from ..abi import ACL_ERROR_RT_AICORE_EXCEPTION, declare_params
+from ..abi import ACL_ERROR_RT_AICORE_EXCEPTION, check_kernel_name, declare_params
 from ..base import PLAIN_FUNCTION, FunctionInfo
 
 __all__ = [
@@ -134,11 +134,11 @@ class KernelLibrary:
             (``"ptr"``, ``"placeholder"``, ``"u32"``, ``"f32"``, ...) or a size in bytes; a
             launch with other arguments is refused with ``ValueError`` before the device
             runs it. ``None`` (the default) declares nothing: any ``HostArgs`` is launched.
-        :raises TypeError: a bad name, body, cost or declaration
-        :raises ValueError: a name already registered, an unknown kind, a size below 1
+        :raises TypeError: a name that is not a str, a bad body, cost or declaration
+        :raises ValueError: a name already registered or not a kernel name (empty, with a NUL,
+            not UTF-8), an unknown kind, a size below 1
         """
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"kernel name must be a non-empty str, got {name!r}")
+        check_kernel_name(name)
         if not callable(fn):
             raise TypeError(f"kernel {name!r}: fn must be callable, got {type(fn).__name__}")
         if cost is not None and not callable(cost):
