@@ -39,9 +39,9 @@ from ._sched.owned import OwnedFinalizers
 from ._sched.poller import CompletionMode
 from ._sched.scheduler import DeviceState, Scheduler
 from ._sched.shutdown import call_off_loop
-from ._stream import Stream, check_close_args, synchronize
+from ._stream import Stream, synchronize
 from ._unique import Unique
-from ._values import integer
+from ._values import check_close_args, integer
 from ._values import seconds as seconds_of
 
 if TYPE_CHECKING:
@@ -321,6 +321,9 @@ class Device(Unique):
     ) -> Module:
         """Load a kernel binary (acl: a path or bytes; sim: an ``aio_ascend.sim.KernelLibrary``).
 
+        It stays loaded until :meth:`Module.close` and the end of the work that may run its
+        kernels, or until the device closes.
+
         :param kernel_type: what a binary loaded from bytes holds: ``"vector"``, ``"cube"``,
             ``"aicore"`` or ``"mix"`` (cube and vector cores together). Bytes carry no type,
             and without one the runtime assumes CUBE on Atlas A2/A3; a MIX kernel also gets
@@ -331,11 +334,20 @@ class Device(Unique):
             the device at first use (``None``: the runtime's default)
         :raises ValueError: a bad ``kernel_type``, or one given for a file; an empty path
         :raises TypeError: ``lazy`` that is not a bool
+        :raises ClosedError: the device is closed
+        :raises DeviceFaultError: the device has faulted (cause: the first fault)
         """
+        return self._load_module(source, kernel_type, lazy, closable=True)
+
+    def _load_module(
+        self, source: object, kernel_type: str | None, lazy: bool | None, *, closable: bool
+    ) -> Module:
         kind, lazy = check_load_options(kernel_type, lazy)
-        handle = self._owned().load_binary(source, kernel_type=kind, lazy=lazy)
+        scheduler = self._owned()
+        handle = scheduler.load_binary(source, kernel_type=kind, lazy=lazy)
         kind_name = None if kind is None else kind.value
-        return Module(self, handle, source, self._get_function, kind_name, self._owned)
+        record = scheduler.binaries.track(handle) if closable else None
+        return Module(self, handle, source, self._get_function, kind_name, self._owned, record)
 
     def _owned(self) -> Scheduler:
         """The scheduler, once the device is found open and the caller on its loop's thread
@@ -355,8 +367,8 @@ class Device(Unique):
     def function(self, name: str) -> Function:
         """A built-in kernel of the backend (sim: vector_add, axpy, scale, matmul, ...)."""
         self._owned()
-        if self._builtin is None:
-            self._builtin = self.load_module(None)
+        if self._builtin is None:  # (the device's own: unloaded with it, never closed)
+            self._builtin = self._load_module(None, None, None, closable=False)
         return self._builtin.function(name)
 
     def wrap(self, ptr: int, nbytes: int, *, owner: object = None) -> DeviceBuffer:

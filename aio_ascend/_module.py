@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import TracebackType
 from typing import TYPE_CHECKING
 
+from ._errors import ClosedError
 from ._host.hostargs import HostArgs, PackedArgs
 from ._host.pool import HostBuffer
 from ._runtime.abi import check_kernel_name
@@ -12,6 +14,7 @@ from ._runtime.base import FunctionInfo
 from ._unique import Unique
 
 if TYPE_CHECKING:
+    from ._sched.modules import ModuleRecord
     from ._sched.work import LaunchSpec
 
 __all__ = ["Function", "Module"]
@@ -79,11 +82,15 @@ class Function:
 
 
 class Module(Unique):
-    """A loaded kernel binary (``aclrtBinHandle``); unloaded when the device closes.
+    """A loaded kernel binary (``aclrtBinHandle``).
+
+    :meth:`close` unloads it once nothing can run its kernels any more (``with module:``
+    closes it too); what is still loaded when the device closes is unloaded then.
 
     :param get_function: looks a kernel up by name: its handle and what the runtime says of it
         (raises if the device is closed)
     :param check_caller: raises unless the device is open and called from its loop's thread
+    :param record: its lifetime (None: the device's built-in module, which cannot be closed)
     :ivar kernel_type: the kernel type it was loaded as (``load_module(kernel_type=...)``)
     """
 
@@ -91,8 +98,10 @@ class Module(Unique):
         "_check_caller",
         "_functions",
         "_get_function",
+        "_record",
         "device",
         "handle",
+        "held",
         "kernel_type",
         "source",
     )
@@ -105,6 +114,7 @@ class Module(Unique):
         get_function: Callable[[int, str], tuple[int, FunctionInfo]],
         kernel_type: str | None = None,
         check_caller: Callable[[], object] | None = None,
+        record: ModuleRecord | None = None,
     ) -> None:
         self.device = device
         self.handle = handle
@@ -113,22 +123,78 @@ class Module(Unique):
         self._get_function = get_function
         self._check_caller = check_caller
         self._functions: dict[str, Function] = {}
+        self._record = record
+        #: what each launch of its kernels holds until it is done: its record (none for the
+        #: device's built-in module)
+        self.held: tuple[ModuleRecord, ...] = () if record is None else (record,)
 
     def function(self, name: str) -> Function:
         """The kernel ``name`` in this module.
 
         :raises RuntimeAPIError: if the module has no such kernel
-        :raises ClosedError: the device is closed
+        :raises ClosedError: the module or the device is closed
         :raises RuntimeError: called from another thread than the device's event loop's
         """
         check_kernel_name(name)
         if self._check_caller is not None:
             self._check_caller()
+        if self._record is not None and self._record.free_requested:
+            raise ClosedError(f"{self!r} is closed")
         fn = self._functions.get(name)
         if fn is None:
             handle, info = self._get_function(self.handle, name)
             fn = self._functions[name] = Function(self.device, self, name, handle, info)
         return fn
+
+    def _held_by(self, fn: Function) -> tuple[ModuleRecord, ...]:
+        """What a launch of its kernel ``fn`` holds until it is done (:attr:`held`).
+
+        :raises ClosedError: the module is closed
+        """
+        held = self.held
+        if held and held[0].free_requested:
+            raise ClosedError(f"{fn!r}: its module is closed")
+        return held
+
+    def close(self) -> None:
+        """Unload the binary once the work that may run its kernels is done: the launches
+        queued before, and the open :class:`LaunchPlan` and :class:`Graph` objects that launch
+        them (it is unloaded when the last of those is closed). From now on its kernels can be
+        neither launched, planned nor captured (``ClosedError``), and :meth:`function` raises
+        ``ClosedError`` even for a kernel looked up before. Idempotent; nothing once the
+        device is closed.
+
+        :raises ValueError: the device's built-in module (``Device.function``'s kernels),
+            which is unloaded with the device
+        :raises RuntimeError: called from another thread than the device's event loop's
+        """
+        record = self._record
+        if record is None:
+            raise ValueError(
+                "the device's built-in module is unloaded with the device; close() is for a "
+                "module of load_module()"
+            )
+        record.registry.free(record)
+        for fn in self._functions.values():
+            fn.launch_specs.clear()  # (their next launches go through the checks: refused)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called, or the device is closed."""
+        if self._record is not None and self._record.free_requested:
+            return True
+        return bool(getattr(self.device, "closed", False))
+
+    def __enter__(self) -> Module:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"<Module {self.handle:#x}>"

@@ -42,14 +42,14 @@ from ._sched.work import (
     WaitEvent,
 )
 from ._stream_sync import StreamSync, check_src_stream
-from ._values import integer, seconds
+from ._values import check_close_args, integer
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from types import TracebackType
 
     from ._sched.lane import Lane
-    from ._sched.lifetimes import Lifetimes
+    from ._sched.lifetimes import Allocation, Lifetimes
     from ._sched.work import Request
 
 __all__ = ["Stream"]
@@ -72,14 +72,15 @@ def _pack_for(fn: Function, args: object) -> PackedArgs:
 
 def launch_args(
     device: object, scheduler: Scheduler, fn: object, blocks: object, args: object, config: object
-) -> tuple[Function, int, PackedArgs, LaunchConfig | None, tuple[DeviceBuffer, ...]]:
+) -> tuple[Function, int, PackedArgs, LaunchConfig | None, tuple[Allocation, ...]]:
     """A launch's input, checked (the one definition, for launches, plans and captures):
-    ``(fn, blocks as an int, args packed for it, config, the device buffers the args point
-    to)``."""
+    ``(fn, blocks as an int, args packed for it, config, what it holds while queued: the
+    device buffers the args point to and the kernel's module)``."""
     if not isinstance(fn, Function):
         raise TypeError(f"fn must be a Function, got {type(fn).__name__}")
     if fn.device is not device:
         raise ValueError(f"{fn!r} belongs to a different device")
+    held = fn.module._held_by(fn)  # noqa: SLF001 - its lifetime; ClosedError once closed
     if type(blocks) is not int or not 1 <= blocks <= MAX_NUM_BLOCKS:
         blocks = _checked_blocks(blocks)
     if args is None:
@@ -90,12 +91,12 @@ def launch_args(
         packed = _pack_for(fn, args)
     cfg = None if config is None else LaunchConfig.coerce(config)  # type: ignore[arg-type]
     if not packed.buffers:
-        return fn, blocks, packed, cfg, ()
+        return fn, blocks, packed, cfg, held
     scheduler.check_open()
     buffers = allocations_of(
         packed.buffers, scheduler.lifetimes, "HostArgs.ptr", others_allowed=True
     )
-    return fn, blocks, packed, cfg, buffers
+    return fn, blocks, packed, cfg, buffers + held
 
 
 def _launch_spec(
@@ -108,11 +109,13 @@ def _launch_spec(
         return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers, once=True)
     host = fn.no_args_image
     if host is None and shareable(packed):
-        # one pinned image per kernel, shared by its launches without args (kept until the
-        # device closes; the pool closes with it)
+        # one pinned image per kernel, shared by its launches without args (unpinned with
+        # its module: see its record's images; else by the pool's close)
         scheduler.check_open()
         host = fn.no_args_image = shared_image(scheduler.pool, packed)
-    spec = LaunchSpec(fn.handle, blocks, cfg, packed, host)
+        for record in fn.module.held:
+            record.images.append(host)
+    spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, buffers)
     if cfg is None:
         fn.launch_specs[blocks] = spec
     return spec
@@ -190,8 +193,7 @@ def _pinned_address(pinned: PinnedArrays, data: np.ndarray[Any, Any], what: str)
             f"{what} is a pinned array of another device{closed}: use one of this device's "
             "(dev.pinned_empty, dev.pinned_like) or an ordinary array"
         )
-    address: int = data.__array_interface__["data"][0]
-    return address
+    return int(data.__array_interface__["data"][0])
 
 
 def _device_copy_args(
@@ -333,19 +335,6 @@ class GraphCapture:
             record.registry.free(record)  # once the capture request is done with it
             raise
         self.graph = Graph(self._stream.device, record, scheduler.drop_record)
-
-
-def check_close_args(cancel: object, timeout: object) -> float | None:
-    """The arguments of ``aclose`` (a stream's or a device's): a bool, and None or seconds
-    (returned as a float)."""
-    if not isinstance(cancel, bool):
-        raise TypeError(f"cancel must be a bool, got {type(cancel).__name__}")
-    if timeout is None:
-        return None
-    value = seconds("timeout (None or seconds)", timeout)
-    if not value >= 0:  # NaN too
-        raise ValueError(f"timeout={timeout!r} must be None or >= 0")
-    return None if value == math.inf else value  # (no bound: as None)
 
 
 async def synchronize(scheduler: Scheduler, lanes: list[Lane], stream_ref: Any, what: str) -> None:

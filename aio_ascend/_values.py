@@ -16,7 +16,7 @@ from typing import cast
 
 import numpy as np
 
-__all__ = ["integer", "seconds"]
+__all__ = ["check_close_args", "integer", "seconds"]
 
 
 def integer(what: str, value: object) -> int:
@@ -40,3 +40,16 @@ def seconds(what: str, value: object) -> float:
         return float(value)
     except OverflowError:  # (an int past a float's range: as long as an infinite wait)
         return math.inf if cast(float, value) > 0 else -math.inf
+
+
+def check_close_args(cancel: object, timeout: object) -> float | None:
+    """The arguments of ``aclose`` (a stream's or a device's): a bool, and None or seconds
+    (returned as a float)."""
+    if not isinstance(cancel, bool):
+        raise TypeError(f"cancel must be a bool, got {type(cancel).__name__}")
+    if timeout is None:
+        return None
+    value = seconds("timeout (None or seconds)", timeout)
+    if not value >= 0:  # NaN too
+        raise ValueError(f"timeout={timeout!r} must be None or >= 0")
+    return None if value == math.inf else value  # (no bound: as None)

@@ -147,6 +147,11 @@ class Allocation:
         """Queued requests that reference it."""
         return self.retained - self.unused
 
+    def _refusal(self, kind: str) -> Exception:
+        """The error of a request (``kind``) that was to use it, but found it freed once
+        admitted (its ``free()`` was called while the request waited)."""
+        return ValueError(f"{kind}: {self!r} was freed while the request waited for admission")
+
 
 class Holder(Protocol):
     """What a request holds until the device is done with it (see ``work.Request``)."""

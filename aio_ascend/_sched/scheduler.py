@@ -84,6 +84,7 @@ from .hooks import Source
 from .lane import Lane
 from .lifetimes import FreedError, Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
+from .modules import Binaries
 from .plans import PlanRecord
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
@@ -181,7 +182,10 @@ class Scheduler:
         self.lanes: list[Lane] = []
         #: lanes of streams collected without aclose() (their finalizers hand them over)
         self.dropped_lanes = DroppedLanes(self.device_id)
-        self._modules: list[int] = []
+        #: the binaries loaded and not unloaded yet (the close unloads what is left)
+        self.binaries = Binaries(
+            self.lifetimes, self.pool, binding.freeing(runtime.unload_binary, "unload_binary")
+        )
         self._pending: list[Request] = []
         self._flush_scheduled = False
         self._flush_at = min(batch_cap, FLUSH_AT)
@@ -309,12 +313,11 @@ class Scheduler:
         return lane
 
     def load_binary(self, source: object, **options: Any) -> int:
-        """Load a kernel binary (``options``: the runtime's load options); it is unloaded when
-        the device closes."""
+        """Load a kernel binary (``options``: the runtime's load options): see ``Binaries``."""
         self.check_open()
-        handle = self.bound().load_binary(source, **options)
-        self._modules.append(handle)
-        return handle
+        if self.faults.first is not None:  # (it would never run: refused before the runtime)
+            raise self.fault_error()
+        return self.binaries.load(self.bound(), source, options)
 
     def retire_event(self, handle: int, flags: int) -> None:
         """The public Event of ``handle`` is gone (a finalizer: any thread)."""
@@ -404,12 +407,9 @@ class Scheduler:
         if buffers:  # (most launches point to none: no iterator made for them)
             try:
                 self.lifetimes.retain(buffers)
-            except FreedError as exc:  # freed (a graph, a plan: closed) while it waited
+            except FreedError as exc:  # freed (a graph, a plan, a module: closed) meanwhile
                 self.unadmit(request.lane)
-                raise ValueError(
-                    f"{request.kind}: {exc.allocation!r} was freed while the request waited "
-                    "for admission"
-                ) from None
+                raise exc.allocation._refusal(request.kind) from None  # noqa: SLF001
         if request.host is None and request.staged:
             try:
                 request.stage(self.pool)
@@ -751,7 +751,7 @@ class Scheduler:
                 orphans=(self._submitter.orphans, self._poller.orphans),
                 batch_events=self._batch_events,
                 user_events=self.user_events,
-                modules=self._modules,
+                binaries=self.binaries,
                 pool=self.pool,
                 pinned=self.pinned,
             )

@@ -90,6 +90,7 @@ from .graphs import GraphBook
 from .lane import Lane
 from .lifetimes import Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
+from .modules import Binaries
 from .stalls import Prober
 from .work import Request
 
@@ -296,7 +297,7 @@ def release_everything(
     orphans: Iterable[list[Request]],
     batch_events: BatchEvents,
     user_events: UserEvents,
-    modules: list[int],
+    binaries: Binaries,
     pool: HostBufferPool,
     pinned: PinnedArrays,
 ) -> None:
@@ -313,9 +314,6 @@ def release_everything(
             runtime.destroy_event(handle)
     batch_events.created.clear()
     lifetimes.close()  # buffers still alive and cached blocks: all back to the runtime
-    for module in modules:
-        with contextlib.suppress(Exception):
-            runtime.unload_binary(module)
-    modules.clear()
+    binaries.unload_all(runtime)
     pool.close()
     pinned.close(runtime.close)

@@ -558,6 +558,8 @@ STILL_ANSWER = {
     "Graph.close": "idempotent cleanup (the close destroyed the graph)",
     "LaunchPlan.close": "idempotent cleanup (the close released what it held)",
     "LaunchPlan.closed": "state",
+    "Module.close": "idempotent cleanup (the close unloaded the binary)",
+    "Module.closed": "state",
     "Device.stats": "a read of counters (metrics collectors read it at any time)",
     "Device.memory_stats": "a read of counters (all zero but the totals after the close)",
     "Device.closed": "state",

@@ -1,0 +1,120 @@
+"""Loaded binaries, tracked like allocations: a module is unloaded only once nothing can run
+its kernels any more.
+
+Why. ``aclrtBinaryUnLoad`` frees the binary's device code and its function handles; a kernel
+of it still queued on a stream, or recorded in a graph that may be replayed, would then run
+code that is gone. A server that swaps kernel binaries while it serves must be able to drop
+the old one without draining the device first, and without leaking it until the close.
+
+How. A module loaded by the user has a :class:`ModuleRecord`, an :class:`~.lifetimes.Allocation`
+with no memory of its own. Every launch of one of its kernels holds the record among its
+``buffers``: a queued launch retains it (``Scheduler.enqueue``) and its release gives it back,
+a launch plan holds it through its own record, a graph through its recorded launches. So
+``Module.close()`` is ``free()`` of the record: nothing new may use it from then on (the
+launch checks refuse it with ``ClosedError``), and the release of its last user retires it,
+on whatever thread that is. Retiring unloads the binary (bound to the device's context: see
+``ContextBinding.freeing``, a refusal is logged and the binary leaked) and unpins the shared
+empty-args images of its kernels, which only its launches read.
+
+The device's own built-in module (``Device.function``) has no record: nothing can close it,
+its launches hold nothing, and like every module still loaded it is unloaded by the device's
+close (``shutdown.release_everything``), after every stream is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+from .._errors import ClosedError
+from .._host.pool import HostBuffer, HostBufferPool
+from .._runtime import Runtime
+from .lifetimes import Allocation, Lifetimes
+
+__all__ = ["Binaries", "ModuleRecord"]
+
+
+class ModuleRecord(Allocation):
+    """A user-loaded binary's lifetime (see the module's essay).
+
+    :ivar handle: the runtime's binary handle
+    :ivar images: the pinned empty-args images its kernels' launches share (unpinned with it)
+    """
+
+    __slots__ = ("_pool", "_unload", "handle", "images")
+
+    def __init__(
+        self,
+        registry: Lifetimes,
+        pool: HostBufferPool,
+        handle: int,
+        unload: Callable[[int], None],
+    ) -> None:
+        super().__init__(registry, 0, 0)
+        self.handle = handle
+        self.images: list[HostBuffer] = []
+        self._pool = pool
+        self._unload = unload
+        self.disposer = self._dispose
+
+    def _refusal(self, kind: str) -> Exception:
+        return ClosedError(f"{kind}: the kernel's module was closed while the request waited")
+
+    def _dispose(self) -> None:
+        # Closed, and no queued launch, open plan or graph can run its kernels (any thread).
+        images, self.images = self.images, []
+        for image in images:
+            self._pool.unpin(image)
+        self._unload(self.handle)
+
+    def __repr__(self) -> str:
+        return f"<module {self.handle:#x}>"
+
+
+class Binaries:
+    """The binaries loaded on one device and not unloaded yet.
+
+    :param unload: unloads one binary from any thread (bound to the device's context; a
+        refusal is logged, never raised)
+    """
+
+    def __init__(
+        self, lifetimes: Lifetimes, pool: HostBufferPool, unload: Callable[[int], None]
+    ) -> None:
+        self._lifetimes = lifetimes
+        self._pool = pool
+        self._unload = unload
+        # (a dict: its pop is atomic, and the release of a module's last user may run on any
+        # library thread while the loop loads another)
+        self._loaded: dict[int, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._loaded)
+
+    def load(self, runtime: Runtime, source: object, options: dict[str, Any]) -> int:
+        """Load a binary with ``runtime`` (its load options: ``options``); its handle. It is
+        unloaded by its module's record (:meth:`track`), else by the device's close."""
+        handle = runtime.load_binary(source, **options)
+        self._loaded[handle] = None
+        return handle
+
+    def track(self, handle: int) -> ModuleRecord:
+        """The lifetime of the user's module ``handle``: unloaded once closed and unused."""
+        return ModuleRecord(self._lifetimes, self._pool, handle, self._retired)
+
+    def _retired(self, handle: int) -> None:
+        # The record's last user is done (any thread): unload it, once. The loaded handles are
+        # forgotten first: the runtime may hand the same handle out again once it is unloaded.
+        if self._loaded.pop(handle, _GONE) is not _GONE:
+            self._unload(handle)
+
+    def unload_all(self, runtime: Runtime) -> None:
+        """The device is closing (its streams are gone): unload every binary left."""
+        left, self._loaded = list(self._loaded), {}
+        for handle in left:
+            with contextlib.suppress(Exception):
+                runtime.unload_binary(handle)
+
+
+_GONE = object()

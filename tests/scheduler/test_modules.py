@@ -1,0 +1,260 @@
+"""Closing a module: its binary is unloaded once nothing can run its kernels any more (the
+launches queued before, open plans and graphs), never under them; nothing new may use it.
+
+A server swapping kernel binaries must be able to drop the old one while it serves. On the sim
+and the acl double (whose live binaries are counted), on asyncio, uvloop and trio; the rest of
+each test also runs on the real runtime (realrt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import anyio
+import numpy as np
+import pytest
+from helpers import (
+    OpenDevice,
+    assert_runtime_clean,
+    download,
+    in_thread,
+    live_resources,
+    on_real_runtime,
+    upload,
+)
+
+import aio_ascend as aa
+from aio_ascend import testing
+
+pytestmark = pytest.mark.anyio
+REALRT_TOO = True
+
+F32 = np.float32
+#: a sleep long enough for the checks made while it runs (microseconds)
+HOLD_US = 200_000
+
+
+def binaries(dev: aa.Device) -> int | None:
+    """The binaries the runtime holds (None on the real runtime: not counted there)."""
+    return None if on_real_runtime(dev) else live_resources(dev)["binaries"]
+
+
+async def reaches(read: Callable[[], object], value: object) -> None:
+    """Wait (up to 10 s: what a completion releases follows it by microseconds) until
+    ``read()`` returns ``value``."""
+    with anyio.fail_after(10):
+        while read() != value:  # noqa: ASYNC110 - a runtime counter
+            await anyio.sleep(0.002)
+
+
+async def unloaded_to(dev: aa.Device, count: int | None) -> None:
+    await reaches(lambda: binaries(dev), count)
+
+
+def hold(module: aa.Module) -> tuple[aa.Function, aa.HostArgs]:
+    return module.function("sleep"), aa.HostArgs().u32(HOLD_US)
+
+
+async def test_a_closed_module_is_unloaded_after_its_queued_launches(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        dev.function("noop")  # the device's own module, loaded once
+        before = binaries(dev)
+        module = dev.load_module(None)
+        assert binaries(dev) == (None if before is None else before + 1)
+        sleep, args = hold(module)
+        task = await s.launch(sleep, 1, args)
+        noop = await s.launch(module.function("noop"), 1)  # queued behind it, on its image
+        module.close()
+        assert module.closed
+        module.close()  # idempotent
+        await anyio.sleep(0.02)
+        assert not task.done()
+        assert binaries(dev) == (None if before is None else before + 1)  # still running
+        await noop
+        await task
+        await unloaded_to(dev, before)
+    assert_runtime_clean(dev)
+
+
+async def test_nothing_new_may_use_a_closed_module(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        with dev.load_module(None) as module:
+            noop = module.function("noop")
+            await s.run(noop, 1)  # (its launch spec and image are cached now)
+        assert module.closed
+        buf = dev.malloc(64)
+        with pytest.raises(aa.ClosedError, match="module is closed"):
+            await s.launch(noop, 1)
+        with pytest.raises(aa.ClosedError, match="module is closed"):
+            await s.launch(noop, 1, aa.HostArgs().ptr(buf))
+        with pytest.raises(aa.ClosedError, match="module is closed"):
+            s.plan(noop, 1)
+        with pytest.raises(aa.ClosedError):
+            module.function("noop")
+        with pytest.raises(aa.ClosedError):
+            module.function("axpy")  # never looked up before
+        with pytest.raises(aa.ClosedError, match="module is closed"):
+            async with s.capture() as capture:
+                capture.launch(noop, 1)
+        assert s.in_flight == 0
+        await s.run(dev.function("noop"), 1)  # the stream and the device go on
+        buf.free()
+    assert_runtime_clean(dev)
+
+
+async def test_the_built_in_module_cannot_be_closed(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        module = dev.function("noop").module
+        with pytest.raises(ValueError, match="built-in module"):
+            module.close()
+        assert not module.closed
+        await dev.stream().run(dev.function("noop"), 1)
+
+
+async def test_an_open_plan_keeps_its_module_loaded(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        n = 32
+        x = await upload(dev, s, np.ones(n, F32))
+        y = await upload(dev, s, np.zeros(n, F32))
+        dev.function("noop")  # the device's own module, loaded once
+        before = binaries(dev)
+        module = dev.load_module(None)
+        plan = s.plan(module.function("axpy"), 1, aa.HostArgs().ptr(x).ptr(y).f32(2.0).u32(n))
+        module.close()
+        await anyio.sleep(0.02)
+        assert binaries(dev) == (None if before is None else before + 1)
+        for _ in range(3):  # the plan still launches: it holds the module
+            await plan.run()
+        assert np.array_equal(await download(s, y, n), np.full(n, 6.0, F32))
+        task = await s.launch(*hold_builtin(dev))  # the plan's next launch waits behind it
+        last = await plan.launch()
+        plan.close()
+        await anyio.sleep(0.02)
+        assert binaries(dev) == (None if before is None else before + 1)  # last is queued
+        await task
+        await last
+        await unloaded_to(dev, before)
+        x.free()
+        y.free()
+    assert_runtime_clean(dev)
+
+
+def hold_builtin(dev: aa.Device) -> tuple[aa.Function, int, aa.HostArgs]:
+    return dev.function("sleep"), 1, aa.HostArgs().u32(HOLD_US)
+
+
+async def test_a_graph_keeps_its_module_loaded_until_closed(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        n = 16
+        x = await upload(dev, s, np.ones(n, F32))
+        y = await upload(dev, s, np.zeros(n, F32))
+        before = binaries(dev)
+        module = dev.load_module(None)
+        async with s.capture() as capture:
+            capture.launch(module.function("axpy"), 1, aa.HostArgs().ptr(x).ptr(y).f32(1.0).u32(n))
+        graph = capture.graph
+        assert graph is not None
+        module.close()
+        await s.run_graph(graph)  # replays still run its kernel: the graph holds it
+        await s.run_graph(graph)
+        assert binaries(dev) == (None if before is None else before + 1)
+        assert np.array_equal(await download(s, y, n), np.full(n, 2.0, F32))
+        graph.close()
+        await unloaded_to(dev, before)
+        x.free()
+        y.free()
+    assert_runtime_clean(dev)
+
+
+async def test_a_launch_waiting_for_admission_is_refused_when_its_module_closes(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream(max_in_flight=1)
+        dev.function("noop")
+        before = binaries(dev)
+        module = dev.load_module(None)
+        noop = module.function("noop")
+        first = await s.launch(*hold_builtin(dev))
+        errors: list[BaseException] = []
+
+        async def waiting() -> None:
+            try:
+                await s.launch(noop, 1)
+            except aa.ClosedError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(waiting)
+            await anyio.sleep(0.02)  # it waits for the one slot
+            module.close()
+        assert len(errors) == 1 and "module was closed" in str(errors[0])
+        await first
+        await s.run(dev.function("noop"), 1)  # the slot it waited for was given back
+        assert s.in_flight == 0
+        await unloaded_to(dev, before)
+    assert_runtime_clean(dev)
+
+
+async def test_swapping_modules_while_serving_holds_no_more_than_one(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        dev.function("noop")
+        before = binaries(dev)
+        in_use = dev.stats()["host_buffers_in_use"]
+        tasks: list[aa.Task] = []
+        for _ in range(40):
+            module = dev.load_module(None)
+            tasks.append(await s.launch(module.function("noop"), 1))
+            tasks.append(await s.launch(module.function("noop"), 2))
+            module.close()
+        for task in tasks:
+            await task
+        await unloaded_to(dev, before)
+        # the kernels' shared empty-args images went with their modules
+        await reaches(lambda: dev.stats()["host_buffers_in_use"], in_use)
+    assert_runtime_clean(dev)
+
+
+async def test_close_belongs_to_the_loop_thread(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        module = dev.load_module(None)
+        thread, errors, _ = in_thread(module.close)
+        thread.join(timeout=10)
+        assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
+        assert not module.closed
+        await dev.stream().run(module.function("noop"), 1)
+    assert module.closed  # (the device's close unloaded it)
+    module.close()  # nothing to do then
+    assert_runtime_clean(dev)
+
+
+async def test_the_device_close_unloads_modules_still_held(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        kept = dev.load_module(None)
+        closed = dev.load_module(None)
+        plan = s.plan(closed.function("noop"), 1)
+        closed.close()  # (held by the open plan)
+        await s.run(kept.function("noop"), 1)
+        await plan.run()
+    assert plan.closed
+    assert_runtime_clean(dev)
+
+
+@pytest.mark.sim_only
+async def test_a_faulted_device_loads_no_module(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        with pytest.raises(aa.DeviceFaultError):
+            await (await testing.inject_fault(s))
+        before = binaries(dev)
+        with pytest.raises(aa.DeviceFaultError):
+            dev.load_module(None)
+        assert binaries(dev) == before
