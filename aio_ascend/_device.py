@@ -31,7 +31,7 @@ from ._runtime import (
     open_runtime,
 )
 from ._runtime import device_count as _runtime_device_count
-from ._runtime.abi import PTR_MAX, check_load_options
+from ._runtime.abi import PTR_MAX, KernelType, load_options
 from ._runtime.base import FunctionInfo
 from ._sched.admission import ENTRIES_PER_REQUEST
 from ._sched.loop import current_loop_adapter
@@ -337,17 +337,44 @@ class Device(Unique):
         :raises ClosedError: the device is closed
         :raises DeviceFaultError: the device has faulted (cause: the first fault)
         """
-        return self._load_module(source, kernel_type, lazy, closable=True)
-
-    def _load_module(
-        self, source: object, kernel_type: str | None, lazy: bool | None, *, closable: bool
-    ) -> Module:
-        kind, lazy = check_load_options(kernel_type, lazy)
+        kind, options = load_options(kernel_type, lazy)
         scheduler = self._owned()
-        handle = scheduler.load_binary(source, kernel_type=kind, lazy=lazy)
+        handle = scheduler.binaries.load(scheduler.loader(), source, options)
+        return self._module(handle, source, kind, closable=True)
+
+    async def aload_module(
+        self,
+        source: object,
+        *,
+        kernel_type: str | None = None,
+        lazy: bool | None = None,
+    ) -> Module:
+        """:meth:`load_module` without holding up the event loop: the runtime reads and loads
+        the binary on a thread of its own (a big binary takes seconds), and the loop runs
+        meanwhile. Cancelled, it waits for that load and unloads the binary; the device's
+        close waits for it too. The runtime reads ``source`` while this waits: a buffer (or
+        a sim ``KernelLibrary``) must not change until it returns.
+
+        :raises ClosedError: the device is closed, or was closed while the binary loaded
+        """
+        kind, options = load_options(kernel_type, lazy)
+        scheduler = self._owned()
+        name = f"aio_ascend-load-{self.device_id}"
+        handle = await scheduler.binaries.load_off_loop(scheduler.loader(), source, options, name)
+        scheduler.check_open()  # (closed meanwhile: its close unloaded the binary)
+        return self._module(handle, source, kind, closable=True)
+
+    def _module(
+        self, handle: int, source: object, kind: KernelType | None, *, closable: bool
+    ) -> Module:
+        # The Module of a binary just loaded; closable: tracked (see _sched/modules.py)
+        scheduler = self._scheduler
         kind_name = None if kind is None else kind.value
         record = scheduler.binaries.track(handle) if closable else None
-        return Module(self, handle, source, self._get_function, kind_name, self._owned, record)
+        module = Module(self, handle, source, self._get_function, kind_name, self._owned, record)
+        if record is not None:  # (dropped: nothing can launch its kernels any more)
+            self._object_finalizers.finalize(module, scheduler.drop_record, record)
+        return module
 
     def _owned(self) -> Scheduler:
         """The scheduler, once the device is found open and the caller on its loop's thread
@@ -368,7 +395,9 @@ class Device(Unique):
         """A built-in kernel of the backend (sim: vector_add, axpy, scale, matmul, ...)."""
         self._owned()
         if self._builtin is None:  # (the device's own: unloaded with it, never closed)
-            self._builtin = self._load_module(None, None, None, closable=False)
+            scheduler = self._scheduler
+            handle = scheduler.binaries.load(scheduler.loader(), None, {})
+            self._builtin = self._module(handle, None, None, closable=False)
         return self._builtin.function(name)
 
     def wrap(self, ptr: int, nbytes: int, *, owner: object = None) -> DeviceBuffer:

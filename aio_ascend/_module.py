@@ -85,7 +85,8 @@ class Module(Unique):
     """A loaded kernel binary (``aclrtBinHandle``).
 
     :meth:`close` unloads it once nothing can run its kernels any more (``with module:``
-    closes it too); what is still loaded when the device closes is unloaded then.
+    closes it too, and so does its collection); what is still loaded when the device closes
+    is unloaded then.
 
     :param get_function: looks a kernel up by name: its handle and what the runtime says of it
         (raises if the device is closed)
@@ -95,6 +96,7 @@ class Module(Unique):
     """
 
     __slots__ = (
+        "__weakref__",
         "_check_caller",
         "_functions",
         "_get_function",

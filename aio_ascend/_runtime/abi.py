@@ -19,7 +19,7 @@ import enum
 import os
 import struct
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from .._errors import AclCode, InvalidParamError
 from .._values import integer
@@ -87,6 +87,7 @@ __all__ = [
     "check_failure_mode",
     "check_binary_source",
     "check_load_options",
+    "load_options",
     "check_kernel_name",
     "check_memcpy",
     "check_num_blocks",
@@ -203,6 +204,12 @@ def check_load_options(kernel_type: object, lazy: object) -> tuple[KernelType | 
     if lazy is not None and not isinstance(lazy, bool):
         raise TypeError(f"lazy must be a bool or None, got {type(lazy).__name__}")
     return kind, lazy
+
+
+def load_options(kernel_type: object, lazy: object) -> tuple[KernelType | None, dict[str, Any]]:
+    """:func:`check_load_options`'s values: the kernel type, and ``load_binary``'s keywords."""
+    kind, lazy = check_load_options(kernel_type, lazy)
+    return kind, {"kernel_type": kind, "lazy": lazy}
 
 
 def check_binary_source(source: object) -> None:

@@ -16,6 +16,7 @@ on whatever thread that is. Retiring unloads the binary (bound to the device's c
 ``ContextBinding.freeing``, a refusal is logged and the binary leaked) and unpins the shared
 empty-args images of its kernels, which only its launches read.
 
+A ``Module`` collected without ``close()`` is closed then (:meth:`ModuleRecord.dropped`).
 The device's own built-in module (``Device.function``) has no record: nothing can close it,
 its launches hold nothing, and like every module still loaded it is unloaded by the device's
 close (``shutdown.release_everything``), after every stream is gone.
@@ -24,6 +25,8 @@ close (``shutdown.release_everything``), after every stream is gone.
 from __future__ import annotations
 
 import contextlib
+import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +34,7 @@ from .._errors import ClosedError
 from .._host.pool import HostBuffer, HostBufferPool
 from .._runtime import Runtime
 from .lifetimes import Allocation, Lifetimes
+from .shutdown import call_off_loop, wait_set
 
 __all__ = ["Binaries", "ModuleRecord"]
 
@@ -61,6 +65,13 @@ class ModuleRecord(Allocation):
     def _refusal(self, kind: str) -> Exception:
         return ClosedError(f"{kind}: the kernel's module was closed while the request waited")
 
+    def dropped(self, device_id: int) -> None:
+        """Its ``Module`` was collected (loop thread): nobody can launch its kernels any more
+        (its ``Function`` objects, and the plans that launch them, hold it), so it is closed,
+        quietly: before modules could be closed, leaving them to the device was the rule."""
+        if not (self.free_requested or self.registry.closed):
+            self.registry.free(self)
+
     def _dispose(self) -> None:
         # Closed, and no queued launch, open plan or graph can run its kernels (any thread).
         images, self.images = self.images, []
@@ -88,6 +99,8 @@ class Binaries:
         # (a dict: its pop is atomic, and the release of a module's last user may run on any
         # library thread while the loop loads another)
         self._loaded: dict[int, None] = {}
+        #: the loads under way on threads of their own (each is set once its load returned)
+        self._loading: list[threading.Event] = []
 
     def __len__(self) -> int:
         return len(self._loaded)
@@ -98,6 +111,35 @@ class Binaries:
         handle = runtime.load_binary(source, **options)
         self._loaded[handle] = None
         return handle
+
+    async def load_off_loop(
+        self, runtime: Runtime, source: object, options: dict[str, Any], name: str
+    ) -> int:
+        """:meth:`load` on a thread of its own named ``name``; the loop runs meanwhile.
+
+        The thread is not interrupted: cancelled, this waits for the load, unloads the binary
+        (nobody will get a handle to it) and raises. The device's close waits for it too
+        (:meth:`settled`) before it closes the runtime, and unloads what it loaded.
+        """
+        done = threading.Event()
+        self._loading.append(done)
+
+        def load() -> int:
+            try:
+                return self.load(runtime, source, options)
+            finally:
+                done.set()
+
+        try:
+            return await call_off_loop(name, load, discard=self._retired)
+        finally:
+            self._loading.remove(done)
+
+    async def settled(self) -> None:
+        """Wait until no :meth:`load_off_loop` is under way (a load always ends: the runtime
+        reads the binary and copies it to the device)."""
+        for done in list(self._loading):
+            await wait_set(done, math.inf)
 
     def track(self, handle: int) -> ModuleRecord:
         """The lifetime of the user's module ``handle``: unloaded once closed and unused."""

@@ -84,7 +84,7 @@ from .hooks import Source
 from .lane import Lane
 from .lifetimes import FreedError, Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
-from .modules import Binaries
+from .modules import Binaries, ModuleRecord
 from .plans import PlanRecord
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
@@ -312,12 +312,12 @@ class Scheduler:
         self.lanes.append(lane)
         return lane
 
-    def load_binary(self, source: object, **options: Any) -> int:
-        """Load a kernel binary (``options``: the runtime's load options): see ``Binaries``."""
+    def loader(self) -> Runtime:
+        """The runtime to load a binary with (``binaries.load``), the device found open."""
         self.check_open()
         if self.faults.first is not None:  # (it would never run: refused before the runtime)
             raise self.fault_error()
-        return self.binaries.load(self.bound(), source, options)
+        return self.bound()
 
     def retire_event(self, handle: int, flags: int) -> None:
         """The public Event of ``handle`` is gone (a finalizer: any thread)."""
@@ -455,9 +455,9 @@ class Scheduler:
         if self.dropped_lanes.collected:
             self.retire_dropped()
 
-    def drop_record(self, record: PlanRecord | GraphRecord) -> None:
-        """A ``LaunchPlan`` or ``Graph`` was collected (any thread): on the loop, it warns and
-        is closed as ``close()`` does (``record.dropped``)."""
+    def drop_record(self, record: PlanRecord | GraphRecord | ModuleRecord) -> None:
+        """A ``LaunchPlan``, ``Graph`` or ``Module`` was collected (any thread): on the loop,
+        it is closed as ``close()`` does (``record.dropped``: a plan or a graph warns)."""
         self.adapter.call_soon_threadsafe(record.dropped, self.device_id)
 
     def drop_lane(self, lane: Lane) -> None:
@@ -652,6 +652,7 @@ class Scheduler:
         try:
             self._idle.bound(timeout)
             forced = not await self._idle.until_idle(lambda: self.unsettled)
+            await self.binaries.settled()  # (a load under way: the runtime stays open for it)
             if forced:
                 busy = f"{self.unsettled} task(s) still unfinished"
                 streams = "destroying the streams by force"
@@ -751,7 +752,7 @@ class Scheduler:
                 orphans=(self._submitter.orphans, self._poller.orphans),
                 batch_events=self._batch_events,
                 user_events=self.user_events,
-                binaries=self.binaries,
+                unload_binaries=self.binaries.unload_all,
                 pool=self.pool,
                 pinned=self.pinned,
             )

@@ -90,7 +90,6 @@ from .graphs import GraphBook
 from .lane import Lane
 from .lifetimes import Lifetimes
 from .loop import LoopAdapter, current_loop_adapter
-from .modules import Binaries
 from .stalls import Prober
 from .work import Request
 
@@ -297,7 +296,7 @@ def release_everything(
     orphans: Iterable[list[Request]],
     batch_events: BatchEvents,
     user_events: UserEvents,
-    binaries: Binaries,
+    unload_binaries: Callable[[Runtime], None],
     pool: HostBufferPool,
     pinned: PinnedArrays,
 ) -> None:
@@ -314,6 +313,6 @@ def release_everything(
             runtime.destroy_event(handle)
     batch_events.created.clear()
     lifetimes.close()  # buffers still alive and cached blocks: all back to the runtime
-    binaries.unload_all(runtime)
+    unload_binaries(runtime)
     pool.close()
     pinned.close(runtime.close)

@@ -8,7 +8,10 @@ each test also runs on the real runtime (realrt).
 
 from __future__ import annotations
 
+import gc
+import threading
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import numpy as np
@@ -258,3 +261,143 @@ async def test_a_faulted_device_loads_no_module(open_dev: OpenDevice) -> None:
         with pytest.raises(aa.DeviceFaultError):
             dev.load_module(None)
         assert binaries(dev) == before
+
+
+async def test_a_module_collected_unclosed_is_unloaded_after_its_work(
+    open_dev: OpenDevice,
+) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        dev.function("noop")
+        before = binaries(dev)
+        module = dev.load_module(None)
+        sleep, args = hold(module)
+        task = await s.launch(sleep, 1, args)
+        del module, sleep
+        gc.collect()
+        await anyio.sleep(0.02)
+        assert not task.done()
+        assert binaries(dev) == (None if before is None else before + 1)  # its work runs
+        await task
+        await unloaded_to(dev, before)
+        # a function keeps its module (and so the binary) alive
+        fn = dev.load_module(None).function("noop")
+        gc.collect()
+        await anyio.sleep(0.02)
+        await s.run(fn, 1)
+        assert binaries(dev) == (None if before is None else before + 1)
+    assert_runtime_clean(dev)
+
+
+class SlowLoads:
+    """The runtime's ``load_binary`` held until :meth:`release` (a big binary's load)."""
+
+    def __init__(self, dev: aa.Device) -> None:
+        self.runtime = dev.runtime
+        self.started = threading.Event()
+        self._go = threading.Event()
+        self._load = self.runtime.load_binary
+        self.threads: list[str] = []
+
+    def __enter__(self) -> SlowLoads:
+        def held(*args: Any, **kwargs: Any) -> Any:
+            self.threads.append(threading.current_thread().name)
+            self.started.set()
+            assert self._go.wait(10)
+            return self._load(*args, **kwargs)
+
+        self.runtime.load_binary = held  # type: ignore[method-assign]
+        return self
+
+    def release(self) -> None:
+        self._go.set()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+        del self.runtime.load_binary  # type: ignore[method-assign]
+
+    async def wait_started(self) -> None:
+        await reaches(self.started.is_set, True)
+
+
+async def test_aload_module_loads_off_the_loop(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        s = dev.stream()
+        dev.function("noop")
+        before = binaries(dev)
+        got: list[aa.Module] = []
+        with SlowLoads(dev) as loads:
+            async with anyio.create_task_group() as tg:
+
+                async def load() -> None:
+                    got.append(await dev.aload_module(None))
+
+                tg.start_soon(load)
+                await loads.wait_started()
+                for _ in range(5):  # the loop and the device go on while it loads
+                    await s.run(dev.function("noop"), 1)
+                assert not got
+                loads.release()
+        assert loads.threads == [f"aio_ascend-load-{dev.device_id}"]
+        (module,) = got
+        await s.run(module.function("noop"), 1)
+        assert binaries(dev) == (None if before is None else before + 1)
+        module.close()
+        await unloaded_to(dev, before)
+    assert_runtime_clean(dev)
+
+
+async def test_a_cancelled_aload_module_unloads_what_it_loaded(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        dev.function("noop")
+        before = binaries(dev)
+        with SlowLoads(dev) as loads:
+            with anyio.move_on_after(10) as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(dev.aload_module, None)
+                    await loads.wait_started()
+                    tg.cancel_scope.cancel()  # it waits for the load, then unloads it
+                    loads.release()
+            assert not scope.cancelled_caught
+        await unloaded_to(dev, before)
+        await dev.stream().run(dev.function("noop"), 1)
+    assert_runtime_clean(dev)
+
+
+async def test_the_device_close_waits_for_a_load_under_way(open_dev: OpenDevice) -> None:
+    dev = await open_dev().__aenter__()
+    errors: list[BaseException] = []
+    with SlowLoads(dev) as loads:
+
+        async def load() -> None:
+            try:
+                await dev.aload_module(None)
+            except aa.ClosedError as exc:
+                errors.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(load)
+            await loads.wait_started()
+            tg.start_soon(dev.aclose)
+            await anyio.sleep(0.05)
+            assert not dev.closed  # the runtime stays open for the load
+            loads.release()
+    assert dev.closed
+    assert len(errors) == 1
+    assert_runtime_clean(dev)  # the close unloaded what the load loaded
+
+
+async def test_aload_module_refuses_bad_input_before_any_thread(open_dev: OpenDevice) -> None:
+    async with open_dev() as dev:
+        before = binaries(dev)
+        with pytest.raises(ValueError, match="kernel_type"):
+            await dev.aload_module(None, kernel_type="bogus")
+        with pytest.raises(TypeError, match="lazy"):
+            await dev.aload_module(None, lazy="yes")  # type: ignore[arg-type]
+        with pytest.raises(FileNotFoundError):
+            await dev.aload_module("/nonexistent/kernels.o")
+        thread, errors, _ = in_thread(lambda: dev.aload_module(None).send(None))
+        thread.join(timeout=10)
+        assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
+        assert binaries(dev) == before
+    assert_runtime_clean(dev)

@@ -509,6 +509,7 @@ AFTER_CLOSE: dict[str, Callable[[_Closed], object]] = {
     "Device.function": lambda c: c.dev.function("noop"),
     "Device.info": lambda c: c.dev.info,
     "Device.load_module": lambda c: c.dev.load_module(None),
+    "Device.aload_module": lambda c: c.dev.aload_module(None),
     "Device.malloc": lambda c: c.dev.malloc(64),
     "Device.pinned_empty": lambda c: c.dev.pinned_empty(8, np.uint8),
     "Device.pinned_like": lambda c: c.dev.pinned_like(_host()),
