@@ -136,8 +136,9 @@ class Device(Unique):
 
     Threads: a submitter (``aio_ascend-submit-<id>``) makes every runtime call that can wait on
     the device; a poller (``aio_ascend-poll-<id>``) observes completions. Both bind the device
-    context first. Short calls (malloc, free, stream/event creation, module loading) are made
-    on the loop thread, which ``open_device`` binds too.
+    context first. Short calls (malloc, free, stream/event creation, ``load_module``) are made
+    on the loop thread, which ``open_device`` binds too; ``aload_module`` loads on a thread of
+    its own.
 
     Faults are sticky: after a device fault every unfinished or later task fails with
     ``DeviceFaultError`` (cause: the first fault). Close the device and open it again.
@@ -388,15 +389,14 @@ class Device(Unique):
         scheduler = self._owned()
         runtime = scheduler.bound()
         handle = runtime.get_function(module, name)
-        scheduler.source.kernels[handle] = name  # for traces and metrics
         return handle, runtime.function_info(handle)
 
     def function(self, name: str) -> Function:
         """A built-in kernel of the backend (sim: vector_add, axpy, scale, matmul, ...)."""
         self._owned()
         if self._builtin is None:  # (the device's own: unloaded with it, never closed)
-            scheduler = self._scheduler
-            handle = scheduler.binaries.load(scheduler.loader(), None, {})
+            scheduler = self._scheduler  # (faulted too: what fails is the launch)
+            handle = scheduler.binaries.load(scheduler.bound(), None, {})
             self._builtin = self._module(handle, None, None, closable=False)
         return self._builtin.function(name)
 

@@ -63,7 +63,7 @@ class Function:
         except ValueError:
             pass
         #: ``no_args`` pinned once, shared by the launches without args (made by the first;
-        #: freed with the device)
+        #: unpinned with its module, or with the device)
         self.no_args_image: HostBuffer | None = None
         #: its launches without args or config, checked and packed once per block count:
         #: ``{blocks: LaunchSpec}`` (made by the first; see ``Stream.launch``)
@@ -85,8 +85,8 @@ class Module(Unique):
     """A loaded kernel binary (``aclrtBinHandle``).
 
     :meth:`close` unloads it once nothing can run its kernels any more (``with module:``
-    closes it too, and so does its collection); what is still loaded when the device closes
-    is unloaded then.
+    closes it too, and so does its collection: its ``handle`` is valid as long as the object
+    lives, and open); what is still loaded when the device closes is unloaded then.
 
     :param get_function: looks a kernel up by name: its handle and what the runtime says of it
         (raises if the device is closed)

@@ -88,7 +88,9 @@ class LaunchPlan(Unique):
         host = shared_image(scheduler.pool, packed) if shareable(packed) else None
         self._record = PlanRecord(scheduler.lifetimes, scheduler.pool, host, buffers)
         # every launch holds the plan's record (one tuple for all of them)
-        self._spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, (self._record,))
+        self._spec = LaunchSpec(
+            fn.handle, blocks, cfg, packed, host, (self._record,), kernel=fn.name
+        )
         self._record.spec = self._spec
         #: the launches waiting for admission (close() turns them away)
         self._waits = ClosingWaits("the launch plan")

@@ -106,7 +106,7 @@ def _launch_spec(
     is kept on the kernel for its next launches with as many blocks (``Function.launch_specs``)."""
     fn, blocks, packed, cfg, buffers = launch_args(device, scheduler, fn, blocks, args, config)
     if args is not None:
-        return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers, once=True)
+        return LaunchSpec(fn.handle, blocks, cfg, packed, None, buffers, once=True, kernel=fn.name)
     host = fn.no_args_image
     if host is None and shareable(packed):
         # one pinned image per kernel, shared by its launches without args (unpinned with
@@ -115,7 +115,7 @@ def _launch_spec(
         host = fn.no_args_image = shared_image(scheduler.pool, packed)
         for record in fn.module.held:
             record.images.append(host)
-    spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, buffers)
+    spec = LaunchSpec(fn.handle, blocks, cfg, packed, host, buffers, kernel=fn.name)
     if cfg is None:
         fn.launch_specs[blocks] = spec
     return spec
@@ -275,7 +275,7 @@ class GraphCapture:
             self._stream.device, scheduler, fn, blocks, args, config
         )
         self._ops.append(
-            scheduler.graphs.launch(self._lane, fn.handle, blocks, cfg, packed, buffers)
+            scheduler.graphs.launch(self._lane, fn.handle, blocks, cfg, packed, buffers, fn.name)
         )
 
     def copy_to_device(self, dst: DeviceBuffer, src: Any) -> None:

@@ -334,7 +334,7 @@ class OtelSpans(_Observing):
                 continue
             task = task_of(request)
             kind = request.kind
-            kernel = source.kernels.get(request.spec.func) if kind == "launch" else None
+            kernel = request.spec.kernel if kind == "launch" else None
             attributes: dict[str, Any] = {
                 "aio_ascend.device": source.device_id,
                 "aio_ascend.backend": source.backend,

@@ -295,7 +295,6 @@ class Tracer(ObserverContext):
 
     def delivered(self, source: Source, deliveries: Sequence[Any]) -> None:
         """Keep the tasks of a round of deliveries (their wake-ups are read at stop)."""
-        kernels = source.kernels
         with self._lock:
             pending = self._pending
             room = self.max_tasks - len(pending) - len(self._records)
@@ -307,7 +306,7 @@ class Tracer(ObserverContext):
                     continue
                 room -= 1
                 kind = request.kind
-                kernel = kernels.get(request.spec.func) if kind == "launch" else None
+                kernel = request.spec.kernel if kind == "launch" else None
                 failed = None if error is None else type(error).__name__
                 # a host function's times are its own (its task keeps none): read them now
                 stamps = times(request) if kind == "host_func" else None

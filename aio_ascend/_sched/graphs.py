@@ -159,9 +159,11 @@ class GraphBook:
         cfg: LaunchConfig | None,
         packed: PackedArgs,
         allocations: tuple[Allocation, ...],
+        kernel: str | None = None,
     ) -> Launch:
         """A launch to record: its args snapshotted, its buffers retained (by the graph)."""
-        request = Launch(lane, LaunchSpec(func, blocks, cfg, packed, None, allocations, once=True))
+        spec = LaunchSpec(func, blocks, cfg, packed, None, allocations, once=True, kernel=kernel)
+        request = Launch(lane, spec)
         request.stage(self._pool)
         self._lifetimes.retain(allocations)
         return request

@@ -46,15 +46,15 @@ class Source:
 
     :ivar device_id: the device number
     :ivar backend: the backend's name
-    :ivar kernels: function handle -> kernel name, filled as the device looks kernels up
+
+    (A launch names its kernel itself: ``request.spec.kernel``.)
     """
 
-    __slots__ = ("backend", "device_id", "kernels")
+    __slots__ = ("backend", "device_id")
 
     def __init__(self, device_id: int, backend: str) -> None:
         self.device_id = device_id
         self.backend = backend
-        self.kernels: dict[int, str] = {}
 
     def __repr__(self) -> str:
         return f"<Source device {self.device_id} ({self.backend})>"

@@ -25,16 +25,19 @@ close (``shutdown.release_everything``), after every stream is gone.
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
+
+import anyio
 
 from .._errors import ClosedError
 from .._host.pool import HostBuffer, HostBufferPool
 from .._runtime import Runtime
+from .binding import ContextBinding
 from .lifetimes import Allocation, Lifetimes
-from .shutdown import call_off_loop, wait_set
+from .shutdown import call_off_loop, join
 
 __all__ = ["Binaries", "ModuleRecord"]
 
@@ -63,7 +66,7 @@ class ModuleRecord(Allocation):
         self.disposer = self._dispose
 
     def _refusal(self, kind: str) -> Exception:
-        return ClosedError(f"{kind}: the kernel's module was closed while the request waited")
+        return ClosedError(f"{kind}: the kernel's module is closed")
 
     def dropped(self, device_id: int) -> None:
         """Its ``Module`` was collected (loop thread): nobody can launch its kernels any more
@@ -86,21 +89,24 @@ class ModuleRecord(Allocation):
 class Binaries:
     """The binaries loaded on one device and not unloaded yet.
 
-    :param unload: unloads one binary from any thread (bound to the device's context; a
-        refusal is logged, never raised)
+    :param binding: the device's context binding: a module's unload runs on whatever thread
+        releases its last user (bound to the device's context; a refusal is logged, never
+        raised: see ``ContextBinding.freeing``)
     """
 
-    def __init__(
-        self, lifetimes: Lifetimes, pool: HostBufferPool, unload: Callable[[int], None]
-    ) -> None:
+    def __init__(self, lifetimes: Lifetimes, pool: HostBufferPool, binding: ContextBinding) -> None:
         self._lifetimes = lifetimes
         self._pool = pool
-        self._unload = unload
-        # (a dict: its pop is atomic, and the release of a module's last user may run on any
-        # library thread while the loop loads another)
+        runtime = binding.runtime  # (its method looked up at each call: a wrapper applies too)
+        self._unload = binding.freeing(
+            lambda handle: runtime.unload_binary(handle), "unload_binary"
+        )
+        # (under the lock: the release of a module's last user may run on any library
+        # thread while the loop loads another, or the close unloads what is left)
         self._loaded: dict[int, None] = {}
-        #: the loads under way on threads of their own (each is set once its load returned)
-        self._loading: list[threading.Event] = []
+        #: the threads of :meth:`load_off_loop` (loads, and unloads of cancelled ones)
+        self.threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._loaded)
@@ -109,7 +115,8 @@ class Binaries:
         """Load a binary with ``runtime`` (its load options: ``options``); its handle. It is
         unloaded by its module's record (:meth:`track`), else by the device's close."""
         handle = runtime.load_binary(source, **options)
-        self._loaded[handle] = None
+        with self._lock:
+            self._loaded[handle] = None
         return handle
 
     async def load_off_loop(
@@ -118,28 +125,26 @@ class Binaries:
         """:meth:`load` on a thread of its own named ``name``; the loop runs meanwhile.
 
         The thread is not interrupted: cancelled, this waits for the load, unloads the binary
-        (nobody will get a handle to it) and raises. The device's close waits for it too
-        (:meth:`settled`) before it closes the runtime, and unloads what it loaded.
+        (nobody will get a handle to it) on a thread too, and raises. Both threads are listed
+        in :attr:`threads` for the device's close, which waits for them (:meth:`settled`)
+        before it closes the runtime, and unloads what they loaded.
         """
-        done = threading.Event()
-        self._loading.append(done)
+        self.threads[:] = [thread for thread in self.threads if thread.is_alive()]
+        return await call_off_loop(
+            name,
+            lambda: self.load(runtime, source, options),
+            discard=self._retired,
+            threads=self.threads,
+        )
 
-        def load() -> int:
-            try:
-                return self.load(runtime, source, options)
-            finally:
-                done.set()
-
-        try:
-            return await call_off_loop(name, load, discard=self._retired)
-        finally:
-            self._loading.remove(done)
-
-    async def settled(self) -> None:
-        """Wait until no :meth:`load_off_loop` is under way (a load always ends: the runtime
-        reads the binary and copies it to the device)."""
-        for done in list(self._loading):
-            await wait_set(done, math.inf)
+    async def settled(self, due: float) -> bool:
+        """Wait until every thread of :meth:`load_off_loop` has exited (True), or ``due``
+        (``anyio.current_time()``'s clock) has passed: a load takes as long as the runtime
+        reads the binary and copies it to the device."""
+        deadline = time.monotonic() + (due - anyio.current_time())
+        for thread in list(self.threads):
+            await join(thread, deadline)
+        return not any(thread.is_alive() for thread in self.threads)
 
     def track(self, handle: int) -> ModuleRecord:
         """The lifetime of the user's module ``handle``: unloaded once closed and unused."""
@@ -148,12 +153,15 @@ class Binaries:
     def _retired(self, handle: int) -> None:
         # The record's last user is done (any thread): unload it, once. The loaded handles are
         # forgotten first: the runtime may hand the same handle out again once it is unloaded.
-        if self._loaded.pop(handle, _GONE) is not _GONE:
+        with self._lock:
+            loaded = self._loaded.pop(handle, _GONE) is not _GONE
+        if loaded:
             self._unload(handle)
 
     def unload_all(self, runtime: Runtime) -> None:
         """The device is closing (its streams are gone): unload every binary left."""
-        left, self._loaded = list(self._loaded), {}
+        with self._lock:
+            left, self._loaded = list(self._loaded), {}
         for handle in left:
             with contextlib.suppress(Exception):
                 runtime.unload_binary(handle)

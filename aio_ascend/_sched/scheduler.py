@@ -183,9 +183,7 @@ class Scheduler:
         #: lanes of streams collected without aclose() (their finalizers hand them over)
         self.dropped_lanes = DroppedLanes(self.device_id)
         #: the binaries loaded and not unloaded yet (the close unloads what is left)
-        self.binaries = Binaries(
-            self.lifetimes, self.pool, binding.freeing(runtime.unload_binary, "unload_binary")
-        )
+        self.binaries = Binaries(self.lifetimes, self.pool, binding)
         self._pending: list[Request] = []
         self._flush_scheduled = False
         self._flush_at = min(batch_cap, FLUSH_AT)
@@ -652,7 +650,7 @@ class Scheduler:
         try:
             self._idle.bound(timeout)
             forced = not await self._idle.until_idle(lambda: self.unsettled)
-            await self.binaries.settled()  # (a load under way: the runtime stays open for it)
+            await self.binaries.settled(self._idle.deadline)  # (else: stuck threads, below)
             if forced:
                 busy = f"{self.unsettled} task(s) still unfinished"
                 streams = "destroying the streams by force"
@@ -795,6 +793,7 @@ class Scheduler:
 
     def _other_threads(self) -> list[threading.Thread]:
         # The device's threads but the poller: the submitter and its staging thread (which
-        # the submitter waits for on its way out), the prober, block mode's waiter.
+        # the submitter waits for on its way out), the prober, module loads, block mode's waiter.
         threads = [self._submitter.thread, self._submitter.stage_thread, self._poller.prober.thread]
+        threads += self.binaries.threads
         return threads if self._waiter is None else [*threads, self._waiter.thread]

@@ -122,16 +122,20 @@ class IdleWait:
     (loop thread).
 
     :ivar timeout: the timeout that set the deadline (what a forced close logs)
+    :ivar deadline: what the deadline was when :meth:`until_idle` ended (what else the close
+        waits for is held to it)
     :ivar adapter: the device's loop (replaced when another loop adopts the device)
     """
 
-    __slots__ = ("_due", "_waiters", "adapter", "timeout")
+    __slots__ = ("_due", "_waiters", "adapter", "deadline", "timeout")
 
     def __init__(self, adapter: LoopAdapter) -> None:
         self.adapter = adapter
         self._due = math.inf
         self._waiters: list[object] = []
         self.timeout: float | None = None
+        #: the deadline the wait ended with (``anyio.current_time()``'s clock; inf: none)
+        self.deadline = math.inf
 
     def bound(self, timeout: float | None) -> None:
         """Stop waiting ``timeout`` seconds from now, if that is sooner (None: no change)."""
@@ -151,7 +155,7 @@ class IdleWait:
                 await self.adapter.wait_until(waiter, self._due)
             return True
         finally:
-            self._due = -math.inf
+            self.deadline, self._due = self._due, -math.inf
 
     def wake(self) -> None:
         """Let the wait look again (the count changed, or the deadline moved)."""
@@ -197,7 +201,11 @@ async def join(thread: threading.Thread, deadline: float) -> None:
 
 
 async def call_off_loop(
-    name: str, call: Callable[[], T], *, discard: Callable[[T], None] | None = None
+    name: str,
+    call: Callable[[], T],
+    *,
+    discard: Callable[[T], None] | None = None,
+    threads: list[threading.Thread] | None = None,
 ) -> T:
     """``call()`` on a thread of its own named ``name``, joined before this returns: the loop
     keeps running meanwhile (an idle worker of anyio's would outlive the device's close, and
@@ -206,7 +214,8 @@ async def call_off_loop(
     A thread cannot be interrupted: a cancellation (asyncio's own included) waits for
     ``call()`` to return, as anyio's ``to_thread`` does, then is raised; what ``call()``
     returned is handed to ``discard`` first (the opener closes a runtime nobody will use).
-    So nothing is left running, or open, once this has returned or raised.
+    So nothing is left running, or open, once this has returned or raised. ``threads``: where
+    the threads it starts are listed (for a close that must wait for them however this ends).
     """
     outcome: list[tuple[bool, Any]] = []  # (True, result) or (False, exception)
 
@@ -217,6 +226,8 @@ async def call_off_loop(
             outcome.append((False, exc))
 
     thread = threading.Thread(target=run, name=name, daemon=True)
+    if threads is not None:
+        threads.append(thread)
     thread.start()
     try:
         await current_loop_adapter().shielded(join, thread, math.inf)
@@ -226,6 +237,8 @@ async def call_off_loop(
             # off the loop too (closing a runtime takes as long as opening one)
             result = outcome[0][1]
             closer = threading.Thread(target=discard, args=(result,), name=name, daemon=True)
+            if threads is not None:
+                threads.append(closer)
             closer.start()
             await current_loop_adapter().shielded(join, closer, math.inf)
         raise

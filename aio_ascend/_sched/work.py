@@ -150,6 +150,7 @@ class LaunchSpec:
     once per launch with args of its own) and shared by its launches.
 
     :ivar func: the runtime's function handle
+    :ivar kernel: the kernel's name, for traces and metrics (None: not known)
     :ivar blocks: the number of blocks
     :ivar cfg: the launch config, or None
     :ivar args: the packed args
@@ -167,6 +168,7 @@ class LaunchSpec:
         "cfg",
         "func",
         "host",
+        "kernel",
         "nbytes",
         "once",
         "placeholder_count",
@@ -183,8 +185,10 @@ class LaunchSpec:
         buffers: tuple[Allocation, ...] = (),
         *,
         once: bool = False,
+        kernel: str | None = None,
     ) -> None:
         self.func = func
+        self.kernel = kernel
         self.blocks = blocks
         self.cfg = cfg
         self.args: PackedArgs | None = args

@@ -23,11 +23,12 @@ import tempfile
 from ctypes import byref
 from typing import Any
 
+from ..._errors import BackendUnavailableError
 from ..abi import ACL_RT_BINARY_MAGIC_ELF_AICORE, KernelType
 from .kernels import json_kernel_type, load_options
 from .paths import LaunchPath
 
-__all__ = ["load_binary_from", "type_json"]
+__all__ = ["builtins_path", "load_binary_from", "type_json"]
 
 #: the JSON "magic" names the runtime converts (binary_loader.cc:45-59), by load magic
 _JSON_MAGIC = {
@@ -96,3 +97,16 @@ def load_binary_from(
         "load_binary takes a path (str or os.PathLike), bytes-like data or None, "
         f"got {type(source).__name__}"
     )
+
+
+def builtins_path(variable: str) -> str:
+    """The kernel binary the environment ``variable`` names: the backend's built-in kernels
+    (``load_binary(None)``); ``BackendUnavailableError`` if it names none."""
+    path = os.environ.get(variable, "").strip()
+    if not path:
+        raise BackendUnavailableError(
+            f"the acl backend has no built-in kernels of its own: set {variable} to the path "
+            "of a kernel binary that provides them (vector_add, axpy, scale, matmul, sleep, "
+            "fault, hang, noop)"
+        )
+    return path

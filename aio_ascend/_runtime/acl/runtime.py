@@ -65,7 +65,7 @@ from .library import (
     probe,
     usable_library,
 )
-from .loaders import load_binary_from
+from .loaders import builtins_path, load_binary_from
 from .paths import LaunchPath
 from .settle import Settle
 from .values import LAUNCH as _LAUNCH
@@ -159,6 +159,9 @@ class AclRuntime:
         self._binaries: dict[int, tuple[bytes | None, KernelType | None]] = {}
         self._function_binary: dict[int, int] = {}  # function handle -> its binary
         self._infos: dict[int, FunctionInfo] = {}  # function handle -> what function_info read
+        #: those three are written by the loop (loads, lookups) and by whatever thread unloads
+        #: a module (its last launch's release: the poller's, often)
+        self._binary_lock = threading.Lock()
         self._first_fault: DeviceFaultError | None = None
         #: the runtime's exception reports (registered before any launch), scoped to this open
         self._sites = Sites(library, exception_callback=exception_callback)
@@ -604,35 +607,31 @@ class AclRuntime:
         """
         kind, lazy = check_load_options(kernel_type, lazy)
         if source is None:
-            builtins = os.environ.get(ENV_BUILTINS, "").strip()
-            if not builtins:
-                raise BackendUnavailableError(
-                    "the acl backend has no built-in kernels of its own: set "
-                    f"{ENV_BUILTINS} to the path of a kernel binary that provides them "
-                    "(vector_add, axpy, scale, matmul, sleep, fault, hang, noop)"
-                )
-            source = builtins
+            source = builtins_path(ENV_BUILTINS)
         check_binary_source(source)  # (the built-ins' path too)
-        if self._devargs is not None:  # CANN 8.0: the legacy loader (.devargs)
-            binary, kept, kind = load_legacy(
+        if self._devargs is None:
+            handle, ref = self._new_handle()
+            func, data, kind = load_binary_from(self._fn, self._path, source, kind, lazy, ref)
+            binary = self._handle_value(handle, func)
+        else:  # CANN 8.0: the legacy loader (.devargs)
+            binary, data, kind = load_legacy(
                 self._fn, self._library.has, source, kind, lazy, self.get_recent_error_message
             )
-            self._binaries[binary] = (kept, kind)
-            return binary
-        handle, ref = self._new_handle()
-        func, data, kind = load_binary_from(self._fn, self._path, source, kind, lazy, ref)
-        binary = self._handle_value(handle, func)
-        self._binaries[binary] = (data, kind)
+        with self._binary_lock:
+            self._binaries[binary] = (data, kind)
         return binary
 
     def unload_binary(self, binary: int) -> None:
+        """``aclrtBinaryUnLoad``, from any thread. Its records go first, while its handles are
+        its own: the runtime hands them out again once unloaded (to a load on the loop)."""
         binary = _ptr("binary", binary)
+        with self._binary_lock:
+            _kept = self._binaries.pop(binary, None)  # (its data, if any: kept through the call)
+            for func in [f for f, b in self._function_binary.items() if b == binary]:
+                del self._function_binary[func]
+                self._infos.pop(func, None)
         if self.settle.free("binary", binary):  # else deferred: a forced stream may use it
             self._fn["aclrtBinaryUnLoad"](binary)
-        self._binaries.pop(binary, None)
-        for func in [f for f, b in self._function_binary.items() if b == binary]:
-            del self._function_binary[func]
-            self._infos.pop(func, None)
 
     def function_info(self, func: int) -> FunctionInfo:
         """See the protocol: the parameters the runtime reports (9.1 on), the hidden arguments
@@ -654,7 +653,8 @@ class AclRuntime:
         handle, ref = self._new_handle()
         self._fn["aclrtBinaryGetFunction"](binary, encoded, ref)
         func = self._handle_value(handle, "aclrtBinaryGetFunction")
-        self._function_binary[func] = binary
+        with self._binary_lock:
+            self._function_binary[func] = binary
         return func
 
     def launch_kernel_with_host_args(
