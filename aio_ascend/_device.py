@@ -354,8 +354,9 @@ class Device(Unique):
         the binary on a thread of its own (a big binary takes seconds), and the loop runs
         meanwhile. Cancelled, it waits for that load and unloads the binary; the device's
         close waits for it too (within its ``timeout``: past it, a load still under way is a
-        stuck runtime call, for which the runtime is left open). The runtime reads ``source`` while this waits: a buffer (or
-        a sim ``KernelLibrary``) must not change until it returns.
+        stuck runtime call, and the runtime is closed once it has returned). The runtime
+        reads ``source`` while this waits: a buffer (or a sim ``KernelLibrary``) must not
+        change until it returns.
 
         :raises ClosedError: the device is closed, or was closed while the binary loaded
         """

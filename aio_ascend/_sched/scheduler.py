@@ -88,14 +88,15 @@ from .modules import Binaries, ModuleRecord
 from .plans import PlanRecord
 from .poller import POKE, CompletionMode, Poller
 from .shutdown import (
+    JOIN_TIMEOUT_S,
     SETTLE_AFTER_FORCE_S,
     IdleWait,
     close_after,
+    close_once_returned,
     destroy_lanes,
     drain,
     join,
     log_forced,
-    log_stuck,
     release_everything,
     settle_off_loop,
     wait_set,
@@ -113,8 +114,6 @@ log = logging.getLogger("aio_ascend")
 
 #: pending requests that make a batch go out at once instead of at the end of the tick
 FLUSH_AT = 256
-#: seconds aclose() waits for its threads to exit before it abandons one stuck in a runtime call
-JOIN_TIMEOUT_S = 2.0
 
 
 class DeviceState(enum.Enum):
@@ -735,10 +734,8 @@ class Scheduler:
         self._delivery.resolve_outside(outcomes)
         self._delivery.drain(budget=False)  # completions delivered but not yet resolved
         self.unsettled = 0
-        if stuck:
-            # Returning on time wins over freeing: whatever the stuck call may still touch
-            # (host buffers, events, the runtime itself) is leaked, never freed under it.
-            log_stuck(self.device_id, stuck, JOIN_TIMEOUT_S)
+        if stuck:  # returning on time wins: nothing is freed under the stuck call
+            close_once_returned(self.device_id, stuck, threads, self.runtime, self.pinned)
         else:
             if runtime.must_settle():  # a forced stream's kernel may still run: wait off-loop
                 limit = SETTLE_AFTER_FORCE_S if forced else None  # (past the close's deadline)

@@ -16,7 +16,10 @@ included, so its waits keep their deadlines with timers, never with a cancellati
    waiter is turned away.
 3. Wait for ``unsettled == 0`` (every admitted request resolved) up to ``timeout``
    (:class:`IdleWait`; another close's shorter timeout brings the deadline nearer). Past it the
-   close is *forced*: a WARNING (:func:`log_forced`), and the streams will go by force.
+   close is *forced*: a WARNING (:func:`log_forced`), and the streams will go by force. Then
+   wait, up to the same deadline, for the module loads under way (``aload_module``'s threads,
+   and the unload of a cancelled one: ``Binaries.settled``); one still running is joined in step
+   6 as the other threads are.
 4. Ask the submitter, the poller and (block mode) the waiter to stop, and join the **poller
    first**: once it is gone nothing done to the streams below can be reported as a completion (a
    stream destroyed by force may read complete, or fail every query).
@@ -51,8 +54,11 @@ included, so its waits keep their deadlines with timers, never with a cancellati
    it would free their memory under them). On acl, after a stream with unfinished work was
    destroyed by force, the device is first given time to settle, in a worker thread so that the
    loop keeps running.
-9. With a stuck thread, step 8 is skipped: an ERROR (:func:`log_stuck`), and everything the
-   stuck call may still touch is leaked rather than freed under it. Returning on time wins.
+9. With a stuck thread, step 8 is skipped: an ERROR (:func:`log_stuck`), and nothing the stuck
+   call may still touch is freed under it; returning on time wins. A thread of its own
+   (``aio_ascend-close-<id>``, :func:`close_once_returned`) closes the runtime once the stuck
+   threads have exited, which frees what the runtime gave (memory, streams, events, binaries);
+   if the call never returns, that goes with the process.
    Either way the unretrieved failures are logged (``FailureLog.report_at_close``), the state
    becomes ``CLOSED``, and other callers waiting in ``aclose()`` are woken.
 
@@ -94,6 +100,9 @@ from .stalls import Prober
 from .work import Request
 
 T = TypeVar("T")
+
+#: seconds aclose() waits for its threads to exit before it abandons one stuck in a runtime call
+JOIN_TIMEOUT_S = 2.0
 
 __all__ = [
     "SETTLE_AFTER_FORCE_S",
@@ -174,12 +183,32 @@ def log_stuck(device_id: int, stuck: list[str], waited: float) -> None:
     """The ERROR of a close that abandons threads stuck in a runtime call."""
     log.error(
         "device %d: %s still inside a runtime call %.0f s after aclose() forced the streams; "
-        "abandoning it and leaking the device's buffers, events and runtime instead of "
-        "freeing them under it",
+        "the close returns, and the runtime is closed (with the device's buffers and events) "
+        "only once the call has returned, not under it",
         device_id,
         " and ".join(stuck),
         waited,
     )
+
+
+def close_once_returned(
+    device_id: int,
+    stuck: list[str],
+    threads: list[threading.Thread],
+    runtime: Runtime,
+    pinned: PinnedArrays,
+) -> None:
+    """A close gave up waiting for the ``stuck`` threads (by name) of ``threads``, inside
+    runtime calls: log it, and close ``runtime`` once they have exited, from a thread of its
+    own (``aio_ascend-close-<id>``). Closing it under a call would free what the call uses (a
+    crash on the real runtime); what the close did not release goes with the runtime's close
+    (its memory, streams, events and binaries), or with the process if the call never ends."""
+    log_stuck(device_id, stuck, JOIN_TIMEOUT_S)
+    closer = threading.Thread(
+        target=close_after, args=(threads, runtime, pinned), name=f"aio_ascend-close-{device_id}"
+    )
+    closer.daemon = True
+    closer.start()
 
 
 def close_after(threads: list[threading.Thread], runtime: Runtime, pinned: PinnedArrays) -> None:
