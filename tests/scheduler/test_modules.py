@@ -46,6 +46,12 @@ def binaries(dev: aa.Device) -> int | None:
     return None if on_real_runtime(dev) else live_resources(dev)["binaries"]
 
 
+def baseline(dev: aa.Device) -> int | None:
+    """:func:`binaries` once the device's own module (``dev.function``'s) is loaded."""
+    dev.function("noop")
+    return binaries(dev)
+
+
 async def reaches(read: Callable[[], object], value: object) -> None:
     """Wait (up to 10 s: what a completion releases follows it by microseconds) until
     ``read()`` returns ``value``."""
@@ -65,8 +71,7 @@ def hold(module: aa.Module) -> tuple[aa.Function, aa.HostArgs]:
 async def test_a_closed_module_is_unloaded_after_its_queued_launches(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
-        dev.function("noop")  # the device's own module, loaded once
-        before = binaries(dev)
+        before = baseline(dev)
         module = dev.load_module(None)
         assert binaries(dev) == (None if before is None else before + 1)
         sleep, args = hold(module)
@@ -126,8 +131,7 @@ async def test_an_open_plan_keeps_its_module_loaded(open_dev: OpenDevice) -> Non
         n = 32
         x = await upload(dev, s, np.ones(n, F32))
         y = await upload(dev, s, np.zeros(n, F32))
-        dev.function("noop")  # the device's own module, loaded once
-        before = binaries(dev)
+        before = baseline(dev)
         module = dev.load_module(None)
         plan = s.plan(module.function("axpy"), 1, aa.HostArgs().ptr(x).ptr(y).f32(2.0).u32(n))
         module.close()
@@ -182,8 +186,7 @@ async def test_a_launch_waiting_for_admission_is_refused_when_its_module_closes(
 ) -> None:
     async with open_dev() as dev:
         s = dev.stream(max_in_flight=1)
-        dev.function("noop")
-        before = binaries(dev)
+        before = baseline(dev)
         module = dev.load_module(None)
         noop = module.function("noop")
         first = await s.launch(*hold_builtin(dev))
@@ -212,8 +215,7 @@ async def test_swapping_modules_while_serving_holds_no_more_than_one(
 ) -> None:
     async with open_dev() as dev:
         s = dev.stream()
-        dev.function("noop")
-        before = binaries(dev)
+        before = baseline(dev)
         in_use = dev.stats()["host_buffers_in_use"]
         tasks: list[aa.Task] = []
         for _ in range(40):
@@ -272,8 +274,7 @@ async def test_a_module_collected_unclosed_is_unloaded_after_its_work(
 ) -> None:
     async with open_dev() as dev:
         s = dev.stream()
-        dev.function("noop")
-        before = binaries(dev)
+        before = baseline(dev)
         module = dev.load_module(None)
         sleep, args = hold(module)
         task = await s.launch(sleep, 1, args)
@@ -327,8 +328,7 @@ class SlowLoads:
 async def test_aload_module_loads_off_the_loop(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
         s = dev.stream()
-        dev.function("noop")
-        before = binaries(dev)
+        before = baseline(dev)
         got: list[aa.Module] = []
         with SlowLoads(dev) as loads:
             async with anyio.create_task_group() as tg:
@@ -353,8 +353,7 @@ async def test_aload_module_loads_off_the_loop(open_dev: OpenDevice) -> None:
 
 async def test_a_cancelled_aload_module_unloads_what_it_loaded(open_dev: OpenDevice) -> None:
     async with open_dev() as dev:
-        dev.function("noop")
-        before = binaries(dev)
+        before = baseline(dev)
         with SlowLoads(dev) as loads:
             with anyio.move_on_after(10) as scope:
                 async with anyio.create_task_group() as tg:
