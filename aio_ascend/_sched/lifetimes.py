@@ -366,6 +366,13 @@ class Lifetimes:
                 allocation.free_requested = allocation.released = True
         self.memory.close([(ptr, block) for ptr, _, block, _ in sites])
 
+    def leave_to_runtime(self) -> None:
+        """The device's close gave up on a thread stuck in a runtime call: from now on nothing
+        is freed here (``free()`` does nothing, as after a close); what is alive goes with the
+        runtime's own close, once the stuck call has returned (``shutdown.close_after``)."""
+        with self._lock:
+            self._closed = True
+
     def _retire(self, allocation: Allocation) -> bool:
         # (lock held) The allocation is done: True if it still had to be freed.
         if allocation.released:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +36,7 @@ from .._host.pool import HostBuffer, HostBufferPool
 from .._runtime import Runtime
 from .binding import ContextBinding
 from .lifetimes import Allocation, Lifetimes
-from .shutdown import call_off_loop, join
+from .shutdown import call_off_loop
 
 __all__ = ["Binaries", "ModuleRecord"]
 
@@ -107,6 +106,7 @@ class Binaries:
         #: the threads of :meth:`load_off_loop` (loads, and unloads of cancelled ones)
         self.threads: list[threading.Thread] = []
         self._lock = threading.Lock()
+        self._closed = False  # (the device's close has taken what is left: unloads nothing)
 
     def __len__(self) -> int:
         return len(self._loaded)
@@ -137,13 +137,14 @@ class Binaries:
             threads=self.threads,
         )
 
-    async def settled(self, due: float) -> bool:
-        """Wait until every thread of :meth:`load_off_loop` has exited (True), or ``due``
-        (``anyio.current_time()``'s clock) has passed: a load takes as long as the runtime
-        reads the binary and copies it to the device."""
-        deadline = time.monotonic() + (due - anyio.current_time())
+    async def settled(self, due: Callable[[], float]) -> bool:
+        """Wait until every thread of :meth:`load_off_loop` has exited (True), or ``due()``
+        (``anyio.current_time()``'s clock, read again as it goes: a later close may bring it
+        nearer) has passed: a load takes as long as the runtime reads the binary and copies
+        it to the device."""
         for thread in list(self.threads):
-            await join(thread, deadline)
+            while thread.is_alive() and anyio.current_time() < due():  # noqa: ASYNC110
+                await anyio.sleep(0.001)  # (a thread's exit cannot be awaited: polled)
         return not any(thread.is_alive() for thread in self.threads)
 
     def track(self, handle: int) -> ModuleRecord:
@@ -154,13 +155,21 @@ class Binaries:
         # The record's last user is done (any thread): unload it, once. The loaded handles are
         # forgotten first: the runtime may hand the same handle out again once it is unloaded.
         with self._lock:
-            loaded = self._loaded.pop(handle, _GONE) is not _GONE
+            loaded = not self._closed and self._loaded.pop(handle, _GONE) is not _GONE
         if loaded:
             self._unload(handle)
+
+    def leave_to_runtime(self) -> None:
+        """The device's close gave up on a stuck thread: nothing is unloaded here any more (a
+        module's close, a cancelled load's unload); the runtime's own close unloads it all
+        once the stuck call has returned."""
+        with self._lock:
+            self._closed = True
 
     def unload_all(self, runtime: Runtime) -> None:
         """The device is closing (its streams are gone): unload every binary left."""
         with self._lock:
+            self._closed = True
             left, self._loaded = list(self._loaded), {}
         for handle in left:
             with contextlib.suppress(Exception):

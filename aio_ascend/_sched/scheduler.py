@@ -649,7 +649,7 @@ class Scheduler:
         try:
             self._idle.bound(timeout)
             forced = not await self._idle.until_idle(lambda: self.unsettled)
-            await self.binaries.settled(self._idle.deadline)  # (else: stuck threads, below)
+            await self.binaries.settled(lambda: self._idle.deadline)  # (else: stuck, below)
             if forced:
                 busy = f"{self.unsettled} task(s) still unfinished"
                 streams = "destroying the streams by force"
@@ -734,8 +734,11 @@ class Scheduler:
         self._delivery.resolve_outside(outcomes)
         self._delivery.drain(budget=False)  # completions delivered but not yet resolved
         self.unsettled = 0
-        if stuck:  # returning on time wins: nothing is freed under the stuck call
-            close_once_returned(self.device_id, stuck, threads, self.runtime, self.pinned)
+        if stuck:  # returning on time wins: nothing is freed under the stuck call, nor after
+            self.lifetimes.leave_to_runtime()  # (the runtime's close frees it all)
+            self.binaries.leave_to_runtime()
+            threads_now = lambda: [self._poller.thread, *self._other_threads()]  # noqa: E731
+            close_once_returned(self.device_id, stuck, threads_now, self.runtime, self.pinned)
         else:
             if runtime.must_settle():  # a forced stream's kernel may still run: wait off-loop
                 limit = SETTLE_AFTER_FORCE_S if forced else None  # (past the close's deadline)
@@ -786,7 +789,7 @@ class Scheduler:
 
     def _close_after_threads(self) -> None:
         # The poller thread, exiting after abandon(): wait for the others, then close.
-        close_after(self._other_threads(), self.runtime, self.pinned)
+        close_after(self._other_threads, self.runtime, self.pinned)
 
     def _other_threads(self) -> list[threading.Thread]:
         # The device's threads but the poller: the submitter and its staging thread (which

@@ -131,8 +131,7 @@ class IdleWait:
     (loop thread).
 
     :ivar timeout: the timeout that set the deadline (what a forced close logs)
-    :ivar deadline: what the deadline was when :meth:`until_idle` ended (what else the close
-        waits for is held to it)
+    :ivar deadline: the nearest deadline asked for, kept after :meth:`until_idle` has ended
     :ivar adapter: the device's loop (replaced when another loop adopts the device)
     """
 
@@ -143,13 +142,19 @@ class IdleWait:
         self._due = math.inf
         self._waiters: list[object] = []
         self.timeout: float | None = None
-        #: the deadline the wait ended with (``anyio.current_time()``'s clock; inf: none)
+        #: the nearest deadline any close asked for (``anyio.current_time()``'s clock; inf:
+        #: none), also once :meth:`until_idle` has ended: what else a close waits for (module
+        #: loads) is held to it
         self.deadline = math.inf
 
     def bound(self, timeout: float | None) -> None:
         """Stop waiting ``timeout`` seconds from now, if that is sooner (None: no change)."""
-        if timeout is not None and anyio.current_time() + timeout < self._due:
-            self._due, self.timeout = anyio.current_time() + timeout, timeout
+        if timeout is None:
+            return
+        due = anyio.current_time() + timeout
+        self.deadline = min(self.deadline, due)  # (what the close waits for after: see below)
+        if due < self._due:
+            self._due, self.timeout = due, timeout
             self.wake()  # (a wait under way looks at its deadline again)
 
     async def until_idle(self, unsettled: Callable[[], int]) -> bool:
@@ -164,7 +169,7 @@ class IdleWait:
                 await self.adapter.wait_until(waiter, self._due)
             return True
         finally:
-            self.deadline, self._due = self._due, -math.inf
+            self._due = -math.inf
 
     def wake(self) -> None:
         """Let the wait look again (the count changed, or the deadline moved)."""
@@ -194,11 +199,11 @@ def log_stuck(device_id: int, stuck: list[str], waited: float) -> None:
 def close_once_returned(
     device_id: int,
     stuck: list[str],
-    threads: list[threading.Thread],
+    threads: Callable[[], list[threading.Thread]],
     runtime: Runtime,
     pinned: PinnedArrays,
 ) -> None:
-    """A close gave up waiting for the ``stuck`` threads (by name) of ``threads``, inside
+    """A close gave up waiting for the ``stuck`` threads (by name) of ``threads()``, inside
     runtime calls: log it, and close ``runtime`` once they have exited, from a thread of its
     own (``aio_ascend-close-<id>``). Closing it under a call would free what the call uses (a
     crash on the real runtime); what the close did not release goes with the runtime's close
@@ -211,13 +216,19 @@ def close_once_returned(
     closer.start()
 
 
-def close_after(threads: list[threading.Thread], runtime: Runtime, pinned: PinnedArrays) -> None:
-    """Wait (blocking) for ``threads``, then close ``runtime`` (once the last pinned array
-    alive is collected: see ``PinnedArrays.close``). Nobody waits for this close, so a thread
-    stuck in a runtime call is waited for however long it takes: closing the runtime under
-    the call would free what it uses (a crash on the real runtime), not end it."""
-    for thread in threads:
-        if thread.ident is not None:  # (a thread that starts with its first job may not have)
+def close_after(
+    threads: Callable[[], list[threading.Thread]], runtime: Runtime, pinned: PinnedArrays
+) -> None:
+    """Wait (blocking) for the ``threads()`` (asked again until none is alive: one may start
+    meanwhile, the unload of a cancelled module load), then close ``runtime`` (once the last
+    pinned array alive is collected: see ``PinnedArrays.close``). Nobody waits for this close,
+    so a thread stuck in a runtime call is waited for however long it takes: closing the
+    runtime under the call would free what it uses (a crash on the real runtime), not end it."""
+    while True:  # (a thread that starts with its first job may not have started: no ident)
+        alive = [t for t in threads() if t.ident is not None and t.is_alive()]
+        if not alive:
+            break
+        for thread in alive:
             thread.join()
     with contextlib.suppress(Exception):
         pinned.close(runtime.close)

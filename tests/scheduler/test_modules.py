@@ -447,33 +447,51 @@ async def test_a_cancelled_load_is_unloaded_before_the_close_closes_the_runtime(
 
 
 @pytest.mark.sim_only
+@pytest.mark.parametrize("cancel", [False, True], ids=["load-refused", "load-cancelled"])
 async def test_a_close_with_a_timeout_does_not_wait_for_a_hung_load(
-    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture, cancel: bool
 ) -> None:
+    """As for any runtime call stuck past the close: the close returns on time, the runtime
+    is closed once the load has returned, not under it, and nothing is freed or unloaded in
+    between (a buffer's free, a module's close, the cancelled load's unload do nothing)."""
     caplog.set_level(logging.ERROR, logger="aio_ascend")
     dev = await open_dev().__aenter__()
+    buf = dev.malloc(64, pool=False)
+    module = dev.load_module(None)
     took: list[float] = []
     with SlowLoads(dev) as loads:
+        scope = anyio.CancelScope()
 
         async def load() -> None:
-            with pytest.raises(aa.ClosedError):
+            with scope, pytest.raises(aa.ClosedError):
                 await dev.aload_module(None)
+
+        async def close_for_good() -> None:
+            await dev.aclose()  # (no timeout: the next close's bounds both)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(load)
             await loads.wait_started()
+            tg.start_soon(close_for_good)
+            await anyio.sleep(0.05)
             start = time.monotonic()
             await dev.aclose(timeout=0.1)  # the timeout, then the grace of a stuck call (2 s)
             took.append(time.monotonic() - start)
             assert not dev.runtime._closed  # type: ignore[attr-defined]  # (the load runs)
+            buf.free()  # nothing to do: as after any close
+            module.close()
+            if cancel:
+                scope.cancel()
             loads.release()
     assert took[0] < 8  # (the load was held for 10 s)
-    # as for any runtime call stuck past the close: the runtime is closed once the load has
-    # returned, not under it
-    assert any("aio_ascend-load" in r.getMessage() for r in caplog.records)
-    caplog.clear()
+    assert [r.getMessage() for r in caplog.records if "aio_ascend-load" in r.getMessage()]
     await reaches(lambda: dev.runtime._closed, True)  # type: ignore[attr-defined]
     await reaches(lambda: [t for t in threading.enumerate() if "aio_ascend" in t.name], [])
+    buf.free()
+    module.close()
+    failed = [r.getMessage() for r in caplog.records if "failed" in r.getMessage()]
+    assert failed == []  # no unload, no free under or after the runtime's close
+    caplog.clear()
 
 
 @pytest.mark.backends("acl")

@@ -159,11 +159,13 @@ async def test_a_close_with_a_staging_hung_for_good_returns_and_names_the_thread
             await dev.aclose()
         assert any("aio_ascend-stage-" in r.getMessage() for r in caplog.records), caplog.records
     finally:
-        # let the staging call return, wait for the threads the close left, and close the
-        # runtime it leaked on purpose
+        # let the staging call return, and wait for the threads the close left and for its
+        # closer, which closes the runtime once they have exited (so does this, idempotent)
         released.set()
         for thread in threading.enumerate():
-            if thread.name.startswith(("aio_ascend-submit", "aio_ascend-stage")):
+            if thread.name.startswith(
+                ("aio_ascend-submit", "aio_ascend-stage", "aio_ascend-close")
+            ):
                 thread.join(10)
         dev.runtime.close()
 

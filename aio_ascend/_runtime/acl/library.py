@@ -144,6 +144,8 @@ class AclLibrary:
         self._present: dict[str, bool] = {}
         self.init_pid: int | None = None
         self.initialised_by_us = False
+        #: aclFinalize has run (at exit): a runtime closed later touches nothing
+        self.finalized = False
         self.lock = threading.Lock()
         self._last = threading.local()
         lacking = [name for name in ffi.PROTOTYPES if not self.has(name)]
@@ -273,6 +275,7 @@ class AclLibrary:
     def _finalize_at_exit(self) -> None:
         if self.initialised_by_us and self.init_pid == os.getpid():
             self.initialised_by_us = False
+            self.finalized = True  # (a close still to come, after a stuck call: nothing to do)
             try:
                 self.functions["aclFinalize"]()
             except AscendError:

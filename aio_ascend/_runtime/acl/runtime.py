@@ -261,7 +261,7 @@ class AclRuntime:
             self._fn = _refusing(ClosedError, "the acl runtime is closed")
         _LIVE.discard(self)
         self.launch_batch = None  # it refers back to this runtime: no cycle once closed
-        if fn is not self._library.functions:  # forked child: nothing may touch ACL
+        if fn is not self._library.functions or self._library.finalized:  # forked, exiting
             return
         errors: list[AscendError] = []
 
