@@ -141,11 +141,13 @@ class Binaries:
         """Wait until every thread of :meth:`load_off_loop` has exited (True), or ``due()``
         (``anyio.current_time()``'s clock, read again as it goes: a later close may bring it
         nearer) has passed: a load takes as long as the runtime reads the binary and copies
-        it to the device."""
-        for thread in list(self.threads):
-            while thread.is_alive() and anyio.current_time() < due():  # noqa: ASYNC110
-                await anyio.sleep(0.001)  # (a thread's exit cannot be awaited: polled)
-        return not any(thread.is_alive() for thread in self.threads)
+        it to the device). The list is read again as it goes: a cancelled load's unload thread
+        starts once its load thread has ended."""
+        while any(thread.is_alive() for thread in self.threads):
+            if anyio.current_time() >= due():
+                return False
+            await anyio.sleep(0.001)  # (a thread's exit cannot be awaited: polled)
+        return True
 
     def track(self, handle: int) -> ModuleRecord:
         """The lifetime of the user's module ``handle``: unloaded once closed and unused."""
