@@ -31,7 +31,7 @@ from ._runtime import (
     open_runtime,
 )
 from ._runtime import device_count as _runtime_device_count
-from ._runtime.abi import PTR_MAX, KernelType, load_options
+from ._runtime.abi import PTR_MAX, KernelType, load_keywords
 from ._runtime.base import FunctionInfo
 from ._sched.admission import ENTRIES_PER_REQUEST
 from ._sched.loop import current_loop_adapter
@@ -338,7 +338,7 @@ class Device(Unique):
         :raises ClosedError: the device is closed
         :raises DeviceFaultError: the device has faulted (cause: the first fault)
         """
-        kind, options = load_options(kernel_type, lazy)
+        kind, options = load_keywords(kernel_type, lazy)
         scheduler = self._owned()
         handle = scheduler.binaries.load(scheduler.loader(), source, options)
         return self._module(handle, source, kind, closable=True)
@@ -360,7 +360,7 @@ class Device(Unique):
 
         :raises ClosedError: the device is closed, or was closed while the binary loaded
         """
-        kind, options = load_options(kernel_type, lazy)
+        kind, options = load_keywords(kernel_type, lazy)
         scheduler = self._owned()
         name = f"aio_ascend-load-{self.device_id}"
         handle = await scheduler.binaries.load_off_loop(scheduler.loader(), source, options, name)

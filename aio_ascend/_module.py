@@ -100,7 +100,6 @@ class Module(Unique):
         "_check_caller",
         "_functions",
         "_get_function",
-        "_record",
         "device",
         "handle",
         "held",
@@ -125,7 +124,6 @@ class Module(Unique):
         self._get_function = get_function
         self._check_caller = check_caller
         self._functions: dict[str, Function] = {}
-        self._record = record
         #: what each launch of its kernels holds until it is done: its record (none for the
         #: device's built-in module)
         self.held: tuple[ModuleRecord, ...] = () if record is None else (record,)
@@ -140,7 +138,7 @@ class Module(Unique):
         check_kernel_name(name)
         if self._check_caller is not None:
             self._check_caller()
-        if self._record is not None and self._record.free_requested:
+        if self._closing():
             raise ClosedError(f"{self!r} is closed")
         fn = self._functions.get(name)
         if fn is None:
@@ -153,10 +151,13 @@ class Module(Unique):
 
         :raises ClosedError: the module is closed
         """
-        held = self.held
-        if held and held[0].free_requested:
+        if self._closing():
             raise ClosedError(f"{fn!r}: its module is closed")
-        return held
+        return self.held
+
+    def _closing(self) -> bool:
+        # close() was called (the binary may still be loaded: its work holds it)
+        return bool(self.held) and self.held[0].free_requested
 
     def close(self) -> None:
         """Unload the binary once the work that may run its kernels is done: the launches
@@ -170,12 +171,12 @@ class Module(Unique):
             which is unloaded with the device
         :raises RuntimeError: called from another thread than the device's event loop's
         """
-        record = self._record
-        if record is None:
+        if not self.held:
             raise ValueError(
                 "the device's built-in module is unloaded with the device; close() is for a "
                 "module of load_module()"
             )
+        record = self.held[0]
         record.registry.free(record)
         for fn in self._functions.values():
             fn.launch_specs.clear()  # (their next launches go through the checks: refused)
@@ -183,9 +184,7 @@ class Module(Unique):
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called, or the device is closed."""
-        if self._record is not None and self._record.free_requested:
-            return True
-        return bool(getattr(self.device, "closed", False))
+        return self._closing() or bool(getattr(self.device, "closed", False))
 
     def __enter__(self) -> Module:
         return self

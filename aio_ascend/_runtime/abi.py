@@ -87,7 +87,7 @@ __all__ = [
     "check_failure_mode",
     "check_binary_source",
     "check_load_options",
-    "load_options",
+    "load_keywords",
     "check_kernel_name",
     "check_memcpy",
     "check_num_blocks",
@@ -206,7 +206,7 @@ def check_load_options(kernel_type: object, lazy: object) -> tuple[KernelType | 
     return kind, lazy
 
 
-def load_options(kernel_type: object, lazy: object) -> tuple[KernelType | None, dict[str, Any]]:
+def load_keywords(kernel_type: object, lazy: object) -> tuple[KernelType | None, dict[str, Any]]:
     """:func:`check_load_options`'s values: the kernel type, and ``load_binary``'s keywords."""
     kind, lazy = check_load_options(kernel_type, lazy)
     return kind, {"kernel_type": kind, "lazy": lazy}

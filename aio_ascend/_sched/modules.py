@@ -108,9 +108,6 @@ class Binaries:
         self._lock = threading.Lock()
         self._closed = False  # (the device's close has taken what is left: unloads nothing)
 
-    def __len__(self) -> int:
-        return len(self._loaded)
-
     def load(self, runtime: Runtime, source: object, options: dict[str, Any]) -> int:
         """Load a binary with ``runtime`` (its load options: ``options``); its handle. It is
         unloaded by its module's record (:meth:`track`), else by the device's close."""
