@@ -320,7 +320,8 @@ class Device(Unique):
         kernel_type: str | None = None,
         lazy: bool | None = None,
     ) -> Module:
-        """Load a kernel binary (acl: a path or bytes; sim: an ``aio_ascend.sim.KernelLibrary``).
+        """Load a kernel binary (acl: a path, or bytes-like data such as ``bytes`` or a NumPy
+        array; sim: an ``aio_ascend.sim.KernelLibrary``).
 
         It stays loaded until :meth:`Module.close` and the end of the work that may run its
         kernels, or until the device closes.

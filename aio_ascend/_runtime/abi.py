@@ -85,7 +85,9 @@ __all__ = [
     "check_device_id",
     "check_event_flags",
     "check_failure_mode",
+    "binary_bytes",
     "check_binary_source",
+    "is_bytes_like",
     "check_load_options",
     "load_keywords",
     "check_kernel_name",
@@ -212,12 +214,37 @@ def load_keywords(kernel_type: object, lazy: object) -> tuple[KernelType | None,
     return kind, {"kernel_type": kind, "lazy": lazy}
 
 
+def is_bytes_like(source: object) -> bool:
+    """Whether ``source`` is binary data: any object with the buffer protocol (``bytes``,
+    ``bytearray``, ``memoryview``, a NumPy array, ``array.array``...); ``bytes(source)`` is
+    its data then."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        return True
+    if isinstance(source, str):
+        return False
+    try:
+        memoryview(source)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
+
+
+def binary_bytes(source: object) -> bytes | None:
+    """The data of a bytes-like ``source`` (:func:`is_bytes_like`; a copy unless it is
+    ``bytes``), ``None`` for any other source."""
+    if isinstance(source, bytes):
+        return source
+    if not is_bytes_like(source):
+        return None
+    return memoryview(source).tobytes()  # type: ignore[arg-type]
+
+
 def check_binary_source(source: object) -> None:
     """What every backend refuses alike before its loader sees ``source``: empty binary data
     (``ValueError``), an empty path (not the current directory: ``ValueError``) and a path with
     no file (``FileNotFoundError``). Which sources a backend loads is its own."""
-    if isinstance(source, bytes | bytearray | memoryview):
-        if not memoryview(source).nbytes:
+    if is_bytes_like(source):
+        if not memoryview(source).nbytes:  # type: ignore[arg-type]
             raise ValueError("load_binary: the kernel binary data is empty")
     elif isinstance(source, str | os.PathLike):
         path = os.fspath(source)

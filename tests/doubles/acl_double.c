@@ -132,6 +132,8 @@ typedef enum { ACL_MEMCPY_HOST_TO_HOST = 0, ACL_MEMCPY_HOST_TO_DEVICE = 1,
 typedef enum { ACL_MEM_MALLOC_HUGE_FIRST = 0 } aclrtMemMallocPolicy;
 typedef enum { ACL_EVENT_RECORDED_STATUS_NOT_READY = 0, ACL_EVENT_RECORDED_STATUS_COMPLETE = 1 }
     aclrtEventRecordedStatus;
+typedef enum { ACL_STREAM_STATUS_COMPLETE = 0, ACL_STREAM_STATUS_NOT_READY = 1,
+               ACL_STREAM_STATUS_RESERVED = 0xFFFF } aclrtStreamStatus;
 typedef enum { ACL_STREAM_ATTR_FAILURE_MODE = 1, ACL_STREAM_ATTR_FLOAT_OVERFLOW_CHECK = 2,
                ACL_STREAM_ATTR_USER_CUSTOM_TAG = 3, ACL_STREAM_ATTR_CACHE_OP_INFO = 4,
                ACL_STREAM_ATTR_PRIORITY = 5 } aclrtStreamAttr;
@@ -1586,6 +1588,25 @@ EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t ti
     s->callers--;
     stream_unref(s);
     LEAVE_UNLOCK(rc);
+}
+
+/* Never waits: with the runtime's threads it answers whether the stream's pending count is zero
+ * (hicann/runtime@681ef76 src/runtime/core/src/stream/stream.cc:2119-2123), after the context's
+ * failure check (api/impl/api_impl.cc:1779); a capturing stream is refused
+ * (api/impl/api_error.cc:1483). */
+EXPORT aclError aclrtStreamQuery(aclrtStream stream, aclrtStreamStatus *status) {
+    ENTER("aclrtStreamQuery", 2, P(stream), P(status));
+    pthread_mutex_lock(&g_mu);
+    aclError rc = 0;
+    ctx_t *c = need_ctx(&rc);
+    if (!c) LEAVE_UNLOCK(rc);
+    stream_t *s = need_stream(stream, c, &rc);
+    if (!s) LEAVE_UNLOCK(rc);
+    if (!status) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "status is NULL"));
+    if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtStreamQuery"));
+    if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
+    *status = s->completed >= s->submitted ? ACL_STREAM_STATUS_COMPLETE : ACL_STREAM_STATUS_NOT_READY;
+    LEAVE_UNLOCK(0);
 }
 
 /* ---- events ---- */

@@ -7,6 +7,7 @@ patching); its device addresses lie above 2**52, so any truncation shows.
 
 from __future__ import annotations
 
+import array
 import ctypes
 import os
 import struct
@@ -764,6 +765,31 @@ def test_binaries_load_from_bytes(rt: AclRuntime, ctl: DoubleControl) -> None:
     with pytest.raises(InvalidHandleError):
         rt.get_function(binary, "noop")
     assert func
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        lambda data: np.frombuffer(data, np.uint8),
+        lambda data: np.frombuffer(data, "<u4"),  # its bytes, not its elements
+        lambda data: array.array("B", data),
+        lambda data: memoryview(data),
+    ],
+    ids=["uint8 array", "uint32 array", "array.array", "memoryview"],
+)
+def test_binaries_load_from_any_bytes_like_data(
+    rt: AclRuntime, ctl: DoubleControl, wrap: Callable[[bytes], Any]
+) -> None:
+    data = BUILTINS_MAGIC + b"\0" * (-len(BUILTINS_MAGIC) % 4)  # (whole uint32 words)
+    source = wrap(data)
+    mark = ctl.mark()
+    binary = rt.load_binary(source)
+    call = _only(ctl.calls(mark, "aclrtBinaryLoadFromData"))
+    assert call.args[1] == memoryview(source).nbytes
+    assert rt.get_function(binary, "noop")
+    rt.unload_binary(binary)
+    with pytest.raises(ValueError, match="empty"):
+        rt.load_binary(wrap(b""))
 
 
 def test_bad_binaries(rt: AclRuntime, tmp_path: Path) -> None:

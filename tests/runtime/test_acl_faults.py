@@ -182,6 +182,28 @@ def test_a_forced_destroy_leaves_the_running_kernel_running(runtime: AclRuntime)
     assert control.zombies() == 0
 
 
+def test_a_forced_destroy_asks_the_stream_without_waiting_on_it(runtime: AclRuntime) -> None:
+    # the close forces streams on the event loop's thread: a synchronize there, even with a
+    # 1 ms timeout, first records a task on the stream and can block on a stuck queue
+    # (hicann/runtime@681ef76 src/runtime/core/src/stream/stream.cc:2083); a query reads the
+    # stream's pending count (stream.cc:2119)
+    control = double_control()
+    idle, busy = runtime.create_stream(), runtime.create_stream()
+    _launch(runtime, idle, "sleep", _image(runtime, 1), 8)
+    runtime.synchronize_stream(idle, 5000)
+    mark = control.mark()
+    runtime.destroy_stream_force(idle)
+    assert not runtime.settle.unsettled  # nothing ran on it: frees go ahead at once
+    _launch(runtime, busy, "sleep", _image(runtime, 200_000), 8)
+    runtime.destroy_stream_force(busy)
+    assert runtime.settle.unsettled  # its kernel still runs
+    stream_calls = [call.name for call in control.calls(mark) if "Stream" in call.name]
+    assert stream_calls == ["aclrtStreamQuery", "aclrtDestroyStreamForce"] * 2
+    deadline = time.monotonic() + 10
+    while control.zombies() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def test_a_free_while_a_forced_kernel_runs_is_deferred_until_it_ends(
     runtime: AclRuntime,
 ) -> None:
@@ -322,6 +344,33 @@ def test_a_stale_report_never_matches_a_recycled_stream_id() -> None:
         assert again.fault_site() is None
     finally:
         again.close()
+
+
+def test_a_late_close_keeps_the_reports_of_the_device_opened_again() -> None:
+    # a close can run late (a collected device, or once a stuck runtime call returned), after
+    # the same device was opened again and one of its new streams got a recycled stream id
+    control = double_control()
+    first = open_acl_runtime(0, library_path=build_double().library)
+    second: AclRuntime | None = None
+    try:
+        old = first.create_stream()
+        number = ctypes.c_int32()
+        first._fn["aclrtStreamGetId"](old, ctypes.byref(number))
+        first.destroy_stream(old)
+        second = open_acl_runtime(0, library_path=build_double().library)
+        control.set_next_stream_id(number.value)
+        stream = second.create_stream()
+        _launch(second, stream, "fault", _image(second, 507035))
+        failed = second.last_task_id()
+        with pytest.raises(aa.DeviceFaultError):
+            second.synchronize_stream(stream, 10_000)
+        assert second.fault_site() == (stream, failed)
+        first.close()
+        assert second.fault_site() == (stream, failed)  # not the closed runtime's report
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
 
 
 def test_a_report_from_before_a_stream_was_created_is_not_about_it(runtime: AclRuntime) -> None:

@@ -67,6 +67,7 @@ from ..abi import (
     ACL_EVENT_SYNC,
     ACL_MEMCPY_HOST_TO_DEVICE,
     KernelType,
+    binary_bytes,
     check_placeholder_table,
     param_error,
 )
@@ -342,16 +343,15 @@ def load_legacy(
             "aclrtBinaryLoad, the device-args path of CANN 8.0) takes no load options (the "
             "magic and lazy-load options belong to aclrtBinaryLoadFromData/FromFile, CANN 8.2+)"
         )
-    if isinstance(source, bytes | bytearray | memoryview):
-        data = bytes(source)  # (not empty: check_binary_source)
-    elif isinstance(source, str | os.PathLike):
+    data = binary_bytes(source)  # (not empty: check_binary_source)
+    if data is None and isinstance(source, str | os.PathLike):
         path = os.path.abspath(os.fspath(source))
         with open(path, "rb") as file:
             data = file.read()
         if not data:
             raise ValueError(f"load_binary: the kernel binary {path!r} is empty")
         kind = json_kernel_type(path)
-    else:
+    if data is None:
         raise TypeError(
             "load_binary takes a path (str or os.PathLike), bytes-like data or None, "
             f"got {type(source).__name__}"

@@ -22,8 +22,11 @@ Registration, and what coexisting with other libraries costs (``docs/cann-suppor
   ``aclFinalize`` stops the runtime's threads before the interpreter goes away.
 
 Reports are scoped: each carries a serial number, a runtime only reads the reports that arrived
-while it was open and after the stream was created (:meth:`ExceptionLog.mark`), and a runtime's
-reports are dropped when it closes, so a stale report never matches a recycled stream id.
+after the stream was created (:meth:`ExceptionLog.mark`), and a runtime's reports are dropped
+when it closes, so a stale report never matches a recycled stream id. What a runtime drops is
+bounded by when it held each stream id: a close can run late (a collected device, or once a
+stuck runtime call returned), after the same device was opened again and a new stream of it
+got a recycled id, whose reports are not the closing runtime's.
 A device-level failure reports the stream id ``0xFFFFFFFF`` and is not a site; a task id of
 ``0xFFFFFFFF`` names no task either.
 """
@@ -99,15 +102,24 @@ class ExceptionLog:
                 return known[0], task_id
         return None
 
-    def drop(self, device: int, stream_ids: Iterable[int], since: int) -> None:
-        """Forget the reports of a closing runtime: ``device``'s, about ``stream_ids``, from
-        serial ``since`` on (a report about a stream id is stale once the stream is gone)."""
-        ids = set(stream_ids)
-        keep = [
-            report
-            for report in list(self.reports)
-            if not (report[1] == device and report[0] >= since and report[2] in ids)
-        ]
+    def oldest(self) -> int:
+        """The serial of the oldest report kept (:meth:`mark` when there is none)."""
+        reports = self.reports
+        return reports[0][0] if reports else self.mark()
+
+    def drop(self, device: int, spans: Iterable[tuple[int, int, int]]) -> None:
+        """Forget the reports of a closing runtime: ``device``'s, about a stream id while
+        that runtime held it, each span ``(stream id, first serial, end serial)``. A report
+        outside its spans is kept: the stream id may be another runtime's by now."""
+        held: dict[int, list[tuple[int, int]]] = {}
+        for stream_id, first, end in spans:
+            held.setdefault(stream_id, []).append((first, end))
+
+        def ours(report: tuple[int, int, int, int, int]) -> bool:
+            serial, dev, stream_id = report[0], report[1], report[2]
+            return dev == device and any(a <= serial < b for a, b in held.get(stream_id, ()))
+
+        keep = [report for report in list(self.reports) if not ours(report)]
         self.reports.clear()
         self.reports.extend(keep)
 
@@ -152,10 +164,10 @@ class Sites:
             library.path, library.functions, library.has, allow_set=exception_callback
         )
         self._has_ids = library.has("aclrtStreamGetId")
-        self._since = 0 if self.log is None else self.log.mark()  # reports before the open
         #: aclrtStreamGetId -> (stream handle, the first report serial that may concern it)
         self.stream_ids: dict[int, tuple[int, int]] = {}
-        self._seen: set[int] = set()  # every stream id this runtime had (dropped at close)
+        #: the ids this runtime's destroyed streams held, and when: (id, first, end serial)
+        self._spans: list[tuple[int, int, int]] = []
         name = "aclrtGetThreadLastTaskId"
         # bound without the error checker: called after every launch, and a failure here only
         # means "cannot tell" (None), never an error of the launch
@@ -170,11 +182,18 @@ class Sites:
         stream_id = number.value & 0xFFFFFFFF  # the info's id is a uint32
         # a report from before the stream existed is about another stream with that id
         self.stream_ids[stream_id] = (stream, self.log.mark())
-        self._seen.add(stream_id)
 
     def forget(self, stream: int) -> None:
-        for number in [n for n, (handle, _) in self.stream_ids.items() if handle == stream]:
-            del self.stream_ids[number]
+        """A stream destroyed: its id may go to another runtime's stream from now on."""
+        log = self.log
+        if log is None:
+            return
+        for number, (handle, first) in list(self.stream_ids.items()):
+            if handle == stream:
+                del self.stream_ids[number]
+                oldest = log.oldest()  # a span older than every report kept can go
+                self._spans = [span for span in self._spans if span[2] > oldest]
+                self._spans.append((number, first, log.mark()))
 
     def last_task_id(self, scratch: Any) -> int | None:
         """``aclrtGetThreadLastTaskId`` into the thread's ``scratch``; ``None`` without it."""
@@ -188,6 +207,11 @@ class Sites:
         return None if self.log is None else self.log.site(device, self.stream_ids)
 
     def drop(self, device: int) -> None:
-        """At close: this runtime's reports are stale from now on."""
-        if self.log is not None:
-            self.log.drop(device, self._seen, self._since)
+        """At close: this runtime's reports are stale from now on (the reports about a
+        stream id it no longer held are not its own: the close may run late)."""
+        log = self.log
+        if log is not None:
+            end = log.mark()
+            held = [(number, first, end) for number, (_, first) in self.stream_ids.items()]
+            log.drop(device, self._spans + held)
+            self._spans = []

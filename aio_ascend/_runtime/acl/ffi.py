@@ -203,6 +203,7 @@ PROTOTYPES: dict[str, tuple[Any, tuple[Any, ...]]] = {
     "aclrtDestroyStream": (_ERR, (_PTR,)),
     "aclrtDestroyStreamForce": (_ERR, (_PTR,)),
     "aclrtSynchronizeStreamWithTimeout": (_ERR, (_PTR, c_int32)),  # timeout in ms
+    "aclrtStreamQuery": (_ERR, (_PTR, _PTR)),  # stream, aclrtStreamStatus *
     "aclrtSetStreamFailureMode": (_ERR, (_PTR, c_uint64)),
     # events
     "aclrtCreateEventExWithFlag": (_ERR, (_PTR, c_uint32)),  # aclrtEvent *, uint32_t flag

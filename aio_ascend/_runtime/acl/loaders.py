@@ -24,7 +24,7 @@ from ctypes import byref
 from typing import Any
 
 from ..._errors import BackendUnavailableError
-from ..abi import ACL_RT_BINARY_MAGIC_ELF_AICORE, KernelType
+from ..abi import ACL_RT_BINARY_MAGIC_ELF_AICORE, KernelType, binary_bytes
 from .kernels import json_kernel_type, load_options
 from .paths import LaunchPath
 
@@ -76,8 +76,8 @@ def load_binary_from(
 ) -> tuple[str, bytes | None, KernelType | None]:
     """Load ``source`` into the handle behind ``ref``: the function that loaded it, the data to
     keep until the unload, and the kernel type when known."""
-    if isinstance(source, bytes | bytearray | memoryview):
-        data = bytes(source)  # (not empty: check_binary_source)
+    data = binary_bytes(source)
+    if data is not None:  # (not empty: check_binary_source)
         if path is LaunchPath.ARGS_HANDLE:
             _load_bytes_from_file(fn, data, kind, lazy, ref)
             return "aclrtBinaryLoadFromFile", None, kind

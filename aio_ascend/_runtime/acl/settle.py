@@ -23,7 +23,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from ctypes import byref, c_void_p
+from ctypes import byref, c_int32, c_void_p
 from typing import Any, Final
 
 from ..._errors import AscendError, DeviceFaultError
@@ -38,6 +38,10 @@ SETTLE_TIMEOUT_MS: Final = 500
 #: "device", "host" or "binary" (a diagnostic: each runtime keeps its own list too)
 LEAKED: list[tuple[str, str, int]] = []
 
+
+#: aclrtStreamStatus
+_COMPLETE: Final = 0
+_NOT_READY: Final = 1
 
 _FREE: Final = {"binary": "aclrtBinaryUnLoad", "device": "aclrtFree", "host": "aclrtFreeHost"}
 
@@ -63,13 +67,21 @@ class Settle:
     def force(self, stream: int, destroy: Callable[[int], None]) -> None:
         """Destroy ``stream`` by force (``destroy``), noting whether work was left on it.
 
-        A stream that drains within 1 ms had nothing running: forcing it frees nothing in use.
+        A stream the runtime counts as complete has nothing running: forcing it frees nothing
+        in use. ``aclrtStreamQuery`` asks without waiting (it reads the stream's pending count,
+        hicann/runtime@681ef76 ``src/runtime/core/src/stream/stream.cc:2119``), where a
+        synchronize, even with a 1 ms timeout, records a task on the stream first and can block
+        on a stream whose queue is stuck (``stream.cc:2083``): the close calls this on the event
+        loop's thread.
         """
         fn = self._functions  # the library's own table: it works while the runtime closes
+        status = c_int32(_NOT_READY)
         try:
-            fn["aclrtSynchronizeStreamWithTimeout"](stream, 1)
+            fn["aclrtStreamQuery"](stream, byref(status))
         except AscendError:
-            self.unsettled = True  # still running, faulted or aborted: settle before frees
+            pass  # faulted or aborted: settle before frees
+        if status.value != _COMPLETE:
+            self.unsettled = True
         destroy(stream)
 
     def free(self, kind: str, address: int) -> bool:

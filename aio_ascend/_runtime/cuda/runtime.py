@@ -76,6 +76,7 @@ from ..abi import (
     ACL_MEMCPY_HOST_TO_DEVICE,
     PTR_MAX,
     SIZE_MAX,
+    binary_bytes,
     check_args,
     check_device_id,
     check_num_blocks,
@@ -388,8 +389,8 @@ class CudaRuntime(CudaCore):
         builtin = source is None
         if source is None:
             image = self._compiler(KERNEL_SOURCE, self.capability)
-        elif isinstance(source, bytes | bytearray | memoryview):
-            image = bytes(source)  # (not empty, and a path names a file: check_binary_source)
+        elif (data := binary_bytes(source)) is not None:
+            image = data  # (not empty, and a path names a file: check_binary_source)
         elif isinstance(source, str | os.PathLike):
             path = os.path.abspath(os.fspath(source))
             with open(path, "rb") as fh:
