@@ -223,10 +223,10 @@ def is_bytes_like(source: object) -> bool:
     if isinstance(source, str):
         return False
     try:
-        memoryview(source)  # type: ignore[arg-type]
-    except TypeError:
+        view = memoryview(source)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # no buffer, or one NumPy cannot export (datetime64)
         return False
-    return True
+    return view.format != "O"  # (a NumPy object array's buffer holds pointers)
 
 
 def binary_bytes(source: object) -> bytes | None:

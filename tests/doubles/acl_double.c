@@ -1590,22 +1590,27 @@ EXPORT aclError aclrtSynchronizeStreamWithTimeout(aclrtStream stream, int32_t ti
     LEAVE_UNLOCK(rc);
 }
 
-/* Never waits: with the runtime's threads it answers whether the stream's pending count is zero
- * (hicann/runtime@681ef76 src/runtime/core/src/stream/stream.cc:2119-2123), after the context's
- * failure check (api/impl/api_impl.cc:1779); a capturing stream is refused
- * (api/impl/api_error.cc:1483). */
+/* Never waits (hicann/runtime@681ef76): a NULL status is refused first
+ * (src/acl/aclrt_impl/stream.cpp:170), a capturing stream next (api/impl/api_error.cc:1483), then
+ * the context's failure (api/impl/api_impl.cc:1779); the answer is whether the stream's queue is
+ * empty (core/src/stream/stream.cc:2119-2141: its pending count, or the SQ head against the
+ * tail). A continue-on-failure stream whose failed task no synchronize has read answers NOT_READY:
+ * a queue stopped at a failed SQE resumes only when the runtime says so
+ * (engine/stars/stars_engine.cc:1398-1518; what the real runtime answered over our driver). A
+ * NULL stream (the context's default stream on the runtime) is refused, as everywhere here. */
 EXPORT aclError aclrtStreamQuery(aclrtStream stream, aclrtStreamStatus *status) {
     ENTER("aclrtStreamQuery", 2, P(stream), P(status));
+    if (!status) LEAVE(fail(ACL_ERROR_INVALID_PARAM, "status is NULL"));
     pthread_mutex_lock(&g_mu);
     aclError rc = 0;
     ctx_t *c = need_ctx(&rc);
     if (!c) LEAVE_UNLOCK(rc);
     stream_t *s = need_stream(stream, c, &rc);
     if (!s) LEAVE_UNLOCK(rc);
-    if (!status) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "status is NULL"));
     if (s->capture) LEAVE_UNLOCK(capture_refusal("aclrtStreamQuery"));
     if ((rc = ctx_fault(c))) LEAVE_UNLOCK(rc);
-    *status = s->completed >= s->submitted ? ACL_STREAM_STATUS_COMPLETE : ACL_STREAM_STATUS_NOT_READY;
+    int idle = s->completed >= s->submitted && !s->pending_err;
+    *status = idle ? ACL_STREAM_STATUS_COMPLETE : ACL_STREAM_STATUS_NOT_READY;
     LEAVE_UNLOCK(0);
 }
 

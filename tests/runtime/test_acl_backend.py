@@ -797,6 +797,9 @@ def test_bad_binaries(rt: AclRuntime, tmp_path: Path) -> None:
         rt.load_binary(tmp_path / "missing.o")
     with pytest.raises(TypeError):
         rt.load_binary(42)
+    for not_data in (np.array([1, 2], dtype=object), np.zeros(2, "datetime64[s]")):
+        with pytest.raises(TypeError, match="bytes-like"):  # (pointers; no buffer NumPy gives)
+            rt.load_binary(not_data)
     with pytest.raises(ValueError, match="empty"):
         rt.load_binary(b"")
     with pytest.raises(InvalidParamError, match="not a kernel binary"):

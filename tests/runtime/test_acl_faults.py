@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import struct
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from doubles.acl_double import DoubleControl, build_double, build_legacy_double,
 from helpers import open_backend
 
 import aio_ascend as aa
+from aio_ascend._runtime.acl.exceptions import ExceptionLog
 from aio_ascend._runtime.acl.runtime import AclRuntime, open_acl_runtime
 from aio_ascend._sched.faults import NO_TASK, fail_batches
 from aio_ascend._sched.lane import Lane
@@ -184,9 +186,9 @@ def test_a_forced_destroy_leaves_the_running_kernel_running(runtime: AclRuntime)
 
 def test_a_forced_destroy_asks_the_stream_without_waiting_on_it(runtime: AclRuntime) -> None:
     # the close forces streams on the event loop's thread: a synchronize there, even with a
-    # 1 ms timeout, first records a task on the stream and can block on a stuck queue
-    # (hicann/runtime@681ef76 src/runtime/core/src/stream/stream.cc:2083); a query reads the
-    # stream's pending count (stream.cc:2119)
+    # 1 ms timeout, runs the runtime's timeout snapshot on a busy stream, which waits with no
+    # timeout (hicann/runtime@681ef76 src/runtime/api/impl/api_impl.cc:1733, 6360-6381); a
+    # query only looks at the stream's queue (core/src/stream/stream.cc:2119-2141)
     control = double_control()
     idle, busy = runtime.create_stream(), runtime.create_stream()
     _launch(runtime, idle, "sleep", _image(runtime, 1), 8)
@@ -202,6 +204,26 @@ def test_a_forced_destroy_asks_the_stream_without_waiting_on_it(runtime: AclRunt
     deadline = time.monotonic() + 10
     while control.zombies() and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def test_the_stream_query_answers_as_the_runtime_does(runtime: AclRuntime) -> None:
+    lib = ctypes.CDLL(str(build_double().library))
+    query = lib.aclrtStreamQuery
+    query.argtypes, query.restype = (ctypes.c_void_p, ctypes.c_void_p), ctypes.c_int
+    stream = runtime.create_stream()  # continue-on-failure, the runtime's default
+    status = ctypes.c_int32(-1)
+    assert query(stream, None) == 100000  # a NULL status, refused before anything else
+    assert (query(stream, ctypes.byref(status)), status.value) == (0, 0)  # COMPLETE
+    _launch(runtime, stream, "fault", _image(runtime, 507035))
+    deadline = time.monotonic() + 10
+    while runtime.fault_site() is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # (reported as the task failed)
+    assert runtime.fault_site() == (stream, 0)
+    # its failed task unread, the queue stays stopped at it: never COMPLETE
+    assert (query(stream, ctypes.byref(status)), status.value) == (0, 1)  # NOT_READY
+    with pytest.raises(aa.DeviceFaultError):
+        runtime.synchronize_stream(stream, 10_000)
+    assert (query(stream, ctypes.byref(status)), status.value) == (0, 0)
 
 
 def test_a_free_while_a_forced_kernel_runs_is_deferred_until_it_ends(
@@ -371,6 +393,76 @@ def test_a_late_close_keeps_the_reports_of_the_device_opened_again() -> None:
         first.close()
         if second is not None:
             second.close()
+
+
+def test_a_late_fault_of_a_stream_destroyed_by_force_goes_with_its_runtime() -> None:
+    # the kernel left running on a stream destroyed by force faults after the destroy; its
+    # report is that runtime's until it closes, not a new stream's with the recycled id
+    control = double_control()
+    first = open_acl_runtime(0, library_path=build_double().library)
+    second: AclRuntime | None = None
+    try:
+        old = first.create_stream()
+        number = ctypes.c_int32()
+        first._fn["aclrtStreamGetId"](old, ctypes.byref(number))
+        hang = first.get_function(first.load_binary(build_double().builtins), "hang")
+        image = _image(first, 0)
+        config = aa.LaunchConfig(timeout_us=300_000)  # it fails once its timeout ends
+        first.launch_kernel_with_host_args(hang, 1, old, config, image, 8, 0, 0)
+        time.sleep(0.05)
+        first.destroy_stream_force(old)
+        second = open_acl_runtime(0, library_path=build_double().library)
+        control.set_next_stream_id(number.value)
+        recycled = second.create_stream()
+        log = first._sites.log
+        assert log is not None
+        deadline = time.monotonic() + 10
+        while not log.reports and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert log.reports  # the late fault was reported
+        first.close()
+        assert second.fault_site() is None
+        _launch(second, recycled, "noop", _image(second, 0))
+        second.synchronize_stream(recycled, 10_000)
+    finally:
+        first.close()
+        if second is not None:
+            second.close()
+        control.drop_zombies()
+
+
+def test_a_close_loses_no_report_the_runtime_appends_meanwhile() -> None:
+    def getter(value: int) -> Any:
+        return lambda info: value
+
+    functions = {
+        "aclrtGetTaskIdFromExceptionInfo": getter(1),
+        "aclrtGetStreamIdFromExceptionInfo": getter(9),
+        "aclrtGetDeviceIdFromExceptionInfo": getter(1),  # another device's reports
+        "aclrtGetErrorCodeFromExceptionInfo": getter(507035),
+        "aclrtExceptionInfoCallbackRegister": lambda callback: None,
+        "aclrtExceptionInfoCallbackUnregister": lambda callback: None,
+    }
+    log = ExceptionLog(functions, register=True)
+    stop = threading.Event()
+    reported = [0]
+
+    def runtime_thread() -> None:
+        while not stop.is_set() and reported[0] < 500:
+            log.callback(None)
+            reported[0] += 1
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        thread = threading.Thread(target=runtime_thread)
+        thread.start()
+        while thread.is_alive():
+            log.drop(0, {9: (1, 10**9)})  # device 0's: none of these
+        stop.set()
+    finally:
+        sys.setswitchinterval(switch)
+    assert [report[0] for report in log.reports] == list(range(1, reported[0] + 1))
 
 
 def test_a_report_from_before_a_stream_was_created_is_not_about_it(runtime: AclRuntime) -> None:

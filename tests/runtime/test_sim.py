@@ -3,6 +3,7 @@ user kernels, resource accounting, shutdown."""
 
 from __future__ import annotations
 
+import array
 import itertools
 import struct
 import sys
@@ -858,7 +859,9 @@ def test_a_source_no_backend_loads_is_a_type_error(rt: SimRuntime, tmp_path: Pat
         rt.load_binary(123)
     binary = tmp_path / "kernels.o"
     binary.write_bytes(b"\x7fELF")
-    for source in (binary, str(binary), b"\x7fELF"):
+    data = b"\x7fELF"
+    bytes_like = (data, np.frombuffer(data, np.uint8), array.array("B", data))
+    for source in (binary, str(binary), *bytes_like):
         with pytest.raises(InvalidParamError):
             rt.load_binary(source)
 

@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import atexit
 import ctypes
-import itertools
 import threading
 from collections import deque
-from collections.abc import Iterable
 from typing import Any, Final
 
 from ..._errors import AscendError
@@ -53,21 +51,26 @@ _KEPT = 1024
 
 
 class ExceptionLog:
-    """The exception reports of one library: ``(serial, device, stream id, task id, code)``."""
+    """The exception reports of one library: ``(serial, device, stream id, task id, code)``,
+    in serial order (a serial is taken as its report is appended, under the log's lock)."""
 
     def __init__(self, functions: dict[str, Any], *, register: bool) -> None:
         self.reports: deque[tuple[int, int, int, int, int]] = deque(maxlen=_KEPT)
+        self._lock = threading.Lock()  # the runtime's threads append; a close drops
+        self._last = 0  # the serial of the latest report
         task = functions["aclrtGetTaskIdFromExceptionInfo"]
         stream = functions["aclrtGetStreamIdFromExceptionInfo"]
         device = functions["aclrtGetDeviceIdFromExceptionInfo"]
         code = functions["aclrtGetErrorCodeFromExceptionInfo"]
         append = self.reports.append
-        serials = itertools.count(1)
-        self._serials = serials
+        lock = self._lock
 
         def on_exception(info: int | None) -> None:
             # a runtime thread: read what is needed while the info is valid, hand it off
-            append((next(serials), device(info), stream(info), task(info), code(info)))
+            ids = (device(info), stream(info), task(info), code(info))
+            with lock:
+                self._last = serial = self._last + 1
+                append((serial, *ids))
 
         #: the ctypes trampoline: must stay referenced while the runtime may call it
         self.callback = ffi.EXCEPTION_CALLBACK(on_exception)
@@ -87,9 +90,8 @@ class ExceptionLog:
             pass
 
     def mark(self) -> int:
-        """The serial number the next report will have at least (reports below it are older)."""
-        last = self.reports[-1][0] if self.reports else 0
-        return last + 1
+        """The serial the next report will have at least (reports below it are older)."""
+        return self._last + 1
 
     def site(self, device: int, streams: dict[int, tuple[int, int]]) -> tuple[int, int] | None:
         """The first report of a task on one of ``streams`` (stream id -> (handle, the mark
@@ -102,26 +104,18 @@ class ExceptionLog:
                 return known[0], task_id
         return None
 
-    def oldest(self) -> int:
-        """The serial of the oldest report kept (:meth:`mark` when there is none)."""
-        reports = self.reports
-        return reports[0][0] if reports else self.mark()
-
-    def drop(self, device: int, spans: Iterable[tuple[int, int, int]]) -> None:
-        """Forget the reports of a closing runtime: ``device``'s, about a stream id while
-        that runtime held it, each span ``(stream id, first serial, end serial)``. A report
-        outside its spans is kept: the stream id may be another runtime's by now."""
-        held: dict[int, list[tuple[int, int]]] = {}
-        for stream_id, first, end in spans:
-            held.setdefault(stream_id, []).append((first, end))
+    def drop(self, device: int, spans: dict[int, tuple[int, int]]) -> None:
+        """Forget the reports of a closing runtime: ``device``'s, about a stream id of
+        ``spans`` (stream id -> (first serial, end serial)) with a serial in its span."""
 
         def ours(report: tuple[int, int, int, int, int]) -> bool:
-            serial, dev, stream_id = report[0], report[1], report[2]
-            return dev == device and any(a <= serial < b for a, b in held.get(stream_id, ()))
+            span = spans.get(report[2])
+            return report[1] == device and span is not None and span[0] <= report[0] < span[1]
 
-        keep = [report for report in list(self.reports) if not ours(report)]
-        self.reports.clear()
-        self.reports.extend(keep)
+        with self._lock:  # (a report appended meanwhile would be lost in the rebuild)
+            keep = [report for report in self.reports if not ours(report)]
+            self.reports.clear()
+            self.reports.extend(keep)
 
 
 _LOGS: dict[str, ExceptionLog] = {}
@@ -166,8 +160,9 @@ class Sites:
         self._has_ids = library.has("aclrtStreamGetId")
         #: aclrtStreamGetId -> (stream handle, the first report serial that may concern it)
         self.stream_ids: dict[int, tuple[int, int]] = {}
-        #: the ids this runtime's destroyed streams held, and when: (id, first, end serial)
-        self._spans: list[tuple[int, int, int]] = []
+        #: the ids of streams destroyed by force -> the first serial that may concern them
+        #: (a kernel left running on one may fault after the destroy)
+        self._forced: dict[int, int] = {}
         name = "aclrtGetThreadLastTaskId"
         # bound without the error checker: called after every launch, and a failure here only
         # means "cannot tell" (None), never an error of the launch
@@ -183,17 +178,16 @@ class Sites:
         # a report from before the stream existed is about another stream with that id
         self.stream_ids[stream_id] = (stream, self.log.mark())
 
-    def forget(self, stream: int) -> None:
-        """A stream destroyed: its id may go to another runtime's stream from now on."""
-        log = self.log
-        if log is None:
-            return
+    def forget(self, stream: int, *, drained: bool) -> None:
+        """A stream destroyed: its id may go to another stream from now on. A report about
+        a drained one came before the destroy, so before any later stream with its id was
+        made: it never matches that stream. One destroyed by force may leave a kernel
+        running, whose report may come later: its id is this runtime's until the close."""
         for number, (handle, first) in list(self.stream_ids.items()):
             if handle == stream:
                 del self.stream_ids[number]
-                oldest = log.oldest()  # a span older than every report kept can go
-                self._spans = [span for span in self._spans if span[2] > oldest]
-                self._spans.append((number, first, log.mark()))
+                if not drained:
+                    self._forced[number] = min(first, self._forced.get(number, first))
 
     def last_task_id(self, scratch: Any) -> int | None:
         """``aclrtGetThreadLastTaskId`` into the thread's ``scratch``; ``None`` without it."""
@@ -207,11 +201,16 @@ class Sites:
         return None if self.log is None else self.log.site(device, self.stream_ids)
 
     def drop(self, device: int) -> None:
-        """At close: this runtime's reports are stale from now on (the reports about a
-        stream id it no longer held are not its own: the close may run late)."""
+        """At close: the reports about this runtime's streams, those it still has and those
+        it destroyed by force, are stale from now on. Those about a stream id it drained and
+        destroyed are not dropped: a late close (a collected device, or once a stuck runtime
+        call returned) must not drop the reports of the device opened again meanwhile, whose
+        new stream may have the recycled id. (A new stream with the id of one destroyed by
+        force is the one case that stays ambiguous: its reports before this close go too.)"""
         log = self.log
         if log is not None:
             end = log.mark()
-            held = [(number, first, end) for number, (_, first) in self.stream_ids.items()]
-            log.drop(device, self._spans + held)
-            self._spans = []
+            spans = {number: (first, end) for number, first in self._forced.items()}
+            spans.update((number, (first, end)) for number, (_, first) in self.stream_ids.items())
+            log.drop(device, spans)
+            self._forced.clear()

@@ -464,7 +464,7 @@ class AclRuntime:
         self._streams.discard(stream)
         if self._devargs is not None:
             self._devargs.forget_stream(stream, drained=drained)
-        self._sites.forget(stream)
+        self._sites.forget(stream, drained=drained)
 
     def stream_wait_event(self, stream: int, event: int) -> None:
         stream = _ptr("stream", stream)

@@ -68,11 +68,12 @@ class Settle:
         """Destroy ``stream`` by force (``destroy``), noting whether work was left on it.
 
         A stream the runtime counts as complete has nothing running: forcing it frees nothing
-        in use. ``aclrtStreamQuery`` asks without waiting (it reads the stream's pending count,
-        hicann/runtime@681ef76 ``src/runtime/core/src/stream/stream.cc:2119``), where a
-        synchronize, even with a 1 ms timeout, records a task on the stream first and can block
-        on a stream whose queue is stuck (``stream.cc:2083``): the close calls this on the event
-        loop's thread.
+        in use. ``aclrtStreamQuery`` asks without waiting (whether the stream's queue is empty:
+        hicann/runtime@681ef76 ``src/runtime/core/src/stream/stream.cc:2119-2141``). A
+        synchronize, even with a 1 ms timeout, is no look: on a busy stream its timeout runs
+        the runtime's timeout snapshot (``api/impl/api_impl.cc:1733``), which waits with no
+        timeout for a control task (``api_impl.cc:6360-6381``), and the close calls this on
+        the event loop's thread.
         """
         fn = self._functions  # the library's own table: it works while the runtime closes
         status = c_int32(_NOT_READY)

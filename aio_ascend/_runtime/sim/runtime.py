@@ -48,6 +48,7 @@ from ..abi import (
     check_placeholder_count,
     check_placeholder_entries,
     check_table_addr,
+    is_bytes_like,
     launch_fields_fit,
     param_error,
 )
@@ -518,7 +519,7 @@ class SimRuntime(DeviceExecutor):
                 "the sim backend loads an aio_ascend.sim.KernelLibrary (or None for the built-in "
                 f"kernels), got {type(source).__name__}"
             )
-            if not isinstance(source, str | os.PathLike | bytes | bytearray | memoryview):
+            if not (isinstance(source, str | os.PathLike) or is_bytes_like(source)):
                 raise TypeError(why)  # no backend loads it: a TypeError, as on acl and cuda
             raise self._param(func, why)  # a binary the runtime would read: it refuses it
         return new_handle(BINARY_HANDLE), SimBinary(library.snapshot())
