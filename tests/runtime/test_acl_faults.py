@@ -54,6 +54,13 @@ def _image(rt: AclRuntime, *words: int) -> int:
     return image
 
 
+def _stream_number(rt: AclRuntime, stream: int) -> int:
+    """The runtime's number of ``stream`` (``aclrtStreamGetId``: what fault reports name)."""
+    number = ctypes.c_int32()
+    rt._fn["aclrtStreamGetId"](stream, ctypes.byref(number))
+    return number.value
+
+
 def _launch(rt: AclRuntime, stream: int, name: str, image: int, size: int = 8) -> None:
     binary = getattr(rt, "_test_binary", None)
     if binary is None:
@@ -349,8 +356,7 @@ def test_a_stale_report_never_matches_a_recycled_stream_id() -> None:
     control = double_control()
     rt = open_acl_runtime(0, library_path=build_double().library)
     stream = rt.create_stream()
-    number = ctypes.c_int32()
-    rt._fn["aclrtStreamGetId"](stream, ctypes.byref(number))
+    number = _stream_number(rt, stream)
     _launch(rt, stream, "fault", _image(rt, 507035))
     with pytest.raises(aa.DeviceFaultError):
         rt.synchronize_stream(stream, 10_000)
@@ -358,7 +364,7 @@ def test_a_stale_report_never_matches_a_recycled_stream_id() -> None:
     rt.close()
     again = open_acl_runtime(0, library_path=build_double().library)
     try:
-        control.set_next_stream_id(number.value)
+        control.set_next_stream_id(number)
         recycled = again.create_stream()
         assert again.fault_site() is None  # the report was the closed runtime's
         _launch(again, recycled, "noop", _image(again, 0))
@@ -376,11 +382,10 @@ def test_a_late_close_keeps_the_reports_of_the_device_opened_again() -> None:
     second: AclRuntime | None = None
     try:
         old = first.create_stream()
-        number = ctypes.c_int32()
-        first._fn["aclrtStreamGetId"](old, ctypes.byref(number))
+        number = _stream_number(first, old)
         first.destroy_stream(old)
         second = open_acl_runtime(0, library_path=build_double().library)
-        control.set_next_stream_id(number.value)
+        control.set_next_stream_id(number)
         stream = second.create_stream()
         _launch(second, stream, "fault", _image(second, 507035))
         failed = second.last_task_id()
@@ -403,8 +408,7 @@ def test_a_late_fault_of_a_stream_destroyed_by_force_goes_with_its_runtime() -> 
     second: AclRuntime | None = None
     try:
         old = first.create_stream()
-        number = ctypes.c_int32()
-        first._fn["aclrtStreamGetId"](old, ctypes.byref(number))
+        number = _stream_number(first, old)
         hang = first.get_function(first.load_binary(build_double().builtins), "hang")
         image = _image(first, 0)
         config = aa.LaunchConfig(timeout_us=300_000)  # it fails once its timeout ends
@@ -412,7 +416,7 @@ def test_a_late_fault_of_a_stream_destroyed_by_force_goes_with_its_runtime() -> 
         time.sleep(0.05)
         first.destroy_stream_force(old)
         second = open_acl_runtime(0, library_path=build_double().library)
-        control.set_next_stream_id(number.value)
+        control.set_next_stream_id(number)
         recycled = second.create_stream()
         log = first._sites.log
         assert log is not None
@@ -467,14 +471,13 @@ def test_a_close_loses_no_report_the_runtime_appends_meanwhile() -> None:
 
 def test_a_report_from_before_a_stream_was_created_is_not_about_it(runtime: AclRuntime) -> None:
     stream = runtime.create_stream()
-    number = ctypes.c_int32()
-    runtime._fn["aclrtStreamGetId"](stream, ctypes.byref(number))
+    number = _stream_number(runtime, stream)
     _launch(runtime, stream, "fault", _image(runtime, 507035))
     with pytest.raises(aa.DeviceFaultError):
         runtime.synchronize_stream(stream, 10_000)
     assert runtime.fault_site() == (stream, 0)
     runtime.destroy_stream_force(stream)
-    double_control().set_next_stream_id(number.value)
+    double_control().set_next_stream_id(number)
     runtime.create_stream()  # the same id, a new stream
     assert runtime.fault_site() is None
 
