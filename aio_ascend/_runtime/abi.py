@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import os
+import re
 import struct
 from collections.abc import Sequence
 from typing import Any, Final
@@ -216,17 +217,25 @@ def load_keywords(kernel_type: object, lazy: object) -> tuple[KernelType | None,
 
 def is_bytes_like(source: object) -> bool:
     """Whether ``source`` is binary data: any object with the buffer protocol (``bytes``,
-    ``bytearray``, ``memoryview``, a NumPy array, ``array.array``...); ``bytes(source)`` is
-    its data then."""
-    if isinstance(source, bytes | bytearray | memoryview):
+    ``bytearray``, ``memoryview``, a NumPy array, ``array.array``...) whose items hold no
+    Python objects (a NumPy object array's buffer holds pointers); ``bytes(source)`` is its
+    data then."""
+    if isinstance(source, bytes | bytearray):
         return True
     if isinstance(source, str):
         return False
     try:
         view = memoryview(source)  # type: ignore[arg-type]
-    except (TypeError, ValueError):  # no buffer, or one NumPy cannot export (datetime64)
+        item_format = view.format
+    except ValueError:
+        return isinstance(source, memoryview)  # (released: its use says so)
+    except TypeError:  # no buffer (NumPy cannot export some either: datetime64)
         return False
-    return view.format != "O"  # (a NumPy object array's buffer holds pointers)
+    return "O" not in _FIELD_NAMES.sub("", item_format)
+
+
+#: the field names of a struct format (``T{<i:count:}``), which may hold any letter
+_FIELD_NAMES: Final = re.compile(r":[^:]*:")
 
 
 def binary_bytes(source: object) -> bytes | None:

@@ -52,18 +52,29 @@ _KEPT = 1024
 
 class ExceptionLog:
     """The exception reports of one library: ``(serial, device, stream id, task id, code)``,
-    in serial order (a serial is taken as its report is appended, under the log's lock)."""
+    in serial order (a serial is taken as its report is appended, under the append lock).
+
+    Reports are never taken out but by age (the deque keeps the latest :data:`_KEPT`): what a
+    closing runtime drops is noted as spans that :meth:`site` skips. A close may run inside
+    the garbage collector, on any thread, even inside another close's drop (a finalizer), so
+    dropping holds no lock a report's append takes, and a reader never sees the reports
+    half rebuilt.
+    """
 
     def __init__(self, functions: dict[str, Any], *, register: bool) -> None:
         self.reports: deque[tuple[int, int, int, int, int]] = deque(maxlen=_KEPT)
-        self._lock = threading.Lock()  # the runtime's threads append; a close drops
+        self._appending = threading.Lock()  # the runtime's threads append
         self._last = 0  # the serial of the latest report
+        #: what closed runtimes dropped: (device, stream id, first serial, end serial)
+        self.dropped: list[tuple[int, int, int, int]] = []
+        # drops from several threads; re-entered by a finalizer's close on the same thread
+        self._dropping = threading.RLock()
         task = functions["aclrtGetTaskIdFromExceptionInfo"]
         stream = functions["aclrtGetStreamIdFromExceptionInfo"]
         device = functions["aclrtGetDeviceIdFromExceptionInfo"]
         code = functions["aclrtGetErrorCodeFromExceptionInfo"]
         append = self.reports.append
-        lock = self._lock
+        lock = self._appending
 
         def on_exception(info: int | None) -> None:
             # a runtime thread: read what is needed while the info is valid, hand it off
@@ -93,29 +104,40 @@ class ExceptionLog:
         """The serial the next report will have at least (reports below it are older)."""
         return self._last + 1
 
+    def _oldest(self) -> int:
+        try:
+            return self.reports[0][0]
+        except IndexError:
+            return self.mark()
+
     def site(self, device: int, streams: dict[int, tuple[int, int]]) -> tuple[int, int] | None:
         """The first report of a task on one of ``streams`` (stream id -> (handle, the mark
-        at its creation)) of ``device``: ``(stream handle, task id)``; ``None`` if none."""
+        at its creation)) of ``device``, not dropped: ``(stream handle, task id)``; ``None``
+        if none."""
+        dropped = [span for span in self.dropped if span[0] == device]
         for serial, dev, stream_id, task_id, _ in list(self.reports):
             if dev != device or stream_id == DEVICE_LEVEL or task_id == DEVICE_LEVEL:
                 continue
             known = streams.get(stream_id)
-            if known is not None and serial >= known[1]:
+            if known is None or serial < known[1]:
+                continue
+            if not any(s == stream_id and a <= serial < b for _, s, a, b in dropped):
                 return known[0], task_id
         return None
 
     def drop(self, device: int, spans: dict[int, tuple[int, int]]) -> None:
         """Forget the reports of a closing runtime: ``device``'s, about a stream id of
-        ``spans`` (stream id -> (first serial, end serial)) with a serial in its span."""
-
-        def ours(report: tuple[int, int, int, int, int]) -> bool:
-            span = spans.get(report[2])
-            return report[1] == device and span is not None and span[0] <= report[0] < span[1]
-
-        with self._lock:  # (a report appended meanwhile would be lost in the rebuild)
-            keep = [report for report in self.reports if not ours(report)]
-            self.reports.clear()
-            self.reports.extend(keep)
+        ``spans`` (stream id -> (first serial, end serial)) with a serial in its span. The
+        spans no report kept lies in any more are forgotten meanwhile."""
+        added = [(device, sid, first, end) for sid, (first, end) in spans.items()]
+        with self._dropping:
+            while True:  # (a drop in a finalizer run meanwhile replaced the list: again)
+                before = self.dropped
+                oldest = self._oldest()
+                kept = [span for span in before + added if span[3] > oldest]
+                if self.dropped is before:
+                    self.dropped = kept
+                    return
 
 
 _LOGS: dict[str, ExceptionLog] = {}

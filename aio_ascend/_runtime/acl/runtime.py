@@ -285,12 +285,12 @@ class AclRuntime:
             self.settle.force(stream, lambda s: attempt("aclrtDestroyStreamForce", s))
         for event in list(self._events):
             attempt("aclrtDestroyEvent", event)
-        self._sites.drop(self.device_id)
         memory, host, binaries = self._device_memory, self._host_memory, self._binaries
         # freed once the device settled; else leaked, and the context with them
         if self.settle.release(attempt, binary=binaries, device=memory, host=host):
             attempt("aclrtDestroyContext", self._context)
             attempt("aclrtResetDevice", self.device_id)
+        self._sites.drop(self.device_id)  # (after the settle: a forced kernel's late fault)
         for held in (self._streams, self._events, binaries, memory, host):
             held.clear()
         if previous.value and previous.value != self._context:
@@ -376,8 +376,8 @@ class AclRuntime:
     def destroy_stream_force(self, stream: int) -> None:
         stream = _ptr("stream", stream)
         self.capture.abort(stream)
-        self.settle.force(stream, self._fn["aclrtDestroyStreamForce"])
-        self._forget_stream(stream, drained=False)
+        drained = self.settle.force(stream, self._fn["aclrtDestroyStreamForce"])
+        self._forget_stream(stream, drained=drained)
 
     def set_stream_failure_mode(self, stream: int, mode: int) -> None:
         self._fn["aclrtSetStreamFailureMode"](

@@ -64,8 +64,9 @@ class Settle:
         #: the outcome of :meth:`wait` (None: not waited): the close does not wait twice
         self._verdict: bool | str | None = None
 
-    def force(self, stream: int, destroy: Callable[[int], None]) -> None:
-        """Destroy ``stream`` by force (``destroy``), noting whether work was left on it.
+    def force(self, stream: int, destroy: Callable[[int], None]) -> bool:
+        """Destroy ``stream`` by force (``destroy``), noting whether work was left on it:
+        True if none was (the runtime found the stream complete).
 
         A stream the runtime counts as complete has nothing running: forcing it frees nothing
         in use. ``aclrtStreamQuery`` asks without waiting (whether the stream's queue is empty:
@@ -81,9 +82,11 @@ class Settle:
             fn["aclrtStreamQuery"](stream, byref(status))
         except AscendError:
             pass  # faulted or aborted: settle before frees
-        if status.value != _COMPLETE:
+        complete = status.value == _COMPLETE
+        if not complete:
             self.unsettled = True
         destroy(stream)
+        return complete
 
     def free(self, kind: str, address: int) -> bool:
         """During the device's life: True when ``address`` may be freed now; else it is
