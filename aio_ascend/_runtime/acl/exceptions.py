@@ -80,8 +80,9 @@ class ExceptionLog:
             # a runtime thread: read what is needed while the info is valid, hand it off
             ids = (device(info), stream(info), task(info), code(info))
             with lock:
-                self._last = serial = self._last + 1
+                serial = self._last + 1
                 append((serial, *ids))
+                self._last = serial  # (after the append: a report below the mark is in)
 
         #: the ctypes trampoline: must stay referenced while the runtime may call it
         self.callback = ffi.EXCEPTION_CALLBACK(on_exception)
@@ -104,12 +105,6 @@ class ExceptionLog:
         """The serial the next report will have at least (reports below it are older)."""
         return self._last + 1
 
-    def _oldest(self) -> int:
-        try:
-            return self.reports[0][0]
-        except IndexError:
-            return self.mark()
-
     def site(self, device: int, streams: dict[int, tuple[int, int]]) -> tuple[int, int] | None:
         """The first report of a task on one of ``streams`` (stream id -> (handle, the mark
         at its creation)) of ``device``, not dropped: ``(stream handle, task id)``; ``None``
@@ -127,17 +122,25 @@ class ExceptionLog:
 
     def drop(self, device: int, spans: dict[int, tuple[int, int]]) -> None:
         """Forget the reports of a closing runtime: ``device``'s, about a stream id of
-        ``spans`` (stream id -> (first serial, end serial)) with a serial in its span. The
-        spans no report kept lies in any more are forgotten meanwhile."""
+        ``spans`` (stream id -> (first serial, end serial), the end at most :meth:`mark`)
+        with a serial in its span. Only the spans some report kept lies in are noted (a
+        later report has a later serial), so the list stays as short as the log."""
         added = [(device, sid, first, end) for sid, (first, end) in spans.items()]
         with self._dropping:
             while True:  # (a drop in a finalizer run meanwhile replaced the list: again)
                 before = self.dropped
-                oldest = self._oldest()
-                kept = [span for span in before + added if span[3] > oldest]
+                kept = [span for span in before + added if self._lies_in(span)]
                 if self.dropped is before:
                     self.dropped = kept
                     return
+
+    def _lies_in(self, span: tuple[int, int, int, int]) -> bool:
+        # whether a report kept is about the span's device and stream id, within it
+        device, stream_id, first, end = span
+        return any(
+            dev == device and sid == stream_id and first <= serial < end
+            for serial, dev, sid, _, _ in list(self.reports)
+        )
 
 
 _LOGS: dict[str, ExceptionLog] = {}
