@@ -54,6 +54,7 @@ STRESS = bool(os.environ.get("AIO_ASCEND_STRESS"))
 TASK_TIMEOUT = 0.3  # the watchdog of the device under test
 LONG_SLEEP_US = 1_000_000  # over 3x TASK_TIMEOUT: its task must time out, even under load
 BOUND = 10.0  # liveness: any single wait; >= 10x what it is expected to take
+CANCELLED_SLEEP_US = 30_000  # the sleep whose waiter is cancelled after 5 ms
 FLOW_BOUND = 2.0  # a noop round trip on a fresh stream while another is hung or busy
 SMALL = 4096
 BIG = 3 << 20  # "a few MiB": big copies are staged by the submitter thread
@@ -83,6 +84,8 @@ class SModel:
     max_in_flight: int
     hung: bool = False
     busy_until: float = 0.0  # monotonic: until then, work on it may time out
+    #: monotonic: when the work queued on it and left running (cancelled waits) may end
+    queued_until: float = 0.0
 
     def usable(self) -> bool:
         # a hung stream keeps its slots taken forever: never wait for admission on it
@@ -698,10 +701,20 @@ class DeviceMachine(RuleBasedStateMachine):
             return
         allowed = self.allowed(sm)
 
+        # The sleep runs on when its waiter is cancelled: a run of such steps queues their
+        # sleeps one behind the other, and the watchdog counts from admission. Once what is
+        # queued may take half of task_timeout (each sleep counted 3x: a loaded machine),
+        # work on the stream may time out.
+        now = time.monotonic()
+        sm.queued_until = max(sm.queued_until, now) + 3 * CANCELLED_SLEEP_US / 1e6
+        if sm.queued_until - now > TASK_TIMEOUT / 2:
+            sm.busy_until = max(sm.busy_until, sm.queued_until)
+            allowed = allowed | {aa.TaskTimeoutError}
+
         async def go() -> None:
             fn = self.dev.function("sleep")  # type: ignore[union-attr]
             try:
-                task = await sm.stream.launch(fn, 1, aa.HostArgs().u32(30_000))
+                task = await sm.stream.launch(fn, 1, aa.HostArgs().u32(CANCELLED_SLEEP_US))
             except (aa.DeviceFaultError, aa.TaskTimeoutError) as exc:
                 self.refused_in_call("sleep", exc, allowed)
                 return
