@@ -514,8 +514,9 @@ class DeviceMachine(RuleBasedStateMachine):
         if not sm.usable():
             return
         self._launch_pending(sm, "sleep", aa.HostArgs().u32(LONG_SLEEP_US), {aa.TaskTimeoutError})
-        # 2x margins: later work on it may or may not time out until the sleep is done
-        sm.busy_until = max(sm.busy_until, time.monotonic() + 2 * LONG_SLEEP_US / 1e6)
+        # 2x margins: later work on it may or may not time out until the sleep is done (the
+        # device runs such sleeps one after the other, though the watchdog failed them)
+        sm.busy_until = max(sm.busy_until, time.monotonic()) + 2 * LONG_SLEEP_US / 1e6
 
     @precondition(_has_s)
     @rule(sm=IDX)
@@ -703,10 +704,10 @@ class DeviceMachine(RuleBasedStateMachine):
 
         # The sleep runs on when its waiter is cancelled: a run of such steps queues their
         # sleeps one behind the other, and the watchdog counts from admission. Once what is
-        # queued may take half of task_timeout (each sleep counted 3x: a loaded machine),
+        # queued may take half of task_timeout (each sleep counted 2x: a loaded machine),
         # work on the stream may time out.
         now = time.monotonic()
-        sm.queued_until = max(sm.queued_until, now) + 3 * CANCELLED_SLEEP_US / 1e6
+        sm.queued_until = max(sm.queued_until, now) + 2 * CANCELLED_SLEEP_US / 1e6
         if sm.queued_until - now > TASK_TIMEOUT / 2:
             sm.busy_until = max(sm.busy_until, sm.queued_until)
             allowed = allowed | {aa.TaskTimeoutError}

@@ -402,6 +402,43 @@ def test_a_late_close_keeps_the_reports_of_the_device_opened_again(destroy: str)
             second.close()
 
 
+def test_a_close_waiting_for_its_device_keeps_the_reports_of_an_id_it_freed() -> None:
+    # the close destroys its streams, then waits for the device (a kernel runs on): a stream
+    # it found idle freed its id at once, and the device opened again may take it meanwhile
+    control = double_control()
+    first = open_acl_runtime(0, library_path=build_double().library)
+    second: AclRuntime | None = None
+    closer = threading.Thread(target=first.close)
+    try:
+        busy, idle = first.create_stream(), first.create_stream()
+        number = _stream_number(first, idle)
+        hang = first.get_function(first.load_binary(build_double().builtins), "hang")
+        config = aa.LaunchConfig(timeout_us=400_000)
+        first.launch_kernel_with_host_args(hang, 1, busy, config, _image(first, 0), 8, 0, 0)
+        mark = control.mark()
+        closer.start()
+        deadline = time.monotonic() + 10
+        while len(control.calls(mark, "aclrtDestroyStreamForce")) < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.001)
+        second = open_acl_runtime(0, library_path=build_double().library)
+        control.set_next_stream_id(number)
+        stream = second.create_stream()
+        _launch(second, stream, "fault", _image(second, 507035))
+        failed = second.last_task_id()
+        with pytest.raises(aa.DeviceFaultError):
+            second.synchronize_stream(stream, 10_000)
+        closer.join(10)
+        assert second.fault_site() == (stream, failed)
+    finally:
+        if closer.ident is not None:  # (started)
+            closer.join(10)
+        first.close()
+        if second is not None:
+            second.close()
+        control.drop_zombies()
+
+
 def test_a_late_fault_of_a_stream_destroyed_by_force_goes_with_its_runtime() -> None:
     # the kernel left running on a stream destroyed by force faults after the destroy; its
     # report is that runtime's until it closes, not a new stream's with the recycled id
@@ -462,28 +499,28 @@ def _fake_log(device: int) -> tuple[ExceptionLog, Callable[[int], None]]:
 def test_reports_stay_readable_while_closes_drop_others() -> None:
     log, report = _fake_log(1)  # device 1's reports, while device 0's runtimes close
     stop = threading.Event()
-    reported = [0]
 
-    def runtime_thread() -> None:
-        while not stop.is_set() and reported[0] < 500:
-            report(9)
-            reported[0] += 1
+    def closing_runtimes() -> None:  # (a drop on another thread than the readers)
+        while not stop.is_set():
+            log.drop(0, {9: (1, log.mark())})
 
     switch = sys.getswitchinterval()
     sys.setswitchinterval(1e-5)
     misses = 0
+    dropper = threading.Thread(target=closing_runtimes)
     try:
-        thread = threading.Thread(target=runtime_thread)
-        thread.start()
-        while thread.is_alive():
-            log.drop(0, {9: (1, log.mark())})
-            if reported[0] and log.site(1, {9: (99, 1)}) is None:
-                misses += 1
-        stop.set()
+        dropper.start()
+        for _ in range(300):
+            report(9)
+            for _ in range(5):
+                if log.site(1, {9: (99, 1)}) is None:
+                    misses += 1
     finally:
+        stop.set()
+        dropper.join()
         sys.setswitchinterval(switch)
     assert misses == 0
-    assert [report[0] for report in log.reports] == list(range(1, reported[0] + 1))
+    assert [report[0] for report in log.reports] == list(range(1, 301))
     assert log.dropped == []  # (no report of device 0 lay in its spans)
 
 

@@ -227,11 +227,12 @@ class Sites:
 
     def drop(self, device: int) -> None:
         """At close: the reports about this runtime's streams, those it still has and those
-        it destroyed by force, are stale from now on. Those about a stream id it drained and
-        destroyed are not dropped: a late close (a collected device, or once a stuck runtime
-        call returned) must not drop the reports of the device opened again meanwhile, whose
-        new stream may have the recycled id. (A new stream with the id of one destroyed by
-        force is the one case that stays ambiguous: its reports before this close go too.)"""
+        it destroyed by force with work left on them, are stale from now on. Those about a
+        stream id it destroyed idle are not dropped: a late close (a collected device, or
+        once a stuck runtime call returned) must not drop the reports of the device opened
+        again meanwhile, whose new stream may have the recycled id. (A new stream with the
+        id of one destroyed by force with work left is the one case that stays ambiguous:
+        its reports before this close go too.)"""
         log = self.log
         if log is not None:
             end = log.mark()

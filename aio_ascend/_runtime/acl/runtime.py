@@ -281,8 +281,9 @@ class AclRuntime:
         self.capture.close(attempt)
         if self._devargs is not None:
             self._devargs.forget_all()  # its memory and fences are freed below
-        for stream in list(self._streams):
-            self.settle.force(stream, lambda s: attempt("aclrtDestroyStreamForce", s))
+        for stream in list(self._streams):  # (a stream found complete frees its id at once)
+            drained = self.settle.force(stream, lambda s: attempt("aclrtDestroyStreamForce", s))
+            self._sites.forget(stream, drained=drained)
         for event in list(self._events):
             attempt("aclrtDestroyEvent", event)
         memory, host, binaries = self._device_memory, self._host_memory, self._binaries
