@@ -374,25 +374,32 @@ def test_a_stale_report_never_matches_a_recycled_stream_id() -> None:
         again.close()
 
 
+def _fault_on_a_recycled_id(number: int) -> tuple[AclRuntime, int, int]:
+    """Device 0 opened again, a new stream of it given the id ``number`` (recycled), and a
+    fault there: ``(runtime, stream, the failed task's id)``."""
+    runtime = open_acl_runtime(0, library_path=build_double().library)
+    double_control().set_next_stream_id(number)
+    stream = runtime.create_stream()
+    _launch(runtime, stream, "fault", _image(runtime, 507035))
+    failed = runtime.last_task_id()
+    with pytest.raises(aa.DeviceFaultError):
+        runtime.synchronize_stream(stream, 10_000)
+    assert failed is not None
+    return runtime, stream, failed
+
+
 @pytest.mark.parametrize("destroy", ["destroy_stream", "destroy_stream_force"])
 def test_a_late_close_keeps_the_reports_of_the_device_opened_again(destroy: str) -> None:
     # a close can run late (a collected device, or once a stuck runtime call returned), after
     # the same device was opened again and one of its new streams got a recycled stream id
     # (the old stream idle when destroyed: by force too, nothing of it ran on)
-    control = double_control()
     first = open_acl_runtime(0, library_path=build_double().library)
     second: AclRuntime | None = None
     try:
         old = first.create_stream()
         number = _stream_number(first, old)
         getattr(first, destroy)(old)
-        second = open_acl_runtime(0, library_path=build_double().library)
-        control.set_next_stream_id(number)
-        stream = second.create_stream()
-        _launch(second, stream, "fault", _image(second, 507035))
-        failed = second.last_task_id()
-        with pytest.raises(aa.DeviceFaultError):
-            second.synchronize_stream(stream, 10_000)
+        second, stream, failed = _fault_on_a_recycled_id(number)
         assert second.fault_site() == (stream, failed)
         first.close()
         assert second.fault_site() == (stream, failed)  # not the closed runtime's report
@@ -421,13 +428,7 @@ def test_a_close_waiting_for_its_device_keeps_the_reports_of_an_id_it_freed() ->
         while len(control.calls(mark, "aclrtDestroyStreamForce")) < 2:
             assert time.monotonic() < deadline
             time.sleep(0.001)
-        second = open_acl_runtime(0, library_path=build_double().library)
-        control.set_next_stream_id(number)
-        stream = second.create_stream()
-        _launch(second, stream, "fault", _image(second, 507035))
-        failed = second.last_task_id()
-        with pytest.raises(aa.DeviceFaultError):
-            second.synchronize_stream(stream, 10_000)
+        second, stream, failed = _fault_on_a_recycled_id(number)
         closer.join(10)
         assert second.fault_site() == (stream, failed)
     finally:
