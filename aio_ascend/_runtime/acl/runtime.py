@@ -594,17 +594,16 @@ class AclRuntime:
         kernel_type: KernelType | None = None,
         lazy: bool | None = None,
     ) -> int:
-        """Load a kernel binary: a path (``str``/``PathLike``) or its bytes; ``None``: built-ins.
+        """Load a kernel binary: a path (``str``/``PathLike``) or bytes-like data (a NumPy
+        array too); ``None``: the built-ins, the file named by ``$AIO_ASCEND_ACL_BUILTINS``.
 
-        A path is made absolute (the runtime requires it) and loaded with
-        ``aclrtBinaryLoadFromFile``; bytes-like data with ``aclrtBinaryLoadFromData`` (the data
-        is kept until the binary is unloaded), or on the args-handle path (8.2/8.3, whose
-        ``aclrtBinaryLoadFromData`` is for AI CPU kernels) through a private temporary file
-        (:mod:`.loaders`). ``None`` loads the file named by
-        ``$AIO_ASCEND_ACL_BUILTINS``. ``kernel_type`` and ``lazy`` become
+        A path (made absolute: the runtime requires it) goes to ``aclrtBinaryLoadFromFile``, data
+        to ``aclrtBinaryLoadFromData`` (a copy kept until the unload) or, on the args-handle path
+        (8.2/8.3, whose ``aclrtBinaryLoadFromData`` is for AI CPU kernels), through a private
+        temporary file (:mod:`.loaders`). ``kernel_type`` and ``lazy`` become
         ``aclrtBinaryLoadOptions`` (:mod:`.kernels`): a ``kernel_type`` for a file is refused
-        (``ValueError``: the runtime refuses the magic option for files); a file's kernel type
-        is read from the JSON beside it. CANN 8.0: the legacy loader, no options (:mod:`.devargs`).
+        (``ValueError``: the runtime refuses the magic option for files); a file's kernel type is
+        read from the JSON beside it. CANN 8.0: the legacy loader, no options (:mod:`.devargs`).
         """
         kind, lazy = check_load_options(kernel_type, lazy)
         if source is None:
