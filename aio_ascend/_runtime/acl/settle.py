@@ -80,8 +80,8 @@ class Settle:
         status = c_int32(_NOT_READY)
         try:
             fn["aclrtStreamQuery"](stream, byref(status))
-        except AscendError:
-            pass  # faulted or aborted: settle before frees
+        except AscendError:  # faulted or aborted: settle before frees
+            status.value = _NOT_READY
         complete = status.value == _COMPLETE
         if not complete:
             self.unsettled = True
