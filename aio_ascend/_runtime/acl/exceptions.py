@@ -109,14 +109,14 @@ class ExceptionLog:
         """The first report of a task on one of ``streams`` (stream id -> (handle, the mark
         at its creation)) of ``device``, not dropped: ``(stream handle, task id)``; ``None``
         if none."""
-        dropped = [span for span in self.dropped if span[0] == device]
+        dropped = self.dropped
         for serial, dev, stream_id, task_id, _ in list(self.reports):
             if dev != device or stream_id == DEVICE_LEVEL or task_id == DEVICE_LEVEL:
                 continue
             known = streams.get(stream_id)
             if known is None or serial < known[1]:
                 continue
-            if not any(s == stream_id and a <= serial < b for _, s, a, b in dropped):
+            if not any(_covers(span, serial, dev, stream_id) for span in dropped):
                 return known[0], task_id
         return None
 
@@ -136,11 +136,12 @@ class ExceptionLog:
 
     def _lies_in(self, span: tuple[int, int, int, int]) -> bool:
         # whether a report kept is about the span's device and stream id, within it
-        device, stream_id, first, end = span
-        return any(
-            dev == device and sid == stream_id and first <= serial < end
-            for serial, dev, sid, _, _ in list(self.reports)
-        )
+        return any(_covers(span, serial, dev, sid) for serial, dev, sid, _, _ in list(self.reports))
+
+
+def _covers(span: tuple[int, int, int, int], serial: int, device: int, stream_id: int) -> bool:
+    """Whether a dropped ``span`` holds the report ``serial`` about ``stream_id``."""
+    return span[0] == device and span[1] == stream_id and span[2] <= serial < span[3]
 
 
 _LOGS: dict[str, ExceptionLog] = {}

@@ -39,9 +39,8 @@ SETTLE_TIMEOUT_MS: Final = 500
 LEAKED: list[tuple[str, str, int]] = []
 
 
-#: aclrtStreamStatus
+#: aclrtStreamStatus: ACL_STREAM_STATUS_COMPLETE (NOT_READY is 1)
 _COMPLETE: Final = 0
-_NOT_READY: Final = 1
 
 _FREE: Final = {"binary": "aclrtBinaryUnLoad", "device": "aclrtFree", "host": "aclrtFreeHost"}
 
@@ -77,12 +76,12 @@ class Settle:
         the event loop's thread.
         """
         fn = self._functions  # the library's own table: it works while the runtime closes
-        status = c_int32(_NOT_READY)
+        status = c_int32()
         try:
             fn["aclrtStreamQuery"](stream, byref(status))
+            complete = status.value == _COMPLETE
         except AscendError:  # faulted or aborted: settle before frees
-            status.value = _NOT_READY
-        complete = status.value == _COMPLETE
+            complete = False
         if not complete:
             self.unsettled = True
         destroy(stream)
