@@ -259,6 +259,34 @@ def test_a_free_while_a_forced_kernel_runs_is_deferred_until_it_ends(
     assert runtime.settle.leaked == []
 
 
+def test_frees_while_a_forced_kernel_runs_ask_the_device_at_most_once_per_interval(
+    runtime: AclRuntime,
+) -> None:
+    # a free may run on the event loop's thread, and each ask of a busy device costs its
+    # whole 1 ms timeout: a server freeing hundreds of buffers a second must not pay it each time
+    from aio_ascend._runtime.acl.settle import ASK_INTERVAL_S
+
+    control = double_control()
+    stream = runtime.create_stream()
+    buffers = [runtime.malloc(64) for _ in range(40)]
+    _launch(runtime, stream, "hang", _image(runtime, 0), 16)
+    time.sleep(0.05)
+    runtime.destroy_stream_force(stream)
+    mark = control.mark()
+    start = time.monotonic()
+    for buffer in buffers[:-1]:
+        runtime.free(buffer)
+    quick = time.monotonic() - start < ASK_INTERVAL_S
+    asks = control.calls(mark, "aclrtSynchronizeDeviceWithTimeout")
+    if quick:  # (a loaded machine may take longer over 39 frees: then more asks are due)
+        assert len(asks) == 1
+    assert 1 <= len(asks) <= 1 + (time.monotonic() - start) / ASK_INTERVAL_S
+    time.sleep(ASK_INTERVAL_S * 1.5)
+    runtime.free(buffers[-1])  # the interval is over: this one asks again
+    assert len(control.calls(mark, "aclrtSynchronizeDeviceWithTimeout")) == len(asks) + 1
+    assert runtime.settle.deferred == [("device", b) for b in buffers]
+
+
 def test_a_hung_kernel_after_a_forced_destroy_leaks_at_close_and_logs_once(
     runtime: AclRuntime, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -9,7 +9,9 @@ are freed only when ``aclrtSynchronizeDeviceWithTimeout`` says the device is idl
 
 - during the device's life a free asks with a 1 ms timeout and, while the device is busy,
   defers the free (done by the first later free that finds it idle, or at close), so that a
-  free never waits for other streams' work;
+  free never waits for other streams' work; and it asks at most once per
+  :data:`ASK_INTERVAL_S` (frees in between are deferred unasked): a free may run on the event
+  loop's thread, and on a device kept busy by other streams every ask costs its full 1 ms;
 - at close it waits up to :data:`SETTLE_TIMEOUT_MS` (a close forced by its own timeout, whose
   deadline has passed already, only ``SETTLE_AFTER_FORCE_S``: its caller was promised a return
   within that timeout); when that runs out (a hung kernel), or the release lacks the call,
@@ -22,18 +24,21 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from ctypes import byref, c_int32, c_void_p
 from typing import Any, Final
 
 from ..._errors import AscendError, DeviceFaultError
 
-__all__ = ["LEAKED", "SETTLE_TIMEOUT_MS", "Settle"]
+__all__ = ["ASK_INTERVAL_S", "LEAKED", "SETTLE_TIMEOUT_MS", "Settle"]
 
 log = logging.getLogger("aio_ascend")
 
 #: how long a free after a forced stream destruction waits for the device to finish
 SETTLE_TIMEOUT_MS: Final = 500
+#: while unsettled, frees ask the device whether it is idle at most this often
+ASK_INTERVAL_S: Final = 0.05
 #: everything any runtime of the process leaked this way: (library path, kind, address), kind
 #: "device", "host" or "binary" (a diagnostic: each runtime keeps its own list too)
 LEAKED: list[tuple[str, str, int]] = []
@@ -62,6 +67,8 @@ class Settle:
         self.leaked: list[tuple[str, int]] = []
         #: the outcome of :meth:`wait` (None: not waited): the close does not wait twice
         self._verdict: bool | str | None = None
+        #: (monotonic) before this, a free defers without asking the device
+        self._next_ask = 0.0
 
     def force(self, stream: int, destroy: Callable[[int], None]) -> bool:
         """Destroy ``stream`` by force (``destroy``), noting whether work was left on it:
@@ -93,7 +100,12 @@ class Settle:
         if not self.unsettled:
             return True
         with self._lock:
+            now = time.monotonic()
+            if now < self._next_ask:
+                self.deferred.append((kind, address))
+                return False
             if self._settled(1) is not True:
+                self._next_ask = now + ASK_INTERVAL_S
                 self.deferred.append((kind, address))
                 return False
             deferred, self.deferred = self.deferred, []
