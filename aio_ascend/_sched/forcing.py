@@ -19,7 +19,9 @@ lost (:func:`lost_records`: ``EventRecord.error``), and a wait on it submitted a
 refused (``WaitEvent.submit``) instead of blocking its stream; other streams' batches already
 behind a wait on it are failed at once (:func:`stranded_by`), as the watchdog would fail them at
 their deadline, with an error that says why. Their slots and holdings stay taken (``TIMED_OUT``):
-should the record run after all, they finish late. Such a stream is *stranded*
+should the record run after all, they finish late. The records queued on such a stream behind
+the wait are lost in turn, and so on down a chain of streams (s1 -> s2 -> s3: s3 waits on s2's
+event, which waits on s1's). Such a stream is *stranded*
 (``Lane.stranded``, :func:`strand`): its queue can run nothing more, so new requests on it are
 refused in the call (``Scheduler.check_usable``, with that error as cause), and a batch of it
 the poller receives later fails at once the same way; closing it and opening a new one is the
@@ -38,7 +40,7 @@ from .lane import Lane
 from .watchdog import time_out
 from .work import Batch, Delivery, Outcome, RecordEvent, Request, WaitEvent
 
-__all__ = ["LaneForce", "gave_up", "give_up", "lost_records", "stranded_by"]
+__all__ = ["LaneForce", "gave_up", "give_up", "lost_records", "strand", "stranded_by", "waits_on"]
 
 
 class LaneForce:
@@ -74,10 +76,21 @@ def give_up(batches: Iterable[Batch]) -> tuple[list[Delivery], list[Request]]:
     return deliveries, held
 
 
-def lost_records(runtime: Runtime, batches: Iterable[Batch]) -> set[int]:
-    """The events that the dropped ``batches`` (of a stream just destroyed by force) were to
-    record and that do not read complete: each marked lost (its ``error``: later waits on it
-    are refused). Returns their handles."""
+#: why an event is lost: its record was dropped by a forced close, or is queued behind a wait
+#: on a lost event (its stream stranded)
+_DROPPED_RECORD = "record_event was dropped by the forced close of its stream before it ran"
+_STRANDED_RECORD = (
+    "record_event will not run: its stream waits for an event whose record was dropped by the "
+    "forced close of another stream"
+)
+
+
+def lost_records(
+    runtime: Runtime, batches: Iterable[Batch], why: str = _DROPPED_RECORD
+) -> set[int]:
+    """The events that ``batches`` (dropped by a forced close, or stranded) were to record
+    and that do not read complete: each marked lost (its ``error``: later waits on it are
+    refused). Returns their handles."""
     lost: set[int] = set()
     for batch in batches:
         for req in batch.requests:
@@ -91,33 +104,51 @@ def lost_records(runtime: Runtime, batches: Iterable[Batch]) -> set[int]:
             except Exception:  # (a broken context: nothing will complete)
                 complete = False
             if not complete:
-                event.error = TaskTimeoutError(
-                    "record_event was dropped by the forced close of its stream before it "
-                    "ran: the event may never complete"
-                )
+                event.error = TaskTimeoutError(f"{why}: the event may never complete")
                 lost.add(event.handle)
     return lost
 
 
-def stranded_by(lost: set[int], queues: Iterable[Iterable[Batch]]) -> list[Delivery]:
+def stranded_by(
+    lost: set[int], queues: Iterable[Iterable[Batch]], runtime: Runtime
+) -> list[Delivery]:
     """On other streams, every outstanding batch from the first one with a wait on a ``lost``
     event on (a stream is FIFO: what follows the wait waits too): deliveries failing them.
-    Marked timed out: their slots stay taken until the device really finishes them, if ever."""
+    Marked timed out: their slots stay taken until the device really finishes them, if ever.
+
+    A stranded stream's own event records behind the wait will never run either: they are
+    lost in turn (:func:`lost_records`), and so on down every chain of streams waiting on
+    each other (each event is marked lost once, so this ends)."""
     deliveries: list[Delivery] = []
-    for batches in queues:
-        stranded = False
-        for batch in batches:
-            if not stranded:
-                stranded = any(
-                    type(req) is WaitEvent and req.event is not None and req.event.handle in lost
-                    for req in batch.requests
-                )
-                if stranded:
-                    strand(batch.lane)
-            if not stranded or batch.timed_out:
-                continue
-            deliveries.extend(time_out(batch, STRANDED))
+    queues = list(queues)
+    while lost:
+        behind: list[Batch] = []
+        for batches in queues:
+            stranded = False
+            for batch in batches:
+                if not stranded:
+                    stranded = waits_on(batch, lost)
+                    if stranded:
+                        strand(batch.lane)
+                if not stranded:
+                    continue
+                behind.append(batch)
+                if not batch.timed_out:
+                    deliveries.extend(time_out(batch, STRANDED))
+        lost = lost_records(runtime, behind, _STRANDED_RECORD)
     return deliveries
+
+
+def waits_on(batch: Batch, lost: set[int] | None = None) -> bool:
+    """Whether ``batch`` has a wait on an event of ``lost`` (None: on any event marked lost,
+    or whose record failed: a wait submitted before that may wait for good)."""
+    for req in batch.requests:
+        event = req.event if type(req) is WaitEvent else None
+        if event is not None and (
+            event.handle in lost if lost is not None else event.error is not None
+        ):
+            return True
+    return False
 
 
 #: why the work of a stranded stream fails (after its kind)

@@ -93,7 +93,15 @@ from .._runtime.threads import GilTurns, LoopPulse, reduce_timer_slack
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
-from .forcing import STRANDED, LaneForce, give_up, lost_records, stranded_by
+from .forcing import (
+    STRANDED,
+    LaneForce,
+    give_up,
+    lost_records,
+    strand,
+    stranded_by,
+    waits_on,
+)
 from .lifetimes import Lifetimes
 from .stager import CopyWorker
 from .stalls import Probed, Prober, StallProbes
@@ -273,9 +281,20 @@ class Poller:
         assert isinstance(item, Batch)
         self._outstanding.setdefault(item.lane.handle, deque()).append(item)
         self._pending += 1
-        if item.lane.stranded is not None:  # queued behind a wait that never ends: fails now
-            self._post(time_out(item, STRANDED))
+        if item.lane.stranded is not None or waits_on(item):
+            self._strand_late(item)
         return True
+
+    def _strand_late(self, batch: Batch) -> None:
+        # Filed after its stream was stranded (queued behind a wait that never ends), or with
+        # a wait submitted just before its event was found lost: it fails now, and the records
+        # it holds are lost in turn (forcing.py)
+        strand(batch.lane)
+        deliveries = time_out(batch, STRANDED)
+        lost = lost_records(self._runtime, (batch,))
+        if lost:
+            deliveries.extend(stranded_by(lost, self._outstanding.values(), self._runtime))
+        self._post(deliveries)
 
     def _round(self) -> bool:
         """One round: file new batches, complete what finished, else wait a little."""
@@ -357,7 +376,7 @@ class Poller:
         # reads not complete is taken as dropped too, should it run later after all)
         lost = lost_records(self._runtime, batches)
         if lost:
-            deliveries.extend(stranded_by(lost, self._outstanding.values()))
+            deliveries.extend(stranded_by(lost, self._outstanding.values(), self._runtime))
         if self._watch is not None:
             self._watch_oldest()
         self._post(deliveries)

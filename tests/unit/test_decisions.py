@@ -18,6 +18,10 @@ from aio_ascend._errors import (
     InvalidParamError,
     TaskTimeoutError,
 )
+from aio_ascend._runtime.abi import (
+    ACL_EVENT_RECORDED_STATUS_COMPLETE,
+    ACL_EVENT_RECORDED_STATUS_NOT_READY,
+)
 from aio_ascend._sched.admission import ENTRIES_PER_REQUEST, GRANT_PER_WAKE, Admission
 from aio_ascend._sched.batching import Hop, form_batches
 from aio_ascend._sched.counters import Counters, total
@@ -25,6 +29,7 @@ from aio_ascend._sched.delivery import MAX_WAKES_PER_TURN, DeliveryQueue
 from aio_ascend._sched.devpool import DevicePool
 from aio_ascend._sched.events import EventRecord
 from aio_ascend._sched.faults import FaultState, as_device_fault, classify_refusal, fail_batches
+from aio_ascend._sched.forcing import stranded_by, waits_on
 from aio_ascend._sched.lane import Lane
 from aio_ascend._sched.lifetimes import Allocation, FreedError, Lifetimes
 from aio_ascend._sched.scheduler import flush_now
@@ -709,3 +714,76 @@ def test_a_stream_is_probed_once_its_oldest_batch_waited_then_less_and_less_ofte
     assert probes.due(outstanding, at + STALL_PROBE_S) == [7]
     probes.forget([7])
     assert probes.due(outstanding, at + STALL_PROBE_S) == []  # forgotten: seen anew
+
+
+# --- streams stranded by a forced close ---------------------------------------------------------
+
+
+class _Events:
+    """A runtime's ``query_event_status``: the handles in ``complete`` read complete."""
+
+    def __init__(self, complete: set[int]) -> None:
+        self.complete = complete
+
+    def query_event_status(self, handle: int) -> int:
+        complete = handle in self.complete
+        return (
+            ACL_EVENT_RECORDED_STATUS_COMPLETE if complete else ACL_EVENT_RECORDED_STATUS_NOT_READY
+        )
+
+
+def _recorded(handle: int) -> EventRecord:
+    event = EventRecord(handle, 0)
+    event.recorded = True
+    return event
+
+
+@pytest.mark.parametrize(
+    ("complete", "stranded"),
+    [
+        (set(), [False, True, True, False]),  # (s0 was destroyed) s3 waits on nothing lost
+        ({2}, [False, True, False, False]),  # s1's record ran after all: s2 goes on
+    ],
+)
+def test_a_lost_record_strands_every_stream_down_its_chain_of_waits(
+    complete: set[int], stranded: list[bool]
+) -> None:
+    """s0's record 1 was dropped: s1 waits on it and records 2, s2 waits on 2 and records 3
+    and 4, s3 waits on 3 in a batch after one of its own that finished nothing yet. Every
+    stream behind a lost record is stranded from its wait on, and its records are lost too;
+    a record that reads complete is not, and nothing waits for it."""
+    lanes = [Lane(h, 8, 100) for h in range(1, 5)]
+    events = {h: _recorded(h) for h in (1, 2, 3, 4)}
+
+    def batch(lane: Lane, *requests: Request) -> Batch:
+        return Batch(lane, list(requests), event=0, deadline=10.0)
+
+    s1 = [batch(lanes[1], WaitEvent(lanes[1], events[1]), RecordEvent(lanes[1], events[2]))]
+    s2 = [
+        batch(lanes[2], WaitEvent(lanes[2], events[2]), RecordEvent(lanes[2], events[3])),
+        batch(lanes[2], RecordEvent(lanes[2], events[4])),
+    ]
+    s3 = [batch(lanes[3], RecordEvent(lanes[3], _recorded(9))), batch(lanes[3], _Req(lanes[3]))]
+    deliveries = stranded_by({1}, [s1, s2, s3], _Events(complete))  # type: ignore[arg-type]
+    assert [lane.stranded is not None for lane in lanes] == stranded
+    failed = {id(req) for req, _, _ in deliveries}
+    for queue, is_stranded in ((s1, stranded[1]), (s2, stranded[2]), (s3, stranded[3])):
+        for b in queue:
+            assert all((id(req) in failed) is is_stranded for req in b.requests)
+            assert b.timed_out is is_stranded
+    lost = {h for h, event in events.items() if event.error is not None}
+    assert lost == ({2, 3, 4} if stranded[2] else set())  # (1 was marked by the caller)
+    assert waits_on(s2[0]) is stranded[2]  # a wait filed later on a lost event: stranded then
+
+
+def test_stranding_ends_on_a_cycle_of_waits() -> None:
+    """Two streams waiting on each other's records behind a lost one: each record is marked
+    lost once, so the propagation ends."""
+    a, b = Lane(1, 8, 100), Lane(2, 8, 100)
+    ea, eb = _recorded(10), _recorded(20)
+    qa = [Batch(a, [WaitEvent(a, _recorded(1)), RecordEvent(a, ea)], 0, 10.0)]
+    qb = [Batch(b, [WaitEvent(b, ea), WaitEvent(b, eb), RecordEvent(b, eb)], 0, 10.0)]
+    deliveries = stranded_by({1}, [qa, qb], _Events(set()))  # type: ignore[arg-type]
+    assert a.stranded is not None and b.stranded is not None
+    assert len(deliveries) == 5
+    assert ea.error is not None and eb.error is not None
