@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
+import anyio.to_thread
 import pytest
 from helpers import OpenDevice, assert_runtime_clean, live_resources
 
@@ -481,6 +482,55 @@ async def test_aclose_returns_on_time_when_a_thread_is_stuck_in_a_runtime_call(
         assert live["host_allocations"] > 0  # leaked, not freed under the stuck call
     finally:
         _unstick(release, runtime)
+
+
+@pytest.mark.backends("sim")
+async def test_a_forced_close_never_waits_on_the_loop_for_a_long_sim_kernel(
+    open_dev: OpenDevice, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sim kernel is a Python call that may take seconds (a big matmul, a kernel of yours).
+    A close forced past its timeout waits for it off the loop up to 0.5 s, then lets it run
+    out: the loop keeps ticking and the close returns on time (before: the runtime's close
+    joined the device thread on the loop, which froze for the whole kernel), and the device
+    thread ends once the kernel returns."""
+    release = threading.Event()
+    lib = aa.sim.KernelLibrary()
+
+    @lib.kernel("long")
+    def long(ctx: aa.sim.KernelContext) -> None:
+        release.wait(20)
+
+    dev = await open_dev()
+    try:
+        task = await dev.stream().launch(dev.load_module(lib).function("long"), 1)
+        await anyio.sleep(0.05)  # the device thread is inside the kernel
+        lag = 0.0
+        closed = False
+
+        async def ticker() -> None:
+            nonlocal lag
+            while not closed:
+                t0 = time.perf_counter()
+                await anyio.sleep(0.01)
+                lag = max(lag, time.perf_counter() - t0 - 0.01)
+
+        with caplog.at_level(logging.WARNING, logger="aio_ascend"), anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ticker)
+                t0 = time.perf_counter()
+                await dev.aclose(timeout=0.1)
+                elapsed = time.perf_counter() - t0
+                closed = True
+        assert elapsed < 5  # 0.1 s, the 0.5 s wait off the loop, then it goes on
+        assert lag < 2.5  # (the kernel runs until released: 20 s)
+        assert isinstance(task.exception(), aa.TaskTimeoutError)
+        assert any("still running a kernel" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+    name = f"aio_ascend-sim-{dev.device_id}"
+    for thread in [t for t in threading.enumerate() if t.name == name]:
+        await anyio.to_thread.run_sync(thread.join, 10)
+        assert not thread.is_alive()
 
 
 async def test_a_forced_close_never_destroys_the_stream_a_stuck_stall_probe_synchronizes(

@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable
 from enum import IntEnum
-from time import monotonic, perf_counter
+from time import monotonic, perf_counter, sleep
 from typing import Any, Final
 
 from ..._errors import RuntimeAPIError, error_class_for_code
@@ -75,6 +75,9 @@ CLOSED_DURING_COPY: Final = "the runtime was closed while the copy was queued"
 
 #: tasks a stream holds before a submitting call blocks (the real runtime's ~2013-entry queue)
 DEFAULT_MAX_QUEUE_DEPTH: Final = 2013
+#: how long a close waits (off the event loop) for a kernel the device thread still runs, at
+#: most; then the close goes on and the thread ends once the kernel returns
+SETTLE_LIMIT_S: Final = 0.5
 
 
 class TaskKind(IntEnum):
@@ -308,6 +311,9 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
         self._paused = False
         self._pause_ack = False
         self._idle = False
+        #: the device thread is running tasks (a close must not wait for a long kernel on the
+        #: event loop: :meth:`must_settle`)
+        self._draining = False
         self._work_seq = 0
         self._stream_waiters = 0  # threads waiting for stream progress (sync, full queue)
         #: what the real runtime would crash on: a stream destroyed while a host thread was
@@ -352,6 +358,23 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
                 "set_current_context() first"
             )
         return self._error(ACL_ERROR_RT_CONTEXT_NULL, func, why)
+
+    # --- closing -------------------------------------------------------------------------
+
+    def must_settle(self) -> bool:
+        """See the protocol: while the device thread runs tasks. A kernel of the sim is a
+        Python call that may take seconds (a big ``matmul``, a kernel of yours); the close
+        waits for it off the event loop (:meth:`wait_settled`), and past that lets it run
+        out on its own."""
+        return self._draining and self._thread.is_alive()
+
+    def wait_settled(self, limit_s: float | None = None) -> None:
+        """See the protocol: until the device thread has finished what it runs, up to
+        ``limit_s`` (:data:`SETTLE_LIMIT_S` at most)."""
+        limit = SETTLE_LIMIT_S if limit_s is None else min(limit_s, SETTLE_LIMIT_S)
+        deadline = perf_counter() + limit
+        while self.must_settle() and perf_counter() < deadline:
+            sleep(0.001)
 
     # --- test controls ---------------------------------------------------------------------
 
@@ -474,7 +497,11 @@ class DeviceExecutor(AclEmulation[SimStream, SimEvent, SimGraph, SimBinary, Kern
                     self._pause_ack = False
                 continue
             started = perf_counter()
-            progressed, records_done, deadline = self._drain()
+            self._draining = True
+            try:
+                progressed, records_done, deadline = self._drain()
+            finally:
+                self._draining = False
             if progressed:
                 if (records_done and self._event_waiters) or self._stream_waiters:
                     with cond:
