@@ -41,7 +41,7 @@ from ._sched.work import (
     RecordEvent,
     WaitEvent,
 )
-from ._stream_sync import StreamSync, check_src_stream
+from ._stream_sync import HeldCalls, StreamSync, check_src_stream
 from ._values import check_close_args, integer
 
 if TYPE_CHECKING:
@@ -393,6 +393,7 @@ class Stream(StreamSync):
         lane.stream_ref = self._ref  # (its tasks' ``stream``)
         self._order = order
         self._hold = None
+        self._line = HeldCalls()
         self._plain = order is None
         # Collected without aclose(): the scheduler destroys its runtime stream once its queued
         # work is done (the lane is the scheduler's, so nothing else would)

@@ -4,10 +4,13 @@ host function holds later work; an external torch stream does its handshake)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 
 from ._buffer import DeviceBuffer, byte_range
@@ -24,7 +27,7 @@ if TYPE_CHECKING:
     from ._sched.scheduler import Scheduler
     from ._sched.work import Request
 
-__all__ = ["StreamSync"]
+__all__ = ["HeldCalls", "StreamSync"]
 
 
 def check_src_stream(src: DeviceBuffer, src_stream: object) -> StreamSync | None:
@@ -52,6 +55,8 @@ class StreamSync(Unique):
     _order: TorchOrder | None
     #: the latest host function: later operations wait until it has returned
     _hold: HostFunctionTask | None
+    #: the calls waiting behind it, in order
+    _line: HeldCalls
     #: neither of them: an operation may take the fast path of admission
     _plain: bool
 
@@ -189,6 +194,22 @@ class StreamSync(Unique):
         return await self._order.queue(request, self._scheduler)
 
     async def _admit(self, drain: bool = True) -> None:
+        # Behind a host function, calls wait in line: see HeldCalls
+        line = self._line
+        hold = self._hold
+        if not line and (hold is None or hold.returned.is_set()):
+            await self._admit_now(drain)
+            return
+        self._plain = False
+        turn = await line.join()
+        try:
+            await self._admit_now(drain)
+        finally:
+            line.leave(turn)
+            if not line and self._hold is None:
+                self._plain = self._order is None
+
+    async def _admit_now(self, drain: bool) -> None:
         scheduler = self._scheduler
         lane = self._lane
         while True:
@@ -200,7 +221,7 @@ class StreamSync(Unique):
                         raise scheduler.fault_error()  # the fault's error, even at a close)
                     continue
                 self._hold = None
-                self._plain = self._order is None
+                self._plain = self._order is None and not self._line
             if drain and self._order is not None:
                 self._order.before()
             if not scheduler.try_admit(lane):
@@ -209,3 +230,47 @@ class StreamSync(Unique):
                 return
             # a host function was queued while this call waited for admission: after it
             scheduler.unadmit(lane)
+
+
+class HeldCalls:
+    """The calls waiting behind a stream's host function, served in the order they came.
+
+    A host function holds its stream's later operations until it has returned: their calls
+    wait. Woken together when it returns, they would race for the stream, and the order they
+    run in is the event loop's (trio's is random): a caller queueing host functions again and
+    again could overtake another for good. So they wait in line: only the first waits for the
+    host function, and each passes the turn on once its own operation is admitted (or it gave
+    up: cancelled, refused). While anyone is in line, a newcomer joins its end, even if the
+    host function has returned (loop thread only).
+    """
+
+    __slots__ = ("_turns",)
+
+    def __init__(self) -> None:
+        self._turns: deque[anyio.Event] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self._turns)
+
+    async def join(self) -> anyio.Event:
+        """Wait until the caller is first in line; its turn, to :meth:`leave` with."""
+        turn = anyio.Event()
+        self._turns.append(turn)
+        if self._turns[0] is not turn:
+            try:
+                await turn.wait()
+            except BaseException:  # (cancelled: set or not, the turn passes on)
+                self.leave(turn)
+                raise
+        return turn
+
+    def leave(self, turn: anyio.Event) -> None:
+        """Leave the line: the next caller's turn, if ``turn`` was the first."""
+        turns = self._turns
+        if turns and turns[0] is turn:
+            turns.popleft()
+            if turns:
+                turns[0].set()
+        else:
+            with contextlib.suppress(ValueError):
+                turns.remove(turn)

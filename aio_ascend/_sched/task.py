@@ -121,6 +121,7 @@ class Task(Unique):
         "_done",
         "_exc",
         "_retrievers",
+        "_tb",
         "_unseen",
         "_waiters",
         "admitted_at",
@@ -136,6 +137,8 @@ class Task(Unique):
         "submitted_at",
     )
     kind = "task"
+    #: the error's traceback when the task failed (set with ``_exc`` only: not on every launch)
+    _tb: types.TracebackType | None
     #: a task of the library's own whose failure reaches the user through another task:
     #: never noted as unretrieved, never counted as a timeout of its own
     quiet = False
@@ -215,7 +218,10 @@ class Task(Unique):
         if self._exc is not None:
             if self._unseen is not None:
                 self._retrieved()
-            raise self._exc
+            # with its traceback as it was when the task failed, as asyncio's futures do: a
+            # raise adds the awaiting frames to it, and awaited again and again it would grow
+            # without end, keeping every awaiter's frames (and their locals) alive
+            raise self._exc.with_traceback(self._tb)
 
     async def wait(self) -> None:
         """The same as ``await task``."""
@@ -264,6 +270,7 @@ class Task(Unique):
         self._done = True
         self._exc = exc
         if exc is not None:
+            self._tb = exc.__traceback__
             lane = self.lane
             # The stream's latest task is kept for its waits only while unfinished: a failed
             # one's traceback may reach the user's frames (and the stream, and its device),

@@ -271,6 +271,83 @@ async def test_a_plan_launch_waits_for_a_host_function_as_every_operation_does(
         plan.close()
 
 
+async def test_calls_held_behind_a_host_function_go_on_in_the_order_they_came(
+    open_dev: Callable[..., Any],
+) -> None:
+    """A launch waits behind a running host function; eight callers that came after it
+    queue host functions again and again. The launch goes first once the host function has
+    returned (before: woken together, the calls raced, and on trio, which wakes in random
+    order, the launch was overtaken nearly every time, once for 6 s and 60 host functions)."""
+    async with open_dev() as dev:
+        s = dev.stream()
+        noop = dev.function("noop")
+        ran_before: list[int] = []
+        launched = anyio.Event()
+        release = threading.Event()
+        await s.launch_host_func(lambda: release.wait(10))
+
+        async def first() -> None:
+            await s.launch(noop, 1)  # waits in the call
+            ran_before.append(host_runs)
+            launched.set()
+
+        host_runs = 0
+
+        def host() -> None:
+            nonlocal host_runs
+            host_runs += 1
+            time.sleep(0.005)
+
+        async def later() -> None:
+            await anyio.sleep(0.05)  # after the launch is waiting
+            while not launched.is_set():
+                await s.launch_host_func(host)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                for _ in range(8):
+                    tg.start_soon(later)
+                await anyio.sleep(0.1)  # all nine wait behind the first host function
+                release.set()
+            await s.synchronize()
+        assert ran_before == [0]  # none of the later host functions overtook it
+
+
+async def test_a_held_call_cancelled_in_line_passes_its_turn_on(
+    open_dev: Callable[..., Any],
+) -> None:
+    """Three launches wait in line behind a host function; the first and the second are
+    cancelled while they wait: the third still goes once the host function has returned, and
+    nothing of the cancelled two was queued."""
+    async with open_dev() as dev:
+        s = dev.stream()
+        buf = dev.malloc(4)
+        await s.memset(buf, 0, 4)
+        release = threading.Event()
+        await s.launch_host_func(lambda: release.wait(10))
+        order: list[int] = []
+
+        async def call(i: int, scope: anyio.CancelScope) -> None:
+            with scope:
+                await s.memset(buf, i, 4)
+                order.append(i)
+
+        scopes = [anyio.CancelScope() for _ in range(3)]
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for i, scope in enumerate(scopes, start=1):
+                    tg.start_soon(call, i, scope)
+                    await anyio.sleep(0.01)
+                scopes[0].cancel()  # the first in line (waiting for the host function)
+                scopes[1].cancel()
+                await anyio.sleep(0.01)
+                release.set()
+            await s.synchronize()
+        assert order == [3]
+        assert (await s.download(buf, np.uint8, 4)).tolist() == [3] * 4
+
+
 async def test_an_exception_in_a_host_function_fails_its_task_not_the_stream(
     open_dev: Callable[..., Any],
 ) -> None:

@@ -240,3 +240,50 @@ async def test_the_happy_path_logs_nothing_at_warning_or_above(
         gc.collect()
     loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert loud == [], [r.getMessage() for r in loud]
+
+
+def _frames(exc: BaseException) -> list[str]:
+    tb, names = exc.__traceback__, []
+    while tb is not None:
+        names.append(tb.tb_frame.f_code.co_name)
+        tb = tb.tb_next
+    return names
+
+
+async def test_awaiting_a_failed_task_again_and_again_does_not_grow_its_traceback(
+    open_dev: OpenDevice,
+) -> None:
+    """Each ``await`` raises the task's error with its traceback as it was when the task
+    failed, as asyncio's futures do (before: every raise added the awaiter's frames, 2,004
+    entries after 1,000 awaits, each holding a frame and its locals)."""
+    async with open_dev() as dev:
+        task = await aa.testing.inject_fault(dev.stream())
+        lengths = []
+        for _ in range(100):
+            with pytest.raises(aa.DeviceFaultError) as raised:
+                await task
+            lengths.append(len(_frames(raised.value)))
+        assert lengths[-1] == lengths[0]
+
+
+async def test_a_closed_device_keeps_no_frame_its_fault_was_raised_into(
+    open_dev: OpenDevice,
+) -> None:
+    """The fault is the error of the task that met it: raised into a coroutine that then
+    returned, it held that coroutine's frame and locals (a pinned array: so the runtime, and
+    on the sim its thread) for as long as ``dev.fault`` was kept (before: after the close too)."""
+    dev = await open_dev()
+    s = dev.stream()
+
+    async def worker() -> None:
+        pinned = dev.pinned_empty(1024, np.float32)  # held by this frame only
+        pinned[:] = 1
+        task = await aa.testing.inject_fault(s)
+        with pytest.raises(aa.DeviceFaultError):
+            await task
+
+    await worker()
+    await dev.aclose()
+    assert dev.fault is not None
+    assert "worker" not in _frames(dev.fault)
+    aa.testing.assert_no_leaks(dev)
