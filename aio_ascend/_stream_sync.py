@@ -201,13 +201,16 @@ class StreamSync(Unique):
             await self._admit_now(drain)
             return
         self._plain = False
-        turn = await line.join()
+        turn = None
         try:
+            turn = await line.join()  # (cancelled: it left the line itself)
             await self._admit_now(drain)
         finally:
-            line.leave(turn)
-            if not line and self._hold is None:
-                self._plain = self._order is None
+            if turn is not None:
+                line.leave(turn)
+            hold = self._hold
+            if not line and (hold is None or hold.returned.is_set()):
+                self._plain = self._order is None  # (whoever empties the line)
 
     async def _admit_now(self, drain: bool) -> None:
         scheduler = self._scheduler

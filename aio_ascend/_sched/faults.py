@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from types import TracebackType
 
 from .._errors import DeviceFaultError, RuntimeAPIError, derived_error
 from .work import Batch, Delivery, Outcome, Request
@@ -34,11 +33,10 @@ def as_device_fault(exc: BaseException) -> DeviceFaultError:
 class FaultState:
     """The device's first fault, shared by the loop and the library threads."""
 
-    __slots__ = ("_lock", "_tb", "first")
+    __slots__ = ("_lock", "first")
 
     def __init__(self) -> None:
         self.first: BaseException | None = None
-        self._tb: TracebackType | None = None
         self._lock = threading.Lock()
 
     def note(self, exc: BaseException) -> BaseException:
@@ -46,17 +44,7 @@ class FaultState:
         with self._lock:
             if self.first is None:
                 self.first = exc
-                self._tb = exc.__traceback__
             return self.first
-
-    def forget_raises(self) -> None:
-        """Give the fault back its traceback as it was noted (at the device's close).
-
-        The fault is the error of the task that met it: raised into the coroutines awaiting
-        that task, it gathered their frames, and the closed device (``Device.fault``) would
-        keep them, their locals (arrays, pinned memory) and so the runtime alive."""
-        if self.first is not None:
-            self.first.__traceback__ = self._tb
 
 
 def classify_refusal(

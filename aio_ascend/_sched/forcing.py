@@ -14,7 +14,8 @@ Between streams. An event the stream was to record, whose record had not run whe
 was destroyed (its status still reads not complete then), may never complete: a legacy ACL event
 whose record never ran reads NOT_READY for good (``event.cc::QueryEventStatus``, as
 ``../shared/docs/acl-runtime.md`` reads it), and a stream waiting on it may wait for good (the
-sim and the acl double model that; real hardware is unconfirmed). So such an event is marked
+pinned runtime over ``tests/realrt``'s driver keeps such a wait pending, and the sim and the acl
+double model that; real hardware is unconfirmed). So such an event is marked
 lost (:func:`lost_records`: ``EventRecord.error``), and a wait on it submitted afterwards is
 refused (``WaitEvent.submit``) instead of blocking its stream; other streams' batches already
 behind a wait on it are failed at once (:func:`stranded_by`), as the watchdog would fail them at
@@ -40,7 +41,17 @@ from .lane import Lane
 from .watchdog import time_out
 from .work import Batch, Delivery, Outcome, RecordEvent, Request, WaitEvent
 
-__all__ = ["LaneForce", "gave_up", "give_up", "lost_records", "strand", "stranded_by", "waits_on"]
+__all__ = [
+    "STRANDED",
+    "STRANDED_RECORD",
+    "LaneForce",
+    "gave_up",
+    "give_up",
+    "lost_records",
+    "strand",
+    "stranded_by",
+    "waits_on",
+]
 
 
 class LaneForce:
@@ -79,7 +90,7 @@ def give_up(batches: Iterable[Batch]) -> tuple[list[Delivery], list[Request]]:
 #: why an event is lost: its record was dropped by a forced close, or is queued behind a wait
 #: on a lost event (its stream stranded)
 _DROPPED_RECORD = "record_event was dropped by the forced close of its stream before it ran"
-_STRANDED_RECORD = (
+STRANDED_RECORD = (
     "record_event will not run: its stream waits for an event whose record was dropped by the "
     "forced close of another stream"
 )
@@ -135,7 +146,7 @@ def stranded_by(
                 behind.append(batch)
                 if not batch.timed_out:
                     deliveries.extend(time_out(batch, STRANDED))
-        lost = lost_records(runtime, behind, _STRANDED_RECORD)
+        lost = lost_records(runtime, behind, STRANDED_RECORD)
     return deliveries
 
 

@@ -95,6 +95,7 @@ from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
 from .forcing import (
     STRANDED,
+    STRANDED_RECORD,
     LaneForce,
     give_up,
     lost_records,
@@ -291,7 +292,7 @@ class Poller:
         # it holds are lost in turn (forcing.py)
         strand(batch.lane)
         deliveries = time_out(batch, STRANDED)
-        lost = lost_records(self._runtime, (batch,))
+        lost = lost_records(self._runtime, (batch,), STRANDED_RECORD)
         if lost:
             deliveries.extend(stranded_by(lost, self._outstanding.values(), self._runtime))
         self._post(deliveries)

@@ -755,7 +755,6 @@ class Scheduler:
                 pinned=self.pinned,
             )
         self.failures.report_at_close()
-        self.faults.forget_raises()
         self.state = DeviceState.CLOSED
 
     def _destroy_lanes(self) -> None:

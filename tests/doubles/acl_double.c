@@ -1223,7 +1223,11 @@ static int step(stream_t *s, task_t *t, uint64_t now, uint64_t *next_deadline) {
         }
         return 1;
     case T_WAIT:
-        return !t->wait_stream || t->wait_stream->completed >= t->wait_seq || t->wait_stream->aborted;
+        /* a record a forced destroy dropped never runs, so a wait on it waits for good: the
+           pinned runtime over tests/realrt's driver keeps such a wait (and what follows it)
+           pending, 2 s and more (tests/runtime/test_acl_faults.py,
+           test_a_wait_on_a_record_a_forced_destroy_dropped_never_passes) */
+        return !t->wait_stream || t->wait_stream->completed >= t->wait_seq;
     case T_COPY:
         run_copy(t, &r);
         break;

@@ -213,6 +213,26 @@ def test_a_forced_destroy_asks_the_stream_without_waiting_on_it(runtime: AclRunt
         time.sleep(0.01)
 
 
+def test_a_wait_on_a_record_a_forced_destroy_dropped_never_passes(runtime: AclRuntime) -> None:
+    # The pinned runtime over tests/realrt's driver: a stream waiting on an event whose record
+    # was still queued when its stream was destroyed by force stays pending (2 s and more);
+    # the double let the wait pass, so stranding could not be told from a stream running on
+    control = double_control()
+    busy, waiting = runtime.create_stream(), runtime.create_stream()
+    _launch(runtime, busy, "sleep", _image(runtime, 100_000), 8)
+    dropped, behind = runtime.create_event(1), runtime.create_event(1)
+    runtime.record_event(dropped, busy)
+    runtime.stream_wait_event(waiting, dropped)
+    runtime.record_event(behind, waiting)
+    runtime.destroy_stream_force(busy)
+    deadline = time.monotonic() + 10
+    while control.zombies() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the kernel has run out: the device is idle but for the wait
+    time.sleep(0.05)
+    assert runtime.query_event_status(behind) == 0  # NOT_READY, for good
+    runtime.destroy_stream_force(waiting)
+
+
 def test_the_stream_query_answers_as_the_runtime_does(runtime: AclRuntime) -> None:
     lib = ctypes.CDLL(str(build_double().library))
     query = lib.aclrtStreamQuery

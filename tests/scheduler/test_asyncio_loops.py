@@ -381,3 +381,35 @@ async def test_asyncio_own_cancellation_never_lets_torch_overtake_a_queued_opera
             runtime.set_current_context(runtime.context)
             runtime.synchronize_stream(handle, 5000)
             runtime.destroy_stream(handle)
+
+
+@pytest.mark.asyncio
+async def test_a_call_cancelled_as_its_turn_behind_a_host_function_came_reopens_the_fast_path() -> (
+    None
+):
+    """asyncio's own cancellation (``task.cancel()``: ``wait_for``, ``TaskGroup``) reaches a
+    call that was just given its turn in the line behind a host function, before it ran: the
+    line empties all the same, and the stream's launches take the fast path again (before:
+    every later launch went the slow way, until the next host function)."""
+    async with open_sim() as dev:
+        s = dev.stream()
+        noop = dev.function("noop")
+        release = threading.Event()
+        await s.launch_host_func(lambda: release.wait(10))
+        second: list[asyncio.Task[Any]] = []
+
+        async def first() -> None:
+            await s.launch(noop, 1)
+            second[0].cancel()  # its turn was just given; it has not run since
+
+        one = asyncio.create_task(first())
+        await asyncio.sleep(0.02)
+        second.append(asyncio.create_task(s.launch(noop, 1)))
+        await asyncio.sleep(0.02)
+        release.set()
+        await asyncio.wait_for(one, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await second[0]
+        await s.synchronize()
+        assert not s._line
+        assert s._plain
