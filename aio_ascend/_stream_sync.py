@@ -193,14 +193,18 @@ class StreamSync(Unique):
             return self._scheduler.enqueue(request)
         return await self._order.queue(request, self._scheduler)
 
+    def _held(self) -> bool:
+        """Whether a call must wait in line: a host function has not returned, or others wait."""
+        hold = self._hold
+        return bool(self._line) or (hold is not None and not hold.returned.is_set())
+
     async def _admit(self, drain: bool = True) -> None:
         # Behind a host function, calls wait in line: see HeldCalls
-        line = self._line
-        hold = self._hold
-        if not line and (hold is None or hold.returned.is_set()):
+        if not self._held():
             await self._admit_now(drain)
             return
         self._plain = False
+        line = self._line
         turn = None
         try:
             turn = await line.join()  # (cancelled: it left the line itself)
@@ -208,8 +212,7 @@ class StreamSync(Unique):
         finally:
             if turn is not None:
                 line.leave(turn)
-            hold = self._hold
-            if not line and (hold is None or hold.returned.is_set()):
+            if not self._held():
                 self._plain = self._order is None  # (whoever empties the line)
 
     async def _admit_now(self, drain: bool) -> None:

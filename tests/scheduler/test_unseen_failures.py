@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import traceback
 
 import anyio
 import numpy as np
@@ -243,11 +244,7 @@ async def test_the_happy_path_logs_nothing_at_warning_or_above(
 
 
 def _frames(exc: BaseException) -> list[str]:
-    tb, names = exc.__traceback__, []
-    while tb is not None:
-        names.append(tb.tb_frame.f_code.co_name)
-        tb = tb.tb_next
-    return names
+    return [frame.f_code.co_name for frame, _ in traceback.walk_tb(exc.__traceback__)]
 
 
 async def test_awaiting_a_failed_task_again_and_again_does_not_grow_its_traceback(
