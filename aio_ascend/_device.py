@@ -132,7 +132,7 @@ class Device(Unique):
     Open with ``async with aio_ascend.open_device(0) as dev:`` (or ``dev = await
     open_device(0)`` and ``await dev.aclose()``). Use it from the event loop that opened it:
     its calls (awaitable or not) raise ``RuntimeError`` from another loop or thread, except
-    ``stats()``, ``fault`` and ``closed``, which any thread may read.
+    ``stats()``, ``memory_stats()``, ``fault`` and ``closed`` (and its plain attributes).
 
     Threads: a submitter (``aio_ascend-submit-<id>``) makes every runtime call that can wait on
     the device; a poller (``aio_ascend-poll-<id>``) observes completions. Both bind the device

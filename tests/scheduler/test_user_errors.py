@@ -177,6 +177,30 @@ async def test_a_call_from_another_thread_raises_runtime_error_and_changes_nothi
         await s.run(dev.function("noop"), 1)
 
 
+async def test_the_documented_readers_work_from_another_thread(anyio_backend: object) -> None:
+    """What the Device docstring and the cancellation guide list as readable from any thread
+    (a metrics collector's reads) answers there, with the values the loop sees."""
+    import anyio
+
+    async with open_backend("sim") as dev:
+        buf = dev.malloc(4096)
+
+        def read() -> tuple[object, ...]:
+            return (
+                dict(dev.stats()),
+                dict(dev.memory_stats()),
+                dev.fault,
+                dev.closed,
+                buf[1024:2048].nbytes,
+            )
+
+        stats, memory, fault, closed, sliced = await anyio.to_thread.run_sync(read)
+        assert stats["device_buffers"] == dev.stats()["device_buffers"] == 1
+        assert memory["allocated_bytes"] == dev.memory_stats()["allocated_bytes"] >= 4096
+        assert fault is None and closed is False and sliced == 1024
+        buf.free()
+
+
 @pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
 async def test_stream_aclose_from_another_event_loop_raises_and_changes_nothing(
     busy: bool, anyio_backend: object
