@@ -97,10 +97,7 @@ def _check_seconds(name: str, seconds: object) -> float:
 
 
 def _check_pool_bytes(value: object) -> int:
-    nbytes = integer("pinned_pool_bytes", value)
-    if nbytes < 0:
-        raise ValueError(f"pinned_pool_bytes={nbytes} must be >= 0")
-    return nbytes
+    return _int_in("pinned_pool_bytes", value, 0, 1 << 62)
 
 
 def _check_pool_limit(value: object) -> int | None:
@@ -112,18 +109,11 @@ def _check_pool_limit(value: object) -> int | None:
     return limit
 
 
-def _check_max_in_flight(value: object) -> int:
-    max_in_flight = integer("max_in_flight", value)
-    if not 1 <= max_in_flight <= MAX_IN_FLIGHT:
-        raise ValueError(f"max_in_flight={max_in_flight} is out of range 1..{MAX_IN_FLIGHT}")
-    return max_in_flight
-
-
-def _check_batch_cap(value: object) -> int:
-    batch_cap = integer("batch_cap", value)
-    if not 1 <= batch_cap <= MAX_BATCH_CAP:
-        raise ValueError(f"batch_cap={batch_cap} is out of range 1..{MAX_BATCH_CAP}")
-    return batch_cap
+def _int_in(name: str, value: object, low: int, high: int) -> int:
+    number = integer(name, value)
+    if not low <= number <= high:
+        raise ValueError(f"{name}={number} is out of range {low}..{high}")
+    return number
 
 
 class Device(Unique):
@@ -160,7 +150,7 @@ class Device(Unique):
         _check_pool_bytes(pinned_pool_bytes)
         pool_limit_bytes = _check_pool_limit(pool_limit_bytes)
         timeout = _check_seconds("task_timeout", task_timeout)
-        batch_cap = _check_batch_cap(batch_cap)
+        batch_cap = _int_in("batch_cap", batch_cap, 1, MAX_BATCH_CAP)
         self.close_timeout = _check_seconds("close_timeout", close_timeout)
         self.backend: str = runtime.name
         self.device_id: int = runtime.device_id
@@ -435,7 +425,7 @@ class Device(Unique):
         :param priority: lower = more urgent, within ``dev.info``'s
             ``stream_priority_greatest``..``stream_priority_least``; ``None``: the default
         """
-        max_in_flight = _check_max_in_flight(max_in_flight)
+        max_in_flight = _int_in("max_in_flight", max_in_flight, 1, MAX_IN_FLIGHT)
         if priority is not None:
             priority = integer("priority (an int or None)", priority)
             self._scheduler.check_usable()
@@ -466,7 +456,7 @@ class Device(Unique):
         aio_ascend: work its owner queues on it directly is outside it. On the sim, ``handle``
         comes from ``dev.runtime.create_stream()``.
         """
-        max_in_flight = _check_max_in_flight(max_in_flight)
+        max_in_flight = _int_in("max_in_flight", max_in_flight, 1, MAX_IN_FLIGHT)
         scheduler = self._owned()  # (before the handle is read: that drains torch's queue)
         handle, owner = stream_handle(handle)
         scheduler.retire_dropped()  # a wrapper of it dropped, its work done, is gone
@@ -657,7 +647,13 @@ class _DeviceOpener:
         log.info("device %d: backend %s (%s)", self._device_id, name, why)
         if self._backend == "auto":  # (an explicit backend's options were checked in the call)
             _check_runtime_options(name, runtime_options)
-        return open_runtime(name, self._device_id, **runtime_options)
+        runtime = open_runtime(name, self._device_id, **runtime_options)
+        try:
+            runtime.release_thread()  # (this thread ends now: see Runtime.release_thread)
+        except BaseException:
+            _close_quietly(runtime)
+            raise
+        return runtime
 
     async def _open(self) -> Device:
         options = dict(self._kwargs)
@@ -759,7 +755,7 @@ def open_device(
     _completion_mode(completion)
     task_timeout = _check_seconds("task_timeout", task_timeout)
     close_timeout = _check_seconds("close_timeout", close_timeout)
-    batch_cap = _check_batch_cap(batch_cap)
+    batch_cap = _int_in("batch_cap", batch_cap, 1, MAX_BATCH_CAP)
     pinned_pool_bytes = _check_pool_bytes(pinned_pool_bytes)
     pool_limit_bytes = _check_pool_limit(pool_limit_bytes)
     if not isinstance(debug, bool):

@@ -158,6 +158,8 @@ def live_resources(dev: aa.Device) -> dict[str, int]:
             "streams": counts["streams"],
             "events": counts["events"],
             "binaries": counts["binaries"] - leaked["binary"],
+            # a destroyed context a thread still has current is never deleted (contexts.py)
+            "destroyed_contexts_held": counts["held_contexts"],
         }
     if dev.backend == "cuda":
         driver = dev.runtime._d

@@ -139,6 +139,15 @@ class Runtime(Protocol):
         it (this runtime, another, another library); ``None`` when the thread has none."""
         ...
 
+    def release_thread(self) -> None:
+        """The calling thread lets go of this runtime's context, if it is current (else
+        nothing): every thread that bound it does so before it ends, the opener's included.
+        On ACL a thread's binding is a reference, and a destroyed context is deleted (its
+        queues and memory given back) only once no thread has it current; ACL cannot unbind,
+        so the device's primary context (``aclrtSetDevice``'s) is bound instead
+        (``acl/contexts.py``). Any thread; before :meth:`close` (after it: best effort)."""
+        ...
+
     def close(self) -> None:
         """Destroy the context and reset the device (``aclrtDestroyContext``/``aclrtResetDevice``).
 

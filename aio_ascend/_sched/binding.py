@@ -6,21 +6,27 @@ current makes its next launch fail with 107003, and the reverse). Before each sh
 library makes on the loop thread (malloc, free, stream and event creation, module loading, event
 queries) it reads the thread's current context, binds the device's, makes the call and binds
 the saved one again (``docs/cann-support.md`` §6). When the thread's context already is the
-device's, the call is made as it is (one query, no switch). A thread without any context keeps
-the device's afterwards (there is nothing to give back: ACL cannot unbind). The library's own
-threads bind once and keep it.
+device's, the call is made as it is (one query, no switch).
+
+A thread's binding holds the context: on the real runtime a destroyed context is deleted only
+once no thread has it current (``Runtime.release_thread``, ``_runtime/acl/contexts.py``). So a
+thread without any context lets go of the device's after the call, and the library's own
+threads, which bind once for their whole life (:func:`bound_for_life`), let go before they end.
+The event loop's thread keeps the device's context between calls (no switch per call) and lets
+go of it when the device closes (:meth:`ContextBinding.let_go`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from .._errors import AscendError
 from .._runtime import Runtime
 
-__all__ = ["ContextBinding"]
+__all__ = ["ContextBinding", "bound_for_life"]
 
 log = logging.getLogger("aio_ascend")
 
@@ -54,11 +60,18 @@ class ContextBinding:
         try:
             return fn(*args, **kwargs)
         finally:
-            if saved is not None:
-                try:
+            try:
+                if saved is None:
+                    runtime.release_thread()
+                else:
                     runtime.set_current_context(saved)
-                except AscendError as exc:  # its owner destroyed it meanwhile: nothing to restore
-                    log.debug("could not give the thread its context %#x back: %s", saved, exc)
+            except AscendError as exc:  # its owner destroyed it meanwhile: nothing to restore
+                log.debug("could not give the thread its context %s back: %s", saved, exc)
+
+    def let_go(self) -> None:
+        """The device is closing: the calling thread (the loop's) lets go of its context, if
+        it has it current (see the module docstring), before the runtime's close."""
+        _release_quietly(self.runtime)
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` called as :meth:`call` calls it (from any thread)."""
@@ -87,6 +100,24 @@ class ContextBinding:
                 )
 
         return free
+
+
+@contextlib.contextmanager
+def bound_for_life(runtime: Runtime) -> Iterator[None]:
+    """A library thread's body: the device's context bound on entry, let go of on the way out
+    however the body ends (before the thread ends: a thread that ends keeps its binding)."""
+    runtime.set_current_context()
+    try:
+        yield
+    finally:
+        _release_quietly(runtime)
+
+
+def _release_quietly(runtime: Runtime) -> None:
+    try:
+        runtime.release_thread()
+    except AscendError as exc:  # the runtime is gone already: nothing more can be done
+        log.debug("device %d: could not let go of its context: %s", runtime.device_id, exc)
 
 
 class _Restoring:

@@ -2,7 +2,7 @@
 
 What it is for. The poller (and the submitter, for requests it refused or let expire) posts each
 round's outcomes with one ``call_soon_threadsafe(DeliveryQueue.deliver, items)``
-(``Scheduler._post``). On the loop, :meth:`DeliveryQueue.deliver` tells the active observers
+(``Posting.post``). On the loop, :meth:`DeliveryQueue.deliver` tells the active observers
 (tracing, metrics: once per round, never per task, and nothing when none is active), appends the
 items, and drains at once unless a drain is already scheduled. Each item is one request's
 ``(request, error, Outcome)`` or a whole finished :class:`~.work.Batch` (the poller's usual

@@ -90,6 +90,7 @@ from .._errors import InternalError
 from .._runtime import Runtime
 from .._runtime.abi import ACL_EVENT_RECORDED_STATUS_COMPLETE
 from .._runtime.threads import GilTurns, LoopPulse, reduce_timer_slack
+from .binding import bound_for_life
 from .counters import Counters
 from .events import BatchEvents
 from .faults import FaultState, as_device_fault, fail_batches
@@ -237,14 +238,14 @@ class Poller:
     # --- the thread ------------------------------------------------------------------------
 
     def _main(self) -> None:
-        self._runtime.set_current_context()
-        reduce_timer_slack()
-        self._loop()
-        self.prober.stop()  # (a probe under way goes on: the close joins, or abandons, it)
-        self._unstager.finish()
-        # What it copied out is done (resolved by the close, which no longer counts on the
-        # loop for deliveries by then); what it never started is a leftover batch.
-        self.at_exit = self._take_unstaged()
+        with bound_for_life(self._runtime):  # (let go of before the hook may close it)
+            reduce_timer_slack()
+            self._loop()
+            self.prober.stop()  # (a probe under way goes on: the close joins, or abandons, it)
+            self._unstager.finish()
+            # What it copied out is done (resolved by the close, which no longer counts on the
+            # loop for deliveries by then); what it never started is a leftover batch.
+            self.at_exit = self._take_unstaged()
         self._exit_hook()
 
     def _loop(self) -> None:

@@ -18,17 +18,17 @@ the next admission yield to the loop once, so a tight launch loop cannot hold it
 batches, stamps the hop's deadline (the watchdog's clock starts within a tick of admission) and
 hands the hop to the submitter. The flush also beats the loop's heartbeat (``LoopPulse``) and
 does the loop's deferred chores (recycling collected events, reaping collected allocations,
-retiring dropped streams). The outcomes come back through :meth:`_post`; the delivery queue
+retiring dropped streams). The outcomes come back through ``Posting.post``; the delivery queue
 resolves them and reports to :meth:`_on_settled`, which takes them off ``unsettled`` and wakes a
 close waiting for idle.
 
 Which thread touches what. Everything is the loop thread's (the one that opened the device; the
-calls that queue work refuse other threads with ``RuntimeError``), except :meth:`_post` (the
-library threads: one non-blocking ``call_soon_threadsafe`` per round, under ``_post_lock``);
+calls that queue work refuse other threads with ``RuntimeError``), except ``Posting.post`` (the
+library threads: one non-blocking ``call_soon_threadsafe`` per round, under its lock);
 :meth:`retire_event`, :meth:`drop_record`, :meth:`drop_lane` and :meth:`abandon` (finalizers, on
 any thread: they only append, hand the work to the loop with ``call_soon_threadsafe``, or ask
 the threads to stop); and :meth:`bound`, which binds the device's context around each call on
-whichever thread makes it. The threads have no other way in than their inboxes and ``_post``,
+whichever thread makes it. The threads have no other way in than their inboxes and ``post``,
 and none of them ever waits for the loop.
 
 Invariants.
@@ -41,9 +41,9 @@ Invariants.
 - A fault is sticky: once ``FaultState.first`` is set, every :meth:`check_usable` refuses with
   an error caused by it, until the device is closed and reopened.
 
-Posting. ``_post`` delivers into the loop unless the loop has finished: the outcomes are then
-kept in ``_undelivered`` until an :meth:`aclose` from another loop adopts it and delivers them
-there; a forced close holds them back the same way (:mod:`.shutdown`; :mod:`.forcing`).
+Posting. The threads' outcomes reach the loop through :class:`~.posting.Posting`, which keeps
+those the loop never took (it finished) until an :meth:`aclose` from another loop adopts the
+device; a forced close holds them back the same way (:mod:`.shutdown`; :mod:`.forcing`).
 
 Cancellation. A coroutine cancelled while waiting in :meth:`admit` is admitted to nothing; an
 enqueued request runs and holds what it uses until the device is done with it. :meth:`aclose`
@@ -58,7 +58,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import anyio
@@ -87,6 +86,7 @@ from .loop import LoopAdapter, current_loop_adapter
 from .modules import Binaries, ModuleRecord
 from .plans import PlanRecord
 from .poller import POKE, CompletionMode, Poller
+from .posting import Posting
 from .shutdown import (
     JOIN_TIMEOUT_S,
     SETTLE_AFTER_FORCE_S,
@@ -106,7 +106,7 @@ from .task import HostFunctionTask, Task
 from .unseen import FailureLog
 from .waiter import Waiter
 from .watchdog import STALLED
-from .work import Arrival, Request, expand
+from .work import Request, expand
 
 __all__ = ["DeviceState", "Scheduler", "flush_now"]
 
@@ -178,6 +178,7 @@ class Scheduler:
         #: this device as observers (tracing, metrics) see it
         self.source = source = Source(self.device_id, runtime.name)
         self._delivery = DeliveryQueue(adapter.wake, adapter.call_soon, self._on_settled, source)
+        self._posting = Posting(adapter, self._delivery.deliver)
         self.lanes: list[Lane] = []
         #: lanes of streams collected without aclose() (their finalizers hand them over)
         self.dropped_lanes = DroppedLanes(self.device_id)
@@ -188,9 +189,6 @@ class Scheduler:
         self._flush_at = min(batch_cap, FLUSH_AT)
         self._batch_cap = batch_cap
         self.task_timeout = task_timeout  #: the watchdog's, seconds
-        self._post_lock = threading.Lock()
-        self._undelivered: list[Arrival] = []
-        self._forcing = False
         #: a full batch went out inside a call: the next admission yields to the loop once
         self.yield_due = False
         self.unsettled = 0  # admitted requests aclose() still waits for
@@ -206,7 +204,7 @@ class Scheduler:
             faults=self.faults,
             lifetimes=self.lifetimes,
             batch_events=self._batch_events,
-            post=self._post,
+            post=self._posting.post,
             stage=self.pool.acquire,
             to_poller=batches.put,
             task_timeout=task_timeout,
@@ -223,7 +221,7 @@ class Scheduler:
             faults=self.faults,
             lifetimes=self.lifetimes,
             batch_events=self._batch_events,
-            post=self._post,
+            post=self._posting.post,
             inbox=batches,
             expire_waiting=self._submitter.expire_waiting,
             watch=None if self._waiter is None else self._waiter.watch,
@@ -473,25 +471,13 @@ class Scheduler:
 
     # --- completions (loop thread) ---------------------------------------------------------
 
-    def _post(self, deliveries: Sequence[Arrival]) -> None:
-        # Library threads: one non-blocking hop into the loop for a round's deliveries. If the
-        # loop has finished they wait for aclose() from another loop (see _adopt_loop).
-        if not deliveries:
-            return
-        with self._post_lock:
-            if self._forcing:
-                self._undelivered.extend(deliveries)  # sorted out by _shutdown
-            elif not self.adapter.call_soon_threadsafe(self._delivery.deliver, deliveries):
-                self._undelivered.extend(deliveries)
-
     def _adopt_loop(self) -> None:
         # aclose() from another loop, the opening one having finished: continue on this one.
         adapter = current_loop_adapter()
-        with self._post_lock:
-            self.adapter = self._idle.adapter = adapter
-            self.lifetimes.check_thread = adapter.check_thread
-            self._delivery.rebind(adapter.wake, adapter.call_soon)
-            undelivered, self._undelivered = self._undelivered, []
+        self.adapter = self._idle.adapter = adapter
+        self.lifetimes.check_thread = adapter.check_thread
+        self._delivery.rebind(adapter.wake, adapter.call_soon)
+        undelivered = self._posting.adopt(adapter)
         log.info("device %d: closing from another loop (the first one finished)", self.device_id)
         if undelivered:
             self._delivery.deliver(undelivered)
@@ -699,8 +685,7 @@ class Scheduler:
             # Unblock a thread stuck in a runtime call (a full queue, a hung stream). What
             # the threads report from now on is about streams destroyed under them: held
             # back, so that a refusal of a destroyed stream never stands for the outcome.
-            with self._post_lock:
-                self._forcing = forced
+            self._posting.hold_back(forced)
             self._destroy_lanes()
         threads = [self._poller.thread, *self._other_threads()]
         for thread in threads:
@@ -723,8 +708,7 @@ class Scheduler:
             (r, gave_up(r.kind) if forced or stuck else ClosedError(f"{r.kind} {DROPPED}"))
             for r in leftovers
         ]
-        with self._post_lock:
-            held, self._undelivered = self._undelivered + self._poller.at_exit, []
+        held = self._posting.take_held() + self._poller.at_exit
         for request, error, _ in expand(held):
             if error is not None:
                 timeout = gave_up(request.kind)
@@ -754,6 +738,7 @@ class Scheduler:
                 pool=self.pool,
                 pinned=self.pinned,
             )
+        self._binding.let_go()  # (the runtime's close may come later, on another thread)
         self.failures.report_at_close()
         self.state = DeviceState.CLOSED
 
@@ -782,6 +767,7 @@ class Scheduler:
         self.state = DeviceState.CLOSED
         self.abandoned = True
         self.failures.report_at_close()
+        self._binding.let_go()  # (the collecting thread's: the loop's, most often)
         if self._waiter is not None:
             self._waiter.stop()
         self._submitter.stop()
@@ -792,8 +778,7 @@ class Scheduler:
         close_after(self._other_threads, self.runtime, self.pinned)
 
     def _other_threads(self) -> list[threading.Thread]:
-        # The device's threads but the poller: the submitter and its staging thread (which
-        # the submitter waits for on its way out), the prober, module loads, block mode's waiter.
+        # All but the poller: the submitter, its staging thread, the prober, module loads, waiter
         threads = [self._submitter.thread, self._submitter.stage_thread, self._poller.prober.thread]
         threads += self.binaries.threads
         return threads if self._waiter is None else [*threads, self._waiter.thread]

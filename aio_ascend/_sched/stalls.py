@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable
 
 from .._errors import StreamSyncTimeoutError
 from .._runtime import Runtime
+from .binding import bound_for_life
 from .lane import Lane
 from .work import Batch
 
@@ -197,7 +198,10 @@ class Prober:
         self._jobs.put(None)
 
     def _main(self) -> None:
-        self._runtime.set_current_context()
+        with bound_for_life(self._runtime):
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             handle = self._jobs.get()
             if handle is None:

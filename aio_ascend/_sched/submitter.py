@@ -113,6 +113,7 @@ from .._runtime.base import LaunchBatch
 from .._runtime.pybatch import PythonBatch
 from .._runtime.threads import GilTurns, LoopPulse
 from .batching import Hop
+from .binding import bound_for_life
 from .counters import Counters
 from .events import BatchEvents, EventRecord
 from .faults import FaultState, classify_refusal
@@ -290,7 +291,10 @@ class Submitter:
     # --- the thread ------------------------------------------------------------------------
 
     def _main(self) -> None:
-        self._runtime.set_current_context()
+        with bound_for_life(self._runtime):
+            self._serve()
+
+    def _serve(self) -> None:
         get = self._inbox.get
         parked = self._parked
         while True:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 from .._errors import EventSyncTimeoutError
 from .._runtime import Runtime
+from .binding import bound_for_life
 from .counters import Counters
 
 __all__ = ["FIRST_SLICE_MS", "MAX_SLICE_MS", "Waiter", "next_slice"]
@@ -86,7 +87,10 @@ class Waiter:
         self._changed.set()
 
     def _main(self) -> None:
-        self._runtime.set_current_context()
+        with bound_for_life(self._runtime):
+            self._serve()
+
+    def _serve(self) -> None:
         slice_ms = FIRST_SLICE_MS
         backoff = 0.0  # while the sleep itself keeps failing: how long before the next try
         while not self._stop:

@@ -419,6 +419,8 @@ typedef struct ctx {
     char fault_msg[256];
     int unread_code; /* a failed task no stream synchronize has read yet (g_unread_faults) */
     char unread_msg[256];
+    int thread_refs; /* threads that have it current (never a device's default context) */
+    int destroyed;
     struct ctx *next;
 } ctx_t;
 
@@ -551,6 +553,25 @@ static int64_t g_freed_under_callers;
 static int g_unread_faults;
 static int32_t g_next_stream_id = 1;
 static __thread ctx_t *t_ctx;
+/* Destroyed contexts some thread still has current: not deleted yet (see bind_thread_locked). */
+static size_t g_held_contexts;
+
+/* The calling thread's current context becomes c (NULL: none). On the real runtime a thread's
+   binding of a context that is not a device's primary one is a reference: a destroyed context
+   (its default stream's queues and memory) is deleted only once no thread has it current, and a
+   thread that ends keeps its binding (hicann/runtime@681ef76: common/inner_thread_local.cpp:
+   56-78, UpdateThreadBinding and NeedThreadRef; context/context.cc:1898-1917,
+   TryDeleteIfNeeded). Over tests/realrt's driver such a context kept ~21 MB of device memory
+   and two hardware queues. Contexts are never freed here, so an old binding is safe to read. */
+static void bind_thread_locked(ctx_t *c) {
+    ctx_t *old = t_ctx;
+    if (old == c) return;
+    if (old && !old->is_default && old->thread_refs > 0 && --old->thread_refs == 0 &&
+        old->destroyed)
+        g_held_contexts--;
+    if (c && !c->is_default) c->thread_refs++;
+    t_ctx = c;
+}
 
 static dalloc_t *g_dallocs;
 static size_t g_ndallocs, g_dallocs_cap;
@@ -801,7 +822,11 @@ static void destroy_context_locked(ctx_t *c) {
         }
     }
     if (g_default_ctx[c->device] == c) g_default_ctx[c->device] = NULL;
-    if (t_ctx == c) t_ctx = NULL;
+    /* ContextDestroy lets go of the destroying thread's own binding only (api_impl.cc:
+       4148-4154); other threads' keep it undeleted */
+    if (t_ctx == c) bind_thread_locked(NULL);
+    c->destroyed = 1;
+    if (c->thread_refs > 0) g_held_contexts++;
     /* Never freed: a thread still bound to it must keep getting 107002, which a recycled
        address (a new context at the same place) would silently turn into a valid binding. */
     c->next = NULL;
@@ -821,8 +846,7 @@ static void reset_device_locked(int device) {
 
 /* The calling thread's live context, or NULL with 107002 set. g_mu held. */
 static ctx_t *need_ctx(aclError *rc) {
-    if (!t_ctx || !live_is(t_ctx, K_CTX)) {
-        t_ctx = NULL;
+    if (!t_ctx || !live_is(t_ctx, K_CTX)) { /* (a destroyed one stays bound: see above) */
         *rc = fail(ACL_ERROR_RT_CONTEXT_NULL,
                    "the calling thread has no current context (call aclrtSetCurrentContext)");
         return NULL;
@@ -1434,7 +1458,7 @@ EXPORT aclError aclrtSetDevice(int32_t deviceId) {
                           deviceId, g_device_count));
     g_dev_refs[deviceId]++;
     if (!g_default_ctx[deviceId]) g_default_ctx[deviceId] = new_context(deviceId, 1);
-    t_ctx = g_default_ctx[deviceId];
+    bind_thread_locked(g_default_ctx[deviceId]);
     LEAVE_UNLOCK(0);
 }
 
@@ -1455,7 +1479,7 @@ EXPORT aclError aclrtCreateContext(aclrtContext *context, int32_t deviceId) {
     if (deviceId < 0 || deviceId >= g_device_count || deviceId >= MAX_DEVICES)
         LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_DEVICEID, "device %d does not exist", deviceId));
     ctx_t *c = new_context(deviceId, 0);
-    t_ctx = c;
+    bind_thread_locked(c);
     *context = c;
     LEAVE_UNLOCK(0);
 }
@@ -1473,7 +1497,7 @@ EXPORT aclError aclrtSetCurrentContext(aclrtContext context) {
     pthread_mutex_lock(&g_mu);
     if (!context) LEAVE_UNLOCK(fail(ACL_ERROR_RT_PARAM_INVALID, "context is NULL"));
     if (!live_is(context, K_CTX)) LEAVE_UNLOCK(fail(ACL_ERROR_RT_INVALID_HANDLE, "context %p is not live", context));
-    t_ctx = context;
+    bind_thread_locked(context);
     LEAVE_UNLOCK(0);
 }
 
@@ -2647,7 +2671,7 @@ EXPORT void double_set_max_depth(size_t depth) {
 }
 
 /* contexts, streams, events, device allocations, pinned allocations, binaries, queued tasks,
-   device refcount of device 0, models (aclmdlRI) */
+   device refcount of device 0, models (aclmdlRI), destroyed contexts a thread still holds */
 EXPORT void double_live_counts(int64_t *out9) {
     int64_t *out8 = out9;
     pthread_mutex_lock(&g_mu);
@@ -2660,6 +2684,7 @@ EXPORT void double_live_counts(int64_t *out9) {
     out8[6] = (int64_t)g_queued_tasks;
     out8[7] = (int64_t)g_dev_refs[0];
     out9[8] = (int64_t)g_live_models;
+    out9[9] = (int64_t)g_held_contexts;
     pthread_mutex_unlock(&g_mu);
 }
 

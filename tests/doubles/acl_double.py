@@ -421,7 +421,7 @@ class DoubleControl:
         return int(self.lib.double_freed_under_callers())
 
     def live_counts(self) -> dict[str, int]:
-        out = (ctypes.c_int64 * 9)()
+        out = (ctypes.c_int64 * 10)()
         self.lib.double_live_counts(out)
         keys = (
             "contexts",
@@ -433,6 +433,7 @@ class DoubleControl:
             "queued_tasks",
             "device0_refs",
             "models",
+            "held_contexts",
         )
         return dict(zip(keys, out, strict=True))
 

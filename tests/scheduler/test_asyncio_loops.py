@@ -153,6 +153,52 @@ def test_a_close_under_way_as_asyncio_run_ends_still_finishes(timeout: float | N
     asyncio.run(again())
 
 
+@pytest.mark.parametrize("pending", ["launch", "plan launch", "memset"])
+def test_completions_a_finished_loop_dropped_reach_a_close_from_the_next_one(
+    pending: str,
+) -> None:
+    # asyncio.run closes its loop once the main coroutine has returned: a completion the
+    # poller posted in between (its call_soon_threadsafe succeeded) was dropped with the
+    # loop's other callbacks. A close from the next asyncio.run then waited for good for that
+    # task (or, bounded, destroyed the streams by force over work long done). Here the loop
+    # is run and closed by hand, with the completion posted in between, every time.
+    loop = asyncio.new_event_loop()
+
+    async def queue_work() -> tuple[aa.Device, aa.Task, Any]:
+        dev = await aa.open_device(0, backend="sim")
+        s = dev.stream()
+        buf = dev.malloc(64)
+        await (await s.memset(buf, 0))  # (one awaited operation first, as the report had)
+        plan = s.plan(dev.function("noop"), 1)
+        if pending == "launch":
+            task = await s.launch(dev.function("noop"), 1)
+        elif pending == "plan launch":
+            task = await plan.launch()
+        else:
+            task = await s.memset(buf, 1)
+        return dev, task, plan
+
+    dev, task, plan = loop.run_until_complete(queue_work())
+    posting = dev._scheduler._posting
+    deadline = time.monotonic() + 10
+    while not posting._in_transit:  # (the poller has posted the completion; nobody runs it)
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    loop.close()  # (as asyncio.run does: the queued callback goes with it)
+    assert not task.done()
+
+    async def close() -> float:
+        started = time.perf_counter()
+        await dev.aclose(timeout=5)
+        return time.perf_counter() - started
+
+    elapsed = asyncio.run(close())
+    assert task.done() and task.exception() is None, task  # finished: delivered, not forced
+    assert elapsed < 2, elapsed  # (waited for nothing: the work was long done)
+    assert dev.closed and plan.closed  # (the plan, open, goes with its device)
+    assert_no_library_threads(10)
+
+
 def test_a_close_left_pending_in_a_closed_loop_is_refused_later_not_waited_for() -> None:
     # A loop closed by hand with the device's close still pending (no asyncio.run to finish
     # it): a later aclose() from another loop waited for that close for good.

@@ -301,7 +301,7 @@ async def test_a_copy_given_up_while_the_device_close_forces_is_told_once(
         return memset(*args)
 
     def let_go_once_forcing() -> None:
-        while not scheduler._forcing and not unstuck.is_set():
+        while not scheduler._posting.holding and not unstuck.is_set():
             time.sleep(0.001)
         unstuck.set()
         released.set()

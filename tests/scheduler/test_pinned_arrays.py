@@ -333,6 +333,7 @@ async def test_the_last_pinned_array_collected_on_another_thread_after_the_close
             kept.clear()
             gc.collect()
             contexts.append(other.runtime.get_current_context())
+            other.runtime.release_thread()  # (a thread ending with a context current keeps it)
 
         thread = threading.Thread(target=collect)
         thread.start()

@@ -465,9 +465,7 @@ async def test_a_wait_on_a_stream_parked_behind_a_big_copy_still_waits(
         np.testing.assert_array_equal(z, x + x)
 
 
-# (not on realrt yet: there the forced stream's batches hold no record to find lost, and the
-# wait blocks until s2 is forced too; why is still to be worked out)
-@pytest.mark.backends("sim", "acl")
+@pytest.mark.backends("sim", "acl", "realrt")
 @pytest.mark.anyio
 async def test_a_wait_on_an_event_a_forced_close_dropped_fails_at_once_and_says_why(
     open_dev: OpenDevice,
@@ -501,7 +499,7 @@ async def test_a_wait_on_an_event_a_forced_close_dropped_fails_at_once_and_says_
         await other.aclose()
 
 
-@pytest.mark.backends("sim", "acl")
+@pytest.mark.backends("sim", "acl", "realrt")
 @pytest.mark.anyio
 async def test_a_stream_stranded_by_another_streams_forced_close_refuses_new_work(
     open_dev: OpenDevice,
@@ -546,7 +544,7 @@ async def test_a_stream_stranded_by_another_streams_forced_close_refuses_new_wor
     assert_runtime_clean(dev)
 
 
-@pytest.mark.backends("sim", "acl")
+@pytest.mark.backends("sim", "acl", "realrt")
 @pytest.mark.anyio
 @pytest.mark.parametrize("links", [2, 3])
 async def test_streams_down_a_chain_of_waits_from_a_forced_stream_are_stranded_too(

@@ -34,6 +34,9 @@ class _Runtime:
     def set_current_context(self) -> None:
         pass
 
+    def release_thread(self) -> None:
+        pass
+
     def launch_kernel_with_host_args(self, *args: Any) -> None:
         self.launches += 1
 

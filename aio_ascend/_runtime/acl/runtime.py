@@ -18,7 +18,6 @@ from ..._errors import (
     AscendError,
     BackendUnavailableError,
     ClosedError,
-    ContextNullError,
     DeviceFaultError,
     InternalError,
     RuntimeAPIError,
@@ -51,6 +50,7 @@ from ..base import FunctionInfo, LaunchBatch
 from . import ffi as ffi
 from .argshandle import launch_with_args_handle
 from .batch import native_batch
+from .contexts import ThreadContexts, open_context
 from .devargs import DeviceArgsPath, load_legacy
 from .exceptions import Sites
 from .facts import ACL_HBM_MEM, device_facts
@@ -120,7 +120,7 @@ class AclRuntime:
         self,
         library: AclLibrary,
         device_id: int,
-        context: int,
+        contexts: tuple[int, int],
         stream_capacity: int = ACL_STREAM_CAPACITY,
         exception_callback: bool = True,
     ) -> None:
@@ -143,7 +143,9 @@ class AclRuntime:
             library.has("aclrtCreateStreamWithConfig") and version is not None and version < (9, 1)
         )
         self._fn: dict[str, Any] = library.functions
-        self._context = context
+        #: (context, primary context): see contexts.py
+        self._contexts = ThreadContexts(library.functions, *contexts)
+        self._context = contexts[0]
         self._tls = _Scratch()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -225,16 +227,15 @@ class AclRuntime:
         if context is None or context == self._context:
             self._fn["aclrtSetCurrentContext"](self._context)
             return
-        self._library.functions["aclrtSetCurrentContext"](_ptr("context", context))
+        self._contexts.bind(context)
 
     def get_current_context(self) -> int | None:
         """``aclrtGetCurrentContext`` (``None`` when the thread has none: 107002)."""
-        current = c_void_p()
-        try:
-            self._library.functions["aclrtGetCurrentContext"](byref(current))
-        except ContextNullError:
-            return None
-        return current.value or None
+        return self._contexts.current()
+
+    def release_thread(self) -> None:
+        """See the protocol: the primary context is bound instead (contexts.py)."""
+        self._contexts.release()
 
     def get_recent_error_message(self) -> str:
         return self._library.recent_message()
@@ -246,7 +247,7 @@ class AclRuntime:
     def wait_settled(self, limit_s: float | None = None) -> None:
         """See the protocol: ``Settle.wait_in`` this thread, bound to this context meanwhile."""
         if not self._closed:
-            self.settle.wait_in(self._context, limit_s)
+            self.settle.wait_in(self._context, self._contexts.primary, limit_s)
 
     def leaked_device_blocks(self) -> int:
         """See the protocol: what the close's ``Settle.release`` leaked (any thread)."""
@@ -767,28 +768,8 @@ def open_acl_runtime(
     check_acl_options(stream_capacity=stream_capacity, exception_callback=exception_callback)
     stream_capacity = int(stream_capacity)
     library = usable_library(library_path)
-    fn = library.functions
-    # Read, though nothing uses it: on a thread whose current context was destroyed by a
-    # close on another thread, the real runtime's aclrtSetDevice crashed the process unless
-    # this read came first (seen on realrt: tests/runtime's context tests, then an open on
-    # the same thread; why is not worked out).
-    try:
-        fn["aclrtGetCurrentContext"](byref(c_void_p()))
-    except ContextNullError:
-        pass
-    fn["aclrtSetDevice"](device_id)
-    context = c_void_p()
-    try:
-        fn["aclrtCreateContext"](byref(context), device_id)
-    except BaseException:
-        try:
-            fn["aclrtResetDevice"](device_id)
-        except AscendError:
-            pass
-        raise
-    if not context.value:
-        raise InternalError("aclrtCreateContext returned a NULL context", func="aclrtCreateContext")
-    return AclRuntime(library, device_id, context.value, stream_capacity, exception_callback)
+    contexts = open_context(library.functions, device_id)
+    return AclRuntime(library, device_id, contexts, stream_capacity, exception_callback)
 
 
 def _after_fork_in_child() -> None:

@@ -128,9 +128,10 @@ class Settle:
         self.unsettled = False
         return True
 
-    def wait_in(self, context: int, limit_s: float | None = None) -> None:
+    def wait_in(self, context: int, primary: int, limit_s: float | None = None) -> None:
         """:meth:`wait` in the calling thread (off the event loop), bound to ``context`` for
-        the call and given its own context back."""
+        the call and given its own context back (one without any gets ``primary``: it must
+        not keep ``context``, see contexts.py)."""
         if not self.unsettled:
             return
         fn = self._functions
@@ -142,9 +143,10 @@ class Settle:
         except AscendError:
             pass  # the close decides (and waits itself if nothing was learnt here)
         finally:
-            if previous.value and previous.value != context:
+            back = previous.value or primary
+            if back != context:
                 with contextlib.suppress(AscendError):
-                    fn["aclrtSetCurrentContext"](previous.value)
+                    fn["aclrtSetCurrentContext"](back)
 
     def wait(self, limit_s: float | None = None) -> None:
         """Wait up to :data:`SETTLE_TIMEOUT_MS` (or ``limit_s``, if shorter: a close whose

@@ -366,6 +366,10 @@ class CudaCore(AclEmulation[CudaStream, CudaEvent, CudaGraph, CudaBinary, CudaFu
         """The primary context's handle (``CUcontext`` as an int)."""
         return int(self._ctx)
 
+    def release_thread(self) -> None:
+        """See the protocol: nothing (CUDA's current primary context is no reference; its
+        release is the close's ``cuDevicePrimaryCtxRelease``)."""
+
     def set_current_context(self, context: int | None = None) -> None:
         """``cuCtxSetCurrent``: bind the device's primary context to the calling thread, or
         ``context`` (a handle :meth:`get_current_context` returned; works after close too)."""

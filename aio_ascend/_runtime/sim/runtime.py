@@ -150,6 +150,12 @@ class SimRuntime(DeviceExecutor):
 
     # --- context and lifecycle -------------------------------------------------------------
 
+    def release_thread(self) -> None:
+        """See the protocol: the calling thread has no current context afterwards, if it had
+        this one (the sim's contexts hold no per-thread reference)."""
+        if getattr(CURRENT, "context", None) == self._context:
+            CURRENT.context = None
+
     def set_current_context(self, context: int | None = None) -> None:
         """``aclrtSetCurrentContext``: bind this runtime's context to the calling thread (one
         current context per thread across every sim runtime, as in ACL), or ``context``: the
