@@ -117,50 +117,24 @@ REALRT_DIVERGENCES = {
     "test_never_recorded_ex_event_is_complete": "CreateEventExWithFlag: 107000",
     "test_elapsed_time_needs_time_line_and_completed_events": "no 107000 for a non-time-line event",
     "test_a_thread_needs_set_current_context": "aclGetRecentErrMsg is empty in another thread",
-    "test_a_captured_copy_reads_its_pinned_source_at_each_replay": "stale source on replay",
     "test_unknown_kernel_name_is_symbol_not_found": (
         "aclrtBinaryGetFunction answers 107000 for an unknown name, not 107042 "
         "(api_impl.cc:992-996 turns every lookup failure into RT_ERROR_INVALID_VALUE)"
     ),
-    "test_captured_work_runs_only_when_replayed": (
-        "fake driver: a captured task runs when the runtime puts it on the model stream's queue "
-        "(our driver does not model a bound SQ that waits for the model's execution)"
-    ),
     "test_device_fault_is_sticky_for_every_stream": _AIV_FAULT,
     # the scheduler suites of tests/scheduler (REALRT_TOO)
     "test_device_fault_is_sticky_and_reopen_works": _AIV_FAULT,
+    "test_a_forced_stream_destroy_wakes_a_thread_synchronizing_on_its_event": (
+        "aclrtSynchronizeEvent on an event behind a hung kernel returns success once its "
+        "stream is destroyed by force: the runtime marks the stream force-recycled "
+        "(stream.cc:4636-4643) and then reclaims every task up to its tail as done "
+        "(stars_engine.cc:490-498), the event's record included"
+    ),
 }
 
-
-#: a graph's replay over our fake driver (not the runtime): the driver runs a captured copy or
-#: memset once, when the runtime puts it on the model stream's queue, and nothing at a replay
-#: (aclmdlRIExecuteAsync): a bound SQ that runs at each execution of the model is not modelled
-_NO_REPLAY = (
-    "fake driver: a graph's replay does not run the captured tasks again (our driver does not "
-    "model a model stream's bound SQ that runs at each aclmdlRIExecuteAsync: fakehal/fakehal.c)"
-)
-REALRT_DIVERGENCES.update(
-    {
-        "test_a_graph_runs_only_when_replayed_on_any_stream": _NO_REPLAY,
-        "test_a_captured_upload_copies_the_bytes_given_at_capture": _NO_REPLAY,
-        "test_a_fault_in_a_replay_fails_the_replay": _NO_REPLAY,
-        "test_a_graph_keeps_its_module_loaded_until_closed": _NO_REPLAY,
-        "test_a_forced_stream_destroy_wakes_a_thread_synchronizing_on_its_event": (
-            "aclrtSynchronizeEvent on an event behind a hung kernel returns success once its "
-            "stream is destroyed by force: the runtime marks the stream force-recycled "
-            "(stream.cc:4636-4643) and then reclaims every task up to its tail as done "
-            "(stars_engine.cc:490-498), the event's record included"
-        ),
-    }
-)
-
 #: tests whose outcome on realrt depends on a race or the timing of the runtime over our
-#: driver: non-strict xfails (docs/cann-support.md §13.3): test name -> why
+#: driver: non-strict xfails (docs/cann-support.md §13.3): test name -> why (none at present)
 REALRT_UNRELIABLE: dict[str, str] = {}
-#: it passes only when our driver happened to run the captured copy at capture (once)
-REALRT_UNRELIABLE["test_the_graph_keeps_its_buffers_until_closed_and_replayed"] = (
-    _NO_REPLAY + "; the test passes only when the driver ran the captured copy at capture"
-)
 
 
 #: contract cases the real runtime cannot run at all, because the call would crash the process

@@ -8,11 +8,12 @@
  * - device and pinned host allocations are distinct blocks of host memory (aligned like a
  *   device's), so a copy or a memset moves real bytes;
  * - each normal submission queue (one per stream) has its own worker thread that runs the
- *   queue's SQEs in order: copies (SDMA, PCIe DMA), event record / wait / reset, write value,
- *   place holders, kernel launches (a plain kernel's FFTS SQE, a MIX kernel's FFTS+ SQE and its
- *   context): the PC address of a launch points at the kernel's code the runtime copied to
- *   device memory at load, where tests/realrt/make_kernel_elf.py put a marker with the kernel's
- *   name; the host function of that name (kernels.c) runs over the args the runtime built.
+ *   queue's SQEs in order: copies (SDMA, PCIe DMA), event record / wait / reset, notify
+ *   record / wait, write value, place holders, kernel launches (a plain kernel's FFTS SQE, a
+ *   MIX kernel's FFTS+ SQE and its context): the PC address of a launch points at the kernel's
+ *   code the runtime copied to device memory at load, where tests/realrt/make_kernel_elf.py put
+ *   a marker with the kernel's name; the host function of that name (kernels.c) runs over the
+ *   args the runtime built.
  *   Anything else completes without effect. After each SQE the SQ head moves (what the
  *   runtime polls) and, when the SQE asks for one (wr_cqe) or failed, a completion (CQE) is
  *   queued for the stream's logic CQ, read by halCqReportRecv. A failed SQE stops its queue
@@ -20,6 +21,10 @@
  *   again (halSqCqConfig: sqconfig.c, fh_sq_config). Before a failed SQE's CQE, the firmware's
  *   record of the failure goes into the error ringbuffer the runtime handed over at open,
  *   where the runtime looks for it (fh_ringbuffer_report_locked);
+ * - a captured graph (a model): the queue of a stream bound to a model runs nothing until a
+ *   model execution on another queue activates it, then runs its SQEs from the first, its last
+ *   one recording the notify the executing stream waits for (fh_model_maintaince,
+ *   fh_model_execute); a failure in it fails that wait (fh_model_fault_locked);
  * - controls for tests, exported as C functions (ctypes): a delay per SQE, an error completion
  *   injected into the Nth next SQE of a stream, holding one stream's SQEs, counters, and the
  *   last kernel launch as the device saw it (name, blocks, args buffer).
@@ -192,6 +197,53 @@ struct fh_ffts_plus_sqe {
     uint32_t res5 : 15;
     uint32_t res6[4];
 };
+
+/* src/runtime/core/inc/sqe/v100/stars_kernel.hpp:309 RtStarsNotifySqe: a notify record or wait
+ * (notify_task_v100.cc:23-41, 150-170) */
+struct fh_notify_sqe {
+    struct fh_sqe_header header;
+    uint32_t notify_id : 13;
+    uint32_t res2 : 19;
+    uint16_t res3;
+    uint8_t kernel_credit;
+    uint8_t res4;
+    uint32_t timeout;
+    uint32_t res5[11];
+};
+
+/* src/runtime/core/inc/sqe/v100/stars_sqe.hpp:426 RtStarsFunctionCallSqe: a condition SQE whose
+ * STARS condition-ISA program loads a function's address into r1 and its size in 4-byte words
+ * into r2 (each with an LHWI and an LLWI: stars_cond_isa_construct_common.cc:84-99), then calls
+ * it (stars_cond_isa_helper.hpp:244-264 ConstructFunctionCallInstr) */
+struct fh_func_call_sqe {
+    struct fh_sqe_header header;
+    uint8_t conds_sub_type;
+    uint8_t res0[3];
+    uint16_t model_id; /* reserved1: the model of a model execute (model_execute_task_v100.cc:60) */
+    uint8_t kernel_credit;
+    uint8_t res1 : 7;
+    uint8_t csc : 1;
+    uint32_t lhwi1, llwi1[2]; /* r1: the function's address */
+    uint32_t lhwi2, llwi2[2]; /* r2: its size in words */
+    uint32_t func_call;
+    uint32_t nop[5];
+};
+
+/* src/runtime/core/inc/sqe/v100/stars_sqe.hpp:265 RtStarsPhSqe with :174-184 RtStarsModelMaintaince:
+ * a model maintenance task for the TS CPU (model_maintaince_task_v100.cc:23-96) */
+struct fh_model_maintaince_sqe {
+    struct fh_sqe_header header; /* type 3; task type 12 where block_dim sits */
+    uint8_t res[8];
+    uint16_t model_id;
+    uint16_t stream_id;
+    uint16_t operation; /* MmtType, task_base.hpp:236-245 */
+    uint16_t stream_type;
+    uint16_t first_task_id;
+    uint16_t endgraph_notify_id;
+    uint32_t executor_flag;
+    uint64_t stream_exec_times_addr;
+    uint32_t reserved[6];
+};
 #pragma pack(pop)
 
 /* src/runtime/core/inc/task/task_info_base.hpp:354 rtCqReport_t (not packed: 32 bytes) */
@@ -221,6 +273,9 @@ _Static_assert(sizeof(struct fh_event_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_write_value_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_kernel_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_ffts_plus_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_notify_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_func_call_sqe) == 64, "STARS SQE is 64 bytes");
+_Static_assert(sizeof(struct fh_model_maintaince_sqe) == 64, "STARS SQE is 64 bytes");
 _Static_assert(sizeof(struct fh_cqe) == 32, "rtCqReport_t is 32 bytes");
 
 /* ---- the device error ringbuffer (what TS firmware writes when a task fails) -----------
@@ -305,8 +360,21 @@ enum {
     FH_SQE_WRITE_VALUE = 8,
     FH_SQE_SDMA = 11,
     FH_SQE_PCIE_DMA = 17,
+    FH_SQE_COND = 20,
 };
 #define FH_SQE_SIZE 64U
+#define FH_TASK_TYPE_MODEL_MAINTAINCE 12U /* task_base.hpp:119 */
+enum { FH_MMT_STREAM_ADD = 0, FH_MMT_STREAM_DEL = 1, FH_MMT_MODEL_PRE_PROC = 4 }; /* task_base.hpp:236-245 */
+#define FH_CONDS_SUB_TYPE_MODEL_EXEC 1U /* stars_base.hpp:95 */
+
+/* The model execute function (stars_model_execute_cond_isa_define.hpp:182-193 RtStarsModelExeFuncCall,
+ * built by stars_cond_isa_helper.cc:221-626): its size, and where its LHWI/LLWI pairs load the
+ * operands it works on (offsetof over the runtime's own headers, as built for runtime_v100) */
+#define FH_MODEL_EXE_FUNC_SIZE 448U
+#define FH_MODEL_EXE_HEAD_SQ_ARR 4U   /* scanSq.u.rootModelAdapt.lhwi1: the head SQs' ids (r1) */
+#define FH_MODEL_EXE_HEAD_SQ_MAX 16U  /* .lhwi2: how many (r4) */
+#define FH_MODEL_EXE_SQ_VIRT_ARR 208U /* checkSqDisable.lhwi1: every SQ's register page, by SQ id */
+#define FH_MODEL_EXE_STREAM_SVM 344U  /* activeHeadSq.u.rootModelAdapt.lhwi1: execution counters */
 
 /* ---- the device --------------------------------------------------------------------- */
 
@@ -316,6 +384,7 @@ enum {
 #define FH_MAX_SQ 1024U
 #define FH_MAX_CQ 1024U
 #define FH_MAX_EVENT 65536U
+#define FH_MAX_NOTIFY 8192U /* a notify SQE's 13-bit id */
 #define FH_MAX_ID 65536U
 #define FH_SQ_DEPTH 2048U
 #define FH_SQ_REG_SIZE 4096U
@@ -334,6 +403,10 @@ struct fh_sq {
     int stop;
     int halted;  /* stopped at a failed SQE (STARS disables the queue): the head stays put */
     int resumed; /* the runtime moved a halted queue's head past the failed SQE */
+    int busy;    /* an SQE is in flight (a model's SQ: its state machine is not idle) */
+    int bound;   /* the queue of a model's stream (fh_model_maintaince): it runs SQEs only while */
+    int enabled; /* a model execution has activated it (fh_model_execute) */
+    uint16_t model_id;
     pthread_t worker;
     pthread_cond_t more;
 };
@@ -360,6 +433,9 @@ static pthread_cond_t g_hold_cond = PTHREAD_COND_INITIALIZER;
 static struct fh_sq g_sq[FH_MAX_SQ];
 static struct fh_cq g_cq[FH_MAX_CQ];
 static uint8_t g_event_flag[FH_MAX_EVENT];
+static uint8_t g_notify_flag[FH_MAX_NOTIFY];
+static uint32_t g_notify_fault[FH_MAX_NOTIFY]; /* a model's failure, for its end-graph wait */
+static uint16_t g_end_graph[FH_MAX_ID];        /* a model's end-graph notify + 1 (MMT_MODEL_PRE_PROC) */
 static uint8_t g_id_used[DRV_INVALID_ID][FH_MAX_ID];
 static struct fh_alloc* g_allocs;
 static size_t g_dev_bytes;
@@ -882,6 +958,9 @@ drvError_t halResourceIdAlloc(uint32_t devId, struct halResourceIdInputInfo* in,
             out->resourceId = id;
             if (in->type == DRV_EVENT_ID && id < FH_MAX_EVENT) {
                 g_event_flag[id] = 0;
+            } else if (in->type == DRV_NOTIFY_ID && id < FH_MAX_NOTIFY) {
+                g_notify_flag[id] = 0;
+                g_notify_fault[id] = 0;
             }
             pthread_mutex_unlock(&g_lock);
             FH_TRACE("halResourceIdAlloc type=%d -> %u", in->type, id);
@@ -1140,6 +1219,146 @@ static void fh_ringbuffer_report_locked(const uint8_t* raw, uint32_t error_code,
              h->rt_stream_id, h->task_id, e->error_type);
 }
 
+/* A 64-bit immediate a condition-ISA program loads into a register with an LHWI (bits 63-49 in
+ * its bits 31-17) and an LLWI (bits 48-32 in its bits 31-15, 31-0 in its second word) at `p`
+ * (stars_cond_isa_construct_common.cc:84-99; v100/stars_cond_isa_struct.hpp:114-131). */
+static uint64_t fh_cond_imm(const uint8_t* p)
+{
+    uint32_t w[3];
+    memcpy(w, p, sizeof(w));
+    return ((uint64_t)(w[0] >> 17) << 49) | ((uint64_t)(w[1] >> 15) << 32) | w[2];
+}
+
+/* The runtime's model maintenance tasks for the TS CPU (place holder SQE, task type 12:
+ * model_maintaince_task_v100.cc:23-98). MMT_STREAM_ADD binds a stream to a model: the runtime
+ * sends it on its default stream and waits for it (model.cc:454-470 EnterBindStream) before it
+ * puts tasks on the bound stream; those are written into the stream's device SQ at once
+ * (docs/zh/design/modules/model/model.md:287-304) and run when a model execution activates the
+ * SQ (model.md:62-63, 474-478; fh_model_execute), not before (a capture records, it does not
+ * run). The firmware that handles the task is not public; what it leaves is what the model
+ * execute function expects of a bound SQ not run yet: disabled (stars_cond_isa_helper.cc:
+ * 391-415, "if sq enable flag is disable(0), goto setSqHead0"). MMT_MODEL_PRE_PROC names the
+ * model's end-graph notify (:59-75). The others (the unbind MMT_STREAM_DEL...) complete without
+ * effect: a model's SQ runs nothing on its own until the runtime frees it. */
+static void fh_model_maintaince(uint32_t sq_id, const struct fh_model_maintaince_sqe* m)
+{
+    pthread_mutex_lock(&g_lock);
+    if (m->operation == FH_MMT_STREAM_ADD) {
+        for (uint32_t i = 0; i < FH_MAX_SQ; i++) {
+            if (g_sq[i].valid && g_sq[i].stream_id == m->stream_id) {
+                g_sq[i].bound = 1;
+                g_sq[i].enabled = 0;
+                g_sq[i].model_id = m->model_id;
+                FH_TRACE("sq %u: stream %u (sq %u) bound to model %u", sq_id, m->stream_id, i, m->model_id);
+            }
+        }
+    } else if (m->operation == FH_MMT_MODEL_PRE_PROC) { /* where its failure goes (fh_model_fault_locked) */
+        g_end_graph[m->model_id] = (uint16_t)(m->endgraph_notify_id + 1U);
+        FH_TRACE("sq %u: model %u loaded, end-graph notify %u", sq_id, m->model_id, m->endgraph_notify_id);
+    } else {
+        FH_TRACE("sq %u: model %u maintenance %u (stream %u) completes without effect", sq_id, m->model_id,
+                 m->operation, m->stream_id);
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* A failed SQE of a model's SQ (fh_worker). The runtime reads no completion of a model's stream
+ * (its tasks complete when sent: stars_engine.cc:1368-1373, "simu stars report"); it learns of the
+ * failure from the executing stream's end-graph notify wait, whose CQE carries the model's result
+ * as its status: the failed task's stream and task and TS_STARS_MODEL_STREAM_EXE_FAILED
+ * (stars.hpp:58-75 rtStarsCqeSwStatus_t, runtime_tsch_defines.h:195), decoded for a failed
+ * notify wait by stars_engine.cc:1541-1548, notify_task.cc:414-422, 463-493 and
+ * model_execute_task.cc:227-250, 316-341. The firmware that reports it is not public: this is
+ * what that decoding implies, and the error bit it is given (bit 5, "sq sw status error":
+ * stars_engine.cc:1574-1576) is a choice. STARS disables the failed SQ (the runtime waits for
+ * that: stars_engine.cc:1437-1449), so the model's next execution starts it again from its first
+ * SQE (fh_model_execute). Called with g_lock held. */
+static void fh_model_fault_locked(struct fh_sq* sq, const struct fh_sqe_header* h)
+{
+    const uint32_t notify = g_end_graph[sq->model_id];
+    sq->enabled = 0;
+    if (notify == 0U || notify > FH_MAX_NOTIFY) {
+        FH_TRACE("model %u: stream %u task %u failed, no end-graph notify to report it to", sq->model_id,
+                 h->rt_stream_id, h->task_id);
+        return;
+    }
+    g_notify_fault[notify - 1U] = (1U << 28) | ((uint32_t)(h->rt_stream_id & 0xFFFU) << 16) | h->task_id;
+    pthread_cond_broadcast(&g_event_cond);
+    FH_TRACE("model %u: stream %u task %u failed: reported to end-graph notify %u", sq->model_id, h->rt_stream_id,
+             h->task_id, notify - 1U);
+}
+
+/* A model execution (model.cc:1214-1264 SubmitExecuteTask): a condition SQE of sub type
+ * MODEL_EXEC (model_execute_task_v100.cc:43-72) calling the model execute function the runtime
+ * wrote into device memory, its operands (the head SQs' ids, then their streams' execution
+ * counters) after it (model_execute_task_func_call.cc:171-238, 336-418). For each of the model's
+ * head SQs, that function (stars_cond_isa_helper.cc:221-626):
+ * - waits for the SQ's state machine to be idle, a bounded loop, else fails (:268-341). Here it
+ *   waits only for a last SQE in flight: the end-graph record, which the executing stream's wait
+ *   can see before the SQ is idle (the window that loop covers); any other SQE in flight fails,
+ * - fails when the runtime's table of SQ register pages has none for it (:351-388) or when the SQ
+ *   is enabled and its head has not reached its tail, i.e. its last execution has not finished
+ *   (:391-415, 425-472),
+ * - disables it and moves its head to 0 (:483-495), counts the execution in the stream's 16-bit
+ *   counter and activates the SQ (:522-556): STARS runs its SQEs again from the first.
+ * A failure is the function's error instruction: an error CQE with status 0, "ModelExecuteTask
+ * goto error instr" (model_execute_task.cc:88-93; which error bit STARS sets is not in the
+ * source: bit 0 here). This SQE does not wait for the model: the runtime's next SQE on the
+ * stream waits for the end-graph notify the model's last SQE records (model.cc:1309-1321), and
+ * the execution is over once that wait has run (raw_device.cc:2523-2576). A function of another
+ * size is not this one: not modelled, it completes without effect. g_lock is NOT held. */
+static uint32_t fh_model_execute(uint32_t sq_id, const uint8_t* raw, uint32_t* error_code)
+{
+    const uintptr_t fc = (uintptr_t)fh_cond_imm(raw + __builtin_offsetof(struct fh_func_call_sqe, lhwi1));
+    const uint64_t size = fh_cond_imm(raw + __builtin_offsetof(struct fh_func_call_sqe, lhwi2)) * 4U;
+    if (size != FH_MODEL_EXE_FUNC_SIZE || !fh_valid_range(fc, FH_MODEL_EXE_FUNC_SIZE)) {
+        FH_TRACE("sq %u: model execute calling %lu bytes at %#lx: not modelled, completes without effect", sq_id,
+                 (unsigned long)size, (unsigned long)fc);
+        return 0;
+    }
+    const uint8_t* f = (const uint8_t*)fc;
+    const uint16_t model_id = ((const struct fh_func_call_sqe*)raw)->model_id;
+    const uint64_t* head_sqs = (const uint64_t*)(uintptr_t)fh_cond_imm(f + FH_MODEL_EXE_HEAD_SQ_ARR);
+    const uint64_t n = fh_cond_imm(f + FH_MODEL_EXE_HEAD_SQ_MAX);
+    const uint64_t* pages = (const uint64_t*)(uintptr_t)fh_cond_imm(f + FH_MODEL_EXE_SQ_VIRT_ARR);
+    const uint64_t* counters = (const uint64_t*)(uintptr_t)fh_cond_imm(f + FH_MODEL_EXE_STREAM_SVM);
+    *error_code = 0;
+    if (n > FH_MAX_SQ || !fh_valid_range((uintptr_t)head_sqs, n * 8U) ||
+        !fh_valid_range((uintptr_t)counters, n * 8U)) {
+        return 1U;
+    }
+    pthread_mutex_lock(&g_lock);
+    for (uint64_t i = 0; i < n; i++) {
+        const uint64_t id = head_sqs[i];
+        struct fh_sq* sq = &g_sq[(id < FH_MAX_SQ) ? id : 0U];
+        const uint32_t at = sq->head;
+        while (id < FH_MAX_SQ && sq->valid && sq->busy && sq->head == at && (at + 1U) % sq->depth == sq->tail &&
+               !sq->stop && !g_sq[sq_id].stop) {
+            pthread_cond_wait(&g_hold_cond, &g_lock);
+        }
+        const struct fh_alloc* a = fh_find_locked((uintptr_t)(pages + id));
+        const int page = (a != NULL) && (uintptr_t)(pages + id) + 8U <= a->base + a->size && pages[id] != 0;
+        const int running = sq->busy || (sq->enabled && sq->head != sq->tail);
+        if (id >= FH_MAX_SQ || !sq->valid || !sq->bound || !page || running) {
+            FH_TRACE("sq %u: model %u execute: head sq %lu %s", sq_id, model_id, (unsigned long)id,
+                     running ? "still running" : "not a model's SQ with a register page");
+            pthread_mutex_unlock(&g_lock);
+            return 1U;
+        }
+        sq->head = 0;
+        uint16_t* count = (uint16_t*)(uintptr_t)counters[i];
+        if (fh_find_locked((uintptr_t)count) != NULL) {
+            (*count)++;
+        }
+        sq->enabled = 1;
+        FH_TRACE("sq %u: model %u execute: sq %lu runs its %u SQEs", sq_id, model_id, (unsigned long)id, sq->tail);
+        pthread_cond_broadcast(&sq->more);
+        pthread_cond_broadcast(&g_hold_cond);
+    }
+    pthread_mutex_unlock(&g_lock);
+    return 0;
+}
+
 /* Runs one SQE; g_lock is NOT held. Returns the STARS error bits (0: success) and sets
  * *error_code (the accelerator's status) with them. */
 static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw, uint32_t* error_code)
@@ -1215,9 +1434,47 @@ static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw, uint32_t* error_c
             FH_TRACE("sq %u: write value sub_type %u", sq_id, s->sub_type);
             return 0;
         }
+        case FH_SQE_NOTIFY_RECORD: {
+            /* notify_task_v100.cc:23-41: STARS sets the notify */
+            const struct fh_notify_sqe* s = (const struct fh_notify_sqe*)raw;
+            pthread_mutex_lock(&g_lock);
+            g_notify_flag[s->notify_id] = 1;
+            pthread_cond_broadcast(&g_event_cond);
+            pthread_mutex_unlock(&g_lock);
+            FH_TRACE("sq %u: notify record %u", sq_id, s->notify_id);
+            return 0;
+        }
+        case FH_SQE_NOTIFY_WAIT: {
+            /* notify_task_v100.cc:150-170: wait for the notify, then reset it (a notify wait is a
+             * wait-and-reset: acl_rt.h:3903-3912 aclrtWaitAndResetNotify), or fail with the
+             * failure of the model whose end graph it waits for (fh_model_fault_locked). Its
+             * timeout is not modelled (a model's end-graph wait has none: model.cc:1309-1321) */
+            const struct fh_notify_sqe* s = (const struct fh_notify_sqe*)raw;
+            FH_TRACE("sq %u: notify wait %u", sq_id, s->notify_id);
+            pthread_mutex_lock(&g_lock);
+            while (!g_notify_flag[s->notify_id] && !g_notify_fault[s->notify_id] && !g_sq[sq_id].stop) {
+                pthread_cond_wait(&g_event_cond, &g_lock);
+            }
+            *error_code = g_notify_fault[s->notify_id];
+            g_notify_flag[s->notify_id] = 0;
+            g_notify_fault[s->notify_id] = 0;
+            pthread_mutex_unlock(&g_lock);
+            return (*error_code != 0U) ? (1U << 5) : 0U;
+        }
+        case FH_SQE_COND:
+            if (((const struct fh_func_call_sqe*)raw)->conds_sub_type == FH_CONDS_SUB_TYPE_MODEL_EXEC) {
+                return fh_model_execute(sq_id, raw, error_code);
+            }
+            FH_TRACE("sq %u: condition SQE of sub type %u completes without effect", sq_id,
+                     ((const struct fh_func_call_sqe*)raw)->conds_sub_type);
+            return 0;
         case FH_SQE_PLACE_HOLDER:
             if (h->block_dim == FH_TASK_TYPE_RINGBUFFER_CONTROL) { /* (the task type sits there) */
                 fh_ringbuffer_control(sq_id, (const struct fh_ringbuffer_sqe*)raw);
+                return 0;
+            }
+            if (h->block_dim == FH_TASK_TYPE_MODEL_MAINTAINCE) {
+                fh_model_maintaince(sq_id, (const struct fh_model_maintaince_sqe*)raw);
                 return 0;
             }
             FH_TRACE("sq %u: place holder SQE of task type %u completes without effect", sq_id, h->block_dim);
@@ -1243,12 +1500,15 @@ static void* fh_worker(void* arg)
     uint8_t sqe[FH_SQE_SIZE];
     pthread_mutex_lock(&g_lock);
     for (;;) {
-        while (!sq->stop && (sq->head == sq->tail || fh_head_held_locked(sq))) {
-            pthread_cond_wait((sq->head != sq->tail) ? &g_hold_cond : &sq->more, &g_lock);
+        /* a model's SQ runs only while a model execution has it enabled (fh_model_execute) */
+        while (!sq->stop && (sq->head == sq->tail || (sq->bound && !sq->enabled) || fh_head_held_locked(sq))) {
+            pthread_cond_wait((sq->head != sq->tail && !(sq->bound && !sq->enabled)) ? &g_hold_cond : &sq->more,
+                              &g_lock);
         }
         if (sq->stop) {
             break;
         }
+        sq->busy = 1;
         memcpy(sqe, sq->ring + (size_t)(sq->head % sq->depth) * FH_SQE_SIZE, FH_SQE_SIZE);
         uint32_t error_type = 0;
         uint32_t error_code = 0;
@@ -1271,6 +1531,14 @@ static void* fh_worker(void* arg)
         const int decoded = (error_type != 0 && head->type == FH_SQE_FFTS) ? fh_decode_launch(sqe, &kl) : 0;
         pthread_mutex_lock(&g_lock);
         const struct fh_sqe_header* h = (const struct fh_sqe_header*)sqe;
+        if (error_type != 0 && sq->bound) {
+            fh_ringbuffer_report_locked(sqe, error_code, decoded ? &kl : NULL);
+            fh_model_fault_locked(sq, h); /* the queue stops there, disabled */
+            sq->busy = 0;
+            pthread_cond_broadcast(&g_hold_cond);
+            __atomic_add_fetch(&g_sqe_count, 1, __ATOMIC_RELEASE);
+            continue;
+        }
         if (error_type != 0) {
             fh_ringbuffer_report_locked(sqe, error_code, decoded ? &kl : NULL);
             /* STARS stops a queue at a failed SQE: its head stays there until the runtime has
@@ -1293,6 +1561,10 @@ static void* fh_worker(void* arg)
             fh_push_cqe_locked(sq_id, h, error_type, error_code);
         }
         sq->head = (sq->head + 1) % sq->depth;
+        sq->busy = 0;
+        if (sq->bound) { /* a model execution may wait for the queue to be idle (fh_model_execute) */
+            pthread_cond_broadcast(&g_hold_cond);
+        }
         __atomic_add_fetch(&g_sqe_count, 1, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&g_lock);
