@@ -11,11 +11,15 @@ What the dropped work holds (host buffers, device allocations, batch events) is 
 then: a kernel or DMA may still be running on the device. It waits for the device's close.
 
 Between streams. An event the stream was to record, whose record had not run when the stream
-was destroyed (its status still reads not complete then), may never complete: a legacy ACL event
-whose record never ran reads NOT_READY for good (``event.cc::QueryEventStatus``, as
-``../shared/docs/acl-runtime.md`` reads it), and a stream waiting on it may wait for good (the
-pinned runtime over ``tests/realrt``'s driver keeps such a wait pending, and the sim and the acl
-double model that; real hardware is unconfirmed). So such an event is marked
+was destroyed, is never recorded on the device, and a stream waiting on it there waits for good
+(the pinned runtime over ``tests/realrt``'s driver keeps such a wait pending, and the sim and the
+acl double model that; real hardware is unconfirmed). Which records had run is read just before
+the destroy (their status: complete or not): after it, the real runtime reports every task of
+the stream as done, the dropped records included (it marks the stream force-recycled and
+reclaims its tasks up to the tail: ``stream.cc:4636-4643``, ``stars_engine.cc:490-498``), so a
+look afterwards tells nothing. A record that runs in the moment between the look and the
+destroy is taken as dropped (its waiters fail though they could have run): failing is
+recoverable, a wait for good is not. So such an event is marked
 lost (:func:`lost_records`: ``EventRecord.error``), and a wait on it submitted afterwards is
 refused (``WaitEvent.submit``) instead of blocking its stream; other streams' batches already
 behind a wait on it are failed at once (:func:`stranded_by`), as the watchdog would fail them at

@@ -369,14 +369,13 @@ class Poller:
         self._pending -= len(batches)
         deliveries, held = give_up(batches)
         self.orphans.extend(held)
+        # (looked at just before the destroy, not after: see forcing.py. A record that runs
+        # between the two, or while the destroy waits for a stall probe, is taken as dropped)
+        lost = lost_records(self._runtime, batches)
         if not lane.external:
             # (a stream being probed is destroyed after the probe: see stalls.py. Its work is
             # given up on now all the same)
             self.prober.retire_by_force(lane, self._runtime)
-        # (after the destroy: nothing more runs on the stream, so what reads not complete
-        # now was dropped; see forcing.py. A stream whose destroy waits for its probe: what
-        # reads not complete is taken as dropped too, should it run later after all)
-        lost = lost_records(self._runtime, batches)
         if lost:
             deliveries.extend(stranded_by(lost, self._outstanding.values(), self._runtime))
         if self._watch is not None:
