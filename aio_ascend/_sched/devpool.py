@@ -196,23 +196,30 @@ class DevicePool:
     def give_back(self, ptr: int, size: int, nbytes: int, *, pooled: bool) -> None:
         """A buffer's block is no longer used by anything (its work has completed): cache it
         (``pooled``) or free it. After :meth:`close` nothing is done (it freed everything)."""
+        # The block stops counting as allocated in the same locked step that counts it cached
+        # or freed: a reader on another thread (memory_stats) never sees it as neither.
         with self._lock:
             if self._closed:
                 return
-            self._allocated -= size
-            self._requested -= nbytes
         if not pooled:
-            self._release(ptr, size)
+            self._release(ptr, size, taken=nbytes)
             return
         if self._poison is not None:
             self._poison(ptr)
-        self._cache(ptr, size)
+        self._cache(ptr, size, taken=nbytes)
 
-    def _cache(self, ptr: int, size: int) -> None:
+    def _untake(self, size: int, nbytes: int | None) -> None:
+        # (lock held) A user buffer's block (its ``nbytes`` asked for) is no longer in use.
+        if nbytes is not None:
+            self._allocated -= size
+            self._requested -= nbytes
+
+    def _cache(self, ptr: int, size: int, *, taken: int | None = None) -> None:
         # An idle block joins the cache; after the close (which freed the rest) it is freed.
         with self._lock:
             closed = self._closed
             if not closed:
+                self._untake(size, taken)
                 blocks = self._cached.get(size)
                 if blocks is None:
                     blocks = self._cached[size] = []
@@ -223,14 +230,17 @@ class DevicePool:
         if closed:
             self._release(ptr, size, closing=True)
 
-    def _release(self, ptr: int, size: int, *, closing: bool = False) -> None:
-        # A block back to the runtime.
+    def _release(
+        self, ptr: int, size: int, *, closing: bool = False, taken: int | None = None
+    ) -> None:
+        # A block back to the runtime (``taken``: a user buffer's, of that many bytes asked).
         if closing:
             with contextlib.suppress(Exception):
                 self._free(ptr)
         else:
             self._free(ptr)
         with self._lock:
+            self._untake(size, taken)
             self._reserved -= size
             self._runtime_frees += 1
 

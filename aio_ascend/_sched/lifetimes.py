@@ -24,7 +24,7 @@ queued it returned. This module keeps all of those alive exactly that long: a de
 Who touches what.
 
 - The loop thread: :meth:`retain` (``Scheduler.enqueue``), :meth:`free` (``DeviceBuffer.free``,
-  which refuses other threads while the device is open), :meth:`reap` (at each flush),
+  which refuses other threads while the device is open), :meth:`reap` (at each flush, and on the loop's next turn after a collection),
   :meth:`close`. ``retained`` is written by the loop thread only, without the lock.
 - Library threads (the poller for what completed, the submitter for what it refused or let
   expire; the loop too, for what a close drops): :meth:`release`, one call per round, taking the
@@ -174,6 +174,7 @@ class Lifetimes:
     :param check_thread: raises unless called on the device's loop thread (``free()`` belongs
         to it while the device is open)
     :param device_id: the device's number, for the warning about a buffer dropped unfreed
+    :param on_dropped: asks the loop for a :meth:`reap` (any thread, once per collected batch)
     """
 
     def __init__(
@@ -182,12 +183,14 @@ class Lifetimes:
         pool: HostBufferPool,
         check_thread: Callable[[], None] | None = None,
         device_id: int = 0,
+        on_dropped: Callable[[], None] | None = None,
     ) -> None:
         #: the device's caching allocator (``Device.malloc`` takes its blocks from it)
         self.memory = memory
         #: (replaced when a close from a later event loop adopts the device)
         self.check_thread = check_thread
         self._device_id = device_id
+        self._on_dropped = on_dropped
         self._pool = pool
         self._lock = threading.RLock()  # (reentrant: see the module's essay)
         # ptr -> a weak reference to the live allocation (a dropped one is collected)
@@ -230,8 +233,10 @@ class Lifetimes:
             if site is None or self._live.get(site[0]) is not ref:
                 return
             del self._live[site[0]]
-            if not self._closed:
-                self.dropped.append(site)
+            self.dropped.append(site)
+            first = len(self.dropped) == 1
+        if first and self._on_dropped is not None:  # (the reap takes every one queued by then)
+            self._on_dropped()
 
     def reap(self) -> None:
         """Give back the allocations collected without ``free()`` since the last call, each

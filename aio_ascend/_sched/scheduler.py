@@ -162,7 +162,9 @@ class Scheduler:
             retained_bytes=pinned_pool_bytes,
         )
         memory = device_pool(binding, pool_limit_bytes)
-        self.lifetimes = Lifetimes(memory, self.pool, adapter.check_thread, self.device_id)
+        self.lifetimes = Lifetimes(
+            memory, self.pool, adapter.check_thread, self.device_id, self._reap_soon
+        )
         self.pinned = PinnedArrays(binding.bound(), lambda f: self.adapter.call_soon_threadsafe(f))
         self.graphs = GraphBook(
             self.pool, self.lifetimes, lambda handle: binding.bound().destroy_graph(handle)
@@ -449,6 +451,14 @@ class Scheduler:
             self.lifetimes.reap()
         if self.dropped_lanes.collected:
             self.retire_dropped()
+
+    def _reap_soon(self) -> None:
+        # A buffer was collected unfreed (any thread): its block goes back on the loop, soon
+        self.adapter.call_soon_threadsafe(self._reap)
+
+    def _reap(self) -> None:
+        if self.state is _OPEN:  # (a close gives back everything itself)
+            self.lifetimes.reap()
 
     def drop_record(self, record: PlanRecord | GraphRecord | ModuleRecord) -> None:
         """A ``LaunchPlan``, ``Graph`` or ``Module`` was collected (any thread): on the loop,
