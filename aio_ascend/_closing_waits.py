@@ -10,6 +10,7 @@ nothing; one granted just as the close came gives its slot back.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -51,6 +52,21 @@ class ClosingWaits:
                 return
             stream._scheduler.unadmit(stream._lane)  # noqa: SLF001 - (granted as the close came)
         raise ClosedError(f"{self._what} was closed while its work waited for a slot")
+
+    async def wait(self, waiting: Callable[[], Awaitable[object]], record: Allocation) -> None:
+        """``await waiting()`` (no slot involved), turned away the same way.
+
+        :raises ClosedError: ``record`` was closed before or while it waited
+        """
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        try:
+            with scope:
+                await waiting()
+        finally:
+            self._scopes.discard(scope)
+        if scope.cancelled_caught or record.free_requested:
+            raise ClosedError(f"{self._what} was closed while its work waited")
 
     def turn_away(self) -> None:
         """End every wait under way (``close()``)."""

@@ -6,10 +6,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ._closing_waits import ClosingWaits
-from ._sched.graphs import GraphRecord
+from ._sched.graphs import GraphRecord, LaunchGraph
 from ._unique import Unique
 
 if TYPE_CHECKING:
+    from ._sched.task import Task
     from ._stream_sync import StreamSync
 
 __all__ = ["Graph"]
@@ -27,11 +28,16 @@ class Graph(Unique):
     ``free()`` waits for the graph). A graph collected without :meth:`close` is closed then,
     with a ``ResourceWarning``, as a dropped ``DeviceBuffer`` is.
 
+    Replays run one at a time: the device runs a graph's own queue from its head at each
+    replay, and refuses to start it while a replay still runs (a device fault). Replays on one
+    stream follow each other anyway; one queued on another stream than the last replay waits,
+    in ``launch_graph``, until that replay has finished.
+
     :ivar device: the device
     :ivar operations: how many operations were captured
     """
 
-    __slots__ = ("__weakref__", "_record", "_waits", "device", "operations")
+    __slots__ = ("__weakref__", "_last", "_record", "_waits", "device", "operations")
 
     def __init__(
         self, device: object, record: GraphRecord, dropped: Callable[[GraphRecord], None]
@@ -41,6 +47,7 @@ class Graph(Unique):
         self.operations = len(record.ops)
         #: replays waiting for admission (close() turns them away)
         self._waits = ClosingWaits("the graph")
+        self._last: Task | None = None  # the latest replay queued
         # collected unclosed (any thread): ``dropped`` closes it on the device's loop
         device._object_finalizers.finalize(self, dropped, record)  # type: ignore[attr-defined]  # noqa: SLF001
 
@@ -60,9 +67,29 @@ class Graph(Unique):
         self._record.registry.free(self._record)
         self._waits.turn_away()
 
-    async def _admit_replay(self, stream: StreamSync) -> None:
-        # a slot of ``stream`` for one replay, turned away if the graph closes meanwhile
-        await self._waits.admit(stream, self._record)
+    async def _replay(self, stream: StreamSync) -> Task:
+        # One replay queued on ``stream`` (see the class docstring), with a slot of its own,
+        # turned away if the graph closes meanwhile. The device refuses a replay that starts
+        # while another runs: its model-execute program checks the graph's queue is idle
+        # (hicann/runtime@681ef76 stars_cond_isa_helper.cc:221-626, via
+        # model_execute_task_func_call.cc:171-238; seen over tests/realrt's driver).
+        lane = stream._lane  # noqa: SLF001
+        while True:
+            last = self._last
+            if last is None or last.lane is lane or last.done():
+                await self._waits.admit(stream, self._record)
+                last = self._last  # (another replay may have been queued meanwhile)
+                if last is None or last.lane is lane or last.done():
+                    break
+                stream._scheduler.unadmit(lane)  # noqa: SLF001 - after that one, then
+            await self._waits.wait(last.wait_finished, self._record)
+        queued = self._last = LaunchGraph(lane, self._record)
+        try:
+            return await stream._queued(queued)  # noqa: SLF001
+        except BaseException:
+            if self._last is queued:  # (never queued: nobody is to wait for it)
+                self._last = last
+            raise
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"replays queued={self._record.uses}"

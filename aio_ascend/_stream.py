@@ -23,7 +23,7 @@ from ._launch_config import LaunchConfig, LaunchConfigDict
 from ._module import Function
 from ._plan import LaunchPlan
 from ._runtime.abi import MAX_NUM_BLOCKS
-from ._sched.graphs import CaptureGraph, LaunchGraph
+from ._sched.graphs import CaptureGraph
 from ._sched.lane import Lane
 from ._sched.scheduler import DeviceState, Scheduler
 from ._sched.shutdown import drain as drain_lane
@@ -657,8 +657,7 @@ class Stream(StreamSync):
         self._scheduler.check_open()  # (the close closed the graph too: say why)
         if graph.closed:
             raise ClosedError(f"launch_graph(): {graph!r} is closed")
-        await graph._admit_replay(self)  # noqa: SLF001
-        return await self._queued(LaunchGraph(self._lane, graph.record))
+        return await graph._replay(self)  # noqa: SLF001
 
     async def run_graph(self, graph: Graph) -> None:
         """:meth:`launch_graph` and wait until the replay has finished."""

@@ -8,6 +8,7 @@ and trio.
 from __future__ import annotations
 
 import gc
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -215,6 +216,68 @@ async def test_a_graph_dropped_unclosed_is_closed_with_a_warning_after_its_repla
         assert dev.stats()["device_buffers"] == 0
         assert dev.stats()["graphs"] == 0
     assert_runtime_clean(dev)
+
+
+async def test_replays_of_one_graph_on_two_streams_run_one_at_a_time(
+    open_dev: Callable[..., Any],
+) -> None:
+    """Replays of one graph queued on two streams at once: each starts only once the one
+    before it has finished (the device refuses a replay that starts while another runs: over
+    realrt's driver both streams faulted, 507001), and every one succeeds."""
+    async with open_dev(task_timeout=30.0) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        buf = dev.malloc(1 << 16)
+        async with s1.capture() as capture:
+            for value in range(4):
+                capture.memset(buf, value)
+        graph = capture.graph
+        tasks = []
+        with anyio.fail_after(20):
+            for _ in range(4):
+                tasks.append(await s1.launch_graph(graph))
+                tasks.append(await s2.launch_graph(graph))
+            for task in tasks:
+                await task
+        for before, after in itertools.pairwise(tasks):
+            assert after.submitted_at >= before.completed_at, (before, after)
+        assert dev.fault is None
+        assert (await s2.download(buf)).tolist() == [3] * (1 << 16)
+        graph.close()
+
+
+async def test_closing_a_graph_turns_away_a_replay_waiting_for_one_on_another_stream(
+    open_dev: Callable[..., Any],
+) -> None:
+    """A replay on s2 waits for the graph's last replay, on s1 behind a hung kernel; the
+    graph's close fails it at once with ``ClosedError``, nothing of it queued."""
+    async with open_dev(task_timeout=30.0) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        buf = dev.malloc(64)
+        async with s1.capture() as capture:
+            capture.memset(buf, 1)
+        graph = capture.graph
+        hung = await testing.inject_hang(s1)
+        first = await s1.launch_graph(graph)
+        outcome: list[BaseException] = []
+
+        async def second() -> None:
+            try:
+                await s2.launch_graph(graph)
+            except aa.ClosedError as exc:
+                outcome.append(exc)
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(second)
+                await anyio.sleep(0.05)  # (waiting for the first replay)
+                assert not outcome and s2.in_flight == 0
+                graph.close()
+        assert len(outcome) == 1 and "graph" in str(outcome[0]), outcome
+        assert s2.in_flight == 0
+        await s1.aclose(timeout=0.05)
+        for task in (hung, first):
+            with pytest.raises(aa.TaskTimeoutError):
+                await task
 
 
 async def test_closing_a_graph_turns_away_its_replays_waiting_for_admission(
