@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import anyio
+
 from ._closing_waits import ClosingWaits
+from ._errors import TaskTimeoutError
 from ._sched.graphs import GraphRecord, LaunchGraph
 from ._unique import Unique
 
@@ -76,21 +79,37 @@ class Graph(Unique):
         lane = stream._lane  # noqa: SLF001
         while True:
             last = self._last
-            if last is None or last.lane is lane or last.done():
+            if _clear_for(last, lane):
                 await self._waits.admit(stream, self._record)
                 last = self._last  # (another replay may have been queued meanwhile)
-                if last is None or last.lane is lane or last.done():
+                if _clear_for(last, lane):
                     break
                 stream._scheduler.unadmit(lane)  # noqa: SLF001 - after that one, then
+            assert last is not None
+            if last.done():  # failed, yet the device may run it still (timed out, forced)
+                raise TaskTimeoutError(
+                    "launch_graph(): the graph's last replay, on another stream, did not "
+                    "finish in time and may still run on the device: replay it on that stream "
+                    "(after it), or once that stream is closed"
+                )
             await self._waits.wait(last.wait_finished, self._record)
         queued = self._last = LaunchGraph(lane, self._record)
         try:
             return await stream._queued(queued)  # noqa: SLF001
+        except anyio.get_cancelled_exc_class():
+            raise  # (a cancel in torch's handshake comes once the replay is queued: it runs)
         except BaseException:
-            if self._last is queued:  # (never queued: nobody is to wait for it)
+            if self._last is queued:  # (refused before it was queued: nobody waits for it)
                 self._last = last
             raise
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else f"replays queued={self._record.uses}"
         return f"<Graph {self.operations} operations {state}>"
+
+
+def _clear_for(last: Task | None, lane: object) -> bool:
+    # Whether a replay on ``lane`` may be queued now: none before it, or the last one is on the
+    # same stream (after it in stream order), or the device is done with it (its holdings
+    # released: a replay failed by the watchdog keeps them while it may still run)
+    return last is None or last.lane is lane or (last.done() and not last.buffers)

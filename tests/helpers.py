@@ -145,7 +145,8 @@ def live_resources(dev: aa.Device) -> dict[str, int]:
 
         from aio_ascend._runtime.acl.settle import LEAKED
 
-        counts = control_for(dev.runtime).live_counts()
+        control = control_for(dev.runtime)
+        counts = control.live_counts()
         # what a close left on purpose (under a hung kernel), this test's or an earlier one's
         path = dev.runtime.library_path
         leaked = {
@@ -158,8 +159,11 @@ def live_resources(dev: aa.Device) -> dict[str, int]:
             "streams": counts["streams"],
             "events": counts["events"],
             "binaries": counts["binaries"] - leaked["binary"],
-            # a destroyed context a thread still has current is never deleted (contexts.py)
-            "destroyed_contexts_held": counts["held_contexts"],
+            # threads that still have the device's context current: after the close, that
+            # destroyed context is never deleted on the real runtime (acl/contexts.py)
+            "threads_holding_its_context": control.context_thread_refs(dev.runtime.context)
+            if dev.closed
+            else 0,
         }
     if dev.backend == "cuda":
         driver = dev.runtime._d

@@ -234,13 +234,20 @@ class DevicePool:
         self, ptr: int, size: int, *, closing: bool = False, taken: int | None = None
     ) -> None:
         # A block back to the runtime (``taken``: a user buffer's, of that many bytes asked).
-        if closing:
-            with contextlib.suppress(Exception):
+        try:
+            if closing:
+                with contextlib.suppress(Exception):
+                    self._free(ptr)
+            else:
                 self._free(ptr)
-        else:
-            self._free(ptr)
+        except BaseException:
+            with self._lock:  # (its buffer is gone all the same; the block stays reserved)
+                if not self._closed:
+                    self._untake(size, taken)
+            raise
         with self._lock:
-            self._untake(size, taken)
+            if not self._closed:  # (the close counted everything out already)
+                self._untake(size, taken)
             self._reserved -= size
             self._runtime_frees += 1
 

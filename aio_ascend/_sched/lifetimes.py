@@ -24,8 +24,9 @@ queued it returned. This module keeps all of those alive exactly that long: a de
 Who touches what.
 
 - The loop thread: :meth:`retain` (``Scheduler.enqueue``), :meth:`free` (``DeviceBuffer.free``,
-  which refuses other threads while the device is open), :meth:`reap` (at each flush, and on the loop's next turn after a collection),
-  :meth:`close`. ``retained`` is written by the loop thread only, without the lock.
+  which refuses other threads while the device is open), :meth:`reap` (at each flush, and on
+  the loop's next turn after a collection), :meth:`close`. ``retained`` is written by the loop
+  thread only, without the lock.
 - Library threads (the poller for what completed, the submitter for what it refused or let
   expire; the loop too, for what a close drops): :meth:`release`, one call per round, taking the
   lock once. A block whose last user this was is given back on that thread (the device pool has

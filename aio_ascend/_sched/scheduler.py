@@ -457,8 +457,12 @@ class Scheduler:
         self.adapter.call_soon_threadsafe(self._reap)
 
     def _reap(self) -> None:
-        if self.state is _OPEN:  # (a close gives back everything itself)
-            self.lifetimes.reap()
+        # (a loop callback: an error here would end a trio run; a close gives back the rest)
+        if self.state is _OPEN:
+            try:
+                self.lifetimes.reap()
+            except Exception:
+                log.exception("device %d: giving back collected buffers", self.device_id)
 
     def drop_record(self, record: PlanRecord | GraphRecord | ModuleRecord) -> None:
         """A ``LaunchPlan``, ``Graph`` or ``Module`` was collected (any thread): on the loop,

@@ -2688,6 +2688,15 @@ EXPORT void double_live_counts(int64_t *out9) {
     pthread_mutex_unlock(&g_mu);
 }
 
+/* threads that have the context current (contexts are never freed: any handle the double made
+   may be asked, destroyed or not; a default context is never counted) */
+EXPORT int64_t double_context_thread_refs(void *context) {
+    pthread_mutex_lock(&g_mu);
+    int64_t n = context ? ((ctx_t *)context)->thread_refs : -1;
+    pthread_mutex_unlock(&g_mu);
+    return n;
+}
+
 /* streams destroyed while a host thread was inside a blocking call on them (see above) */
 EXPORT int64_t double_freed_under_callers(void) {
     pthread_mutex_lock(&g_mu);

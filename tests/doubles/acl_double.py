@@ -252,6 +252,7 @@ class DoubleControl:
             "double_set_device_count": (None, [ctypes.c_int]),
             "double_set_max_depth": (None, [sz]),
             "double_live_counts": (None, [vp]),
+            "double_context_thread_refs": (ctypes.c_int64, [vp]),
             "double_freed_under_callers": (i64, []),
             "double_model_tasks": (i64, [vp, vp]),
             "double_event_generation": (u64, [vp]),
@@ -419,6 +420,11 @@ class DoubleControl:
         """Streams destroyed while a host thread was inside a blocking call on them (the
         real runtime would crash that thread; the double fails its call), in this process."""
         return int(self.lib.double_freed_under_callers())
+
+    def context_thread_refs(self, context: int) -> int:
+        """Threads that have ``context`` (a handle the double made) current, destroyed or not
+        (a destroyed context some thread still holds is never deleted on the real runtime)."""
+        return int(self.lib.double_context_thread_refs(context))
 
     def live_counts(self) -> dict[str, int]:
         out = (ctypes.c_int64 * 10)()

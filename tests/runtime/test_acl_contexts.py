@@ -91,7 +91,7 @@ def test_threads_that_let_go_leave_nothing_after_the_close(backend: str) -> None
     """The opener and two more threads bind the context, make calls, and let go before they
     end (``release_thread``); closed on yet another thread, the runtime holds nothing more."""
     open_runtime, holdings = _opener(backend)
-    _on_thread(open_runtime).close()
+    _on_thread(lambda: open_runtime().close())
     before = holdings()
     for _ in range(2):
 

@@ -295,7 +295,7 @@ class AclRuntime:
         self._sites.drop(self.device_id)  # (after the settle: a forced kernel's late fault)
         for held in (self._streams, self._events, binaries, memory, host):
             held.clear()
-        if previous.value and previous.value != self._context:
+        if previous.value and previous.value not in (self._context, self._contexts.primary):
             # leave the calling thread bound to whatever it used before (another device)
             attempt("aclrtSetCurrentContext", previous.value)
         self.close_errors = tuple(errors)
