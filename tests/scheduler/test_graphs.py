@@ -280,6 +280,33 @@ async def test_closing_a_graph_turns_away_a_replay_waiting_for_one_on_another_st
                 await task
 
 
+@pytest.mark.sim_only("testing.paused holds the sim's device")
+async def test_a_replay_on_another_stream_is_refused_while_a_timed_out_one_may_still_run(
+    open_dev: Callable[..., Any],
+) -> None:
+    """The watchdog failed the graph's last replay (on s1), which the device has not run yet:
+    a replay on s2 is refused in the call (the two could run at once), and one on s1, after
+    it in stream order, is queued."""
+    async with open_dev(task_timeout=0.3) as dev:
+        s1, s2 = dev.stream(), dev.stream()
+        buf = dev.malloc(64)
+        async with s1.capture() as capture:
+            capture.memset(buf, 1)
+        graph = capture.graph
+        with testing.paused(dev):
+            first = await s1.launch_graph(graph)
+            with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):
+                await first
+            with pytest.raises(aa.TaskTimeoutError, match="may still run"):
+                await s2.launch_graph(graph)
+            assert s2.in_flight == 0
+            again = await s1.launch_graph(graph)
+        with anyio.fail_after(10):
+            await again
+        await s2.run_graph(graph)  # (the device is done with both now)
+        graph.close()
+
+
 async def test_closing_a_graph_turns_away_its_replays_waiting_for_admission(
     open_dev: Callable[..., Any],
 ) -> None:
