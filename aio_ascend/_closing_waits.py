@@ -40,14 +40,7 @@ class ClosingWaits:
         :raises ClosedError: ``record`` (the plan's or graph's) was closed while it waited
             (no slot is held)
         """
-        scope = anyio.CancelScope()
-        self._scopes.add(scope)
-        try:
-            with scope:
-                await stream._admit()  # noqa: SLF001
-        finally:
-            self._scopes.discard(scope)
-        if not scope.cancelled_caught:
+        if not await self._turned_away(stream._admit):  # noqa: SLF001
             if not record.free_requested:
                 return
             stream._scheduler.unadmit(stream._lane)  # noqa: SLF001 - (granted as the close came)
@@ -58,6 +51,11 @@ class ClosingWaits:
 
         :raises ClosedError: ``record`` was closed before or while it waited
         """
+        if await self._turned_away(waiting) or record.free_requested:
+            raise ClosedError(f"{self._what} was closed while its work waited")
+
+    async def _turned_away(self, waiting: Callable[[], Awaitable[object]]) -> bool:
+        # ``await waiting()`` in a scope close() cancels: whether it did
         scope = anyio.CancelScope()
         self._scopes.add(scope)
         try:
@@ -65,8 +63,7 @@ class ClosingWaits:
                 await waiting()
         finally:
             self._scopes.discard(scope)
-        if scope.cancelled_caught or record.free_requested:
-            raise ClosedError(f"{self._what} was closed while its work waited")
+        return scope.cancelled_caught
 
     def turn_away(self) -> None:
         """End every wait under way (``close()``)."""

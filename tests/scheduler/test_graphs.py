@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
@@ -218,6 +218,18 @@ async def test_a_graph_dropped_unclosed_is_closed_with_a_warning_after_its_repla
     assert_runtime_clean(dev)
 
 
+async def _memset_graph(
+    dev: aa.Device, stream: aa.Stream, nbytes: int = 64, values: Iterable[int] = (1,)
+) -> tuple[aa.DeviceBuffer, aa.Graph]:
+    """A buffer and a graph captured on ``stream`` that memsets it to each of ``values``."""
+    buf = dev.malloc(nbytes)
+    async with stream.capture() as capture:
+        for value in values:
+            capture.memset(buf, value)
+    assert capture.graph is not None
+    return buf, capture.graph
+
+
 async def test_replays_of_one_graph_on_two_streams_run_one_at_a_time(
     open_dev: Callable[..., Any],
 ) -> None:
@@ -226,11 +238,7 @@ async def test_replays_of_one_graph_on_two_streams_run_one_at_a_time(
     realrt's driver both streams faulted, 507001), and every one succeeds."""
     async with open_dev(task_timeout=30.0) as dev:
         s1, s2 = dev.stream(), dev.stream()
-        buf = dev.malloc(1 << 16)
-        async with s1.capture() as capture:
-            for value in range(4):
-                capture.memset(buf, value)
-        graph = capture.graph
+        buf, graph = await _memset_graph(dev, s1, 1 << 16, values=range(4))
         tasks = []
         with anyio.fail_after(20):
             for _ in range(4):
@@ -252,10 +260,7 @@ async def test_closing_a_graph_turns_away_a_replay_waiting_for_one_on_another_st
     graph's close fails it at once with ``ClosedError``, nothing of it queued."""
     async with open_dev(task_timeout=30.0) as dev:
         s1, s2 = dev.stream(), dev.stream()
-        buf = dev.malloc(64)
-        async with s1.capture() as capture:
-            capture.memset(buf, 1)
-        graph = capture.graph
+        _, graph = await _memset_graph(dev, s1)
         hung = await testing.inject_hang(s1)
         first = await s1.launch_graph(graph)
         outcome: list[BaseException] = []
@@ -289,10 +294,7 @@ async def test_a_replay_on_another_stream_is_refused_while_a_timed_out_one_may_s
     it in stream order, is queued."""
     async with open_dev(task_timeout=0.3) as dev:
         s1, s2 = dev.stream(), dev.stream()
-        buf = dev.malloc(64)
-        async with s1.capture() as capture:
-            capture.memset(buf, 1)
-        graph = capture.graph
+        _, graph = await _memset_graph(dev, s1)
         with testing.paused(dev):
             first = await s1.launch_graph(graph)
             with anyio.fail_after(10), pytest.raises(aa.TaskTimeoutError):

@@ -20,6 +20,8 @@ somewhere to go.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from ctypes import byref, c_void_p
 from typing import Any
 
@@ -83,6 +85,20 @@ class ThreadContexts:
         except ContextNullError:
             return None
         return current.value or None
+
+    @contextlib.contextmanager
+    def lent(self) -> Iterator[None]:
+        """This context current on the calling thread for the block, then the thread's own
+        back (the primary context for a thread that had none: it must not keep this one)."""
+        saved = self.current()
+        self._functions["aclrtSetCurrentContext"](self.context)
+        try:
+            yield
+        finally:
+            back = saved or self.primary
+            if back != self.context:
+                with contextlib.suppress(AscendError):
+                    self._functions["aclrtSetCurrentContext"](back)
 
     def release(self) -> None:
         """The calling thread lets go of this context if it is current (binding the primary

@@ -245,9 +245,14 @@ class AclRuntime:
         return self.settle.unsettled and not self._closed
 
     def wait_settled(self, limit_s: float | None = None) -> None:
-        """See the protocol: ``Settle.wait_in`` this thread, bound to this context meanwhile."""
-        if not self._closed:
-            self.settle.wait_in(self._context, self._contexts.primary, limit_s)
+        """See the protocol: ``Settle.wait`` on this thread, bound to this context meanwhile."""
+        if self._closed or not self.settle.unsettled:
+            return
+        try:
+            with self._contexts.lent():
+                self.settle.wait(limit_s)
+        except AscendError:
+            pass  # the close decides (and waits itself if nothing was learnt here)
 
     def leaked_device_blocks(self) -> int:
         """See the protocol: what the close's ``Settle.release`` leaked (any thread)."""

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from ctypes import byref, c_int32, c_void_p
+from ctypes import byref, c_int32
 from typing import Any, Final
 
 from ..._errors import AscendError, DeviceFaultError
@@ -127,26 +127,6 @@ class Settle:
             return f"{name} failed: {exc}"
         self.unsettled = False
         return True
-
-    def wait_in(self, context: int, primary: int, limit_s: float | None = None) -> None:
-        """:meth:`wait` in the calling thread (off the event loop), bound to ``context`` for
-        the call and given its own context back (one without any gets ``primary``: it must
-        not keep ``context``, see contexts.py)."""
-        if not self.unsettled:
-            return
-        fn = self._functions
-        previous = c_void_p()
-        try:
-            fn["aclrtGetCurrentContext"](byref(previous))
-            fn["aclrtSetCurrentContext"](context)
-            self.wait(limit_s)
-        except AscendError:
-            pass  # the close decides (and waits itself if nothing was learnt here)
-        finally:
-            back = previous.value or primary
-            if back != context:
-                with contextlib.suppress(AscendError):
-                    fn["aclrtSetCurrentContext"](back)
 
     def wait(self, limit_s: float | None = None) -> None:
         """Wait up to :data:`SETTLE_TIMEOUT_MS` (or ``limit_s``, if shorter: a close whose
