@@ -175,6 +175,27 @@ def _no_stream_freed_under_a_caller() -> Iterator[None]:
     assert not freed, f"a stream was destroyed under a thread inside a call on it: {freed}"
 
 
+def _device_memory_misuse() -> tuple[int, int]:
+    fixture = sys.modules.get("realrt.fixture")
+    hals = fixture.loaded_fakehals() if fixture is not None else []
+    counts = [hal.memory_misuse() for hal in hals]
+    return (sum(c[0] for c in counts), sum(c[1] for c in counts))
+
+
+@pytest.fixture(autouse=True)
+def _no_device_memory_used_after_free() -> Iterator[None]:
+    # Over the real runtime, the fake driver counts frees of memory a kernel or a copy is still
+    # writing and device writes to freed memory: on a device either corrupts memory silently.
+    before = _device_memory_misuse()
+    yield
+    after = _device_memory_misuse()
+    assert after == before, (
+        "the fake driver saw device memory misused during this test: "
+        f"{after[0] - before[0]} free(s) while the device wrote it, "
+        f"{after[1] - before[1]} device write(s) to freed memory"
+    )
+
+
 @pytest.fixture(autouse=True)
 def _no_asyncio_errors() -> Iterator[None]:
     # asyncio reports exception-handler calls, never-retrieved exceptions and destroyed

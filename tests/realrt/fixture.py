@@ -35,6 +35,7 @@ __all__ = [
     "FakeHal",
     "Launch",
     "fakehal",
+    "loaded_fakehals",
     "find_library_dir",
     "kernel_binary",
     "use_kernel_binary",
@@ -152,6 +153,8 @@ class FakeHal:
         cdll.aio_fakehal_sqe_count.restype = ctypes.c_uint64
         cdll.aio_fakehal_device_bytes.restype = ctypes.c_size_t
         cdll.aio_fakehal_live_sqs.restype = ctypes.c_uint
+        cdll.aio_fakehal_frees_in_use.restype = ctypes.c_uint64
+        cdll.aio_fakehal_freed_accesses.restype = ctypes.c_uint64
         cdll.aio_fakehal_unread_cqes.restype = ctypes.c_uint
         cdll.aio_fakehal_unread_cqes_of.restype = ctypes.c_uint
         cdll.aio_fakehal_unread_cqes_of.argtypes = (ctypes.c_int,)
@@ -239,6 +242,19 @@ class FakeHal:
         """Submission queues allocated now."""
         return int(self._cdll.aio_fakehal_live_sqs())
 
+    def memory_misuse(self) -> tuple[int, int]:
+        """``(frees of memory the device was writing, device writes to freed memory)`` so far:
+        each is a caller's lifetime bug (the driver defers such a free and faults such a
+        write, where a device would corrupt whoever gets the memory next)."""
+        return (
+            int(self._cdll.aio_fakehal_frees_in_use()),
+            int(self._cdll.aio_fakehal_freed_accesses()),
+        )
+
+    def forgive_misuse(self) -> None:
+        """:meth:`memory_misuse` back to ``(0, 0)`` (a test that misuses memory on purpose)."""
+        self._cdll.aio_fakehal_forgive_misuse()
+
 
 _hals: dict[Path, FakeHal] = {}
 
@@ -252,6 +268,11 @@ def stream_id(stream: int) -> int:
     if rc != 0:
         raise RuntimeError(f"aclrtStreamGetId: {rc}")
     return out.value
+
+
+def loaded_fakehals() -> list[FakeHal]:
+    """The fake drivers this process has loaded (none until a realrt test ran)."""
+    return list(_hals.values())
 
 
 def fakehal(lib_dir: Path | None = None) -> FakeHal:

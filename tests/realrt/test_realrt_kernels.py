@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 from realrt.fixture import FakeHal, fakehal, kernel_binary, open_realrt_runtime
-from realrt.make_kernel_elf import KERNELS, MARKER, kernel_elf
+from realrt.make_kernel_elf import KERNELS, MARKER, SAMPLE_KERNELS, kernel_elf, write_kernel_elf
 
 from aio_ascend._errors import DeviceFaultError, RuntimeAPIError, StreamSyncTimeoutError
 from aio_ascend._host.hostargs import HostArgs
@@ -440,6 +440,60 @@ def test_a_kernel_reading_unallocated_memory_faults(kit: Kit) -> None:
     kit.launch("vector_add", HostArgs().ptr(0x10).ptr(0x10).ptr(z).u32(n))
     blamed = rt.last_task_id()
     assert _wait_for_site(rt, kit.stream) == (kit.stream, blamed)
+
+
+# --- device memory misused: the driver never writes the process's heap ------------------------
+
+
+def test_a_free_under_a_kernel_writing_waits_for_it_and_is_counted(
+    kit: Kit, hal: FakeHal, tmp_path: Path
+) -> None:
+    """Our driver's device memory is the test process's heap: memory freed while a kernel still
+    writes it is given back only after the kernel (a device would write memory handed to someone
+    else; here the kernel would corrupt the heap), and the free is counted, which fails any
+    other test that does it (``tests/conftest.py``)."""
+    rt = kit.rt
+    binary = rt.load_binary(write_kernel_elf(tmp_path / "k.o", SAMPLE_KERNELS["multi_stream"]))
+    long_op = rt.get_function(binary, "LongOPf")  # pins x, sleeps 300 ms, then x[b] += 1
+    x = rt.malloc(64)
+    before = hal.memory_misuse()
+    launches = hal.launch_count()
+    image = HostArgs().ptr(x).pack(rt.function_info(long_op)).image
+    rt.launch_kernel_with_host_args(long_op, 4, kit.stream, None, kit.pinned(image), len(image), 0, 0)
+    _wait_for_launch(hal, launches)
+    time.sleep(0.05)  # (the kernel pins x microseconds after the launch is counted)
+    rt.free(x)
+    rt.synchronize_stream(kit.stream, SYNC_MS)
+    try:
+        assert hal.memory_misuse() == (before[0] + 1, before[1])
+    finally:
+        hal.forgive_misuse()
+    rt.unload_binary(binary)
+
+
+def test_a_kernel_writing_freed_memory_faults_and_is_counted(kit: Kit, hal: FakeHal) -> None:
+    """Freed device memory is unmapped: a kernel that writes it fails with the core's exception
+    instead of writing, and the write is counted."""
+    rt = kit.rt
+    n = 4
+    x = kit.upload(np.ones(n, F32))
+    z = rt.malloc(1 << 20)  # (big: its address is not handed out again by the next allocation)
+    rt.free(z)
+    before = hal.memory_misuse()
+    kit.launch("vector_add", HostArgs().ptr(x).ptr(x).ptr(z).u32(n))
+    blamed = rt.last_task_id()
+    try:
+        assert _wait_for_site(rt, kit.stream) == (kit.stream, blamed)
+        assert hal.memory_misuse() == (before[0], before[1] + 1)
+    finally:
+        hal.forgive_misuse()
+
+
+def _wait_for_launch(hal: FakeHal, launches: int) -> None:
+    deadline = time.monotonic() + FAULT_REPORT_S
+    while hal.launch_count() == launches and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert hal.launch_count() > launches
 
 
 def test_the_kernel_object_is_written_once(tmp_path: Path) -> None:

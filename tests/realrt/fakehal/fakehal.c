@@ -424,6 +424,9 @@ struct fh_alloc {
     uint32_t mem_type; /* DV_MEM_LOCK_DEV or DV_MEM_LOCK_HOST (drvMemGetAttribute) */
     void* raw;
     struct fh_alloc* next;
+    uint32_t pins;   /* device accesses in progress (fh_pin) */
+    uint32_t writes; /* of which writes */
+    int freed;       /* freed while pinned: the last fh_unpin gives the memory back */
 };
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -438,6 +441,16 @@ static uint32_t g_notify_fault[FH_MAX_NOTIFY]; /* a model's failure, for its end
 static uint16_t g_end_graph[FH_MAX_ID];        /* a model's end-graph notify + 1 (MMT_MODEL_PRE_PROC) */
 static uint8_t g_id_used[DRV_INVALID_ID][FH_MAX_ID];
 static struct fh_alloc* g_allocs;
+/* The device memory freed last (fh_free), to tell an access to freed memory from an access to
+ * memory the driver never knew (pageable host memory a copy names). */
+#define FH_FREED_KEPT 256U
+static struct {
+    uintptr_t base;
+    size_t size;
+} g_freed[FH_FREED_KEPT];
+static uint32_t g_freed_next;
+static uint64_t g_freed_accesses; /* device writes refused: the memory was freed */
+static uint64_t g_frees_in_use;   /* frees while the device was writing the memory */
 static size_t g_dev_bytes;
 static uint64_t g_sqe_count;
 
@@ -578,6 +591,34 @@ FH_EXPORT size_t aio_fakehal_device_bytes(void)
     size_t n = g_dev_bytes;
     pthread_mutex_unlock(&g_lock);
     return n;
+}
+
+/* Frees of memory the device was writing (fh_free), and device writes refused because the
+ * memory was freed (fh_pin): both a caller's lifetime bug. (Reads are not counted: the runtime's
+ * forced stream destroy frees what its queue may still read; see fh_free.) */
+FH_EXPORT uint64_t aio_fakehal_frees_in_use(void)
+{
+    pthread_mutex_lock(&g_lock);
+    uint64_t n = g_frees_in_use;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+FH_EXPORT uint64_t aio_fakehal_freed_accesses(void)
+{
+    pthread_mutex_lock(&g_lock);
+    uint64_t n = g_freed_accesses;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Both counts back to 0 (a test that misuses memory on purpose). */
+FH_EXPORT void aio_fakehal_forgive_misuse(void)
+{
+    pthread_mutex_lock(&g_lock);
+    g_frees_in_use = 0;
+    g_freed_accesses = 0;
+    pthread_mutex_unlock(&g_lock);
 }
 
 /* Submission queues allocated now. */
@@ -740,6 +781,21 @@ static void* fh_alloc(size_t size, uint32_t mem_type)
     return raw;
 }
 
+static void fh_release(struct fh_alloc* a)
+{
+    free(a->raw);
+    free(a);
+}
+
+/* A free while the device is using the memory (a kernel, a copy) is given back only once that
+ * access ends: on a device the access would go on in memory the driver may hand out again, here
+ * in the test process's heap. A free under a device *write* is the caller's bug, counted
+ * (aio_fakehal_frees_in_use) for the tests to see: on a device it corrupts whoever gets the
+ * memory next. A free under a read is not counted: a forced stream destroy recycles the
+ * stream's tasks before it frees the queue, and a copy task's recycle frees its staging
+ * (memory_task_v100.cc:369-373; a memset's source is such a buffer: common_memset_d32.cpp:
+ * 51-56) while the queue may still be copying from it, into a task that has failed. The memory
+ * is unmapped at once either way (a later access faults: fh_pin). */
 static int fh_free(void* p)
 {
     pthread_mutex_lock(&g_lock);
@@ -750,9 +806,20 @@ static int fh_free(void* p)
             if (a->mem_type == DV_MEM_LOCK_DEV) {
                 g_dev_bytes -= a->size;
             }
+            g_freed[g_freed_next % FH_FREED_KEPT].base = a->base;
+            g_freed[g_freed_next % FH_FREED_KEPT].size = a->size;
+            g_freed_next++;
+            const int in_use = a->pins > 0;
+            if (in_use) {
+                a->freed = 1;
+                g_frees_in_use += (a->writes > 0) ? 1U : 0U;
+                FH_TRACE("free of %#lx (%zu bytes) while the device %s it", (unsigned long)a->base, a->size,
+                         (a->writes > 0) ? "writes" : "reads");
+            }
             pthread_mutex_unlock(&g_lock);
-            free(a->raw);
-            free(a);
+            if (!in_use) {
+                fh_release(a);
+            }
             return 0;
         }
     }
@@ -777,6 +844,56 @@ int fh_valid_range(uintptr_t p, size_t n)
     int ok = (a != NULL) && (n <= a->size) && (p - a->base <= a->size - n);
     pthread_mutex_unlock(&g_lock);
     return ok;
+}
+
+/* 1 when [p, p + n) overlaps memory freed lately and no live allocation holds p. */
+static int fh_freed_locked(uintptr_t p, size_t n)
+{
+    if (fh_find_locked(p) != NULL) {
+        return 0;
+    }
+    const uint32_t kept = (g_freed_next < FH_FREED_KEPT) ? g_freed_next : FH_FREED_KEPT;
+    for (uint32_t i = 0; i < kept; i++) {
+        if (p < g_freed[i].base + g_freed[i].size && g_freed[i].base < p + (n ? n : 1U)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int fh_pin(uintptr_t p, size_t n, int write, struct fh_alloc** pinned)
+{
+    pthread_mutex_lock(&g_lock);
+    struct fh_alloc* a = fh_find_locked(p);
+    int status = FH_PINNED;
+    if (a != NULL && n <= a->size && p - a->base <= a->size - n) {
+        a->pins++;
+        a->writes += (write != 0) ? 1U : 0U;
+    } else {
+        a = NULL;
+        status = fh_freed_locked(p, n) ? FH_FREED : FH_UNMAPPED;
+        g_freed_accesses += (status == FH_FREED && write) ? 1U : 0U;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (status == FH_FREED) {
+        FH_TRACE("device access to freed memory at %#lx (%zu bytes): faults", (unsigned long)p, n);
+    }
+    *pinned = a;
+    return status;
+}
+
+void fh_unpin(struct fh_alloc* a, int write)
+{
+    if (a == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&g_lock);
+    a->writes -= (write != 0) ? 1U : 0U;
+    const int release = (--a->pins == 0) && a->freed;
+    pthread_mutex_unlock(&g_lock);
+    if (release) {
+        fh_release(a);
+    }
 }
 
 /* Bytes from `p` to the end of its allocation (0: not in one). */
@@ -1132,8 +1249,15 @@ static uint32_t fh_run_launch(uint32_t sq_id, const uint8_t* raw, uint32_t* erro
     pthread_mutex_unlock(&g_lock);
     FH_TRACE("sq %u: launch %s%s blocks %u args %#lx (%zu bytes)", sq_id, name, mix ? " (MIX)" : "", block_dim,
              (unsigned long)args, args_len);
+    struct fh_alloc* args_pin = NULL; /* (the args the runtime built) */
+    if (args != 0 && args_len > 0 && fh_pin(args, args_len, 0, &args_pin) != FH_PINNED) {
+        FH_TRACE("sq %u: launch %s with args at %#lx not mapped: faults", sq_id, name, (unsigned long)args);
+        *error_code = 0x800U;
+        return 1U;
+    }
     const struct fh_kernel_result r =
         fh_run_kernel(sq_id, name, (const uint8_t*)args, (args != 0) ? args_len : 0U, block_dim, mix);
+    fh_unpin(args_pin, 0);
     *error_code = r.error_code;
     return r.error_type;
 }
@@ -1359,6 +1483,25 @@ static uint32_t fh_model_execute(uint32_t sq_id, const uint8_t* raw, uint32_t* e
     return 0;
 }
 
+/* A copy the device runs (an SDMA or PCIe DMA SQE), its ends pinned while it moves the bytes
+ * (fh_pin). An end outside the driver's live allocations faults, an SDMA-class error (1), as on a
+ * device, which reaches only memory mapped for it (device memory, pinned or registered host
+ * memory) and where freed memory is unmapped. */
+static uint32_t fh_device_copy(uintptr_t dst, uintptr_t src, size_t n)
+{
+    struct fh_alloc *to = NULL, *from = NULL;
+    const int ok = fh_pin(dst, n, 1, &to) == FH_PINNED && fh_pin(src, n, 0, &from) == FH_PINNED;
+    if (ok) {
+        memmove((void*)dst, (const void*)src, n);
+    } else {
+        FH_TRACE("device copy %#lx -> %#lx (%zu bytes): an end is not mapped, faults", (unsigned long)src,
+                 (unsigned long)dst, n);
+    }
+    fh_unpin(from, 0);
+    fh_unpin(to, 1);
+    return ok ? 0U : 1U;
+}
+
 /* Runs one SQE; g_lock is NOT held. Returns the STARS error bits (0: success) and sets
  * *error_code (the accelerator's status) with them. */
 static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw, uint32_t* error_code)
@@ -1380,7 +1523,7 @@ static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw, uint32_t* error_c
             FH_TRACE("sq %u: SDMA %#lx -> %#lx (%u bytes, opcode %u)", sq_id, (unsigned long)src,
                      (unsigned long)dst, s->length, s->opcode);
             if (s->opcode == 0 && s->length > 0) {
-                memmove((void*)dst, (const void*)src, s->length);
+                return fh_device_copy(dst, src, s->length);
             }
             return 0;
         }
@@ -1390,14 +1533,14 @@ static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw, uint32_t* error_c
             FH_TRACE("sq %u: PCIe DMA %#lx -> %#lx (%lu bytes, converted %u)", sq_id, (unsigned long)s->src,
                      (unsigned long)s->dst, (unsigned long)s->length, s->is_converted);
             if (!s->is_converted && s->length > 0) {
-                memmove((void*)(uintptr_t)s->dst, (const void*)(uintptr_t)s->src, (size_t)s->length);
+                return fh_device_copy((uintptr_t)s->dst, (uintptr_t)s->src, (size_t)s->length);
             } else if (s->is_converted) {
                 const struct fh_dma_desc* d =
                     (const struct fh_dma_desc*)(((uintptr_t)s->sq_addr_high << 32) | s->sq_addr_low);
                 if (d == NULL || d->magic != FH_DMA_MAGIC) {
                     return 1; /* a bad DMA queue: an SDMA-class error */
                 }
-                memmove((void*)d->dst, (const void*)d->src, d->len);
+                return fh_device_copy(d->dst, d->src, d->len);
             }
             return 0;
         }

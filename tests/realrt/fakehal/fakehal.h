@@ -14,6 +14,17 @@ int aio_fakehal_unmodelled(const char* name);
 /* 1 when [p, p + n) lies inside one live allocation of the fake device (device or pinned). */
 int fh_valid_range(uintptr_t p, size_t n);
 
+/* A device access pins the allocation it touches for its duration, so that a free meanwhile is
+ * given back only after it (and counted when the access writes: the caller's bug). fh_pin gives
+ * FH_PINNED with *pinned the live allocation holding all of [p, p + n), pinned; else *pinned is
+ * NULL and it gives FH_FREED when the range is in memory freed lately (a write is counted: on a
+ * device that memory is unmapped, the access faults) or FH_UNMAPPED (memory the driver never handed
+ * out, or a range running past its block). fh_unpin(NULL, ...) does nothing. */
+enum { FH_PINNED = 0, FH_FREED = 1, FH_UNMAPPED = 2 };
+struct fh_alloc;
+int fh_pin(uintptr_t p, size_t n, int write, struct fh_alloc** pinned);
+void fh_unpin(struct fh_alloc* a, int write);
+
 /* Blocks the calling SQ worker until its queue `sq_id` is stopped (a hung kernel). */
 void fh_hang_until_stopped(uint32_t sq_id);
 

@@ -12,7 +12,8 @@
  *
  * Every device address a kernel touches is checked against the live allocations first: an
  * access outside them completes the SQE with an AI Core exception (STARS error bit 0) instead of
- * touching host memory.
+ * touching host memory. What it touches stays pinned until it ends (fh_pin): a free meanwhile is
+ * counted and given back after it, never written into.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -28,10 +29,16 @@
 /* what the accelerator reports for a bad access (any non-zero status) */
 #define FK_BAD_ACCESS 0x800U
 
+/* the most device ranges one kernel touches (add_custom: 5) */
+#define FK_MAX_PINS 8
+
 struct fk_args {
     const uint8_t* p;
     size_t len;
     int bad;
+    struct fh_alloc* pins[FK_MAX_PINS];
+    int writes[FK_MAX_PINS];
+    int npins;
 };
 
 static uint64_t fk_u64(struct fk_args* a, size_t off)
@@ -67,26 +74,40 @@ static float fk_f32(struct fk_args* a, size_t off)
     return v;
 }
 
+/* [addr, addr + n) of device memory, pinned until the kernel ends (for a write when `write`);
+ * NULL (and a->bad) when it is not in one live allocation */
+static void* fk_mem(struct fk_args* a, uint64_t addr, size_t n, int write)
+{
+    struct fh_alloc* pin = NULL;
+    if (a->bad || addr == 0 || a->npins == FK_MAX_PINS || fh_pin((uintptr_t)addr, n, write, &pin) != FH_PINNED) {
+        a->bad = 1;
+        return NULL;
+    }
+    a->writes[a->npins] = write;
+    a->pins[a->npins++] = pin;
+    return (void*)(uintptr_t)addr;
+}
+
 /* a device pointer to n floats, or NULL (and a->bad) when it is not a live allocation */
-static float* fk_floats(struct fk_args* a, uint64_t addr, uint64_t n)
+static float* fk_floats(struct fk_args* a, uint64_t addr, uint64_t n, int write)
 {
     if (n == 0) {
         return NULL;
     }
-    if (addr == 0 || n > (SIZE_MAX / 4) || !fh_valid_range((uintptr_t)addr, (size_t)n * 4)) {
+    if (n > (SIZE_MAX / 4)) {
         a->bad = 1;
         return NULL;
     }
-    return (float*)(uintptr_t)addr;
+    return (float*)fk_mem(a, addr, (size_t)n * 4, write);
 }
 
 static void k_vector_add(struct fk_args* a, size_t base)
 {
     uint64_t x = fk_u64(a, base), y = fk_u64(a, base + 8), z = fk_u64(a, base + 16);
     uint32_t n = fk_u32(a, base + 24);
-    float* xs = fk_floats(a, x, n);
-    float* ys = fk_floats(a, y, n);
-    float* zs = fk_floats(a, z, n);
+    float* xs = fk_floats(a, x, n, 0);
+    float* ys = fk_floats(a, y, n, 0);
+    float* zs = fk_floats(a, z, n, 1);
     if (a->bad || n == 0) {
         return;
     }
@@ -100,8 +121,8 @@ static void k_axpy(struct fk_args* a)
     uint64_t x = fk_u64(a, 0), y = fk_u64(a, 8);
     float alpha = fk_f32(a, 16);
     uint32_t n = fk_u32(a, 20);
-    float* xs = fk_floats(a, x, n);
-    float* ys = fk_floats(a, y, n);
+    float* xs = fk_floats(a, x, n, 0);
+    float* ys = fk_floats(a, y, n, 1);
     if (a->bad || n == 0) {
         return;
     }
@@ -113,16 +134,16 @@ static void k_axpy(struct fk_args* a)
 static void k_scale(struct fk_args* a)
 {
     uint64_t x = fk_u64(a, 0), y = fk_u64(a, 8), tiling = fk_u64(a, 16);
-    if (a->bad || !fh_valid_range((uintptr_t)tiling, 8)) {
-        a->bad = 1;
+    const uint8_t* t = fk_mem(a, tiling, 8, 0);
+    if (t == NULL) {
         return;
     }
     uint32_t n;
     float factor;
-    memcpy(&n, (const void*)(uintptr_t)tiling, 4);
-    memcpy(&factor, (const void*)(uintptr_t)(tiling + 4), 4);
-    float* xs = fk_floats(a, x, n);
-    float* ys = fk_floats(a, y, n);
+    memcpy(&n, t, 4);
+    memcpy(&factor, t + 4, 4);
+    float* xs = fk_floats(a, x, n, 0);
+    float* ys = fk_floats(a, y, n, 1);
     if (a->bad || n == 0) {
         return;
     }
@@ -134,16 +155,16 @@ static void k_scale(struct fk_args* a)
 static void k_matmul(struct fk_args* a)
 {
     uint64_t pa = fk_u64(a, 0), pb = fk_u64(a, 8), pc = fk_u64(a, 16), tiling = fk_u64(a, 24);
-    if (a->bad || !fh_valid_range((uintptr_t)tiling, 12)) {
-        a->bad = 1;
+    const void* t = fk_mem(a, tiling, 12, 0);
+    if (t == NULL) {
         return;
     }
     uint32_t mnk[3];
-    memcpy(mnk, (const void*)(uintptr_t)tiling, 12);
+    memcpy(mnk, t, 12);
     uint64_t m = mnk[0], n = mnk[1], k = mnk[2];
-    float* as = fk_floats(a, pa, m * k);
-    float* bs = fk_floats(a, pb, k * n);
-    float* cs = fk_floats(a, pc, m * n);
+    float* as = fk_floats(a, pa, m * k, 0);
+    float* bs = fk_floats(a, pb, k * n, 0);
+    float* cs = fk_floats(a, pc, m * n, 1);
     if (a->bad || m * n == 0) {
         return;
     }
@@ -228,25 +249,24 @@ static void k_add_custom(struct fk_args* a, int placeholder)
     int32_t total = 8 * 2048, tiles = 8; /* simple mode: the kernel's constants */
     if (placeholder) {
         uint64_t pt = fk_u64(a, 24), pn = fk_u64(a, 32);
-        if (a->bad || !fh_valid_range((uintptr_t)pt, 4) || !fh_valid_range((uintptr_t)pn, 4)) {
-            a->bad = 1;
+        const void* total_at = fk_mem(a, pt, 4, 0);
+        const void* tiles_at = fk_mem(a, pn, 4, 0);
+        if (total_at == NULL || tiles_at == NULL) {
             return;
         }
-        memcpy(&total, (const void*)(uintptr_t)pt, 4);
-        memcpy(&tiles, (const void*)(uintptr_t)pn, 4);
+        memcpy(&total, total_at, 4);
+        memcpy(&tiles, tiles_at, 4);
     }
     if (a->bad || total <= 0 || tiles == 0) {
         return;
     }
     size_t bytes = (size_t)total * 2;
-    if (!fh_valid_range((uintptr_t)x, bytes) || !fh_valid_range((uintptr_t)y, bytes) ||
-        !fh_valid_range((uintptr_t)z, bytes)) {
-        a->bad = 1;
+    const uint16_t* xs = fk_mem(a, x, bytes, 0);
+    const uint16_t* ys = fk_mem(a, y, bytes, 0);
+    uint16_t* zs = fk_mem(a, z, bytes, 1);
+    if (xs == NULL || ys == NULL || zs == NULL) {
         return;
     }
-    const uint16_t* xs = (const uint16_t*)(uintptr_t)x;
-    const uint16_t* ys = (const uint16_t*)(uintptr_t)y;
-    uint16_t* zs = (uint16_t*)(uintptr_t)z;
     for (int32_t i = 0; i < total; i++) {
         zs[i] = fk_float_to_half(fk_half_to_float(xs[i]) + fk_half_to_float(ys[i]));
     }
@@ -258,11 +278,11 @@ static void k_add_custom(struct fk_args* a, int placeholder)
 static void k_long_short(struct fk_args* a, uint32_t block_dim, int is_long)
 {
     uint64_t x = fk_u64(a, 0);
-    if (a->bad || block_dim == 0 || !fh_valid_range((uintptr_t)x, (size_t)block_dim * 4)) {
+    uint32_t* xs = (block_dim != 0) ? fk_mem(a, x, (size_t)block_dim * 4, 1) : NULL;
+    if (xs == NULL) {
         a->bad = 1;
         return;
     }
-    uint32_t* xs = (uint32_t*)(uintptr_t)x;
     if (is_long) {
         usleep(FK_LONG_OP_US);
     }
@@ -275,7 +295,7 @@ struct fh_kernel_result fh_run_kernel(uint32_t sq_id, const char* name, const ui
                                       uint32_t block_dim, int mix)
 {
     struct fh_kernel_result r = {0, 0};
-    struct fk_args a = {args, args_len, 0};
+    struct fk_args a = {args, args_len, 0, {NULL}, {0}, 0};
     if (strcmp(name, "vector_add") == 0) {
         k_vector_add(&a, 0);
     } else if (strcmp(name, "mix_vector_add") == 0) {
@@ -314,6 +334,9 @@ struct fh_kernel_result fh_run_kernel(uint32_t sq_id, const char* name, const ui
     if (a.bad) {
         r.error_type = FK_EXCEPTION;
         r.error_code = FK_BAD_ACCESS;
+    }
+    for (int i = 0; i < a.npins; i++) {
+        fh_unpin(a.pins[i], a.writes[i]);
     }
     return r;
 }
