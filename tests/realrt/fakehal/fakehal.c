@@ -997,14 +997,20 @@ DVresult drvMemsetD8(DVdeviceptr dst, size_t destMax, UINT8 value, size_t num)
 }
 
 /* A converted copy (drvMemConvertAddr): the PCIe DMA SQE carries its address as the "DMA
- * queue" (memory_task_v100.cc:212-215: sq_addr = dmaAddr.phyAddr.src, sq_tail_ptr = len). */
+ * queue" (memory_task_v100.cc:212-215: sq_addr = dmaAddr.phyAddr.src, sq_tail_ptr = len).
+ * Descriptors are kept in a list under g_lock and read there (fh_dma_lookup): the runtime
+ * destroys one as it handles its task's completion (memory_task_v100.cc:415-423), on a thread of
+ * its own, and the SQE of a destroyed descriptor is a bad DMA queue here, never a read of freed
+ * memory whose garbage would steer the copy. */
 struct fh_dma_desc {
     uint64_t magic;
     uintptr_t src;
     uintptr_t dst;
     size_t len;
+    struct fh_dma_desc* next;
 };
 #define FH_DMA_MAGIC 0x66616b65646d6121ULL
+static struct fh_dma_desc* g_dma_descs;
 
 DVresult drvMemConvertAddr(DVdeviceptr p_src, DVdeviceptr p_dst, UINT32 len, struct DMA_ADDR* dma_addr)
 {
@@ -1017,6 +1023,10 @@ DVresult drvMemConvertAddr(DVdeviceptr p_src, DVdeviceptr p_dst, UINT32 len, str
     d->src = (uintptr_t)p_src;
     d->dst = (uintptr_t)p_dst;
     d->len = len;
+    pthread_mutex_lock(&g_lock);
+    d->next = g_dma_descs;
+    g_dma_descs = d;
+    pthread_mutex_unlock(&g_lock);
     memset(dma_addr, 0, sizeof(*dma_addr));
     dma_addr->phyAddr.src = d;
     dma_addr->phyAddr.dst = (void*)(uintptr_t)p_dst;
@@ -1028,13 +1038,34 @@ DVresult drvMemConvertAddr(DVdeviceptr p_src, DVdeviceptr p_dst, UINT32 len, str
     return DRV_ERROR_NONE;
 }
 
+/* A copy of the live descriptor at `p` into *out: 1, or 0 when none lives there. */
+static int fh_dma_lookup(const void* p, struct fh_dma_desc* out)
+{
+    int found = 0;
+    pthread_mutex_lock(&g_lock);
+    for (const struct fh_dma_desc* d = g_dma_descs; d != NULL && !found; d = d->next) {
+        if ((const void*)d == p) {
+            *out = *d;
+            found = 1;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return found;
+}
+
 DVresult drvMemDestroyAddr(struct DMA_ADDR* ptr)
 {
-    struct fh_dma_desc* d = ptr->phyAddr.src;
-    if (d != NULL && d->magic == FH_DMA_MAGIC) {
-        d->magic = 0;
-        free(d);
+    struct fh_dma_desc* gone = NULL;
+    pthread_mutex_lock(&g_lock);
+    for (struct fh_dma_desc** pp = &g_dma_descs; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == ptr->phyAddr.src) {
+            gone = *pp;
+            *pp = gone->next;
+            break;
+        }
     }
+    pthread_mutex_unlock(&g_lock);
+    free(gone);
     ptr->phyAddr.src = NULL;
     return DRV_ERROR_NONE;
 }
@@ -1044,12 +1075,12 @@ DVresult drvMemDestroyAddr(struct DMA_ADDR* ptr)
 DVresult halMemcpySumbit(struct DMA_ADDR* dma_addr, int flag)
 {
     (void)flag;
-    const struct fh_dma_desc* d = (dma_addr != NULL) ? dma_addr->phyAddr.src : NULL;
-    if (d == NULL || d->magic != FH_DMA_MAGIC) {
+    struct fh_dma_desc d;
+    if (dma_addr == NULL || !fh_dma_lookup(dma_addr->phyAddr.src, &d)) {
         return DRV_ERROR_INVALID_VALUE;
     }
-    memmove((void*)d->dst, (const void*)d->src, d->len);
-    FH_TRACE("halMemcpySumbit %#lx -> %#lx (%zu bytes)", (unsigned long)d->src, (unsigned long)d->dst, d->len);
+    memmove((void*)d.dst, (const void*)d.src, d.len);
+    FH_TRACE("halMemcpySumbit %#lx -> %#lx (%zu bytes)", (unsigned long)d.src, (unsigned long)d.dst, d.len);
     return DRV_ERROR_NONE;
 }
 
@@ -1535,12 +1566,11 @@ static uint32_t fh_run_sqe(uint32_t sq_id, const uint8_t* raw, uint32_t* error_c
             if (!s->is_converted && s->length > 0) {
                 return fh_device_copy((uintptr_t)s->dst, (uintptr_t)s->src, (size_t)s->length);
             } else if (s->is_converted) {
-                const struct fh_dma_desc* d =
-                    (const struct fh_dma_desc*)(((uintptr_t)s->sq_addr_high << 32) | s->sq_addr_low);
-                if (d == NULL || d->magic != FH_DMA_MAGIC) {
+                struct fh_dma_desc d;
+                if (!fh_dma_lookup((const void*)(((uintptr_t)s->sq_addr_high << 32) | s->sq_addr_low), &d)) {
                     return 1; /* a bad DMA queue: an SDMA-class error */
                 }
-                return fh_device_copy(d->dst, d->src, d->len);
+                return fh_device_copy(d.dst, d.src, d.len);
             }
             return 0;
         }
