@@ -459,7 +459,9 @@ def test_a_free_under_a_kernel_writing_waits_for_it_and_is_counted(
     before = hal.memory_misuse()
     launches = hal.launch_count()
     image = HostArgs().ptr(x).pack(rt.function_info(long_op)).image
-    rt.launch_kernel_with_host_args(long_op, 4, kit.stream, None, kit.pinned(image), len(image), 0, 0)
+    rt.launch_kernel_with_host_args(
+        long_op, 4, kit.stream, None, kit.pinned(image), len(image), 0, 0
+    )
     _wait_for_launch(hal, launches)
     time.sleep(0.05)  # (the kernel pins x microseconds after the launch is counted)
     rt.free(x)
