@@ -194,6 +194,28 @@ async def test_a_closed_device_gives_the_driver_back_all_its_context_held(
         assert (hal.device_bytes(), hal.live_queues()) == before
 
 
+async def test_a_device_closed_after_a_failed_copy_gives_the_driver_everything_back(
+    anyio_backend: object, hal: FakeHal
+) -> None:
+    """A failed task halts the context, and the runtime answers the device's synchronize with
+    that failure at once: the close took that for a device still running and leaked the
+    context, its queues and the runtime's threads for the device (one more queue per close)."""
+    await (await open_realrt()).aclose()  # (whatever a first open sets up: counted before)
+    before = (hal.device_bytes(), hal.live_queues())
+    for _ in range(2):
+        async with open_realrt() as dev:
+            s = dev.stream()
+            buf = dev.malloc(64)
+            await s.upload(buf, b"\x00" * 64)
+            hal.fail_next(s.handle)
+            try:
+                with pytest.raises(aa.RuntimeAPIError), anyio.fail_after(5):
+                    await (await s.copy_to_device(buf, b"\x22" * 64))
+            finally:
+                hal.reset()
+        assert (hal.device_bytes(), hal.live_queues()) == before
+
+
 async def test_stream_forced_close_with_a_stuck_task(dev: aa.Device, hal: FakeHal) -> None:
     """``Stream.aclose(cancel=True, timeout=)`` over a stream whose submitted work never
     finishes: it returns within its bound, the stuck task fails, and the device closes."""

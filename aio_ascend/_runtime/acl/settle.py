@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 from ctypes import byref, c_int32
 from typing import Any, Final
 
-from ..._errors import AscendError, DeviceFaultError
+from ..._errors import AclCode, AscendError, DeviceFaultError
 
 __all__ = ["ASK_INTERVAL_S", "LEAKED", "SETTLE_TIMEOUT_MS", "Settle"]
 
@@ -48,6 +48,22 @@ LEAKED: list[tuple[str, str, int]] = []
 _COMPLETE: Final = 0
 
 _FREE: Final = {"binary": "aclrtBinaryUnLoad", "device": "aclrtFree", "host": "aclrtFreeHost"}
+
+
+def _halted(exc: AscendError) -> bool:
+    """Whether the device's synchronize failed at once because a failed task halted the context.
+
+    Once a stream in stop-on-failure mode (every stream of ours) failed, the runtime answers
+    every synchronize of the context, the device's and each stream's, with that failure without
+    waiting (``context/context.cc:2889-2921`` ``CheckStatus``; the failure is the context's from
+    ``stream/stream.cc:4335-4351``), so waiting tells nothing more: the failed stream stops at
+    its failed task, and the close has destroyed the others by force. That is taken as settled,
+    as a device fault always was: a :class:`DeviceFaultError`, or 507001
+    (``ACL_ERROR_RT_TS_ERROR``, a task the device reported failed: what a failed copy gives).
+    Otherwise every close after a failed copy leaked the device: its context, queues and the
+    runtime's threads for it, for the life of the process. A timeout, or any other error, is no
+    answer."""
+    return isinstance(exc, DeviceFaultError) or getattr(exc, "code", None) == AclCode.RT_TS_ERROR
 
 
 class Settle:
@@ -121,10 +137,9 @@ class Settle:
             return f"this CANN release lacks {name}"
         try:
             self._functions[name](timeout_ms)
-        except DeviceFaultError:
-            pass  # stop-on-failure halted the context: none of its tasks runs any more
         except AscendError as exc:
-            return f"{name} failed: {exc}"
+            if not _halted(exc):
+                return f"{name} failed: {exc}"
         self.unsettled = False
         return True
 
