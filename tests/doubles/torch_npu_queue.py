@@ -79,6 +79,14 @@ class FakeTorchStream:
 
     def _main(self) -> None:
         self._runtime.set_current_context(self._runtime.context)
+        try:
+            self._run()
+        finally:
+            # the thread lets go of the context before it ends, as torch's must: on the real
+            # runtime a thread that ends with a context current keeps it alive for good
+            self._runtime.release_thread()
+
+    def _run(self) -> None:
         cond = self._cond
         while True:
             with cond:

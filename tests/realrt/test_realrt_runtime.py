@@ -344,8 +344,10 @@ def test_a_stream_that_stops_on_failure_stays_stopped_after_an_error_completion(
     ptr = upload(rt, stream, b"\x00" * 64)
     src = pinned(rt, b"\x22" * 64)
     hal.fail_next(stream)
+    hal.hold(stream)  # (both queued before the first fails: then the context refuses new work)
     rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)  # fails
     rt.memcpy_async(ptr, 64, src, 64, ACL_MEMCPY_HOST_TO_DEVICE, stream)  # behind it
+    hal.hold(stream, held=False)
     with pytest.raises(RuntimeAPIError):
         rt.synchronize_stream(stream, 2_000)
     _wait_for(lambda: not hal.unread_completions(stream), 30.0)  # the runtime read the error

@@ -87,6 +87,7 @@ def test_close_is_idempotent_and_works_from_another_thread(
     runtime = RUNTIME_FACTORIES[backend]()
     d = make_kit(runtime)
     d.sleep_us(10)
+    runtime.release_thread()  # (this thread lets go: the other one closes)
     thread, errors, _ = in_thread(runtime.close)
     thread.join(SYNC_MS / 1000)
     assert not errors, errors

@@ -436,6 +436,8 @@ async def test_a_forced_stream_destroy_wakes_a_thread_synchronizing_on_its_event
             runtime.synchronize_event(event.handle, 5000)
         except aa.AscendError as exc:
             outcome.append(exc)
+        finally:
+            runtime.release_thread()  # (a pooled thread: it must not keep the context)
         outcome.append(time.perf_counter() - started)
 
     try:
