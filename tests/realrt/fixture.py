@@ -153,8 +153,7 @@ class FakeHal:
         cdll.aio_fakehal_sqe_count.restype = ctypes.c_uint64
         cdll.aio_fakehal_device_bytes.restype = ctypes.c_size_t
         cdll.aio_fakehal_live_sqs.restype = ctypes.c_uint
-        cdll.aio_fakehal_frees_in_use.restype = ctypes.c_uint64
-        cdll.aio_fakehal_freed_accesses.restype = ctypes.c_uint64
+        cdll.aio_fakehal_memory_misuse.argtypes = (ctypes.POINTER(ctypes.c_uint64),)
         cdll.aio_fakehal_unread_cqes.restype = ctypes.c_uint
         cdll.aio_fakehal_unread_cqes_of.restype = ctypes.c_uint
         cdll.aio_fakehal_unread_cqes_of.argtypes = (ctypes.c_int,)
@@ -246,10 +245,9 @@ class FakeHal:
         """``(frees of memory the device was writing, device writes to freed memory)`` so far:
         each is a caller's lifetime bug (the driver defers such a free and faults such a
         write, where a device would corrupt whoever gets the memory next)."""
-        return (
-            int(self._cdll.aio_fakehal_frees_in_use()),
-            int(self._cdll.aio_fakehal_freed_accesses()),
-        )
+        counts = (ctypes.c_uint64 * 2)()
+        self._cdll.aio_fakehal_memory_misuse(counts)
+        return (int(counts[0]), int(counts[1]))
 
     def forgive_misuse(self) -> None:
         """:meth:`memory_misuse` back to ``(0, 0)`` (a test that misuses memory on purpose)."""

@@ -593,23 +593,16 @@ FH_EXPORT size_t aio_fakehal_device_bytes(void)
     return n;
 }
 
-/* Frees of memory the device was writing (fh_free), and device writes refused because the
- * memory was freed (fh_pin): both a caller's lifetime bug. (Reads are not counted: the runtime's
- * forced stream destroy frees what its queue may still read; see fh_free.) */
-FH_EXPORT uint64_t aio_fakehal_frees_in_use(void)
+/* Frees of memory the device was writing (fh_free) and device writes refused because the
+ * memory was freed (fh_pin), both a caller's lifetime bug, into counts[0] and counts[1]. (Reads
+ * are not counted: the runtime's forced stream destroy frees what its queue may still read;
+ * see fh_free.) */
+FH_EXPORT void aio_fakehal_memory_misuse(uint64_t counts[2])
 {
     pthread_mutex_lock(&g_lock);
-    uint64_t n = g_frees_in_use;
+    counts[0] = g_frees_in_use;
+    counts[1] = g_freed_accesses;
     pthread_mutex_unlock(&g_lock);
-    return n;
-}
-
-FH_EXPORT uint64_t aio_fakehal_freed_accesses(void)
-{
-    pthread_mutex_lock(&g_lock);
-    uint64_t n = g_freed_accesses;
-    pthread_mutex_unlock(&g_lock);
-    return n;
 }
 
 /* Both counts back to 0 (a test that misuses memory on purpose). */
@@ -790,7 +783,7 @@ static void fh_release(struct fh_alloc* a)
 /* A free while the device is using the memory (a kernel, a copy) is given back only once that
  * access ends: on a device the access would go on in memory the driver may hand out again, here
  * in the test process's heap. A free under a device *write* is the caller's bug, counted
- * (aio_fakehal_frees_in_use) for the tests to see: on a device it corrupts whoever gets the
+ * (aio_fakehal_memory_misuse) for the tests to see: on a device it corrupts whoever gets the
  * memory next. A free under a read is not counted: a forced stream destroy recycles the
  * stream's tasks before it frees the queue, and a copy task's recycle frees its staging
  * (memory_task_v100.cc:369-373; a memset's source is such a buffer: common_memset_d32.cpp:
