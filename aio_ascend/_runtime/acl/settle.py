@@ -57,8 +57,9 @@ def _halted(exc: AscendError) -> bool:
     every synchronize of the context, the device's and each stream's, with that failure without
     waiting (``context/context.cc:2889-2921`` ``CheckStatus``; the failure is the context's from
     ``stream/stream.cc:4335-4351``), so waiting tells nothing more: the failed stream stops at
-    its failed task, and the close has destroyed the others by force. That is taken as settled,
-    as a device fault always was: a :class:`DeviceFaultError`, or 507001
+    its failed task, and a stream destroyed by force had its queue freed with it (over
+    ``tests/realrt``'s driver; on a device, to confirm: ``docs/cann-support.md``). That is taken
+    as settled, as a device fault always was: a :class:`DeviceFaultError`, or 507001
     (``ACL_ERROR_RT_TS_ERROR``, a task the device reported failed: what a failed copy gives).
     Otherwise every close after a failed copy leaked the device: its context, queues and the
     runtime's threads for it, for the life of the process. A timeout, or any other error, is no
