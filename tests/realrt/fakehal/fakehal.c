@@ -839,12 +839,9 @@ int fh_valid_range(uintptr_t p, size_t n)
     return ok;
 }
 
-/* 1 when [p, p + n) overlaps memory freed lately and no live allocation holds p. */
+/* 1 when [p, p + n) overlaps memory freed lately (the caller found no live allocation at p). */
 static int fh_freed_locked(uintptr_t p, size_t n)
 {
-    if (fh_find_locked(p) != NULL) {
-        return 0;
-    }
     const uint32_t kept = (g_freed_next < FH_FREED_KEPT) ? g_freed_next : FH_FREED_KEPT;
     for (uint32_t i = 0; i < kept; i++) {
         if (p < g_freed[i].base + g_freed[i].size && g_freed[i].base < p + (n ? n : 1U)) {
@@ -863,8 +860,8 @@ int fh_pin(uintptr_t p, size_t n, int write, struct fh_alloc** pinned)
         a->pins++;
         a->writes += (write != 0) ? 1U : 0U;
     } else {
+        status = (a == NULL && fh_freed_locked(p, n)) ? FH_FREED : FH_UNMAPPED;
         a = NULL;
-        status = fh_freed_locked(p, n) ? FH_FREED : FH_UNMAPPED;
         g_freed_accesses += (status == FH_FREED && write) ? 1U : 0U;
     }
     pthread_mutex_unlock(&g_lock);
@@ -996,13 +993,11 @@ DVresult drvMemsetD8(DVdeviceptr dst, size_t destMax, UINT8 value, size_t num)
  * its own, and the SQE of a destroyed descriptor is a bad DMA queue here, never a read of freed
  * memory whose garbage would steer the copy. */
 struct fh_dma_desc {
-    uint64_t magic;
     uintptr_t src;
     uintptr_t dst;
     size_t len;
     struct fh_dma_desc* next;
 };
-#define FH_DMA_MAGIC 0x66616b65646d6121ULL
 static struct fh_dma_desc* g_dma_descs;
 
 DVresult drvMemConvertAddr(DVdeviceptr p_src, DVdeviceptr p_dst, UINT32 len, struct DMA_ADDR* dma_addr)
@@ -1012,7 +1007,6 @@ DVresult drvMemConvertAddr(DVdeviceptr p_src, DVdeviceptr p_dst, UINT32 len, str
     if (d == NULL) {
         return DRV_ERROR_OUT_OF_MEMORY;
     }
-    d->magic = FH_DMA_MAGIC;
     d->src = (uintptr_t)p_src;
     d->dst = (uintptr_t)p_dst;
     d->len = len;
